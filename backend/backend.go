@@ -1,0 +1,250 @@
+package backend
+
+import (
+	"context"
+	"io"
+	"net"
+	"time"
+)
+
+// TerminalBackend is the contract every driver implements. All calls take a context
+// first; cancelling it abandons the call (and, for Exec, kills the exec's process tree).
+// Sandboxes are addressed by the name the host chose in SandboxSpec.Name.
+//
+// Lifecycle: created → running ⇄ stopped → removed. Create is idempotent by name; Stop
+// and Remove of a missing sandbox succeed; Inspect of one returns ErrNotFound.
+type TerminalBackend interface {
+	// Info reports the driver's name, version, protocol versions and capabilities.
+	Info(ctx context.Context) (Info, error)
+
+	// Create makes the sandbox req.Spec.Name and starts it, with berth's agent as its
+	// first process (req.Agent). If a sandbox of that name exists and carries the same
+	// LabelOwner, it is adopted: started if stopped, and returned with Adopted set. A
+	// name held by anything else returns ErrConflict. A failed Create leaves nothing
+	// behind. Errors: ErrInvalid (bad spec), ErrConflict, ErrUnavailable.
+	Create(ctx context.Context, req CreateRequest) (Sandbox, error)
+
+	// Inspect returns the sandbox's status, or ErrNotFound.
+	Inspect(ctx context.Context, name string) (Sandbox, error)
+
+	// List returns the sandboxes whose labels contain every pair of filter
+	// (all of them when filter is empty), in no particular order.
+	List(ctx context.Context, filter map[string]string) ([]Sandbox, error)
+
+	// Stop ends every process in the sandbox, asking the agent first and, after grace
+	// (0 means the driver's default of 1 second), killing. The sandbox keeps its
+	// filesystem where the driver's Capabilities.StopStart says so. Stopping a missing
+	// or stopped sandbox succeeds.
+	Stop(ctx context.Context, name string, grace time.Duration) error
+
+	// Remove stops the sandbox and deletes it with its filesystem. Removing a missing
+	// sandbox succeeds.
+	Remove(ctx context.Context, name string) error
+
+	// Exec starts one process in the running sandbox name. The process's output is
+	// written to req.Stdout and req.Stderr as it comes; a writer that blocks holds the
+	// process back (flow control), it is never buffered whole. Errors at start:
+	// ErrNotFound (no sandbox), ErrConflict (not running), ErrInvalid (empty argv),
+	// ErrUnavailable (agent unreachable). A command that cannot be run is not an
+	// error: its ExecResult says 127 or 126.
+	Exec(ctx context.Context, name string, req ExecRequest) (Process, error)
+
+	// Close releases the driver's connections. Sandboxes are not touched.
+	Close() error
+}
+
+// Dialer opens a connection to a sandbox's agent. Drivers supply one per sandbox; the
+// built-in drivers dial a unix socket in the sandbox's socket directory (see package
+// backends/agent), a future driver may tunnel through its runtime's exec stream.
+type Dialer func(ctx context.Context) (net.Conn, error)
+
+// CreateRequest is what Create receives: the spec from the scope rule and the files of
+// berth's agent that the driver must start as the sandbox's first process.
+type CreateRequest struct {
+	Spec  SandboxSpec
+	Agent AgentFiles
+}
+
+// AgentFiles names the host paths that the host prepared for one sandbox's agent.
+type AgentFiles struct {
+	// Binary is the agent executable: a hard link inside Dir to the content-hashed copy
+	// of the berth binary in the state dir. Start it as "Binary agent serve --socket-dir
+	// DIR" (see package backends/agent for the flags).
+	Binary string
+	// Dir is the per-sandbox, host-owned directory that holds Binary. Containers mount it
+	// read-only at AgentMountDir.
+	Dir string
+	// SocketDir is the per-sandbox directory in which the agent creates its socket
+	// (AgentSocketName). Containers bind-mount it at SocketMountDir.
+	SocketDir string
+	// Static reports whether Binary is statically linked. Drivers whose sandbox has its
+	// own root filesystem must refuse a dynamic binary with ErrInvalid.
+	Static bool
+}
+
+// Paths inside a sandbox with its own root filesystem.
+const (
+	// AgentMountDir is where AgentFiles.Dir is mounted read-only.
+	AgentMountDir = "/.berth/agent"
+	// SocketMountDir is where AgentFiles.SocketDir is mounted.
+	SocketMountDir = "/.berth/run"
+	// AgentSocketName is the agent's socket file name inside the socket directory.
+	AgentSocketName = "agent.sock"
+	// AgentBinaryName is the agent executable's file name inside AgentFiles.Dir.
+	AgentBinaryName = "berth-agent"
+)
+
+// SandboxSpec describes one sandbox. The host fills it from the matching scope rule;
+// fields a driver cannot honour return ErrUnsupported from Create (an empty field never
+// does).
+type SandboxSpec struct {
+	// Name is the sandbox's name, chosen by the host: 1–63 characters of a–z 0–9 _ . -
+	// starting with a letter or digit. It is never raw session text.
+	Name string
+	// Image is the image reference for drivers with FSIsolationImage; ignored by local.
+	Image string
+	// Labels holds the berth labels (LabelOwner, ...) and user labels.
+	Labels map[string]string
+	// Env is KEY=VALUE pairs set for every exec, after the image's environment
+	// (containers) or the allowlisted host variables (local).
+	Env []string
+	// EnvAllowlist names host variables passed to execs by drivers without their own
+	// filesystem (local). Empty means DefaultEnvAllowlist.
+	EnvAllowlist []string
+	// Workdir is the default working directory of execs; empty means the sandbox's home.
+	Workdir string
+	// User is the default user of execs: "UID", "UID:GID" or a name known in the
+	// sandbox; empty means the driver's default.
+	User string
+	// Mounts are bind mounts from the host.
+	Mounts []Mount
+	// Network is the network mode: "none" (the default when empty) or a mode the
+	// driver lists in Capabilities.NetworkModes.
+	Network string
+	// Resources are the limits; zero values mean the driver's defaults.
+	Resources Resources
+	// AllowHostPaths permits mounts of sensitive host paths (/, the Docker socket).
+	AllowHostPaths bool
+}
+
+// DefaultEnvAllowlist is the host environment that local execs start from.
+var DefaultEnvAllowlist = []string{"PATH", "LANG", "TERM", "TZ"}
+
+// DefaultPidsLimit is the pids limit of container sandboxes when the spec sets none.
+const DefaultPidsLimit = 512
+
+// Mount is one bind mount from the host into the sandbox.
+type Mount struct {
+	// Source is an absolute host path.
+	Source string
+	// Target is an absolute path in the sandbox.
+	Target string
+	// ReadOnly mounts it read-only.
+	ReadOnly bool
+}
+
+// Resources are a sandbox's limits. Zero means "driver default" (unlimited for CPU and
+// memory, DefaultPidsLimit for pids in containers).
+type Resources struct {
+	// CPUs is the number of CPUs, fractional allowed (1.5).
+	CPUs float64
+	// MemoryBytes is the memory limit in bytes; swap is set equal to it.
+	MemoryBytes int64
+	// Pids is the maximum number of processes.
+	Pids int64
+}
+
+// State is a sandbox's lifecycle state.
+type State string
+
+// The lifecycle states.
+const (
+	StateCreated State = "created"
+	StateRunning State = "running"
+	StateStopped State = "stopped"
+)
+
+// Sandbox is a sandbox's status as the driver sees it.
+type Sandbox struct {
+	// Name is the name from SandboxSpec.Name.
+	Name string
+	// ID is the runtime's id (container id, directory path for local).
+	ID string
+	// State is created, running or stopped.
+	State State
+	// Labels are the sandbox's labels as stored by the runtime.
+	Labels map[string]string
+	// CreatedAt is when the runtime created the sandbox.
+	CreatedAt time.Time
+	// Adopted is set by Create when it found the sandbox already there.
+	Adopted bool
+}
+
+// WindowSize is a terminal size in character cells.
+type WindowSize struct {
+	Rows, Cols uint16
+}
+
+// ExecRequest describes one process to start in a sandbox.
+type ExecRequest struct {
+	// Argv is the program and its arguments; Argv[0] is looked up in PATH. There is no
+	// implicit shell.
+	Argv []string
+	// Env is KEY=VALUE pairs added for this exec only, over the sandbox's environment.
+	Env []string
+	// Dir is the working directory; empty means the sandbox's Workdir or home. A
+	// directory that does not exist makes Exec fail with ErrInvalid.
+	Dir string
+	// User overrides the sandbox's default user for this exec (Capabilities.ExecUser).
+	User string
+	// TTY allocates a pseudo-terminal of Size; stdout and stderr are then one stream,
+	// written to Stdout.
+	TTY  bool
+	Size WindowSize
+	// Stdin, when true, connects Process.Write to the process's standard input. When
+	// false the process's stdin is at EOF from the start.
+	Stdin bool
+	// Stdout and Stderr receive the output bytes unchanged, in order. nil discards.
+	// Writes happen from one goroutine per stream; a blocking writer applies back
+	// pressure up to the process.
+	Stdout io.Writer
+	Stderr io.Writer
+	// Timeout, when positive, kills the exec's whole process tree after this long;
+	// the result then has TimedOut set.
+	Timeout time.Duration
+}
+
+// Process is a started exec. Write, CloseStdin, Resize and Signal are applied in call
+// order; they are safe to call from one goroutine while another waits.
+type Process interface {
+	// Write sends bytes to the process's stdin (ExecRequest.Stdin must be true).
+	Write(p []byte) (int, error)
+	// CloseStdin closes the process's stdin; the process then reads EOF.
+	CloseStdin() error
+	// Resize changes the TTY's size (TTY execs only; ErrInvalid otherwise).
+	Resize(size WindowSize) error
+	// Signal sends a signal (a Linux signal number) to the exec's process group.
+	Signal(sig int) error
+	// Wait blocks until the leader has exited and its output up to that moment has been
+	// written to the writers, and returns the result. When the Exec context is
+	// cancelled first, the tree is killed and Wait returns with Canceled set.
+	Wait() (ExecResult, error)
+}
+
+// ExecResult is the outcome of an exec.
+type ExecResult struct {
+	// ExitCode is the leader's exit status; 128+N when killed by signal N; 127 when the
+	// command was not found and 126 when it could not be executed (the reason is
+	// written to stderr).
+	ExitCode int
+	// Signal is the signal number that killed the leader, 0 if it exited.
+	Signal int
+	// TimedOut is set when ExecRequest.Timeout expired and the tree was killed.
+	TimedOut bool
+	// Canceled is set when the caller cancelled the exec (context) and the tree was killed.
+	Canceled bool
+	// OOMKilled is set when the runtime reported an OOM kill in the sandbox during the exec.
+	OOMKilled bool
+	// Duration is the wall time from start to the leader's exit.
+	Duration time.Duration
+}

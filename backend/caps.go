@@ -1,0 +1,139 @@
+package backend
+
+import (
+	"context"
+	"io"
+)
+
+// ProtocolVersion is the plugin protocol version this contract corresponds to.
+const ProtocolVersion = 1
+
+// FSIsolation says how a sandbox's filesystem is separated from the host's.
+type FSIsolation string
+
+const (
+	// FSIsolationNone: execs see the host's filesystem (local).
+	FSIsolationNone FSIsolation = "none"
+	// FSIsolationImage: the sandbox has its own root filesystem from an image.
+	FSIsolationImage FSIsolation = "image"
+)
+
+// Info describes a driver.
+type Info struct {
+	// Name is the driver's name as used in config ("local", "docker", ...).
+	Name string
+	// Version is the driver's own version string.
+	Version string
+	// ProtocolVersions lists the plugin protocol versions the driver speaks.
+	ProtocolVersions []int
+	// Protocol is the negotiated plugin protocol version, 0 when in-process.
+	Protocol int
+	// Capabilities says what the driver supports; the conformance suite branches on it.
+	Capabilities Capabilities
+}
+
+// Capabilities is what a driver can do. A call or spec field that a capability does not
+// claim returns ErrUnsupported.
+type Capabilities struct {
+	// FSIsolation: none (host filesystem) or image (own root filesystem).
+	FSIsolation FSIsolation
+	// PIDIsolation: the sandbox has its own PID namespace.
+	PIDIsolation bool
+	// NetworkModes lists accepted SandboxSpec.Network values ("none" first).
+	NetworkModes []string
+	// TTY: execs can have a pseudo-terminal.
+	TTY bool
+	// CPULimit, MemoryLimit and PidsLimit: the matching Resources fields are enforced.
+	CPULimit    bool
+	MemoryLimit bool
+	PidsLimit   bool
+	// DropCapabilities: the sandbox runs with Linux capabilities dropped and
+	// no-new-privileges set.
+	DropCapabilities bool
+	// Copy: the driver implements Copier.
+	Copy bool
+	// StopStart: a stopped sandbox keeps its filesystem and starts again on Create.
+	StopStart bool
+	// ExecUser: ExecRequest.User and SandboxSpec.User are honoured.
+	ExecUser bool
+	// ImagePull and ImageImport: the driver implements ImagePuller / ImageImporter.
+	ImagePull   bool
+	ImageImport bool
+	// Config: the driver implements Configurer.
+	Config bool
+}
+
+// ConfigField declares one attribute of a driver's `driver "NAME" {}` config block.
+type ConfigField struct {
+	// Name is the HCL attribute name.
+	Name string
+	// Type is one of "string", "number", "bool", "duration" (a Go duration string such
+	// as "30s"), "list(string)".
+	Type string
+	// Required fields must be set.
+	Required bool
+	// Description is shown by `berth config check` errors and docs.
+	Description string
+}
+
+// DriverSetup is what the host hands a driver before the first sandbox call.
+type DriverSetup struct {
+	// StateDir is a host directory private to this driver and owner, for its metadata.
+	StateDir string
+	// Owner is the berth installation's owner id (LabelOwner value).
+	Owner string
+	// Config is the driver's config block as a JSON object, decoded by the host
+	// against ConfigSchema.
+	Config []byte
+}
+
+// Configurer is implemented by drivers that take config or need a state dir.
+type Configurer interface {
+	// ConfigSchema lists the attributes the driver's config block accepts.
+	ConfigSchema(ctx context.Context) ([]ConfigField, error)
+	// Configure applies setup. It is called once, before any sandbox call. Errors:
+	// ErrInvalid (bad value; the message names the attribute).
+	Configure(ctx context.Context, setup DriverSetup) error
+}
+
+// Copier is implemented by drivers with Capabilities.Copy.
+type Copier interface {
+	// CopyIn extracts the tar stream r into dir in the sandbox, never following links
+	// out of dir.
+	CopyIn(ctx context.Context, name, dir string, r io.Reader) error
+	// CopyOut writes path (file or directory) in the sandbox to w as a tar stream.
+	CopyOut(ctx context.Context, name, path string, w io.Writer) error
+}
+
+// PullProgress is one progress event of an image pull.
+type PullProgress struct {
+	// Layer is the layer (or other item) id; empty for whole-image messages.
+	Layer string
+	// Status is the runtime's status text ("Downloading", "Pull complete").
+	Status string
+	// Current and Total are bytes; Total is 0 when unknown.
+	Current, Total int64
+}
+
+// PullPolicy says when a sandbox's image is pulled.
+type PullPolicy string
+
+// Pull policies.
+const (
+	PullMissing PullPolicy = "missing"
+	PullAlways  PullPolicy = "always"
+	PullNever   PullPolicy = "never"
+)
+
+// ImagePuller is implemented by drivers with Capabilities.ImagePull.
+type ImagePuller interface {
+	// PullImage pulls ref according to policy, calling progress for each event.
+	PullImage(ctx context.Context, ref string, policy PullPolicy, progress func(PullProgress)) error
+}
+
+// ImageImporter is implemented by drivers with Capabilities.ImageImport.
+type ImageImporter interface {
+	// ImportImage loads an image archive (docker save or OCI layout tar) and returns
+	// the references it holds.
+	ImportImage(ctx context.Context, r io.Reader) ([]string, error)
+}
