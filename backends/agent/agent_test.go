@@ -1,0 +1,824 @@
+package agent
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-sh/berth/backend"
+)
+
+func TestPickProtocol(t *testing.T) {
+	for _, tc := range []struct {
+		client, server []int
+		want           int
+	}{
+		{[]int{1}, []int{1}, 1},
+		{[]int{2, 1}, []int{1}, 1}, // new client, old agent: N-1
+		{[]int{1}, []int{2, 1}, 1}, // old client, new agent
+		{[]int{3, 2}, []int{2, 3}, 3},
+		{[]int{0}, []int{1}, 0},
+		{nil, []int{1}, 0},
+		{[]int{1, 2}, []int{3}, 0},
+	} {
+		got, err := pickProtocol(tc.client, tc.server)
+		if got != tc.want || (err != nil) != (tc.want == 0) {
+			t.Errorf("pickProtocol(%v, %v) = %d, %v; want %d", tc.client, tc.server, got, err, tc.want)
+		}
+		if err != nil && !strings.Contains(err.Error(), "protocol") {
+			t.Errorf("error %q does not say protocol", err)
+		}
+	}
+	if v := clientVersions(); v[0] != ProtocolVersion {
+		t.Errorf("clientVersions() = %v", v)
+	}
+}
+
+func TestProtocolNegotiation(t *testing.T) {
+	a := startAgent(t)
+	if a.c.Protocol() != ProtocolVersion {
+		t.Errorf("Protocol() = %d, want %d", a.c.Protocol(), ProtocolVersion)
+	}
+	// A client one version ahead still talks to this agent (N-1 on its side).
+	c, err := newClient(testCtx(t), DialSocketDir(a.sockDir), []int{ProtocolVersion + 1, ProtocolVersion})
+	if err != nil {
+		t.Fatalf("client speaking N+1 and N: %v", err)
+	}
+	if c.Protocol() != ProtocolVersion {
+		t.Errorf("negotiated %d", c.Protocol())
+	}
+	c.Close()
+	_, err = newClient(testCtx(t), DialSocketDir(a.sockDir), []int{0})
+	if err == nil || !errors.Is(err, backend.ErrUnsupported) || !strings.Contains(err.Error(), "protocol") || !strings.Contains(err.Error(), "[0]") {
+		t.Fatalf("client speaking only version 0: err = %v; want ErrUnsupported naming the versions", err)
+	}
+	t.Logf("version 0 only: %v", err)
+}
+
+func TestExitCodes(t *testing.T) {
+	a := startAgent(t)
+	for _, code := range []int{0, 1, 43} {
+		_, _, res := run(t, a.c, sh("exit "+strconv.Itoa(code)))
+		if res.ExitCode != code || res.Signal != 0 {
+			t.Errorf("exit %d: got %+v", code, res)
+		}
+	}
+
+	_, stderr, res := run(t, a.c, backend.ExecRequest{Argv: []string{"berth-no-such-command", "x"}})
+	if res.ExitCode != 127 || !strings.Contains(stderr, "berth-no-such-command") || !strings.Contains(stderr, "not found") {
+		t.Errorf("missing command: %+v stderr %q", res, stderr)
+	}
+
+	dir := t.TempDir()
+	notExec := filepath.Join(dir, "not-executable")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\necho hi\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, res = run(t, a.c, backend.ExecRequest{Argv: []string{notExec}})
+	if res.ExitCode != 126 || !strings.Contains(stderr, notExec) || !strings.Contains(stderr, "permission denied") {
+		t.Errorf("non-executable file: %+v stderr %q", res, stderr)
+	}
+	_, stderr, res = run(t, a.c, backend.ExecRequest{Argv: []string{"./not-executable"}, Dir: dir})
+	if res.ExitCode != 126 {
+		t.Errorf("relative non-executable file: %+v stderr %q", res, stderr)
+	}
+	_, stderr, res = run(t, a.c, backend.ExecRequest{Argv: []string{dir}})
+	if res.ExitCode != 126 || !strings.Contains(stderr, "is a directory") {
+		t.Errorf("directory: %+v stderr %q", res, stderr)
+	}
+	_, stderr, res = run(t, a.c, backend.ExecRequest{Argv: []string{filepath.Join(dir, "missing")}})
+	if res.ExitCode != 127 || !strings.Contains(stderr, "no such file") {
+		t.Errorf("missing path: %+v stderr %q", res, stderr)
+	}
+
+	_, _, res = run(t, a.c, sh("kill -9 $$"))
+	if res.ExitCode != 137 || res.Signal != 9 {
+		t.Errorf("SIGKILL: got %+v, want 137 and signal 9", res)
+	}
+}
+
+func TestStdoutStderrApart(t *testing.T) {
+	a := startAgent(t)
+	out, errOut, res := run(t, a.c, sh("echo out1; echo err1 >&2; echo out2; echo err2 >&2"))
+	if out != "out1\nout2\n" || errOut != "err1\nerr2\n" || res.ExitCode != 0 {
+		t.Errorf("stdout %q stderr %q %+v", out, errOut, res)
+	}
+}
+
+func TestLargeOutputIntact(t *testing.T) {
+	a := startAgent(t)
+	data := make([]byte, 20<<20)
+	rand.Read(data)
+	f := filepath.Join(t.TempDir(), "data")
+	if err := os.WriteFile(f, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.New()
+	var n countWriter
+	p, err := a.c.Exec(testCtx(t), backend.ExecRequest{Argv: []string{"cat", f}, Stdout: io.MultiWriter(h, &n)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Wait()
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	want := sha256.Sum256(data)
+	if n.n != int64(len(data)) || !bytes.Equal(h.Sum(nil), want[:]) {
+		t.Fatalf("got %d bytes, hash mismatch=%v", n.n, !bytes.Equal(h.Sum(nil), want[:]))
+	}
+}
+
+type countWriter struct{ n int64 }
+
+func (w *countWriter) Write(p []byte) (int, error) { w.n += int64(len(p)); return len(p), nil }
+
+func TestBytesUnchanged(t *testing.T) {
+	a := startAgent(t)
+	out, _, _ := run(t, a.c, sh(`printf '\377\376\200abc\000\n'`))
+	if want := "\xff\xfe\x80abc\x00\n"; out != want {
+		t.Errorf("non-UTF-8: got %q want %q", out, want)
+	}
+	// "€" is e2 82 ac; the two halves come 50 ms apart, in different reads.
+	out, _, _ = run(t, a.c, sh(`printf '\342\202'; sleep 0.05; printf '\254'`))
+	if out != "€" {
+		t.Errorf("split character: got %q", out)
+	}
+}
+
+func TestCatWithoutStdin(t *testing.T) {
+	a := startAgent(t)
+	start := time.Now()
+	out, _, res := run(t, a.c, backend.ExecRequest{Argv: []string{"cat"}})
+	if out != "" || res.ExitCode != 0 || time.Since(start) > 2*time.Second {
+		t.Errorf("cat without stdin: %q %+v after %v", out, res, time.Since(start))
+	}
+}
+
+func TestStdinStreamed(t *testing.T) {
+	a := startAgent(t)
+	data := make([]byte, 3<<20+17)
+	rand.Read(data)
+	var out bytes.Buffer
+	p, err := a.c.Exec(testCtx(t), backend.ExecRequest{Argv: []string{"cat"}, Stdin: true, Stdout: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for off := 0; off < len(data); off += 100000 {
+		if _, err := p.Write(data[off:min(off+100000, len(data))]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.CloseStdin(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Wait()
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if !bytes.Equal(out.Bytes(), data) {
+		t.Fatalf("stdin came back as %d bytes, want %d identical", out.Len(), len(data))
+	}
+	if _, err := p.Write([]byte("late")); err == nil {
+		t.Error("Write after the exec ended succeeded")
+	}
+}
+
+func TestTTY(t *testing.T) {
+	a := startAgent(t)
+	out, _, res := run(t, a.c, backend.ExecRequest{Argv: []string{"stty", "size"}, TTY: true, Size: backend.WindowSize{Rows: 24, Cols: 80}})
+	if strings.TrimSpace(out) != "24 80" || res.ExitCode != 0 {
+		t.Errorf("stty size without stdin: %q %+v", out, res)
+	}
+
+	buf := newSyncBuffer()
+	p, err := a.c.Exec(testCtx(t), backend.ExecRequest{
+		Argv: []string{"sh"}, TTY: true, Stdin: true, Stdout: buf,
+		Size: backend.WindowSize{Rows: 24, Cols: 80}, Env: []string{"PS1=$ "},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Write([]byte("test -t 0 && printf 'TT%s\\n' Y; stty size\n")); err != nil {
+		t.Fatal(err)
+	}
+	buf.waitFor(t, "TTY", 10*time.Second)
+	buf.waitFor(t, "24 80", 10*time.Second)
+	// The resize is applied before the stdin that follows it.
+	if err := p.Resize(backend.WindowSize{Rows: 40, Cols: 100}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Write([]byte("stty size\n")); err != nil {
+		t.Fatal(err)
+	}
+	buf.waitFor(t, "40 100", 10*time.Second)
+	if _, err := p.Write([]byte("exit 7\n")); err != nil {
+		t.Fatal(err)
+	}
+	res, err = p.Wait()
+	if err != nil || res.ExitCode != 7 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if err := p.Resize(backend.WindowSize{Rows: 1, Cols: 1}); err == nil {
+		t.Error("Resize after the end succeeded")
+	}
+
+	pp, err := a.c.Exec(testCtx(t), backend.ExecRequest{Argv: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pp.Resize(backend.WindowSize{Rows: 1, Cols: 1}); !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf("Resize without TTY: %v, want ErrInvalid", err)
+	}
+	pp.Wait()
+}
+
+func TestTimeoutKillsTree(t *testing.T) {
+	a := startAgent(t)
+	start := time.Now()
+	_, _, res := run(t, a.c, backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 300 & sleep 300"}, Timeout: time.Second})
+	elapsed := time.Since(start)
+	if !res.TimedOut || elapsed > 3*time.Second || elapsed < time.Second {
+		t.Errorf("timeout: %+v after %v", res, elapsed)
+	}
+	if res.ExitCode != 128+int(syscall.SIGTERM) && res.ExitCode != 128+int(syscall.SIGKILL) {
+		t.Errorf("exit code %d", res.ExitCode)
+	}
+	// The result comes only after the tree is gone: no waiting here.
+	if pids := procsWithArgs("sleep", "300"); len(pids) > 0 {
+		t.Errorf("sleep 300 still running: %v", pids)
+	}
+}
+
+func TestTimeoutKillsTreeIgnoringTERM(t *testing.T) {
+	a := startAgent(t)
+	start := time.Now()
+	_, _, res := run(t, a.c, backend.ExecRequest{Argv: []string{"sh", "-c", "trap '' TERM; sleep 305 & sleep 305"}, Timeout: 200 * time.Millisecond})
+	elapsed := time.Since(start)
+	if !res.TimedOut || elapsed > 3*time.Second {
+		t.Errorf("timeout: %+v after %v", res, elapsed)
+	}
+	if pids := procsWithArgs("sleep", "305"); len(pids) > 0 {
+		t.Errorf("sleep 305 still running: %v", pids)
+	}
+}
+
+func TestCancelKillsTree(t *testing.T) {
+	a := startAgent(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	buf := newSyncBuffer()
+	p, err := a.c.Exec(ctx, backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 301 & echo ready; sleep 301"}, Stdout: buf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf.waitFor(t, "ready", 10*time.Second)
+	cancel()
+	res, err := p.Wait()
+	if err != nil || !res.Canceled {
+		t.Fatalf("cancel: %+v %v", res, err)
+	}
+	if pids := procsWithArgs("sleep", "301"); len(pids) > 0 {
+		t.Errorf("sleep 301 still running: %v", pids)
+	}
+}
+
+func TestClientGoneKillsTree(t *testing.T) {
+	a := startAgent(t)
+	// A process left in the background by an earlier exec is not part of the tree.
+	if out, _, _ := run(t, a.c, sh("sleep 309 & echo bg")); out != "bg\n" {
+		t.Fatalf("%q", out)
+	}
+	eventually(t, 5*time.Second, "the earlier background sleep to run", func() bool { return len(procsWithArgs("sleep", "309")) == 1 })
+	c, err := NewClient(testCtx(t), DialSocketDir(a.sockDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := newSyncBuffer()
+	p, err := c.Exec(testCtx(t), backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 302 & echo ready; sleep 302"}, Stdout: buf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf.waitFor(t, "ready", 10*time.Second)
+	eventually(t, 5*time.Second, "both sleeps to run", func() bool { return len(procsWithArgs("sleep", "302")) == 2 })
+	c.Close()
+	if _, err := p.Wait(); !errors.Is(err, backend.ErrUnavailable) {
+		t.Errorf("Wait after Close: %v, want ErrUnavailable", err)
+	}
+	eventually(t, 5*time.Second, "the dropped client's tree to be killed", func() bool { return len(procsWithArgs("sleep", "302")) == 0 })
+	if len(procsWithArgs("sleep", "309")) != 1 {
+		t.Error("the earlier exec's background process was killed too")
+	}
+	// The agent still serves others.
+	if out, _, _ := run(t, a.c, sh("echo still")); out != "still\n" {
+		t.Errorf("after a client drop: %q", out)
+	}
+}
+
+func TestBackgroundChildDoesNotHoldResult(t *testing.T) {
+	a := startAgent(t)
+	start := time.Now()
+	out, _, res := run(t, a.c, sh("sleep 30 & echo started"))
+	if out != "started\n" || res.ExitCode != 0 || time.Since(start) > time.Second {
+		t.Errorf("got %q %+v after %v", out, res, time.Since(start))
+	}
+	// The background child may not have exec'd sleep yet when sh exits.
+	eventually(t, 5*time.Second, "the background sleep 30 to run", func() bool { return len(procsWithArgs("sleep", "30")) > 0 })
+}
+
+func TestBackgroundChildNoSIGPIPE(t *testing.T) {
+	a := startAgent(t)
+	dir := t.TempDir()
+	goFifo, doneFifo := filepath.Join(dir, "go"), filepath.Join(dir, "done")
+	for _, f := range []string{goFifo, doneFifo} {
+		if err := unix.Mkfifo(f, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	script := `( read x < "$GO"; echo late-output; echo late-error >&2; echo alive > "$DONE" ) & echo started`
+	out, _, res := run(t, a.c, backend.ExecRequest{Argv: []string{"sh", "-c", script}, Env: []string{"GO=" + goFifo, "DONE=" + doneFifo}})
+	if out != "started\n" || res.ExitCode != 0 {
+		t.Fatalf("got %q %+v", out, res)
+	}
+	// Now, after the exec has returned, let the background child write to its
+	// stdout and stderr; it must survive that and report.
+	result := make(chan string, 1)
+	go func() {
+		if err := os.WriteFile(goFifo, []byte("go\n"), 0); err != nil {
+			result <- err.Error()
+			return
+		}
+		b, err := os.ReadFile(doneFifo)
+		if err != nil {
+			result <- err.Error()
+			return
+		}
+		result <- string(b)
+	}()
+	select {
+	case got := <-result:
+		if got != "alive\n" {
+			t.Errorf("background child reported %q", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the background child died writing its output (SIGPIPE?)")
+	}
+}
+
+func TestNoZombies(t *testing.T) {
+	a := startAgent(t)
+	for i := 0; i < 200; i++ {
+		if _, _, res := run(t, a.c, sh("sleep 0.05 & exit 0")); res.ExitCode != 0 {
+			t.Fatalf("run %d: %+v", i, res)
+		}
+	}
+	eventually(t, 10*time.Second, "every child of the agent to be reaped", func() bool { return len(childrenOf(a.pid)) == 0 })
+}
+
+func TestEnvDoesNotLeak(t *testing.T) {
+	a := startAgent(t, AgentEnvPrefix+"SECRET=agent-only")
+	out, _, _ := run(t, a.c, backend.ExecRequest{Argv: []string{"sh", "-c", `echo "[$FOO]"`}, Env: []string{"FOO=one"}})
+	if out != "[one]\n" {
+		t.Errorf("first exec: %q", out)
+	}
+	out, _, _ = run(t, a.c, sh(`echo "[$FOO]"`))
+	if out != "[]\n" {
+		t.Errorf("env leaked into the next exec: %q", out)
+	}
+	out, _, _ = run(t, a.c, backend.ExecRequest{Argv: []string{"env"}})
+	if strings.Contains(out, AgentEnvPrefix) {
+		t.Errorf("agent variables visible to execs: %q", out)
+	}
+	out, _, _ = run(t, a.c, backend.ExecRequest{Argv: []string{"sh", "-c", `echo "$PATH"`}, Env: []string{"PATH=/bin:/usr/bin:/custom"}})
+	if out != "/bin:/usr/bin:/custom\n" {
+		t.Errorf("PATH override: %q", out)
+	}
+}
+
+func TestWorkingDirectory(t *testing.T) {
+	a := startAgent(t)
+	dir := t.TempDir()
+	out, _, _ := run(t, a.c, backend.ExecRequest{Argv: []string{"pwd"}, Dir: dir})
+	if out != dir+"\n" {
+		t.Errorf("pwd = %q, want %q", out, dir)
+	}
+	missing := filepath.Join(dir, "does-not-exist")
+	_, err := a.c.Exec(testCtx(t), backend.ExecRequest{Argv: []string{"pwd"}, Dir: missing})
+	if !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), missing) {
+		t.Errorf("missing dir: %v; want ErrInvalid naming %s", err, missing)
+	}
+	t.Logf("missing dir: %v", err)
+	if _, err := a.c.Exec(testCtx(t), backend.ExecRequest{}); !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf("empty argv: %v", err)
+	}
+}
+
+func TestSignal(t *testing.T) {
+	a := startAgent(t)
+	buf := newSyncBuffer()
+	p, err := a.c.Exec(testCtx(t), backend.ExecRequest{Argv: []string{"sh", "-c", "echo ready; exec sleep 304"}, Stdout: buf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf.waitFor(t, "ready", 10*time.Second)
+	if err := p.Signal(int(syscall.SIGTERM)); err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Wait()
+	if err != nil || res.ExitCode != 143 || res.Signal != 15 {
+		t.Errorf("SIGTERM: %+v %v", res, err)
+	}
+}
+
+func TestUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	a := startAgent(t)
+	out, _, _ := run(t, a.c, backend.ExecRequest{Argv: []string{"id", "-u"}, User: "65534"})
+	if out != "65534\n" {
+		t.Errorf("id -u as 65534: %q", out)
+	}
+}
+
+func TestAgentIgnoresSignals(t *testing.T) {
+	a := startAgent(t)
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGPIPE} {
+		if err := syscall.Kill(a.pid, sig); err != nil {
+			t.Fatal(err)
+		}
+		if out, _, _ := run(t, a.c, sh("echo alive")); out != "alive\n" {
+			t.Fatalf("after %v: %q", sig, out)
+		}
+	}
+	select {
+	case <-a.exited:
+		t.Fatal("the agent exited")
+	default:
+	}
+	// Children start with default dispositions, not the agent's.
+	out, _, _ := run(t, a.c, backend.ExecRequest{Argv: []string{"grep", "^SigIgn", "/proc/self/status"}})
+	if f := strings.Fields(out); len(f) != 2 || strings.Trim(f[1], "0") != "" {
+		t.Errorf("exec'd process ignores signals: %q", out)
+	}
+}
+
+func TestThreadsMadeInAdvance(t *testing.T) {
+	a := startAgent(t)
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(a.pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var threads int
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			threads, _ = strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	if min := maxBlocking + maxCopies + 8; threads < min {
+		t.Errorf("agent has %d threads, want at least %d", threads, min)
+	}
+}
+
+func TestShutdown(t *testing.T) {
+	a := startAgent(t)
+	out, _, _ := run(t, a.c, sh("sleep 303 & setsid sleep 306 & echo bg"))
+	if out != "bg\n" {
+		t.Fatalf("%q", out)
+	}
+	eventually(t, 5*time.Second, "the background sleeps to start", func() bool {
+		return len(procsWithArgs("sleep", "303")) == 1 && len(procsWithArgs("sleep", "306")) == 1
+	})
+	if err := a.c.Shutdown(testCtx(t), 500*time.Millisecond); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if pids := append(procsWithArgs("sleep", "303"), procsWithArgs("sleep", "306")...); len(pids) > 0 {
+		t.Errorf("background processes survived Shutdown: %v", pids)
+	}
+	select {
+	case <-a.exited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("agent did not exit after Shutdown")
+	}
+	if code := a.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("agent exit status %d", code)
+	}
+	if _, err := os.Lstat(filepath.Join(a.sockDir, backend.AgentSocketName)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket left behind: %v", err)
+	}
+	if _, err := a.c.Exec(testCtx(t), backend.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, backend.ErrUnavailable) {
+		t.Errorf("Exec after Shutdown: %v, want ErrUnavailable", err)
+	}
+	if _, err := NewClient(testCtx(t), DialSocketDir(a.sockDir)); !errors.Is(err, backend.ErrUnavailable) {
+		t.Errorf("NewClient after Shutdown: %v, want ErrUnavailable", err)
+	} else {
+		t.Logf("NewClient after Shutdown: %v", err)
+	}
+}
+
+// Without --subreaper, orphaned background processes belong to init; Shutdown still
+// finds them by their exec's session.
+func TestShutdownWithoutSubreaper(t *testing.T) {
+	a := &testAgent{sockDir: deepDir(t), logPath: filepath.Join(t.TempDir(), "agent.log"), exited: make(chan struct{}), noSubreaper: true}
+	a.start(t)
+	c, err := NewClient(testCtx(t), DialSocketDir(a.sockDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if out, _, _ := run(t, c, sh("sleep 308 & echo bg")); out != "bg\n" {
+		t.Fatalf("%q", out)
+	}
+	eventually(t, 5*time.Second, "the background sleep to run", func() bool { return len(procsWithArgs("sleep", "308")) == 1 })
+	if err := c.Shutdown(testCtx(t), 500*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if pids := procsWithArgs("sleep", "308"); len(pids) > 0 {
+		t.Errorf("background process survived Shutdown: %v", pids)
+	}
+	<-a.exited
+}
+
+func TestStaleSocketReplacedLiveRefused(t *testing.T) {
+	a := startAgent(t)
+	// A second agent on the same directory refuses while the first is alive.
+	cmd := newAgentCmd(a.sockDir)
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "another agent") {
+		t.Errorf("second agent: %v %s", err, out)
+	}
+	// Kill the first: its socket stays behind, stale; a new agent replaces it.
+	a.cmd.Process.Kill()
+	<-a.exited
+	b := &testAgent{sockDir: a.sockDir, logPath: filepath.Join(t.TempDir(), "agent.log"), exited: make(chan struct{})}
+	b.start(t)
+	c, err := NewClient(testCtx(t), DialSocketDir(a.sockDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if out, _, _ := run(t, c, sh("echo new")); out != "new\n" {
+		t.Errorf("%q", out)
+	}
+}
+
+func TestDialRefusesSymlinks(t *testing.T) {
+	a := startAgent(t)
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(a.sockDir, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := DialSocketDir(link)(testCtx(t)); !errors.Is(err, backend.ErrUnavailable) {
+		t.Errorf("dial through a symlinked directory: %v", err)
+	}
+	dir := t.TempDir()
+	if err := os.Symlink(filepath.Join(a.sockDir, backend.AgentSocketName), filepath.Join(dir, backend.AgentSocketName)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := DialSocketDir(dir)(testCtx(t)); !errors.Is(err, backend.ErrUnavailable) {
+		t.Errorf("dial through a symlinked socket: %v", err)
+	}
+}
+
+func TestWaitReady(t *testing.T) {
+	a := &testAgent{sockDir: deepDir(t), logPath: filepath.Join(t.TempDir(), "agent.log"), exited: make(chan struct{})}
+	type result struct {
+		c   *Client
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		c, err := WaitReady(testCtx(t), DialSocketDir(a.sockDir))
+		ch <- result{c, err}
+	}()
+	a.start(t)
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	r.c.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err := WaitReady(ctx, DialSocketDir(t.TempDir()))
+	if !errors.Is(err, backend.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("WaitReady on an empty dir: %v", err)
+	}
+}
+
+// blockingWriter blocks every Write until released.
+type blockingWriter struct {
+	release chan struct{}
+	w       io.Writer
+}
+
+func (b *blockingWriter) Write(p []byte) (int, error) {
+	<-b.release
+	return b.w.Write(p)
+}
+
+func TestPausedReaderBoundsBuffering(t *testing.T) {
+	a := startAgent(t)
+	h := sha256.New()
+	var n countWriter
+	bw := &blockingWriter{release: make(chan struct{}), w: io.MultiWriter(h, &n)}
+	const total = 16 << 20
+	p, err := a.c.Exec(testCtx(t), backend.ExecRequest{Argv: []string{"head", "-c", strconv.Itoa(total), "/dev/zero"}, Stdout: bw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := 0
+	eventually(t, 5*time.Second, "head to start", func() bool {
+		pids := procsWithArgs("head", "-c", strconv.Itoa(total), "/dev/zero")
+		if len(pids) == 1 {
+			pid = pids[0]
+		}
+		return pid != 0
+	})
+	// Wait until head is blocked in write(2) with the same byte count three polls
+	// in a row: the pipeline is full.
+	var written, last int64
+	same := 0
+	eventually(t, 10*time.Second, "head to block in write", func() bool {
+		w, blocked := writeState(pid)
+		if blocked && w == last {
+			same++
+		} else {
+			same = 0
+		}
+		last, written = w, w
+		return same >= 3
+	})
+	const bound = 64<<10 + ChunkSize + 64<<10 + StreamWindow + ChunkSize
+	t.Logf("head blocked after writing %d bytes (documented bound %d)", written, bound)
+	if written > bound+64<<10 {
+		t.Errorf("head wrote %d bytes before blocking; the bound is %d", written, bound)
+	}
+	close(bw.release)
+	res, err := p.Wait()
+	if err != nil || res.ExitCode != 0 || n.n != total {
+		t.Fatalf("%+v %v, %d bytes", res, err, n.n)
+	}
+}
+
+// writeState returns the bytes pid has written and whether it is sleeping in write(2).
+func writeState(pid int) (int64, bool) {
+	io, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/io")
+	if err != nil {
+		return -1, false
+	}
+	var w int64
+	for _, line := range strings.Split(string(io), "\n") {
+		if v, ok := strings.CutPrefix(line, "wchar:"); ok {
+			w, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	sc, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/syscall")
+	if err != nil {
+		return w, false
+	}
+	f := strings.Fields(string(sc))
+	st, _ := readStat(pid)
+	return w, len(f) > 0 && f[0] == strconv.Itoa(unix.SYS_WRITE) && st.state == 'S'
+}
+
+func tarOf(t *testing.T, entries []tar.Header, contents map[string]string) *bytes.Buffer {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, h := range entries {
+		h := h
+		if h.Typeflag == tar.TypeReg {
+			h.Size = int64(len(contents[h.Name]))
+		}
+		if err := tw.WriteHeader(&h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			tw.Write([]byte(contents[h.Name]))
+		}
+	}
+	tw.Close()
+	return &buf
+}
+
+func TestCopyInOut(t *testing.T) {
+	a := startAgent(t)
+	ctx := testCtx(t)
+	dst := t.TempDir()
+	in := tarOf(t, []tar.Header{
+		{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o750},
+		{Name: "d/f.txt", Typeflag: tar.TypeReg, Mode: 0o640},
+		{Name: "d/sub/g", Typeflag: tar.TypeReg, Mode: 0o755},
+		{Name: "d/ln", Typeflag: tar.TypeSymlink, Linkname: "f.txt"},
+	}, map[string]string{"d/f.txt": "hello", "d/sub/g": strings.Repeat("x", 100000)})
+	if err := a.c.CopyIn(ctx, dst, in); err != nil {
+		t.Fatalf("CopyIn: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dst, "d", "f.txt")); string(b) != "hello" {
+		t.Errorf("f.txt = %q", b)
+	}
+	if fi, err := os.Stat(filepath.Join(dst, "d", "sub", "g")); err != nil || fi.Mode().Perm() != 0o755 || fi.Size() != 100000 {
+		t.Errorf("g: %v %v", fi, err)
+	}
+	if l, _ := os.Readlink(filepath.Join(dst, "d", "ln")); l != "f.txt" {
+		t.Errorf("ln -> %q", l)
+	}
+
+	var out bytes.Buffer
+	if err := a.c.CopyOut(ctx, filepath.Join(dst, "d"), &out); err != nil {
+		t.Fatalf("CopyOut: %v", err)
+	}
+	got := map[string]string{}
+	tr := tar.NewReader(&out)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(tr)
+		got[h.Name] = string(b) + h.Linkname
+	}
+	if got["d/f.txt"] != "hello" || got["d/ln"] != "f.txt" || len(got["d/sub/g"]) != 100000 || len(got) != 5 {
+		t.Errorf("CopyOut entries: %v", keys(got))
+	}
+	if err := a.c.CopyOut(ctx, filepath.Join(dst, "nope"), io.Discard); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("CopyOut of a missing path: %v", err)
+	}
+	if err := a.c.CopyIn(ctx, filepath.Join(dst, "nope"), tarOf(t, nil, nil)); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("CopyIn into a missing dir: %v", err)
+	}
+
+	// Nothing leaves the destination: not by .., not through a link.
+	outside := t.TempDir()
+	evil := tarOf(t, []tar.Header{
+		{Name: "escape", Typeflag: tar.TypeSymlink, Linkname: outside},
+		{Name: "escape/owned", Typeflag: tar.TypeReg, Mode: 0o644},
+	}, map[string]string{"escape/owned": "x"})
+	if err := a.c.CopyIn(ctx, dst, evil); !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf("CopyIn through a link: %v", err)
+	}
+	evil = tarOf(t, []tar.Header{{Name: "../" + filepath.Base(outside) + "/owned2", Typeflag: tar.TypeReg, Mode: 0o644}}, map[string]string{})
+	if err := a.c.CopyIn(ctx, dst, evil); !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf("CopyIn with ..: %v", err)
+	}
+	if ents, _ := os.ReadDir(outside); len(ents) != 0 {
+		t.Errorf("files written outside the destination: %v", ents)
+	}
+}
+
+func keys(m map[string]string) []string {
+	var k []string
+	for s := range m {
+		k = append(k, s)
+	}
+	return k
+}
+
+func TestConcurrentExecs(t *testing.T) {
+	a := startAgent(t)
+	var wg sync.WaitGroup
+	errs := make(chan string, 64)
+	for i := 0; i < 4*runtime.NumCPU()+4; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			for j := 0; j < 10; j++ {
+				var out bytes.Buffer
+				p, err := a.c.Exec(context.Background(), backend.ExecRequest{Argv: []string{"sh", "-c", "echo $0-$1; exit $1", "x", strconv.Itoa(j)}, Stdout: &out})
+				if err != nil {
+					errs <- err.Error()
+					return
+				}
+				res, err := p.Wait()
+				if err != nil || res.ExitCode != j || out.String() != "x-"+strconv.Itoa(j)+"\n" {
+					errs <- out.String()
+					return
+				}
+			}
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+}

@@ -1,0 +1,122 @@
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/berth-sh/berth/backend"
+)
+
+// pidsCgroup makes a pids cgroup (v1 or v2) limited to max tasks and returns its
+// directory, or skips the test when none can be made.
+func pidsCgroup(t *testing.T, max int) string {
+	t.Helper()
+	var parent string
+	for _, p := range []string{"/sys/fs/cgroup/pids", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+		if _, err := os.Stat(filepath.Join(p, "cgroup.procs")); err == nil {
+			if _, err := os.Stat(filepath.Join(p, "pids.max")); err == nil || p == "/sys/fs/cgroup/pids" {
+				parent = p
+				break
+			}
+		}
+	}
+	if parent == "" {
+		t.Skip("no pids cgroup controller")
+	}
+	dir := filepath.Join(parent, fmt.Sprintf("berth-agent-test-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("cannot make a pids cgroup: %v", err)
+	}
+	t.Cleanup(func() {
+		// Normally empty by now (Shutdown killed everything); if the agent died, kill
+		// what it left in the cgroup, by pid, until nothing is left.
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+			b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+			pids := strings.Fields(string(b))
+			if len(pids) == 0 {
+				break
+			}
+			for _, p := range pids {
+				if n, err := strconv.Atoi(p); err == nil {
+					syscall.Kill(n, syscall.SIGKILL)
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		os.Remove(dir)
+	})
+	if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.Itoa(max)), 0); err != nil {
+		t.Skipf("cannot limit pids: %v", err)
+	}
+	return dir
+}
+
+func cgroupPids(dir string) int {
+	b, _ := os.ReadFile(filepath.Join(dir, "pids.current"))
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return n
+}
+
+// Under a fork bomb that exhausts the sandbox's pids limit, the agent stays up: it
+// survives SIGTERM, answers, kills the bomb's tree on timeout, and runs execs again.
+func TestForkBombPidsExhausted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	cg := pidsCgroup(t, 64)
+	a := startAgent(t)
+	// The agent and all its threads and children are limited together.
+	if err := os.WriteFile(filepath.Join(cg, "cgroup.procs"), []byte(strconv.Itoa(a.pid)), 0); err != nil {
+		t.Skipf("cannot move the agent into the cgroup: %v", err)
+	}
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skip("no bash (its loop survives failed forks; dash's does not)")
+	}
+	var errb bytes.Buffer
+	p, err := a.c.Exec(testCtx(t), backend.ExecRequest{
+		Argv:    []string{bash, "-c", "while :; do sleep 307 & done 2>/dev/null"},
+		Timeout: 3 * time.Second,
+		Stderr:  &errb,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the pids limit to be reached", func() bool { return cgroupPids(cg) >= 62 })
+	// Signals from inside and execs that cannot fork do not bring the agent down.
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP} {
+		syscall.Kill(a.pid, sig)
+	}
+	for i := 0; i < 4; i++ {
+		if q, err := a.c.Exec(testCtx(t), backend.ExecRequest{Argv: []string{"true"}}); err == nil {
+			q.Wait()
+		} else if !errors.Is(err, backend.ErrUnavailable) {
+			t.Errorf("exec under pids exhaustion: %v", err)
+		}
+	}
+	res, err := p.Wait()
+	if err != nil || !res.TimedOut {
+		t.Fatalf("fork bomb: %+v %v; stderr %q", res, err, errb.String())
+	}
+	if pids := procsWithArgs("sleep", "307"); len(pids) > 0 {
+		t.Errorf("%d sleep 307 left after the bomb's tree was killed", len(pids))
+	}
+	select {
+	case <-a.exited:
+		log, _ := os.ReadFile(a.logPath)
+		t.Fatalf("the agent died; log:\n%s", log)
+	default:
+	}
+	if out, _, _ := run(t, a.c, sh("echo recovered")); out != "recovered\n" {
+		t.Errorf("after the bomb: %q", out)
+	}
+}

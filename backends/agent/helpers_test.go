@@ -1,0 +1,260 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/berth-sh/berth/backend"
+)
+
+// agentBin is the static test agent (testdata/agentmain) built by TestMain.
+var agentBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "berth-agent-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	agentBin = filepath.Join(dir, "berth-agent")
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	cmd := exec.Command(goTool, "build", "-o", agentBin, "./testdata/agentmain")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building the test agent: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// deepDir returns a new directory whose path is at least 150 bytes long.
+func deepDir(t *testing.T) string {
+	t.Helper()
+	d := t.TempDir()
+	for i := 0; len(d) < 150; i++ {
+		d = filepath.Join(d, fmt.Sprintf("deep-%02d-%s", i, strings.Repeat("x", 20)))
+	}
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// testAgent is an agent process started from agentBin.
+type testAgent struct {
+	cmd     *exec.Cmd
+	pid     int
+	sockDir string
+	logPath string
+	exited  chan struct{}
+	c       *Client
+
+	noSubreaper bool
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// startAgent starts an agent (own session, subreaper, socket in a 150-byte deep
+// directory) and connects a client to it. Cleanup shuts it down.
+func startAgent(t *testing.T, env ...string) *testAgent {
+	t.Helper()
+	a := &testAgent{sockDir: deepDir(t), logPath: filepath.Join(t.TempDir(), "agent.log"), exited: make(chan struct{})}
+	a.start(t, env...)
+	c, err := NewClient(testCtx(t), DialSocketDir(a.sockDir))
+	if err != nil {
+		t.Fatalf("NewClient: %v", err)
+	}
+	a.c = c
+	t.Cleanup(func() { c.Close() })
+	return a
+}
+
+func (a *testAgent) start(t *testing.T, env ...string) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	args := []string{"serve", "--socket-dir", a.sockDir, "--ready-fd", "3", "--log", a.logPath}
+	if !a.noSubreaper {
+		args = append(args, "--subreaper")
+	}
+	cmd := exec.Command(agentBin, args...)
+	cmd.ExtraFiles = []*os.File{w}
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	a.cmd, a.pid = cmd, cmd.Process.Pid
+	go func() {
+		cmd.Wait()
+		close(a.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-a.exited:
+			return
+		default:
+		}
+		if c, err := NewClient(context.Background(), DialSocketDir(a.sockDir)); err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			c.Shutdown(ctx, 100*time.Millisecond)
+			cancel()
+			c.Close()
+		}
+		select {
+		case <-a.exited:
+		case <-time.After(5 * time.Second):
+			t.Errorf("agent %d did not exit after Shutdown", a.pid)
+			cmd.Process.Kill()
+			<-a.exited
+		}
+	})
+	line, err := bufio.NewReader(r).ReadString('\n')
+	if err != nil || line != "ready\n" {
+		log, _ := os.ReadFile(a.logPath)
+		t.Fatalf("agent not ready: %q %v\nlog:\n%s", line, err, log)
+	}
+}
+
+// syncBuffer is an io.Writer whose content can be waited for.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+	ch  chan struct{}
+}
+
+func newSyncBuffer() *syncBuffer { return &syncBuffer{ch: make(chan struct{})} }
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf.Write(p)
+	close(b.ch)
+	b.ch = make(chan struct{})
+	return len(p), nil
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// waitFor waits until the buffer contains sub.
+func (b *syncBuffer) waitFor(t *testing.T, sub string, timeout time.Duration) {
+	t.Helper()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		b.mu.Lock()
+		if strings.Contains(b.buf.String(), sub) {
+			b.mu.Unlock()
+			return
+		}
+		ch := b.ch
+		b.mu.Unlock()
+		select {
+		case <-ch:
+		case <-timer.C:
+			t.Fatalf("timed out waiting for %q; have %q", sub, b.String())
+		}
+	}
+}
+
+// run executes req and returns its output and result; errors are fatal.
+func run(t *testing.T, c *Client, req backend.ExecRequest) (stdout, stderr string, res backend.ExecResult) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	req.Stdout, req.Stderr = &out, &errb
+	p, err := c.Exec(testCtx(t), req)
+	if err != nil {
+		t.Fatalf("Exec %q: %v", req.Argv, err)
+	}
+	res, err = p.Wait()
+	if err != nil {
+		t.Fatalf("Wait %q: %v", req.Argv, err)
+	}
+	return out.String(), errb.String(), res
+}
+
+func sh(script string) backend.ExecRequest {
+	return backend.ExecRequest{Argv: []string{"sh", "-c", script}}
+}
+
+// procsWithArgs lists the live processes whose command line is exactly args.
+func procsWithArgs(args ...string) []int {
+	want := strings.Join(args, "\x00") + "\x00"
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && string(b) == want {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// childrenOf lists the children of pid (zombies included).
+func childrenOf(pid int) []procInfo {
+	ents, _ := os.ReadDir("/proc")
+	var out []procInfo
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if p, ok := readStat(n); ok && p.ppid == pid {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// eventually polls cond every 10 ms until it holds or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// newAgentCmd is an agent command line on dir that is not waited for by a cleanup.
+func newAgentCmd(dir string) *exec.Cmd {
+	return exec.Command(agentBin, "serve", "--socket-dir", dir)
+}

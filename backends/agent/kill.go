@@ -1,0 +1,219 @@
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// procInfo is what the agent reads from /proc/PID/stat.
+type procInfo struct {
+	pid, ppid, pgrp, sid int
+	state                byte
+}
+
+// readStat parses /proc/PID/stat; ok is false when the process is gone.
+func readStat(pid int) (procInfo, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return procInfo{}, false
+	}
+	return parseStat(pid, b)
+}
+
+func parseStat(pid int, b []byte) (procInfo, bool) {
+	// "pid (comm) state ppid pgrp session ..."; comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return procInfo{}, false
+	}
+	f := bytes.Fields(b[i+2:])
+	if len(f) < 4 || len(f[0]) != 1 {
+		return procInfo{}, false
+	}
+	p := procInfo{pid: pid, state: f[0][0]}
+	var err1, err2, err3 error
+	p.ppid, err1 = strconv.Atoi(string(f[1]))
+	p.pgrp, err2 = strconv.Atoi(string(f[2]))
+	p.sid, err3 = strconv.Atoi(string(f[3]))
+	if err1 != nil || err2 != nil || err3 != nil {
+		return procInfo{}, false
+	}
+	return p, true
+}
+
+// scanProcs lists every live (not zombie) process but the agent itself.
+func (s *server) scanProcs() []procInfo {
+	s.blk.enter()
+	defer s.blk.leave()
+	d, err := os.Open("/proc")
+	if err != nil {
+		return nil
+	}
+	names, _ := d.Readdirnames(-1)
+	d.Close()
+	self := os.Getpid()
+	out := make([]procInfo, 0, len(names))
+	for _, n := range names {
+		pid, err := strconv.Atoi(n)
+		if err != nil || pid == self {
+			continue
+		}
+		p, ok := readStat(pid)
+		if !ok || p.state == 'Z' || p.state == 'X' {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// inSession selects the processes of session sid.
+func inSession(sid int) func([]procInfo) []procInfo {
+	return func(all []procInfo) []procInfo {
+		var out []procInfo
+		for _, p := range all {
+			if p.sid == sid {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+}
+
+// signalProc sends sig to p if the pid still names a process of p's session (a pidfd
+// pins the process between the check and the signal, so a reused pid is never hit).
+func signalProc(p procInfo, sig syscall.Signal) {
+	fd, err := unix.PidfdOpen(p.pid, 0)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return
+		}
+		// No pidfd support: plain kill after a fresh check.
+		if q, ok := readStat(p.pid); ok && q.sid == p.sid {
+			unix.Kill(p.pid, sig)
+		}
+		return
+	}
+	defer unix.Close(fd)
+	if q, ok := readStat(p.pid); ok && q.sid == p.sid {
+		unix.PidfdSendSignal(fd, sig, nil, 0)
+	}
+}
+
+// killGiveUp is how long killTree keeps sending SIGKILL before it gives up on
+// processes that do not die (stuck in uninterruptible sleep).
+const killGiveUp = 30 * time.Second
+
+// killTree sends SIGTERM to every process that selectFn picks, waits up to grace for
+// them to go (woken by the reaper, rescanning /proc), then sends SIGKILL repeatedly
+// until selectFn picks none. It returns when no selected process is left (or after
+// killGiveUp of SIGKILLs, logging the survivors).
+func (s *server) killTree(selectFn func([]procInfo) []procInfo, grace time.Duration) {
+	deadline := time.Now().Add(grace)
+	giveUp := deadline.Add(killGiveUp)
+	termed := map[int]bool{}
+	for {
+		changed := s.reaper.notify()
+		procs := selectFn(s.scanProcs())
+		if len(procs) == 0 {
+			return
+		}
+		if time.Now().After(giveUp) {
+			s.log.Printf("giving up killing %d processes (first: pid %d state %c)", len(procs), procs[0].pid, procs[0].state)
+			return
+		}
+		kill := !time.Now().Before(deadline)
+		for _, p := range procs {
+			switch {
+			case kill:
+				signalProc(p, syscall.SIGKILL)
+			case !termed[p.pid]:
+				termed[p.pid] = true
+				signalProc(p, syscall.SIGTERM)
+				// A stopped process only acts on SIGTERM once continued.
+				signalProc(p, syscall.SIGCONT)
+			}
+		}
+		wait := 20 * time.Millisecond
+		if kill {
+			wait = 5 * time.Millisecond
+		} else if d := time.Until(deadline); d < wait {
+			wait = d
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-changed:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// killEverything kills every descendant of the agent and every process in a session
+// that one of its execs created.
+func (s *server) killEverything(grace time.Duration) {
+	self := os.Getpid()
+	s.killTree(func(all []procInfo) []procInfo {
+		s.mu.Lock()
+		sids := make(map[int]bool, len(s.sids))
+		for sid := range s.sids {
+			sids[sid] = true
+		}
+		s.mu.Unlock()
+		children := map[int][]procInfo{}
+		for _, p := range all {
+			children[p.ppid] = append(children[p.ppid], p)
+		}
+		picked := map[int]bool{}
+		var out []procInfo
+		for stack := []int{self}; len(stack) > 0; {
+			pid := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			for _, c := range children[pid] {
+				if !picked[c.pid] {
+					picked[c.pid] = true
+					out = append(out, c)
+					stack = append(stack, c.pid)
+				}
+			}
+		}
+		for _, p := range all {
+			if sids[p.sid] && !picked[p.pid] {
+				picked[p.pid] = true
+				out = append(out, p)
+			}
+		}
+		return out
+	}, grace)
+}
+
+// pruneSessions forgets the exec sessions in which no process is left (the set is
+// used by Shutdown to find background processes that are not descendants).
+func (s *server) pruneSessions() {
+	defer s.pruning.Store(false)
+	// Only sessions known before the scan may be dropped: a newer one may have
+	// started after it.
+	s.mu.Lock()
+	known := make([]int, 0, len(s.sids))
+	for sid := range s.sids {
+		known = append(known, sid)
+	}
+	s.mu.Unlock()
+	live := map[int]bool{}
+	for _, p := range s.scanProcs() {
+		live[p.sid] = true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, sid := range known {
+		if !live[sid] {
+			delete(s.sids, sid)
+		}
+	}
+}

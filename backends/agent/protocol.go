@@ -1,0 +1,33 @@
+package agent
+
+import (
+	"fmt"
+	"slices"
+)
+
+// serverVersions are the protocol versions the agent speaks, highest first.
+var serverVersions = []int{ProtocolVersion}
+
+// clientVersions are the protocol versions a Client accepts: N and N-1.
+func clientVersions() []int {
+	v := []int{ProtocolVersion}
+	if ProtocolVersion-1 >= 1 {
+		v = append(v, ProtocolVersion-1)
+	}
+	return v
+}
+
+// pickProtocol returns the highest version in both lists, or an error that names
+// both lists when there is none.
+func pickProtocol(client, server []int) (int, error) {
+	best := 0
+	for _, v := range client {
+		if v > best && slices.Contains(server, v) {
+			best = v
+		}
+	}
+	if best == 0 {
+		return 0, fmt.Errorf("no common agent protocol version: the agent speaks %v, the client speaks %v; use the same berth version for the host and the agent binary (agent_path)", server, client)
+	}
+	return best, nil
+}

@@ -1,0 +1,390 @@
+package agent
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"os/signal"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent/agentpb"
+)
+
+// ServeOptions configures Serve.
+type ServeOptions struct {
+	// SocketDir is the directory in which the agent creates its socket
+	// (backend.AgentSocketName). The agent binds through /proc/self/fd/N of an O_PATH
+	// descriptor of the directory, so the directory's path may be of any length. A
+	// stale socket left by a dead agent is replaced; a live one is an error.
+	SocketDir string
+	// ReadyFD, when > 0, is a file descriptor to which the agent writes "ready\n" and
+	// which it then closes, once it accepts connections.
+	ReadyFD int
+	// LogPath, when set, is the agent's log file, capped at 1 MiB with one rotation
+	// (LogPath + ".1"); otherwise the agent logs to stderr.
+	LogPath string
+	// Subreaper makes the agent a child subreaper (PR_SET_CHILD_SUBREAPER), so the
+	// background processes of its execs stay its descendants and are reaped and
+	// killed by it. Use it on the host; PID 1 of a container is a reaper anyway.
+	Subreaper bool
+}
+
+// maxBlocking caps the system calls that block an OS thread (fork, /proc scans,
+// stat) the agent makes at the same time; maxCopies caps the copy operations (whose
+// file I/O blocks a thread each).
+const (
+	maxBlocking = 8
+	maxCopies   = 2
+	// maxProcs caps GOMAXPROCS.
+	maxProcs = 4
+	// sidPruneAt is the number of remembered exec sessions at which the ones without
+	// a live process are forgotten.
+	sidPruneAt = 1024
+)
+
+// Serve runs the agent until a client calls Shutdown, and then returns nil. It sets
+// process-wide state (signal handling, subreaper, the reaper of every child), so a
+// process calls it at most once, and it must own every child of the process: it
+// reaps them all. Errors: the socket cannot be created, or the server fails.
+func Serve(opts ServeOptions) error {
+	if opts.SocketDir == "" {
+		return backend.Errorf(backend.ErrInvalid, "agent: no socket directory given")
+	}
+	logw, err := openLog(opts.LogPath)
+	if err != nil {
+		return err
+	}
+	defer logw.Close()
+	logger := log.New(logw, "berth-agent: ", log.LstdFlags|log.Lmicroseconds)
+
+	catchSignals(logger)
+	// The agent needs little CPU; every P may need a thread, and threads count
+	// against the sandbox's pids limit.
+	if runtime.GOMAXPROCS(0) > maxProcs {
+		runtime.GOMAXPROCS(maxProcs)
+	}
+	prestartThreads(runtime.GOMAXPROCS(0) + maxBlocking + maxCopies + 8)
+	if opts.Subreaper {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("agent: PR_SET_CHILD_SUBREAPER: %w", err)
+		}
+	}
+
+	s, err := newServer(logger)
+	if err != nil {
+		return err
+	}
+	// A subreaper or PID 1 finds every process it started among its descendants.
+	// Otherwise orphans move to init, and Shutdown finds them by session id, which
+	// is only safe while those ids are not reused: the set is pruned as sessions die.
+	s.trackSessions = !opts.Subreaper && os.Getpid() != 1
+	go s.reaper.run(logger)
+
+	lis, err := listenSocketDir(opts.SocketDir)
+	if err != nil {
+		return err
+	}
+	defer lis.cleanup()
+
+	gs := grpc.NewServer(
+		grpc.InitialWindowSize(StreamWindow),
+		grpc.InitialConnWindowSize(StreamWindow),
+	)
+	agentpb.RegisterAgentServer(gs, s)
+
+	errc := make(chan error, 1)
+	go func() { errc <- gs.Serve(lis) }()
+	logger.Printf("serving on %s (pid %d)", opts.SocketDir, os.Getpid())
+
+	if opts.ReadyFD > 0 {
+		f := os.NewFile(uintptr(opts.ReadyFD), "ready-fd")
+		if f == nil {
+			gs.Stop()
+			return fmt.Errorf("agent: ready fd %d is not open", opts.ReadyFD)
+		}
+		_, werr := f.WriteString("ready\n")
+		f.Close()
+		if werr != nil {
+			gs.Stop()
+			return fmt.Errorf("agent: ready fd %d: %w", opts.ReadyFD, werr)
+		}
+	}
+
+	select {
+	case <-s.stopCh:
+		done := make(chan struct{})
+		go func() { gs.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+			gs.Stop()
+		}
+		logger.Printf("shut down")
+		return nil
+	case err := <-errc:
+		return fmt.Errorf("agent: serve: %w", err)
+	}
+}
+
+// Main runs the agent's command line and returns the process exit status: 0 after a
+// Shutdown, 1 when serving failed, 2 for a usage error. args are the arguments after
+// the program name, optionally starting with the word "agent":
+//
+//	[agent] serve --socket-dir DIR [--ready-fd N] [--log FILE] [--subreaper]
+func Main(args []string) int {
+	if len(args) > 0 && args[0] == "agent" {
+		args = args[1:]
+	}
+	usage := func() {
+		fmt.Fprintln(os.Stderr, "usage: berth agent serve --socket-dir DIR [--ready-fd N] [--log FILE] [--subreaper]")
+	}
+	if len(args) == 0 || args[0] != "serve" {
+		usage()
+		return 2
+	}
+	fs := flag.NewFlagSet("berth agent serve", flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	socketDir := fs.String("socket-dir", "", "directory in which to create the agent socket "+backend.AgentSocketName)
+	readyFD := fs.Int("ready-fd", 0, "file descriptor to write \"ready\\n\" to once serving")
+	logPath := fs.String("log", "", "log file (size-capped); default stderr")
+	subreaper := fs.Bool("subreaper", false, "become a child subreaper (host sandboxes)")
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	if *socketDir == "" || fs.NArg() > 0 {
+		usage()
+		return 2
+	}
+	err := Serve(ServeOptions{SocketDir: *socketDir, ReadyFD: *readyFD, LogPath: *logPath, Subreaper: *subreaper})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "berth agent: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// caughtSignals are caught and dropped. They are caught with a handler rather than
+// set to SIG_IGN because an ignored disposition is inherited across execve: every
+// command would run with SIGINT, SIGTERM and SIGPIPE ignored. A caught one is reset to
+// the default in the child. Faults raised by the agent's own code (SIGSEGV, ...) still
+// crash it; only those sent with kill(2) are dropped.
+var caughtSignals = []os.Signal{
+	syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM,
+	syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGALRM,
+	syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGXCPU,
+	syscall.SIGXFSZ, syscall.SIGVTALRM, syscall.SIGIO, syscall.SIGPWR,
+	syscall.SIGSYS, syscall.SIGABRT, syscall.SIGTRAP, syscall.SIGILL,
+	syscall.SIGBUS, syscall.SIGFPE, syscall.SIGSEGV, syscall.SIGSTKFLT,
+}
+
+func catchSignals(logger *log.Logger) {
+	c := make(chan os.Signal, 16)
+	signal.Notify(c, caughtSignals...)
+	go func() {
+		for sig := range c {
+			if sig != syscall.SIGPIPE {
+				logger.Printf("ignoring signal %v", sig)
+			}
+		}
+	}()
+}
+
+// prestartThreads makes the Go runtime create at least n OS threads now and keep them
+// idle, so that later it never needs to create one (clone fails when the sandbox's
+// pids limit is exhausted, and the runtime cannot survive that).
+func prestartThreads(n int) {
+	ready := make(chan struct{})
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			ready <- struct{}{}
+			<-release
+			runtime.UnlockOSThread()
+		}()
+	}
+	for i := 0; i < n; i++ {
+		<-ready
+	}
+	close(release)
+	wg.Wait()
+}
+
+// socketListener is the agent's listener plus what is needed to remove its socket.
+type socketListener struct {
+	net.Listener
+	dirfd    int
+	dev, ino uint64
+}
+
+func listenSocketDir(dir string) (*socketListener, error) {
+	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("agent: socket directory %s: %w", dir, err)
+	}
+	addr := fmt.Sprintf("/proc/self/fd/%d/%s", dfd, backend.AgentSocketName)
+	var st unix.Stat_t
+	if err := unix.Fstatat(dfd, backend.AgentSocketName, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
+		if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+			unix.Close(dfd)
+			return nil, fmt.Errorf("agent: %s/%s exists and is not a socket; remove it", dir, backend.AgentSocketName)
+		}
+		if c, err := net.DialTimeout("unix", addr, time.Second); err == nil {
+			c.Close()
+			unix.Close(dfd)
+			return nil, fmt.Errorf("agent: another agent is serving on %s/%s", dir, backend.AgentSocketName)
+		}
+		if err := unix.Unlinkat(dfd, backend.AgentSocketName, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			unix.Close(dfd)
+			return nil, fmt.Errorf("agent: removing stale socket %s/%s: %w", dir, backend.AgentSocketName, err)
+		}
+	}
+	l, err := net.Listen("unix", addr)
+	if err != nil {
+		unix.Close(dfd)
+		return nil, fmt.Errorf("agent: listening on %s/%s: %w", dir, backend.AgentSocketName, err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	sl := &socketListener{Listener: l, dirfd: dfd}
+	if err := unix.Fstatat(dfd, backend.AgentSocketName, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
+		sl.dev, sl.ino = st.Dev, st.Ino
+	}
+	return sl, nil
+}
+
+// cleanup closes the listener and removes the socket if it is still ours.
+func (l *socketListener) cleanup() {
+	l.Listener.Close()
+	var st unix.Stat_t
+	if err := unix.Fstatat(l.dirfd, backend.AgentSocketName, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Dev == l.dev && st.Ino == l.ino {
+		unix.Unlinkat(l.dirfd, backend.AgentSocketName, 0)
+	}
+	unix.Close(l.dirfd)
+}
+
+// logMax is the size at which the agent's log file is rotated.
+const logMax = 1 << 20
+
+// cappedLog is a log file that is renamed to path.1 when it reaches logMax bytes.
+type cappedLog struct {
+	mu   sync.Mutex
+	path string
+	f    *os.File
+	size int64
+}
+
+type nopCloser struct{ io.Writer }
+
+func (nopCloser) Close() error { return nil }
+
+func openLog(path string) (io.WriteCloser, error) {
+	if path == "" {
+		return nopCloser{os.Stderr}, nil
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("agent: log file: %w", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("agent: log file: %w", err)
+	}
+	return &cappedLog{path: path, f: f, size: fi.Size()}, nil
+}
+
+func (l *cappedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil {
+		return len(p), nil
+	}
+	if l.size+int64(len(p)) > logMax && l.size > 0 {
+		l.f.Close()
+		os.Rename(l.path, l.path+".1")
+		f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
+		if err != nil {
+			l.f = nil
+			return len(p), nil
+		}
+		l.f, l.size = f, 0
+	}
+	n, err := l.f.Write(p)
+	l.size += int64(n)
+	return n, err
+}
+
+func (l *cappedLog) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil {
+		return nil
+	}
+	err := l.f.Close()
+	l.f = nil
+	return err
+}
+
+// gate is a counting semaphore for blocking system calls.
+type gate chan struct{}
+
+func (g gate) enter() { g <- struct{}{} }
+func (g gate) leave() { <-g }
+
+// server implements agentpb.AgentServer.
+type server struct {
+	agentpb.UnimplementedAgentServer
+
+	log      *log.Logger
+	reaper   *reaper
+	blk      gate // blocking system calls
+	copyGate gate // copy operations
+	cwd      string
+	grace    time.Duration
+
+	nextID  atomic.Uint64
+	mu      sync.Mutex
+	execs   map[uint64]*execRun
+	sids    map[int]struct{}
+	closing atomic.Bool
+	pruning atomic.Bool
+	// trackSessions: remember exec session ids for Shutdown (neither subreaper nor
+	// PID 1).
+	trackSessions bool
+
+	stopCh   chan struct{}
+	stopOnce sync.Once
+}
+
+func newServer(logger *log.Logger) (*server, error) {
+	cwd, err := os.Getwd()
+	if err != nil {
+		cwd = "/"
+	}
+	return &server{
+		log:      logger,
+		reaper:   newReaper(),
+		blk:      make(gate, maxBlocking),
+		copyGate: make(gate, maxCopies),
+		cwd:      cwd,
+		grace:    DefaultGrace,
+		execs:    map[uint64]*execRun{},
+		sids:     map[int]struct{}{},
+		stopCh:   make(chan struct{}),
+	}, nil
+}
