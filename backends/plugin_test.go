@@ -1,0 +1,832 @@
+package backends
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-sh/berth/backend"
+)
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestInfoThroughPlugin(t *testing.T) {
+	c, logs := launch(t)
+	info, err := c.Info(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Name != "test" || info.Version != "0.0.1" {
+		t.Errorf("Info = %+v", info)
+	}
+	if info.Protocol != 1 {
+		t.Errorf("negotiated protocol %d, want 1", info.Protocol)
+	}
+	if len(info.ProtocolVersions) != 1 || info.ProtocolVersions[0] != 1 {
+		t.Errorf("ProtocolVersions = %v, want [1] (filled in by Serve)", info.ProtocolVersions)
+	}
+	want := backend.Capabilities{FSIsolation: backend.FSIsolationNone, NetworkModes: []string{"none"}, StopStart: true, Config: true}
+	if fmt.Sprint(info.Capabilities) != fmt.Sprint(want) {
+		t.Errorf("Capabilities = %+v, want %+v", info.Capabilities, want)
+	}
+	// The plugin's hclog line reaches the host logger, with its level, and so
+	// does a line it printed to stdout after the handshake.
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "test-driver-info") || !strings.Contains(logs.String(), "stray stdout line") {
+		if time.Now().After(deadline) {
+			t.Fatalf("plugin log line not in host log:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "test-driver-info") && !strings.Contains(line, "[INFO]") {
+			t.Errorf("plugin log line lost its level: %q", line)
+		}
+	}
+}
+
+func TestPluginProcessSetup(t *testing.T) {
+	c, _ := launch(t)
+	pid := c.Pid()
+	fd0, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/0", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fd0 != os.DevNull {
+		t.Errorf("plugin stdin is %s, want /dev/null", fd0)
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+2:]))
+	if pgrp, _ := strconv.Atoi(f[2]); pgrp != pid {
+		t.Errorf("plugin process group %d, want its own (%d)", pgrp, pid)
+	}
+	if pgrp := syscall.Getpgrp(); pgrp == pid {
+		t.Errorf("test shares the plugin's process group")
+	}
+	// The handshake variables do not reach the processes the driver starts.
+	out := &bytes.Buffer{}
+	res := run(t, c, backend.ExecRequest{Argv: []string{"env"}, Stdout: out})
+	if res.ExitCode != 0 {
+		t.Fatalf("env: %+v", res)
+	}
+	for _, k := range []string{Handshake.MagicCookieKey, envHostPID, "PLUGIN_PROTOCOL_VERSIONS"} {
+		if strings.Contains(out.String(), k+"=") {
+			t.Errorf("exec environment contains %s", k)
+		}
+	}
+}
+
+func run(t *testing.T, c *Client, req backend.ExecRequest) backend.ExecResult {
+	t.Helper()
+	p, err := c.Exec(ctxT(t), "sb", req)
+	if err != nil {
+		t.Fatalf("Exec %v: %v", req.Argv, err)
+	}
+	res, err := p.Wait()
+	if err != nil {
+		t.Fatalf("Wait %v: %v", req.Argv, err)
+	}
+	return res
+}
+
+func TestExecExitCodesAndStreams(t *testing.T) {
+	c, _ := launch(t)
+	for _, code := range []int{0, 1, 43} {
+		res := run(t, c, backend.ExecRequest{Argv: []string{"sh", "-c", fmt.Sprintf("exit %d", code)}})
+		if res.ExitCode != code || res.Signal != 0 {
+			t.Errorf("exit %d: got %+v", code, res)
+		}
+		if res.Duration <= 0 {
+			t.Errorf("exit %d: duration %v", code, res.Duration)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	res := run(t, c, backend.ExecRequest{
+		Argv:   []string{"sh", "-c", "echo out; echo err >&2; printf '\\377\\000x'; echo more-err >&2"},
+		Stdout: &stdout, Stderr: &stderr,
+	})
+	if res.ExitCode != 0 {
+		t.Fatalf("result %+v", res)
+	}
+	if got := stdout.String(); got != "out\n\xff\x00x" {
+		t.Errorf("stdout %q", got)
+	}
+	if got := stderr.String(); got != "err\nmore-err\n" {
+		t.Errorf("stderr %q", got)
+	}
+	var nf bytes.Buffer
+	res = run(t, c, backend.ExecRequest{Argv: []string{"no-such-command-xyz"}, Stderr: &nf})
+	if res.ExitCode != 127 || !strings.Contains(nf.String(), "no-such-command-xyz") {
+		t.Errorf("missing command: %+v, stderr %q", res, nf.String())
+	}
+	res = run(t, c, backend.ExecRequest{Argv: []string{"sh", "-c", "kill -9 $$"}})
+	if res.ExitCode != 137 || res.Signal != 9 {
+		t.Errorf("SIGKILL: %+v", res)
+	}
+	res = run(t, c, backend.ExecRequest{Argv: []string{"sh", "-c", "echo $FOO"}, Env: []string{"FOO=bar"}, Stdout: &stdout})
+	if !strings.HasSuffix(stdout.String(), "bar\n") {
+		t.Errorf("env: stdout %q", stdout.String())
+	}
+}
+
+func TestExecStdinStreaming(t *testing.T) {
+	c, _ := launch(t)
+	out := newLineWriter()
+	p, err := c.Exec(ctxT(t), "sb", backend.ExecRequest{Argv: []string{"cat"}, Stdin: true, Stdout: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Streaming: the first line comes back before stdin is closed.
+	if _, err := p.Write([]byte("first line\n")); err != nil {
+		t.Fatal(err)
+	}
+	if l := nextLine(t, out.lines); l != "first line" {
+		t.Errorf("echoed %q", l)
+	}
+	big := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB, many chunks
+	if n, err := p.Write(big); err != nil || n != len(big) {
+		t.Fatalf("Write big: %d, %v", n, err)
+	}
+	if err := p.CloseStdin(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Write([]byte("late")); err == nil {
+		t.Error("Write after CloseStdin succeeded")
+	}
+	res, err := p.Wait()
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("Wait: %+v, %v", res, err)
+	}
+	if got := out.String(); got != "first line\n"+string(big) {
+		t.Errorf("cat returned %d bytes, want %d", len(got), len("first line\n")+len(big))
+	}
+
+	// Without Stdin, the process reads EOF at once and Write is refused.
+	var empty bytes.Buffer
+	p, err = c.Exec(ctxT(t), "sb", backend.ExecRequest{Argv: []string{"cat"}, Stdout: &empty})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Write([]byte("x")); !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf("Write without Stdin: %v, want ErrInvalid", err)
+	}
+	if res, err := p.Wait(); err != nil || res.ExitCode != 0 || empty.Len() != 0 {
+		t.Errorf("cat without stdin: %+v %v %q", res, err, empty.String())
+	}
+	if err := p.Resize(backend.WindowSize{Rows: 1, Cols: 1}); !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf("Resize without TTY: %v, want ErrInvalid", err)
+	}
+}
+
+func TestExecSignal(t *testing.T) {
+	c, _ := launch(t)
+	out := newLineWriter()
+	p, err := c.Exec(ctxT(t), "sb", backend.ExecRequest{Argv: []string{"sh", "-c", "echo ready; exec sleep 30"}, Stdout: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nextLine(t, out.lines)
+	if err := p.Signal(int(syscall.SIGTERM)); err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 143 || res.Signal != 15 {
+		t.Errorf("after SIGTERM: %+v", res)
+	}
+	if res.Duration > 10*time.Second {
+		t.Errorf("took %v", res.Duration)
+	}
+	began := time.Now()
+	if err := p.Signal(int(syscall.SIGTERM)); !errors.Is(err, io.ErrClosedPipe) {
+		t.Errorf("Signal after the end: %v, want io.ErrClosedPipe", err)
+	}
+	if d := time.Since(began); d > 100*time.Millisecond {
+		t.Errorf("Signal after the end took %v", d)
+	}
+}
+
+func TestExecContextCancel(t *testing.T) {
+	c, _ := launch(t)
+	ctx, cancel := context.WithCancel(ctxT(t))
+	out := newLineWriter()
+	p, err := c.Exec(ctx, "sb", backend.ExecRequest{Argv: []string{"sh", "-c", "echo pid $$; exec sleep 300"}, Stdout: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimPrefix(nextLine(t, out.lines), "pid "))
+	if err != nil || !alive(pid) {
+		t.Fatalf("sleep pid %d: %v", pid, err)
+	}
+	began := time.Now()
+	cancel()
+	res, err := p.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Canceled || res.Signal != 9 {
+		t.Errorf("result %+v, want Canceled and killed", res)
+	}
+	if d := time.Since(began); d > 3*time.Second {
+		t.Errorf("cancel took %v", d)
+	}
+	// The result comes after the tree is gone.
+	if alive(pid) {
+		t.Errorf("sleep %d alive after Wait returned", pid)
+	}
+
+	// A context that is already done fails Exec.
+	if _, err := c.Exec(ctx, "sb", backend.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, context.Canceled) {
+		t.Errorf("Exec with done ctx: %v", err)
+	}
+	// ExecRequest.Timeout crosses the wire.
+	res = run(t, c, backend.ExecRequest{Argv: []string{"sleep", "30"}, Timeout: 200 * time.Millisecond})
+	if !res.TimedOut || res.Canceled {
+		t.Errorf("timeout result %+v", res)
+	}
+}
+
+func TestErrorKindsSurvive(t *testing.T) {
+	c, _ := launch(t)
+	ctx := ctxT(t)
+	for _, kind := range backend.Kinds {
+		name := "err-" + strings.ReplaceAll(kind.Error(), " ", "-")
+		_, err := c.Inspect(ctx, name)
+		if !errors.Is(err, kind) {
+			t.Errorf("Inspect %s: %v, want errors.Is %v", name, err, kind)
+			continue
+		}
+		if want := fmt.Sprintf("inspect %s: the test driver says %s", name, kind); err.Error() != want {
+			t.Errorf("message %q, want %q", err.Error(), want)
+		}
+		for _, other := range backend.Kinds {
+			if other != kind && errors.Is(err, other) {
+				t.Errorf("%v also is %v", err, other)
+			}
+		}
+	}
+	_, err := c.Inspect(ctx, "err-other")
+	if err == nil || backend.KindOf(err) != nil || err.Error() != "inspect err-other: an error without a kind" {
+		t.Errorf("kindless error: %v", err)
+	}
+	if _, err := c.Inspect(ctx, "missing"); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("Inspect missing: %v", err)
+	}
+	if _, err := c.Exec(ctx, "missing", backend.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("Exec in missing sandbox: %v", err)
+	}
+	if _, err := c.Exec(ctx, "sb", backend.ExecRequest{}); !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf("Exec with empty argv: %v", err)
+	}
+	if _, err := c.Create(ctx, backend.CreateRequest{Spec: backend.SandboxSpec{Name: "taken1"}}); !errors.Is(err, backend.ErrConflict) {
+		t.Errorf("Create taken: %v", err)
+	}
+	// Optional interfaces the driver lacks: ErrUnsupported.
+	if err := c.CopyIn(ctx, "sb", "/", strings.NewReader("x")); !errors.Is(err, backend.ErrUnsupported) {
+		t.Errorf("CopyIn: %v", err)
+	}
+	if err := c.CopyOut(ctx, "sb", "/", io.Discard); !errors.Is(err, backend.ErrUnsupported) {
+		t.Errorf("CopyOut: %v", err)
+	}
+	if err := c.PullImage(ctx, "busybox", backend.PullMissing, nil); !errors.Is(err, backend.ErrUnsupported) {
+		t.Errorf("PullImage: %v", err)
+	}
+	if _, err := c.ImportImage(ctx, strings.NewReader("x")); !errors.Is(err, backend.ErrUnsupported) {
+		t.Errorf("ImportImage: %v", err)
+	}
+	// Configurer is forwarded.
+	fields, err := c.ConfigSchema(ctx)
+	if err != nil || len(fields) != 1 || fields[0] != (backend.ConfigField{Name: "root", Type: "string", Required: true, Description: "where sandboxes live"}) {
+		t.Errorf("ConfigSchema: %+v, %v", fields, err)
+	}
+	if err := c.Configure(ctx, backend.DriverSetup{StateDir: "/tmp/x", Owner: "o", Config: []byte(`{"bad":true}`)}); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), "attribute bad") {
+		t.Errorf("Configure bad: %v", err)
+	}
+	if err := c.Configure(ctx, backend.DriverSetup{StateDir: "/tmp/x", Owner: "o", Config: []byte(`{}`)}); err != nil {
+		t.Errorf("Configure: %v", err)
+	}
+}
+
+func TestLifecycleThroughPlugin(t *testing.T) {
+	c, _ := launch(t)
+	ctx := ctxT(t)
+	labels := map[string]string{backend.LabelOwner: "me", "x": "y"}
+	sb, err := c.Create(ctx, backend.CreateRequest{Spec: backend.SandboxSpec{Name: "life", Labels: labels}})
+	if err != nil || sb.Name != "life" || sb.State != backend.StateRunning || sb.Adopted || sb.CreatedAt.IsZero() {
+		t.Fatalf("Create: %+v, %v", sb, err)
+	}
+	again, err := c.Create(ctx, backend.CreateRequest{Spec: backend.SandboxSpec{Name: "life", Labels: labels}})
+	if err != nil || !again.Adopted || !again.CreatedAt.Equal(sb.CreatedAt) {
+		t.Errorf("second Create: %+v, %v", again, err)
+	}
+	list, err := c.List(ctx, map[string]string{"x": "y"})
+	if err != nil || len(list) != 1 || list[0].Name != "life" || list[0].Labels["x"] != "y" {
+		t.Errorf("List: %+v, %v", list, err)
+	}
+	if err := c.Stop(ctx, "life", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := c.Inspect(ctx, "life"); got.State != backend.StateStopped {
+		t.Errorf("after Stop: %+v", got)
+	}
+	if _, err := c.Exec(ctx, "life", backend.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, backend.ErrConflict) {
+		t.Errorf("Exec in stopped sandbox: %v", err)
+	}
+	if err := c.Remove(ctx, "life"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Remove(ctx, "life"); err != nil {
+		t.Errorf("second Remove: %v", err)
+	}
+	if _, err := c.Inspect(ctx, "life"); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("Inspect removed: %v", err)
+	}
+}
+
+func TestPluginCrashMidCall(t *testing.T) {
+	c, _ := launch(t)
+	_, err := c.Inspect(ctxT(t), "crash") // the test driver exits 7
+	if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "crashed") || !strings.Contains(err.Error(), pluginBin) {
+		t.Errorf("Inspect that crashes the plugin: %v", err)
+	}
+	t.Log(err)
+	if !strings.Contains(err.Error(), "exit status 7") {
+		t.Errorf("crash error without exit status: %v", err)
+	}
+	if !c.Exited() {
+		t.Error("Exited() false after the crash")
+	}
+
+	// Killed from outside during an exec.
+	c2, _ := launch(t)
+	out := newLineWriter()
+	p, err := c2.Exec(ctxT(t), "sb", backend.ExecRequest{Argv: []string{"sh", "-c", "echo pid $$; exec sleep 300"}, Stdout: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimPrefix(nextLine(t, out.lines), "pid "))
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) }) // the driver did not get to kill it
+	if err := syscall.Kill(c2.Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.Wait()
+	t.Log(err)
+	if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "crashed") || !strings.Contains(err.Error(), "killed") {
+		t.Errorf("Wait after the plugin was killed: %v", err)
+	}
+	if _, err := c2.Info(ctxT(t)); !errors.Is(err, backend.ErrUnavailable) {
+		t.Errorf("Info after the crash: %v", err)
+	}
+}
+
+func readPids(t *testing.T, path string) []int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("pid file: %v", err)
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+func TestLaunchGarbageOnStdout(t *testing.T) {
+	pidfile := filepath.Join(t.TempDir(), "pids")
+	_, err := Launch(ctxT(t), LaunchOptions{Path: pluginBin, Env: []string{"BERTH_TESTPLUGIN_MODE=garbage", "BERTH_TESTPLUGIN_PIDFILE=" + pidfile}})
+	if err == nil {
+		t.Fatal("Launch succeeded")
+	}
+	t.Log(err)
+	msg := err.Error()
+	if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(msg, pluginBin) || !strings.Contains(msg, "hello, I am not a plugin") || !strings.Contains(msg, "never write to stdout") {
+		t.Errorf("error: %v", err)
+	}
+	if strings.Count(msg, pluginBin) != 1 || strings.Contains(msg, "\n") {
+		t.Errorf("want one clear line naming the file once: %q", msg)
+	}
+	pids := readPids(t, pidfile)
+	if len(pids) != 1 || alive(pids[0]) {
+		t.Errorf("plugin %v left running", pids)
+	}
+}
+
+func TestLaunchExitsAtOnce(t *testing.T) {
+	began := time.Now()
+	_, err := Launch(ctxT(t), LaunchOptions{Path: pluginBin, Env: []string{"BERTH_TESTPLUGIN_MODE=exit"}})
+	if err == nil {
+		t.Fatal("Launch succeeded")
+	}
+	t.Log(err)
+	if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), pluginBin) ||
+		!strings.Contains(err.Error(), "exited before the plugin handshake") || !strings.Contains(err.Error(), "exit status 3") ||
+		!strings.Contains(err.Error(), "frobnicator missing") {
+		t.Errorf("error: %v", err)
+	}
+	if d := time.Since(began); d > 5*time.Second {
+		t.Errorf("took %v", d)
+	}
+}
+
+func TestLaunchHangsPastStartTimeout(t *testing.T) {
+	pidfile := filepath.Join(t.TempDir(), "pids")
+	began := time.Now()
+	_, err := Launch(ctxT(t), LaunchOptions{
+		Path: pluginBin, StartTimeout: 500 * time.Millisecond,
+		Env: []string{"BERTH_TESTPLUGIN_MODE=hang", "BERTH_TESTPLUGIN_PIDFILE=" + pidfile},
+	})
+	if err == nil {
+		t.Fatal("Launch succeeded")
+	}
+	t.Log(err)
+	if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), pluginBin) || !strings.Contains(err.Error(), "within 500ms") {
+		t.Errorf("error: %v", err)
+	}
+	if d := time.Since(began); d > 5*time.Second {
+		t.Errorf("took %v", d)
+	}
+	pids := readPids(t, pidfile)
+	if len(pids) != 2 {
+		t.Fatalf("pids %v, want the plugin and its child", pids)
+	}
+	for _, pid := range pids {
+		if alive(pid) {
+			t.Errorf("process %d left running", pid)
+		}
+	}
+}
+
+func TestLaunchContextCancel(t *testing.T) {
+	pidfile := filepath.Join(t.TempDir(), "pids")
+	ctx, cancel := context.WithCancel(ctxT(t))
+	errCh := make(chan error, 1)
+	go func() {
+		_, err := Launch(ctx, LaunchOptions{Path: pluginBin, Env: []string{"BERTH_TESTPLUGIN_MODE=hang", "BERTH_TESTPLUGIN_PIDFILE=" + pidfile}})
+		errCh <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if b, _ := os.ReadFile(pidfile); len(strings.Fields(string(b))) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("hanging plugin did not start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	err := <-errCh
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Launch: %v, want context.Canceled", err)
+	}
+	for _, pid := range readPids(t, pidfile) {
+		if alive(pid) {
+			t.Errorf("process %d left running", pid)
+		}
+	}
+}
+
+func TestLaunchBadPath(t *testing.T) {
+	ctx := ctxT(t)
+	missing := filepath.Join(t.TempDir(), "berth-driver-nope")
+	if _, err := Launch(ctx, LaunchOptions{Path: missing}); !errors.Is(err, backend.ErrNotFound) || !strings.Contains(err.Error(), missing) {
+		t.Errorf("missing: %v", err)
+	}
+	plain := filepath.Join(t.TempDir(), "plain")
+	if err := os.WriteFile(plain, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Launch(ctx, LaunchOptions{Path: plain}); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), "chmod +x") {
+		t.Errorf("not executable: %v", err)
+	}
+	if _, err := Launch(ctx, LaunchOptions{Path: t.TempDir()}); !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf("directory: %v", err)
+	}
+	junk := filepath.Join(t.TempDir(), "junk")
+	if err := os.WriteFile(junk, []byte("\x00\x01not a program"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Launch(ctx, LaunchOptions{Path: junk})
+	if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), junk) {
+		t.Errorf("not a program: %v", err)
+	}
+	t.Log(err)
+}
+
+// TestHostDeath kills -9 a host process that launched the plugin and runs
+// `sleep 300` through it: the plugin must notice, have the exec's tree killed,
+// and exit.
+func TestHostDeath(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := exec.Command(self, "-test.run=^$")
+	host.Env = append(os.Environ(), envTestHost+"="+pluginBin)
+	host.Stderr = os.Stderr
+	stdout, err := host.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := host.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = host.Process.Kill(); _ = host.Wait() })
+	pids := readPidLines(t, bufio.NewScanner(stdout), 2)
+	plugin, sleep := pids["plugin"], pids["sleep"]
+	if !alive(plugin) || !alive(sleep) {
+		t.Fatalf("plugin %d or sleep %d not running", plugin, sleep)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(sleep, syscall.SIGKILL); _ = syscall.Kill(plugin, syscall.SIGKILL) })
+
+	killed := time.Now()
+	if err := host.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = host.Wait()
+	waitGone(t, sleep, plugin)
+	t.Logf("plugin and sleep gone %v after the host was killed", time.Since(killed))
+}
+
+// gateWriter takes the first free bytes at full speed (so gRPC would have
+// grown a dynamic window by then), then blocks every Write until open is
+// closed; it hashes and counts everything.
+type gateWriter struct {
+	free    int64
+	open    chan struct{}
+	blocked chan int64 // receives total once, when the first Write blocks
+	hash    func([]byte)
+	total   int64
+}
+
+func (w *gateWriter) Write(p []byte) (int, error) {
+	if w.total >= w.free && w.blocked != nil {
+		w.blocked <- w.total
+		w.blocked = nil
+		<-w.open
+	}
+	w.hash(p)
+	w.total += int64(len(p))
+	return len(p), nil
+}
+
+func TestFlowControl(t *testing.T) {
+	const size = 20 << 20
+	c, _ := launch(t)
+	progress := filepath.Join(t.TempDir(), "progress")
+	h := sha256.New()
+	blocked := make(chan int64, 1)
+	w := &gateWriter{free: 8 << 20, open: make(chan struct{}), blocked: blocked, hash: func(b []byte) { h.Write(b) }}
+	p, err := c.Exec(ctxT(t), "sb", backend.ExecRequest{
+		Argv:   []string{pluginBin, "write", strconv.Itoa(size), progress},
+		Stdout: w,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var consumed int64
+	select {
+	case consumed = <-blocked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the reader never got 8 MiB")
+	}
+	// Poll the writer's progress until it has not moved for 500 ms.
+	var last int64 = -1
+	stable := time.Now()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b, _ := os.ReadFile(progress)
+		n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if n != last {
+			last, stable = n, time.Now()
+		} else if time.Since(stable) > 500*time.Millisecond {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("progress never settled (at %d)", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// What the test driver holds itself: the 64 KiB pipe, os/exec's 32 KiB copy
+	// buffer, and the writer's 4 KiB write in progress.
+	const driverBuffers = 64<<10 + 32<<10 + 4<<10
+	ahead := last - consumed
+	t.Logf("reader blocked after %d bytes; writer stalled %d bytes (%.0f KiB) ahead; bridge bound %d KiB + test driver %d KiB",
+		consumed, ahead, float64(ahead)/1024, MaxBufferedBytes>>10, driverBuffers>>10)
+	if ahead > MaxBufferedBytes+driverBuffers {
+		t.Errorf("writer got %d bytes ahead of a blocked reader, bound is %d", ahead, MaxBufferedBytes+driverBuffers)
+	}
+	if last >= size {
+		t.Fatal("writer finished while the reader was blocked")
+	}
+
+	close(w.open)
+	res, err := p.Wait()
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("Wait: %+v, %v", res, err)
+	}
+	if w.total != size {
+		t.Fatalf("got %d bytes, want %d", w.total, size)
+	}
+	want := sha256.New()
+	buf := make([]byte, 0, size)
+	for i := int64(0); i < size; i++ {
+		buf = append(buf, byte(i%251))
+	}
+	want.Write(buf)
+	if !bytes.Equal(h.Sum(nil), want.Sum(nil)) {
+		t.Error("output differs from the pattern written")
+	}
+}
+
+func TestBuiltinCommand(t *testing.T) {
+	path, args := BuiltinCommand("/usr/bin/berth", "local")
+	if path != "/usr/bin/berth" || strings.Join(args, " ") != "driver serve local" {
+		t.Errorf("BuiltinCommand = %s %v", path, args)
+	}
+	if !IsBuiltin("local") || IsBuiltin("nope") {
+		t.Error("IsBuiltin")
+	}
+}
+
+func TestOptionalCallsForwarded(t *testing.T) {
+	c, _ := launch(t, "BERTH_TESTPLUGIN_MODE=full")
+	ctx := ctxT(t)
+	data := bytes.Repeat([]byte("tar-ish bytes "), 100_000) // ~1.4 MiB, many chunks
+	if err := c.CopyIn(ctx, "sb", "/dst", bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	var back bytes.Buffer
+	if err := c.CopyOut(ctx, "sb", "/dst", &back); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(back.Bytes(), data) {
+		t.Errorf("CopyOut returned %d bytes, want %d", back.Len(), len(data))
+	}
+	if err := c.CopyOut(ctx, "sb", "/nope", io.Discard); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("CopyOut missing: %v", err)
+	}
+	readErr := errors.New("tape jammed")
+	if err := c.CopyIn(ctx, "sb", "/x", io.MultiReader(strings.NewReader("abc"), &failReader{readErr})); !errors.Is(err, readErr) {
+		t.Errorf("CopyIn with failing reader: %v", err)
+	}
+	var events []backend.PullProgress
+	if err := c.PullImage(ctx, "busybox", backend.PullMissing, func(p backend.PullProgress) { events = append(events, p) }); err != nil {
+		t.Fatal(err)
+	}
+	if len(events) != 3 || events[2] != (backend.PullProgress{Layer: "l1", Status: "Downloading", Current: 30, Total: 30}) {
+		t.Errorf("progress events %+v", events)
+	}
+	if err := c.PullImage(ctx, "busybox", backend.PullNever, nil); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("PullImage never: %v", err)
+	}
+	refs, err := c.ImportImage(ctx, bytes.NewReader(data))
+	if err != nil || len(refs) != 1 || refs[0] != fmt.Sprintf("imported:%d", len(data)) {
+		t.Errorf("ImportImage: %v, %v", refs, err)
+	}
+}
+
+type failReader struct{ err error }
+
+func (r *failReader) Read([]byte) (int, error) { return 0, r.err }
+
+// TestPluginStopsWithExecInFlight: SIGTERM to the plugin, and Kill from the
+// host, both end an in-flight exec's tree before the plugin exits.
+func TestPluginStopsWithExecInFlight(t *testing.T) {
+	for _, how := range []string{"SIGTERM", "Kill"} {
+		t.Run(how, func(t *testing.T) {
+			c, _ := launch(t)
+			out := newLineWriter()
+			p, err := c.Exec(ctxT(t), "sb", backend.ExecRequest{Argv: []string{"sh", "-c", "echo pid $$; exec sleep 300"}, Stdout: out})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pid, _ := strconv.Atoi(strings.TrimPrefix(nextLine(t, out.lines), "pid "))
+			t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+			if how == "SIGTERM" {
+				if err := syscall.Kill(c.Pid(), syscall.SIGTERM); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				c.Kill()
+			}
+			res, err := p.Wait()
+			t.Logf("Wait: %+v, %v", res, err)
+			if err == nil && !res.Canceled {
+				t.Errorf("Wait: %+v, want an error or Canceled", res)
+			}
+			if err != nil && !errors.Is(err, backend.ErrUnavailable) {
+				t.Errorf("Wait error %v, want ErrUnavailable", err)
+			}
+			waitGone(t, pid, c.Pid())
+		})
+	}
+}
+
+// TestWrapperScript: a plugin started by a shell script that does not exec it
+// has the script, not the host, as its parent; it must still serve.
+func TestWrapperScript(t *testing.T) {
+	wrapper := filepath.Join(t.TempDir(), "berth-driver-wrapped")
+	script := "#!/bin/sh\n" + pluginBin + "\necho wrapper done >&2\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Launch(ctxT(t), LaunchOptions{Path: wrapper})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Kill()
+	// Twice, past the host-watch poll interval: the plugin is still there.
+	for i := 0; i < 2; i++ {
+		if _, err := c.Info(ctxT(t)); err != nil {
+			t.Fatalf("Info: %v", err)
+		}
+		time.Sleep(2 * hostPollInterval)
+	}
+	c.Kill()
+	if !c.Exited() {
+		t.Error("wrapper still running after Kill")
+	}
+}
+
+// TestExecCancelWhileStdinBlocked: a Write that blocks because the process
+// never reads stdin does not hold up a cancel.
+func TestExecCancelWhileStdinBlocked(t *testing.T) {
+	c, _ := launch(t)
+	ctx, cancel := context.WithCancel(ctxT(t))
+	out := newLineWriter()
+	p, err := c.Exec(ctx, "sb", backend.ExecRequest{Argv: []string{"sh", "-c", "echo pid $$; exec sleep 300"}, Stdin: true, Stdout: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimPrefix(nextLine(t, out.lines), "pid "))
+	writeErr := make(chan error, 1)
+	go func() {
+		_, err := p.Write(make([]byte, 8<<20)) // far more than pipe and windows hold
+		writeErr <- err
+	}()
+	// Wait until the write is stuck: the sleep's stdin pipe is full.
+	deadline := time.Now().Add(10 * time.Second)
+	for pipeBytes(pid) < 64<<10 {
+		if time.Now().After(deadline) {
+			t.Fatalf("stdin pipe never filled (%d bytes)", pipeBytes(pid))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	began := time.Now()
+	cancel()
+	res, err := p.Wait()
+	if err != nil || !res.Canceled {
+		t.Errorf("Wait: %+v, %v; want Canceled", res, err)
+	}
+	if d := time.Since(began); d > 2*time.Second {
+		t.Errorf("cancel took %v", d)
+	}
+	if err := <-writeErr; err == nil {
+		t.Error("the stuck Write returned no error")
+	}
+	waitGone(t, pid)
+}
+
+// pipeBytes returns how many bytes wait in pid's stdin pipe (FIONREAD, which
+// is TIOCINQ on Linux).
+func pipeBytes(pid int) int {
+	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/0", pid), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	n, err := unix.IoctlGetInt(int(f.Fd()), unix.TIOCINQ)
+	if err != nil {
+		return 0
+	}
+	return n
+}

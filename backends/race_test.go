@@ -1,0 +1,5 @@
+//go:build race
+
+package backends
+
+func init() { raceEnabled = true }
