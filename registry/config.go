@@ -1,0 +1,818 @@
+package registry
+
+import (
+	"errors"
+	"fmt"
+	"math/big"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
+	"github.com/zclconf/go-cty/cty"
+	"github.com/zclconf/go-cty/cty/convert"
+
+	"github.com/berth-sh/berth/backend"
+)
+
+// Isolation says whether sessions that a rule matches get a sandbox each or share one.
+type Isolation string
+
+// The isolation modes.
+const (
+	// IsolationSession gives every session name its own sandbox.
+	IsolationSession Isolation = "session"
+	// IsolationShared gives every session the rule matches one sandbox, named by the
+	// rule's Name.
+	IsolationShared Isolation = "shared"
+)
+
+// OnClose is what closing a session does to its sandbox (session-isolated rules only).
+type OnClose string
+
+// The on_close policies.
+const (
+	// OnCloseKeep leaves the sandbox running.
+	OnCloseKeep OnClose = "keep"
+	// OnCloseStop stops the sandbox; the next exec in the session starts it again.
+	OnCloseStop OnClose = "stop"
+	// OnCloseRemove removes the sandbox and forgets the session.
+	OnCloseRemove OnClose = "remove"
+)
+
+// Retention is a rule's retention block. IdleTTL and MaxAge are zero when unset
+// (never); they are parsed and carried here, and applied by a later release.
+type Retention struct {
+	// OnClose is applied by Registry.CloseSession; default OnCloseKeep.
+	OnClose OnClose
+	// IdleTTL is how long a sandbox may go unused before it is removed; 0 means never.
+	IdleTTL time.Duration
+	// MaxAge is how old a sandbox may get before it is removed; 0 means never.
+	MaxAge time.Duration
+}
+
+// Rule is one scope "GLOB" {} block: which sessions it matches and what their sandbox
+// looks like.
+type Rule struct {
+	// Glob is the block's label; see GlobMatch.
+	Glob string
+	// Index is the rule's position among the config's rules, from 0.
+	Index int
+	// Driver names the driver that runs the rule's sandboxes.
+	Driver string
+	// Name is the shared sandbox's name (isolation = "shared" only), a session-style name.
+	Name string
+	// Image, Workdir, User, Network, Mounts, Resources and AllowHostPaths go into the
+	// sandbox spec unchanged (see backend.SandboxSpec).
+	Image          string
+	Workdir        string
+	User           string
+	Network        string
+	Mounts         []backend.Mount
+	Resources      backend.Resources
+	AllowHostPaths bool
+	// Env is set for every exec in the sandbox.
+	Env map[string]string
+	// EnvPassthrough names the host variables that execs start from in drivers without
+	// their own filesystem (backend.SandboxSpec.EnvAllowlist); empty means
+	// backend.DefaultEnvAllowlist.
+	EnvPassthrough []string
+	// Isolation is IsolationSession (default) or IsolationShared.
+	Isolation Isolation
+	// Retention is the retention block.
+	Retention Retention
+	// Range is where the block is defined (its "scope "GLOB"" header); zero for
+	// DefaultConfig's rule.
+	Range hcl.Range
+}
+
+// Pos returns "file:line:col" of the rule's definition, or "(built-in default)".
+func (r *Rule) Pos() string {
+	if r.Range.Filename == "" {
+		return "(built-in default)"
+	}
+	return posString(r.Range)
+}
+
+// Key returns what the rule's sandbox for session is named after: the session itself
+// for IsolationSession, the rule's Name for IsolationShared. It is also the value of
+// the sandbox's backend.LabelSession.
+func (r *Rule) Key(session string) string {
+	if r.Isolation == IsolationShared {
+		return r.Name
+	}
+	return session
+}
+
+// sandboxName is the name of session's sandbox under r: SharedSandboxName for shared
+// rules, SandboxName of the session otherwise.
+func (r *Rule) sandboxName(owner, session string) string {
+	if r.Isolation == IsolationShared {
+		return SharedSandboxName(owner, r.Name)
+	}
+	return SandboxName(owner, session)
+}
+
+// Spec returns the sandbox spec for session under owner: the rule's fields, the
+// sandbox name (SandboxName or SharedSandboxName), and the labels LabelOwner,
+// LabelSession, LabelScope and LabelSpecHash. LabelCreated is added at create time.
+func (r *Rule) Spec(owner, session string) backend.SandboxSpec {
+	key := r.Key(session)
+	spec := backend.SandboxSpec{
+		Name:           r.sandboxName(owner, session),
+		Image:          r.Image,
+		Workdir:        r.Workdir,
+		User:           r.User,
+		Network:        r.Network,
+		Resources:      r.Resources,
+		AllowHostPaths: r.AllowHostPaths,
+		EnvAllowlist:   slices.Clone(r.EnvPassthrough),
+		Mounts:         slices.Clone(r.Mounts),
+	}
+	keys := make([]string, 0, len(r.Env))
+	for k := range r.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		spec.Env = append(spec.Env, k+"="+r.Env[k])
+	}
+	spec.Labels = map[string]string{
+		backend.LabelOwner:    owner,
+		backend.LabelSession:  key,
+		backend.LabelScope:    r.Glob,
+		backend.LabelSpecHash: SpecHash(spec),
+	}
+	return spec
+}
+
+// DriverBlock is one driver "NAME" {} block, kept undecoded until the driver's
+// schema is known (Config.DriverConfig).
+type DriverBlock struct {
+	// Name is the block's label.
+	Name string
+	// Body is the block's body.
+	Body hcl.Body
+	// Range is where the block is defined.
+	Range hcl.Range
+}
+
+// Config is a loaded config file (or DefaultConfig). Empty strings and nil slices mean
+// "not set"; Options and the environment take precedence over them in Open.
+type Config struct {
+	// Path is the file the config came from; empty for DefaultConfig.
+	Path string
+	// StateDir is state_dir, an absolute path ("~/" expanded), or empty.
+	StateDir string
+	// AgentPath is agent_path, an absolute path, or empty (the berth binary).
+	AgentPath string
+	// PluginDirs is plugin_dirs, absolute paths.
+	PluginDirs []string
+	// LogLevel is log_level: trace, debug, info, warn, error, off, or empty.
+	LogLevel string
+	// Drivers holds the driver "NAME" {} blocks by name.
+	Drivers map[string]*DriverBlock
+	// Rules are the scope rules in file order; Match tries them in this order.
+	Rules []Rule
+	// KnownDrivers is the set of driver names the config was checked against.
+	KnownDrivers []string
+}
+
+// DefaultKnownDrivers is the set of driver names a config may use when the caller
+// names none (LoadConfig without WithKnownDrivers, Options.KnownDrivers nil).
+var DefaultKnownDrivers = []string{"local"}
+
+// DefaultConfig is the config used when there is no config file: one rule,
+// scope "*" { driver = "local", isolation = "session", retention { on_close = "keep" } }.
+func DefaultConfig() *Config {
+	return &Config{
+		Drivers:      map[string]*DriverBlock{},
+		KnownDrivers: slices.Clone(DefaultKnownDrivers),
+		Rules: []Rule{{
+			Glob:      "*",
+			Driver:    "local",
+			Isolation: IsolationSession,
+			Retention: Retention{OnClose: OnCloseKeep},
+		}},
+	}
+}
+
+// Match returns the first rule whose glob matches the whole session name, and its
+// index. Errors (wrapping backend.ErrInvalid): a session name that ValidateSession
+// refuses; no matching rule (the message names the session and suggests a
+// catch-all scope "*" rule).
+func (c *Config) Match(session string) (*Rule, int, error) {
+	if err := ValidateSession(session); err != nil {
+		return nil, -1, err
+	}
+	for i := range c.Rules {
+		if GlobMatch(c.Rules[i].Glob, session) {
+			return &c.Rules[i], i, nil
+		}
+	}
+	where := "the config"
+	if c.Path != "" {
+		where = c.Path
+	}
+	globs := make([]string, len(c.Rules))
+	for i := range c.Rules {
+		globs[i] = fmt.Sprintf("%q", c.Rules[i].Glob)
+	}
+	return nil, -1, backend.Errorf(backend.ErrInvalid,
+		"session %q matches no scope rule in %s (globs tried in order: %s); add a catch-all rule at the end, e.g. scope \"*\" { driver = \"local\" }",
+		session, where, strings.Join(globs, ", "))
+}
+
+// ConfigError is a config file's errors: HCL diagnostics, each with file:line:col.
+// It wraps backend.ErrInvalid; Error returns FormatDiagnostics of them.
+type ConfigError struct {
+	// Diagnostics are the errors (and warnings) found, in no guaranteed order.
+	Diagnostics hcl.Diagnostics
+}
+
+// Error formats every diagnostic, one per line, sorted by position.
+func (e *ConfigError) Error() string { return FormatDiagnostics(e.Diagnostics) }
+
+// Unwrap returns backend.ErrInvalid.
+func (e *ConfigError) Unwrap() error { return backend.ErrInvalid }
+
+// FormatDiagnostics renders diagnostics one per line, sorted by file and position, as
+// "FILE:LINE:COL: error: SUMMARY: DETAIL" ("warning" for warnings). A diagnostic without
+// a subject range starts with "error:".
+func FormatDiagnostics(diags hcl.Diagnostics) string {
+	ds := slices.Clone(diags)
+	sort.SliceStable(ds, func(i, j int) bool {
+		a, b := ds[i].Subject, ds[j].Subject
+		switch {
+		case a == nil || b == nil:
+			return a == nil && b != nil
+		case a.Filename != b.Filename:
+			return a.Filename < b.Filename
+		case a.Start.Line != b.Start.Line:
+			return a.Start.Line < b.Start.Line
+		default:
+			return a.Start.Column < b.Start.Column
+		}
+	})
+	var sb strings.Builder
+	for i, d := range ds {
+		if i > 0 {
+			sb.WriteByte('\n')
+		}
+		if d.Subject != nil {
+			sb.WriteString(posString(*d.Subject))
+			sb.WriteString(": ")
+		}
+		if d.Severity == hcl.DiagWarning {
+			sb.WriteString("warning: ")
+		} else {
+			sb.WriteString("error: ")
+		}
+		sb.WriteString(d.Summary)
+		if d.Detail != "" {
+			sb.WriteString(": ")
+			sb.WriteString(d.Detail)
+		}
+	}
+	return sb.String()
+}
+
+func posString(r hcl.Range) string {
+	return fmt.Sprintf("%s:%d:%d", r.Filename, r.Start.Line, r.Start.Column)
+}
+
+// LoadOption changes how LoadConfig and ParseConfig check a config.
+type LoadOption func(*loadOptions)
+
+type loadOptions struct {
+	known []string
+}
+
+// WithKnownDrivers sets the driver names that scope rules and driver blocks may use
+// (default DefaultKnownDrivers).
+func WithKnownDrivers(names ...string) LoadOption {
+	return func(o *loadOptions) { o.known = slices.Clone(names) }
+}
+
+// LoadConfig reads and checks the HCL config file at path. Errors: the file does not
+// exist or cannot be read (wrapping backend.ErrInvalid, naming the path), or a
+// *ConfigError with every problem found, each with file:line:col and what to do:
+// syntax errors, unknown keys (with the valid ones), wrong types, bad globs, bad
+// durations and sizes, unknown drivers, a shared rule without a name, unreachable
+// rules.
+func LoadConfig(path string, opts ...LoadOption) (*Config, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, backend.Errorf(backend.ErrInvalid, "config file %s does not exist; create it, or point --config / BERTH_CONFIG at an existing file", path)
+		}
+		return nil, backend.Errorf(backend.ErrInvalid, "reading config file %s: %v; point --config / BERTH_CONFIG at a readable file", path, err)
+	}
+	return ParseConfig(src, path, opts...)
+}
+
+// ParseConfig checks config source src as LoadConfig does; filename is used in
+// positions and as Config.Path.
+func ParseConfig(src []byte, filename string, opts ...LoadOption) (*Config, error) {
+	o := loadOptions{known: DefaultKnownDrivers}
+	for _, f := range opts {
+		f(&o)
+	}
+	file, diags := hclsyntax.ParseConfig(src, filename, hcl.InitialPos)
+	if diags.HasErrors() {
+		return nil, &ConfigError{Diagnostics: diags}
+	}
+	d := &decoder{known: o.known}
+	cfg := d.config(file.Body)
+	if d.diags.HasErrors() {
+		return nil, &ConfigError{Diagnostics: d.diags}
+	}
+	cfg.Path = filename
+	cfg.KnownDrivers = slices.Clone(o.known)
+	return cfg, nil
+}
+
+// decoder accumulates diagnostics while decoding a config.
+type decoder struct {
+	known []string
+	diags hcl.Diagnostics
+}
+
+func (d *decoder) errf(rng hcl.Range, summary, format string, args ...any) {
+	r := rng
+	d.diags = append(d.diags, &hcl.Diagnostic{
+		Severity: hcl.DiagError,
+		Summary:  summary,
+		Detail:   fmt.Sprintf(format, args...),
+		Subject:  &r,
+	})
+}
+
+// content decodes body against schema and adds the valid names to HCL's
+// "unsupported argument/block" diagnostics.
+func (d *decoder) content(body hcl.Body, schema *hcl.BodySchema, where string) *hcl.BodyContent {
+	c, diags := body.Content(schema)
+	for _, diag := range diags {
+		switch diag.Summary {
+		case "Unsupported argument", "Unsupported block type":
+			diag.Detail += " " + validNames(schema, where)
+		}
+	}
+	d.diags = append(d.diags, diags...)
+	return c
+}
+
+func validNames(schema *hcl.BodySchema, where string) string {
+	var attrs, blocks []string
+	for _, a := range schema.Attributes {
+		attrs = append(attrs, a.Name)
+	}
+	for _, b := range schema.Blocks {
+		blocks = append(blocks, b.Type)
+	}
+	s := "Valid arguments in " + where + ": " + strings.Join(attrs, ", ")
+	if len(attrs) == 0 {
+		s = "No arguments are valid in " + where
+	}
+	if len(blocks) > 0 {
+		s += "; valid blocks: " + strings.Join(blocks, ", ")
+	}
+	return s + "."
+}
+
+// value evaluates an attribute without variables or functions; ok is false for null
+// or on error.
+func (d *decoder) value(attr *hcl.Attribute, ty cty.Type, want string) (cty.Value, bool) {
+	v, diags := attr.Expr.Value(nil)
+	d.diags = append(d.diags, diags...)
+	if diags.HasErrors() || v.IsNull() {
+		return cty.NilVal, false
+	}
+	if ty == cty.NilType {
+		return v, true
+	}
+	cv, err := convert.Convert(v, ty)
+	if err != nil || !cv.IsWhollyKnown() {
+		d.errf(attr.Expr.Range(), "Incorrect attribute value type", "%q must be %s.", attr.Name, want)
+		return cty.NilVal, false
+	}
+	if cv.IsNull() {
+		return cty.NilVal, false
+	}
+	return cv, true
+}
+
+func (d *decoder) str(attr *hcl.Attribute) (string, bool) {
+	v, ok := d.value(attr, cty.String, "a string")
+	if !ok {
+		return "", false
+	}
+	return v.AsString(), true
+}
+
+func (d *decoder) boolean(attr *hcl.Attribute) (bool, bool) {
+	v, ok := d.value(attr, cty.Bool, "true or false")
+	if !ok {
+		return false, false
+	}
+	return v.True(), true
+}
+
+func (d *decoder) number(attr *hcl.Attribute) (*big.Float, bool) {
+	v, ok := d.value(attr, cty.Number, "a number")
+	if !ok {
+		return nil, false
+	}
+	return v.AsBigFloat(), true
+}
+
+func (d *decoder) strList(attr *hcl.Attribute) ([]string, bool) {
+	v, ok := d.value(attr, cty.List(cty.String), "a list of strings, e.g. [\"a\", \"b\"]")
+	if !ok {
+		return nil, false
+	}
+	var out []string
+	for _, e := range v.AsValueSlice() {
+		if e.IsNull() {
+			d.errf(attr.Expr.Range(), "Invalid value", "%q must not contain null.", attr.Name)
+			return nil, false
+		}
+		out = append(out, e.AsString())
+	}
+	return out, true
+}
+
+func (d *decoder) strMap(attr *hcl.Attribute) (map[string]string, bool) {
+	v, ok := d.value(attr, cty.Map(cty.String), "a map of strings, e.g. { KEY = \"value\" }")
+	if !ok {
+		return nil, false
+	}
+	out := map[string]string{}
+	for k, e := range v.AsValueMap() {
+		if e.IsNull() {
+			d.errf(attr.Expr.Range(), "Invalid value", "%q: the value of %q must not be null.", attr.Name, k)
+			return nil, false
+		}
+		out[k] = e.AsString()
+	}
+	return out, true
+}
+
+// absPath decodes a string attribute that must be an absolute path ("~/" allowed when
+// home is true).
+func (d *decoder) absPath(attr *hcl.Attribute, home bool) (string, bool) {
+	s, ok := d.str(attr)
+	if !ok {
+		return "", false
+	}
+	if home && (s == "~" || strings.HasPrefix(s, "~/")) {
+		h, err := os.UserHomeDir()
+		if err != nil {
+			d.errf(attr.Expr.Range(), "Invalid path", "%q: cannot expand \"~\": %v; write an absolute path.", attr.Name, err)
+			return "", false
+		}
+		s = filepath.Join(h, strings.TrimPrefix(s, "~"))
+	}
+	if !filepath.IsAbs(s) {
+		hint := ""
+		if home {
+			hint = " or start with \"~/\""
+		}
+		d.errf(attr.Expr.Range(), "Invalid path", "%q must be an absolute path%s; got %q.", attr.Name, hint, s)
+		return "", false
+	}
+	return filepath.Clean(s), true
+}
+
+func (d *decoder) duration(attr *hcl.Attribute) (time.Duration, bool) {
+	s, ok := d.str(attr)
+	if !ok {
+		return 0, false
+	}
+	v, err := ParseDuration(s)
+	if err != nil {
+		d.errf(attr.Expr.Range(), "Invalid duration", "%q: %v.", attr.Name, err)
+		return 0, false
+	}
+	return v, true
+}
+
+func (d *decoder) driverName(rng hcl.Range, name string) bool {
+	if slices.Contains(d.known, name) {
+		return true
+	}
+	d.errf(rng, "Unknown driver", "driver %q is not known; known drivers: %s. Use one of them (or install the driver and list it).",
+		name, strings.Join(d.known, ", "))
+	return false
+}
+
+var rootSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{
+		{Name: "state_dir"}, {Name: "agent_path"}, {Name: "plugin_dirs"}, {Name: "log_level"},
+	},
+	Blocks: []hcl.BlockHeaderSchema{
+		{Type: "driver", LabelNames: []string{"name"}},
+		{Type: "scope", LabelNames: []string{"glob"}},
+	},
+}
+
+var scopeSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{
+		{Name: "driver"}, {Name: "name"}, {Name: "image"}, {Name: "env"}, {Name: "env_passthrough"},
+		{Name: "workdir"}, {Name: "user"}, {Name: "network"}, {Name: "allow_host_paths"},
+		{Name: "isolation"},
+	},
+	Blocks: []hcl.BlockHeaderSchema{{Type: "mount"}, {Type: "resources"}, {Type: "retention"}},
+}
+
+var mountSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{
+		{Name: "source", Required: true}, {Name: "target", Required: true}, {Name: "read_only"},
+	},
+}
+
+var resourcesSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{{Name: "cpus"}, {Name: "memory"}, {Name: "pids"}},
+}
+
+var retentionSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{{Name: "on_close"}, {Name: "idle_ttl"}, {Name: "max_age"}},
+}
+
+// LogLevels lists the accepted log levels (log_level, BERTH_LOG, Options.LogLevel).
+var LogLevels = []string{"trace", "debug", "info", "warn", "error", "off"}
+
+func (d *decoder) config(body hcl.Body) *Config {
+	cfg := &Config{Drivers: map[string]*DriverBlock{}}
+	c := d.content(body, rootSchema, "the config file")
+	if c == nil {
+		return cfg
+	}
+	if a := c.Attributes["state_dir"]; a != nil {
+		cfg.StateDir, _ = d.absPath(a, true)
+	}
+	if a := c.Attributes["agent_path"]; a != nil {
+		cfg.AgentPath, _ = d.absPath(a, true)
+	}
+	if a := c.Attributes["plugin_dirs"]; a != nil {
+		if dirs, ok := d.strList(a); ok {
+			for _, dir := range dirs {
+				if !filepath.IsAbs(dir) {
+					d.errf(a.Expr.Range(), "Invalid path", "plugin_dirs: %q is not an absolute path; write absolute paths.", dir)
+					continue
+				}
+				cfg.PluginDirs = append(cfg.PluginDirs, filepath.Clean(dir))
+			}
+		}
+	}
+	if a := c.Attributes["log_level"]; a != nil {
+		if s, ok := d.str(a); ok {
+			if !slices.Contains(LogLevels, s) {
+				d.errf(a.Expr.Range(), "Invalid log level", "log_level %q is not one of %s.", s, strings.Join(LogLevels, ", "))
+			} else {
+				cfg.LogLevel = s
+			}
+		}
+	}
+	firstShared := map[string]*Rule{}
+	globAt := map[string]hcl.Range{}
+	var catchAll *hcl.Range
+	for _, b := range c.Blocks {
+		switch b.Type {
+		case "driver":
+			name := b.Labels[0]
+			if prev, dup := cfg.Drivers[name]; dup {
+				d.errf(b.LabelRanges[0], "Duplicate driver block", "driver %q is already configured at %s; merge the two blocks.", name, posString(prev.Range))
+				continue
+			}
+			if !d.driverName(b.LabelRanges[0], name) {
+				continue
+			}
+			cfg.Drivers[name] = &DriverBlock{Name: name, Body: b.Body, Range: b.DefRange}
+		case "scope":
+			glob := b.Labels[0]
+			if err := ValidateGlob(glob); err != nil {
+				d.errf(b.LabelRanges[0], "Invalid scope glob", "%v.", err)
+				continue
+			}
+			if catchAll != nil {
+				d.errf(b.LabelRanges[0], "Unreachable scope rule", "scope %q can never match: the rule at %s matches every session first. Move the catch-all rule to the end.", glob, posString(*catchAll))
+			} else if prev, dup := globAt[glob]; dup {
+				d.errf(b.LabelRanges[0], "Unreachable scope rule", "scope %q can never match: the rule at %s has the same glob. Remove one of them.", glob, posString(prev))
+			}
+			globAt[glob] = b.LabelRanges[0]
+			if strings.Trim(glob, "*") == "" && catchAll == nil {
+				r := b.LabelRanges[0]
+				catchAll = &r
+			}
+			rule, ok := d.scope(b, glob)
+			if !ok {
+				continue
+			}
+			rule.Index = len(cfg.Rules)
+			if rule.Isolation == IsolationShared {
+				if prev := firstShared[rule.Name]; prev != nil {
+					a, p := rule.Spec("", ""), prev.Spec("", "")
+					if prev.Driver != rule.Driver || SpecHash(a) != SpecHash(p) {
+						d.errf(b.LabelRanges[0], "Conflicting shared sandbox",
+							"scope %q shares sandbox %q with the rule at %s but asks for a different driver or spec; give it its own name, or make the two rules identical.",
+							glob, rule.Name, prev.Pos())
+					}
+				} else {
+					r := rule
+					firstShared[rule.Name] = &r
+				}
+			}
+			cfg.Rules = append(cfg.Rules, rule)
+		}
+	}
+	if len(cfg.Rules) == 0 && !d.diags.HasErrors() {
+		// A config without scope rules runs everything on local, as no config does.
+		cfg.Rules = DefaultConfig().Rules
+	}
+	return cfg
+}
+
+func (d *decoder) scope(b *hcl.Block, glob string) (Rule, bool) {
+	errs := len(d.diags)
+	where := fmt.Sprintf("scope %q", glob)
+	r := Rule{Glob: glob, Driver: "local", Isolation: IsolationSession, Retention: Retention{OnClose: OnCloseKeep}, Range: b.DefRange}
+	c := d.content(b.Body, scopeSchema, where)
+	if c == nil {
+		return r, false
+	}
+	at := c.Attributes
+	if a := at["driver"]; a != nil {
+		if s, ok := d.str(a); ok && d.driverName(a.Expr.Range(), s) {
+			r.Driver = s
+		}
+	} else if !slices.Contains(d.known, "local") {
+		d.errf(b.DefRange, "Missing driver", "%s has no driver and \"local\" is not known; add driver = \"NAME\" (known: %s).", where, strings.Join(d.known, ", "))
+	}
+	if a := at["isolation"]; a != nil {
+		if s, ok := d.str(a); ok {
+			switch Isolation(s) {
+			case IsolationSession, IsolationShared:
+				r.Isolation = Isolation(s)
+			default:
+				d.errf(a.Expr.Range(), "Invalid isolation", "isolation %q is not \"session\" or \"shared\".", s)
+			}
+		}
+	}
+	if a := at["name"]; a != nil {
+		if s, ok := d.str(a); ok {
+			if err := ValidateSession(s); err != nil {
+				d.errf(a.Expr.Range(), "Invalid shared name", "%v.", err)
+			} else if r.Isolation != IsolationShared {
+				d.errf(a.NameRange, "Name without shared isolation", "name only applies with isolation = \"shared\"; remove it or add isolation = \"shared\" to %s.", where)
+			} else {
+				r.Name = s
+			}
+		}
+	} else if r.Isolation == IsolationShared {
+		d.errf(b.DefRange, "Missing shared name", "%s has isolation = \"shared\" but no name; add name = \"SANDBOX-NAME\" (the shared sandbox is named after it, so editing the glob orphans nothing).", where)
+	}
+	if a := at["image"]; a != nil {
+		r.Image, _ = d.str(a)
+	}
+	if a := at["user"]; a != nil {
+		r.User, _ = d.str(a)
+	}
+	if a := at["network"]; a != nil {
+		r.Network, _ = d.str(a)
+	}
+	if a := at["workdir"]; a != nil {
+		r.Workdir, _ = d.absPath(a, false)
+	}
+	if a := at["allow_host_paths"]; a != nil {
+		r.AllowHostPaths, _ = d.boolean(a)
+	}
+	if a := at["env"]; a != nil {
+		if m, ok := d.strMap(a); ok {
+			for k, v := range m {
+				if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+					d.errf(a.Expr.Range(), "Invalid environment variable", "env: %q is not a valid variable (names are non-empty, without \"=\" or NUL).", k)
+				}
+			}
+			r.Env = m
+		}
+	}
+	if a := at["env_passthrough"]; a != nil {
+		if l, ok := d.strList(a); ok {
+			for _, k := range l {
+				if k == "" || strings.ContainsAny(k, "=\x00") {
+					d.errf(a.Expr.Range(), "Invalid environment variable", "env_passthrough: %q is not a valid variable name.", k)
+				}
+			}
+			r.EnvPassthrough = l
+		}
+	}
+	seen := map[string]hcl.Range{}
+	for _, blk := range c.Blocks {
+		if blk.Type != "mount" {
+			if prev, dup := seen[blk.Type]; dup {
+				d.errf(blk.TypeRange, "Duplicate block", "%s already has a %s block at %s; merge them.", where, blk.Type, posString(prev))
+				continue
+			}
+			seen[blk.Type] = blk.TypeRange
+		}
+		switch blk.Type {
+		case "mount":
+			mc := d.content(blk.Body, mountSchema, where+" mount")
+			if mc == nil {
+				continue
+			}
+			var m backend.Mount
+			if a := mc.Attributes["source"]; a != nil {
+				m.Source, _ = d.absPath(a, false)
+			}
+			if a := mc.Attributes["target"]; a != nil {
+				m.Target, _ = d.absPath(a, false)
+			}
+			if a := mc.Attributes["read_only"]; a != nil {
+				m.ReadOnly, _ = d.boolean(a)
+			}
+			r.Mounts = append(r.Mounts, m)
+		case "resources":
+			d.resources(blk, where, &r.Resources)
+		case "retention":
+			rc := d.content(blk.Body, retentionSchema, where+" retention")
+			if rc == nil {
+				continue
+			}
+			if a := rc.Attributes["on_close"]; a != nil {
+				if s, ok := d.str(a); ok {
+					switch OnClose(s) {
+					case OnCloseKeep, OnCloseStop, OnCloseRemove:
+						r.Retention.OnClose = OnClose(s)
+					default:
+						d.errf(a.Expr.Range(), "Invalid on_close", "on_close %q is not \"keep\", \"stop\" or \"remove\".", s)
+					}
+				}
+			}
+			if a := rc.Attributes["idle_ttl"]; a != nil {
+				r.Retention.IdleTTL, _ = d.duration(a)
+			}
+			if a := rc.Attributes["max_age"]; a != nil {
+				r.Retention.MaxAge, _ = d.duration(a)
+			}
+		}
+	}
+	return r, len(d.diags) == errs
+}
+
+func (d *decoder) resources(blk *hcl.Block, where string, res *backend.Resources) {
+	c := d.content(blk.Body, resourcesSchema, where+" resources")
+	if c == nil {
+		return
+	}
+	if a := c.Attributes["cpus"]; a != nil {
+		if f, ok := d.number(a); ok {
+			v, _ := f.Float64()
+			if v <= 0 || v > 1e6 {
+				d.errf(a.Expr.Range(), "Invalid cpus", "cpus must be a positive number, e.g. 1.5.")
+			} else {
+				res.CPUs = v
+			}
+		}
+	}
+	if a := c.Attributes["pids"]; a != nil {
+		if f, ok := d.number(a); ok {
+			v, acc := f.Int64()
+			if !f.IsInt() || acc != big.Exact || v <= 0 {
+				d.errf(a.Expr.Range(), "Invalid pids", "pids must be a positive whole number, e.g. 512.")
+			} else {
+				res.Pids = v
+			}
+		}
+	}
+	if a := c.Attributes["memory"]; a != nil {
+		v, ok := d.value(a, cty.NilType, "")
+		if !ok {
+			return
+		}
+		switch v.Type() {
+		case cty.Number:
+			f := v.AsBigFloat()
+			n, acc := f.Int64()
+			if !f.IsInt() || acc != big.Exact || n <= 0 {
+				d.errf(a.Expr.Range(), "Invalid memory", "memory must be a positive whole number of bytes or a size such as \"512m\" or \"2g\".")
+			} else {
+				res.MemoryBytes = n
+			}
+		case cty.String:
+			n, err := ParseBytes(v.AsString())
+			if err != nil {
+				d.errf(a.Expr.Range(), "Invalid memory", "%v.", err)
+			} else {
+				res.MemoryBytes = n
+			}
+		default:
+			d.errf(a.Expr.Range(), "Invalid memory", "memory must be a number of bytes or a string such as \"512m\" or \"2g\".")
+		}
+	}
+}

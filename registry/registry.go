@@ -1,0 +1,876 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/berth-sh/berth/backend"
+)
+
+// LaunchFunc starts the driver named driver out of process and returns a client for
+// it (see package backends). It is called at most once per driver and Registry,
+// again only after a launched plugin has exited.
+type LaunchFunc func(ctx context.Context, driver string) (backend.TerminalBackend, error)
+
+// PrepareAgentFunc prepares the agent files of one sandbox in sandboxDir
+// (STATE/sandboxes/SANDBOX; it may not exist yet) and returns their paths for
+// backend.CreateRequest.Agent.
+type PrepareAgentFunc func(sandboxDir string) (backend.AgentFiles, error)
+
+// Options configure Open. Non-empty fields are the CLI's flags and override the
+// environment and the config file.
+type Options struct {
+	// ConfigPath is the config file (--config); overrides BERTH_CONFIG and the
+	// default path. A named file must exist.
+	ConfigPath string
+	// StateDir is the state dir (--state-dir); overrides BERTH_STATE_DIR, the config's
+	// state_dir and DefaultStateDir. A relative path is made absolute.
+	StateDir string
+	// LogLevel (--log-level) overrides BERTH_LOG and the config's log_level; one of
+	// LogLevels. The resolved level is applied to Logger with SetLevel.
+	LogLevel string
+	// BerthBinary serves the built-in drivers (`BINARY driver serve NAME`) and is the
+	// agent binary unless the config sets agent_path. Default: os.Executable().
+	BerthBinary string
+	// InProcess, when it has an entry for a driver, creates that driver in this
+	// process instead of launching its plugin. Its keys count as known drivers.
+	InProcess map[string]func() backend.TerminalBackend
+	// KnownDrivers are the driver names config may use; nil means the built-in
+	// drivers (package backends' catalog). InProcess keys are always added.
+	KnownDrivers []string
+	// Launch starts out-of-process drivers; nil means the go-plugin launcher of
+	// package backends for built-in drivers.
+	Launch LaunchFunc
+	// PrepareAgent prepares a sandbox's agent files; nil means package
+	// backends/agent's Install (once per Registry) and PrepareSandbox.
+	PrepareAgent PrepareAgentFunc
+	// Logger receives the registry's and the plugins' logs; nil discards them.
+	Logger hclog.Logger
+	// StoreTimeout bounds the wait for another process's hold on the state store;
+	// 0 means DefaultStoreTimeout.
+	StoreTimeout time.Duration
+}
+
+// Registry maps sessions to sandboxes. It is safe for concurrent use, and several
+// processes may use one state dir at once. Close it to end the plugins it launched.
+type Registry struct {
+	cfg        *Config
+	configPath string
+	stateDir   string
+	logLevel   string
+	log        hclog.Logger
+	known      []string
+	inProcess  map[string]func() backend.TerminalBackend
+	launch     LaunchFunc
+	prepare    PrepareAgentFunc
+	store      *store
+
+	initMu sync.Mutex
+	owner  string
+
+	drvMu   sync.Mutex
+	drivers map[string]*driverEntry
+	closed  bool
+}
+
+type driverEntry struct {
+	mu sync.Mutex
+	b  backend.TerminalBackend
+}
+
+// Open resolves the settings (Options > BERTH_* environment > config file >
+// defaults), loads and checks the config, and checks that the state dir can be
+// written. It creates nothing: the state dir, its store (schema version, owner id)
+// and lock dir are made by the first call that needs them. Errors: config errors
+// (*ConfigError, file:line:col), a named config file that does not exist, a bad log
+// level, a state dir that cannot be written (each wrapping backend.ErrInvalid and
+// naming the input).
+func Open(ctx context.Context, opts Options) (*Registry, error) {
+	log := opts.Logger
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	known := opts.KnownDrivers
+	if known == nil {
+		known = builtinDrivers()
+	}
+	known = slices.Clone(known)
+	for name := range opts.InProcess {
+		if !slices.Contains(known, name) {
+			known = append(known, name)
+		}
+	}
+	sort.Strings(known)
+
+	path, explicit, err := ResolveConfigPath(opts.ConfigPath)
+	if err != nil {
+		return nil, err
+	}
+	var cfg *Config
+	if !explicit && !fileExists(path) {
+		cfg, path = DefaultConfig(), ""
+		cfg.KnownDrivers = known
+	} else if cfg, err = LoadConfig(path, WithKnownDrivers(known...)); err != nil {
+		return nil, err
+	}
+
+	level, src := opts.LogLevel, "--log-level"
+	if level == "" {
+		level, src = os.Getenv(EnvLog), EnvLog
+	}
+	if level == "" {
+		level, src = cfg.LogLevel, "log_level"
+	}
+	if level != "" {
+		if !slices.Contains(LogLevels, level) {
+			return nil, backend.Errorf(backend.ErrInvalid, "%s %q is not a log level; use one of %v", src, level, LogLevels)
+		}
+		log.SetLevel(hclog.LevelFromString(level))
+	}
+
+	stateDir := opts.StateDir
+	if stateDir == "" {
+		stateDir = os.Getenv(EnvStateDir)
+	}
+	if stateDir == "" {
+		stateDir = cfg.StateDir
+	}
+	if stateDir == "" {
+		if stateDir, err = DefaultStateDir(); err != nil {
+			return nil, err
+		}
+	}
+	if stateDir, err = filepath.Abs(expandHome(stateDir)); err != nil {
+		return nil, stateDirError(stateDir, err.Error())
+	}
+	if err := checkStateDir(stateDir); err != nil {
+		return nil, err
+	}
+
+	bin := opts.BerthBinary
+	if bin == "" {
+		if bin, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("finding the berth binary: %w; set Options.BerthBinary", err)
+		}
+	}
+	agentSrc := cfg.AgentPath
+	if agentSrc == "" {
+		agentSrc = bin
+	}
+	r := &Registry{
+		cfg:        cfg,
+		configPath: path,
+		stateDir:   stateDir,
+		logLevel:   level,
+		log:        log,
+		known:      known,
+		inProcess:  opts.InProcess,
+		launch:     opts.Launch,
+		prepare:    opts.PrepareAgent,
+		store:      newStore(filepath.Join(stateDir, StoreFile), opts.StoreTimeout),
+		drivers:    map[string]*driverEntry{},
+	}
+	if r.launch == nil {
+		r.launch = defaultLaunch(bin, log)
+	}
+	if r.prepare == nil {
+		r.prepare = defaultPrepareAgent(stateDir, agentSrc)
+	}
+	return r, nil
+}
+
+// Config returns the loaded config (DefaultConfig when there is no file). Do not
+// modify it.
+func (r *Registry) Config() *Config { return r.cfg }
+
+// ConfigPath returns the config file in use, or "" for DefaultConfig.
+func (r *Registry) ConfigPath() string { return r.configPath }
+
+// StateDir returns the resolved, absolute state dir.
+func (r *Registry) StateDir() string { return r.stateDir }
+
+// LogLevel returns the resolved log level, or "" when nothing set one.
+func (r *Registry) LogLevel() string { return r.logLevel }
+
+// Owner returns the installation's owner id (32 hex digits), creating the state dir
+// and store on first use.
+func (r *Registry) Owner() (string, error) {
+	if err := r.ensure(); err != nil {
+		return "", err
+	}
+	return r.owner, nil
+}
+
+// ensure creates the state dir, its lock dir and the store (once per Registry). On
+// failure it removes whatever it created.
+func (r *Registry) ensure() error {
+	r.initMu.Lock()
+	defer r.initMu.Unlock()
+	if r.owner != "" {
+		return nil
+	}
+	made, err := mkdirTracked(r.stateDir)
+	if err != nil {
+		return stateDirError(r.stateDir, err.Error())
+	}
+	madeLocks := false
+	fail := func(err error) error {
+		if madeLocks {
+			os.Remove(filepath.Join(r.stateDir, "locks"))
+		}
+		removeDirs(made)
+		return err
+	}
+	if err := os.Mkdir(filepath.Join(r.stateDir, "locks"), 0o700); err == nil {
+		madeLocks = true
+	} else if !errors.Is(err, os.ErrExist) {
+		return fail(stateDirError(r.stateDir, err.Error()))
+	}
+	owner, err := r.store.init()
+	if err != nil {
+		if errors.Is(err, os.ErrPermission) {
+			err = stateDirError(r.stateDir, err.Error())
+		}
+		return fail(err)
+	}
+	r.owner = owner
+	return nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Lstat(p)
+	return err == nil
+}
+
+// Explanation is what Explain reports about a session.
+type Explanation struct {
+	// Session is the session name asked about.
+	Session string
+	// Rule is the matching rule; RuleIndex its position from 0; Position its
+	// "file:line:col" (or "(built-in default)").
+	Rule      *Rule
+	RuleIndex int
+	Position  string
+	// Driver and Isolation are the rule's.
+	Driver    string
+	Isolation Isolation
+	// Sandbox is the sandbox name; Spec the full spec (labels included, except
+	// LabelCreated which is set at create time); SpecHash its LabelSpecHash.
+	Sandbox  string
+	Spec     backend.SandboxSpec
+	SpecHash string
+}
+
+// Explain says which rule matches session, which driver runs it and what its
+// sandbox spec is, without starting any driver. Errors: those of Config.Match, and
+// state dir errors (the owner id is needed for the sandbox name).
+func (r *Registry) Explain(session string) (Explanation, error) {
+	rule, idx, err := r.cfg.Match(session)
+	if err != nil {
+		return Explanation{}, err
+	}
+	owner, err := r.Owner()
+	if err != nil {
+		return Explanation{}, err
+	}
+	spec := rule.Spec(owner, session)
+	return Explanation{
+		Session: session, Rule: rule, RuleIndex: idx, Position: rule.Pos(),
+		Driver: rule.Driver, Isolation: rule.Isolation,
+		Sandbox: spec.Name, Spec: spec, SpecHash: spec.Labels[backend.LabelSpecHash],
+	}, nil
+}
+
+// Lease is a session's sandbox, ready for execs.
+type Lease struct {
+	// Session is the session name.
+	Session string
+	// Driver is the driver's name; Backend the driver itself (owned by the Registry:
+	// do not Close it).
+	Driver  string
+	Backend backend.TerminalBackend
+	// Sandbox is the sandbox name.
+	Sandbox string
+	// Rule is the matching scope rule.
+	Rule *Rule
+	// Created is set when this call created the sandbox, clear when it adopted one.
+	Created bool
+	// Drift is set when the adopted sandbox's LabelSpecHash differs from the rule's
+	// current spec (the config changed since it was created).
+	Drift bool
+}
+
+// pending is an acquired sandbox whose session lock is still held and whose record
+// is not yet written.
+type pending struct {
+	lease    *Lease
+	spec     backend.SandboxSpec
+	dir      string
+	madeDir  bool
+	lock     *fileLock
+	rec      record
+	released bool
+}
+
+func (r *Registry) lockPath(sandbox string) string {
+	return filepath.Join(r.stateDir, "locks", sandbox+".lock")
+}
+
+func (r *Registry) sandboxDir(sandbox string) string {
+	return filepath.Join(r.stateDir, "sandboxes", sandbox)
+}
+
+// acquire resolves session, takes its sandbox's lock, and creates or adopts the
+// sandbox. On error it holds no lock and has left nothing behind.
+func (r *Registry) acquire(ctx context.Context, session string) (*pending, error) {
+	rule, _, err := r.cfg.Match(session)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.ensure(); err != nil {
+		return nil, err
+	}
+	spec := rule.Spec(r.owner, session)
+	name := spec.Name
+	lock, err := lockFile(ctx, r.lockPath(name))
+	if err != nil {
+		return nil, fmt.Errorf("session %q: %w", session, err)
+	}
+	p := &pending{spec: spec, lock: lock, dir: r.sandboxDir(name)}
+	fail := func(err error) (*pending, error) {
+		r.release(p, true)
+		return nil, err
+	}
+	b, err := r.driver(ctx, rule.Driver)
+	if err != nil {
+		return fail(fmt.Errorf("session %q: %w", session, err))
+	}
+	p.madeDir = !fileExists(p.dir)
+	if err := os.MkdirAll(filepath.Dir(p.dir), 0o700); err != nil {
+		return fail(stateDirError(r.stateDir, err.Error()))
+	}
+	files, err := r.prepare(p.dir)
+	if err != nil {
+		return fail(r.dropDir(p, fmt.Errorf("session %q: preparing the agent for sandbox %s: %w", session, name, err)))
+	}
+	now := time.Now().UTC()
+	spec.Labels[backend.LabelCreated] = now.Format(time.RFC3339)
+	sb, err := b.Create(ctx, backend.CreateRequest{Spec: spec, Agent: files})
+	if err != nil {
+		return fail(r.dropDir(p, fmt.Errorf("session %q: creating sandbox %s on driver %s: %w", session, name, rule.Driver, err)))
+	}
+	if o := sb.Labels[backend.LabelOwner]; o != "" && o != r.owner {
+		return fail(backend.Errorf(backend.ErrConflict, "session %q: driver %s returned sandbox %s of owner %s, not ours (%s); refusing to use it", session, rule.Driver, name, o, r.owner))
+	}
+	want := spec.Labels[backend.LabelSpecHash]
+	have := sb.Labels[backend.LabelSpecHash]
+	if have == "" {
+		have = want
+	}
+	created := now
+	if t, err := time.Parse(time.RFC3339, sb.Labels[backend.LabelCreated]); sb.Adopted && err == nil {
+		created = t
+	} else if sb.Adopted && !sb.CreatedAt.IsZero() {
+		created = sb.CreatedAt.UTC()
+	}
+	p.lease = &Lease{
+		Session: session, Driver: rule.Driver, Backend: b, Sandbox: name, Rule: rule,
+		Created: !sb.Adopted, Drift: sb.Adopted && have != want,
+	}
+	p.rec = record{
+		Session: session, Driver: rule.Driver, Sandbox: name, Scope: rule.Glob,
+		SpecHash: have, Created: created, LastUsed: now,
+	}
+	if p.lease.Drift {
+		r.log.Warn("sandbox differs from its rule's current spec (drift)", "session", session, "sandbox", name, "rule", rule.Pos())
+	}
+	if old, ok, err := r.store.get(session); err == nil && ok && (old.Sandbox != name || old.Driver != rule.Driver) {
+		r.log.Warn("session moves to another sandbox; the old one is left for prune", "session", session,
+			"old_driver", old.Driver, "old_sandbox", old.Sandbox, "driver", rule.Driver, "sandbox", name)
+	}
+	return p, nil
+}
+
+// dropDir removes the sandbox dir that acquire made, and returns err.
+func (r *Registry) dropDir(p *pending, err error) error {
+	if p.madeDir {
+		os.RemoveAll(p.dir)
+	}
+	return err
+}
+
+// undo removes a sandbox that this call created (and its dir); adopted sandboxes
+// are left alone.
+func (r *Registry) undo(p *pending) {
+	if !p.lease.Created {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.lease.Backend.Remove(ctx, p.lease.Sandbox); err != nil {
+		r.log.Error("removing a sandbox after a failed call", "sandbox", p.lease.Sandbox, "error", err)
+		return
+	}
+	os.RemoveAll(p.dir)
+}
+
+// release drops p's lock; failed releases remove the lock file when no record
+// names the sandbox.
+func (r *Registry) release(p *pending, failed bool) {
+	if p.released {
+		return
+	}
+	p.released = true
+	remove := false
+	if failed {
+		remove = !r.recorded(p.spec.Name)
+	}
+	p.lock.unlock(remove)
+}
+
+func (r *Registry) recorded(sandbox string) bool {
+	recs, err := r.store.all()
+	if err != nil {
+		return true
+	}
+	for _, rec := range recs {
+		if rec.Sandbox == sandbox {
+			return true
+		}
+	}
+	return false
+}
+
+// Acquire returns session's sandbox, creating it or adopting it by name, and records
+// session → sandbox with its last use in the store. It holds the sandbox's lock
+// (STATE/locks/SANDBOX.lock, an flock shared with other processes) while it works.
+// Errors: a bad session name or no matching rule (ErrInvalid); the driver cannot be
+// started or configured; the driver's Create error (ErrConflict when the name is
+// held by something not ours, ErrUnavailable, ...), wrapped with the session and
+// sandbox. A failed Acquire leaves the store unchanged and no new sandbox behind.
+func (r *Registry) Acquire(ctx context.Context, session string) (*Lease, error) {
+	p, err := r.acquire(ctx, session)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.store.put(p.rec); err != nil {
+		r.undo(p)
+		r.release(p, true)
+		return nil, fmt.Errorf("session %q: recording sandbox %s: %w", session, p.lease.Sandbox, err)
+	}
+	r.release(p, false)
+	return p.lease, nil
+}
+
+// Exec acquires session's sandbox and starts req in it. The session's record (and
+// last use) is written only once the exec has started, and last use is touched
+// again when Wait returns. Errors: those of Acquire and of the driver's Exec
+// (ErrInvalid for a missing req.Dir, ...); when Exec fails in a sandbox that this
+// call created, the sandbox is removed again and the store is left unchanged.
+func (r *Registry) Exec(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *Lease, error) {
+	p, err := r.acquire(ctx, session)
+	if err != nil {
+		return nil, nil, err
+	}
+	proc, err := p.lease.Backend.Exec(ctx, p.lease.Sandbox, req)
+	if err != nil {
+		r.undo(p)
+		r.release(p, true)
+		return nil, nil, fmt.Errorf("session %q: exec in sandbox %s: %w", session, p.lease.Sandbox, err)
+	}
+	p.rec.LastUsed = time.Now().UTC()
+	if err := r.store.put(p.rec); err != nil {
+		proc.Signal(9)
+		proc.Wait()
+		r.undo(p)
+		r.release(p, true)
+		return nil, nil, fmt.Errorf("session %q: recording sandbox %s: %w", session, p.lease.Sandbox, err)
+	}
+	r.release(p, false)
+	return &touchProcess{Process: proc, r: r, session: session, sandbox: p.lease.Sandbox}, p.lease, nil
+}
+
+// touchProcess records the session's last use when Wait returns.
+type touchProcess struct {
+	backend.Process
+	r       *Registry
+	session string
+	sandbox string
+	once    sync.Once
+}
+
+// Wait waits for the exec (see backend.Process) and then records the session's last
+// use; a failure to record is logged, not returned.
+func (t *touchProcess) Wait() (backend.ExecResult, error) {
+	res, err := t.Process.Wait()
+	t.once.Do(func() {
+		if terr := t.r.store.touch(t.session, t.sandbox, time.Now()); terr != nil {
+			t.r.log.Warn("recording last use", "session", t.session, "error", terr)
+		}
+	})
+	return res, err
+}
+
+// lockRecord takes the lock of session's recorded sandbox and re-reads the record
+// under it. ok is false (and no lock held) when the session has no record.
+func (r *Registry) lockRecord(ctx context.Context, session string) (rec record, lock *fileLock, ok bool, err error) {
+	for {
+		rec, ok, err = r.store.get(session)
+		if err != nil || !ok {
+			return rec, nil, ok, err
+		}
+		lock, err = lockFile(ctx, r.lockPath(rec.Sandbox))
+		if err != nil {
+			return rec, nil, false, err
+		}
+		again, ok2, err := r.store.get(session)
+		if err != nil || !ok2 {
+			lock.unlock(false)
+			return rec, nil, false, err
+		}
+		if again.Sandbox == rec.Sandbox {
+			return again, lock, true, nil
+		}
+		lock.unlock(false) // moved meanwhile: lock the new sandbox
+	}
+}
+
+func noSession(session string) error {
+	return backend.Errorf(backend.ErrNotFound, "session %q has no sandbox (see berth sessions)", session)
+}
+
+// CloseSession applies the on_close policy of session's rule to its sandbox: keep
+// does nothing, stop stops it, remove removes it, forgets the session and deletes
+// STATE/sandboxes/SANDBOX. Sessions of shared rules ignore a single session's close
+// (nil). Errors: a bad session name or no matching rule (ErrInvalid); no record of
+// the session (ErrNotFound); the driver's error.
+func (r *Registry) CloseSession(ctx context.Context, session string) error {
+	rule, _, err := r.cfg.Match(session)
+	if err != nil {
+		return err
+	}
+	if rule.Isolation == IsolationShared {
+		r.log.Debug("close of a shared session ignored", "session", session, "rule", rule.Pos())
+		return nil
+	}
+	if err := r.ensure(); err != nil {
+		return err
+	}
+	if rule.Retention.OnClose == OnCloseRemove {
+		return r.removeSession(ctx, session)
+	}
+	rec, lock, ok, err := r.lockRecord(ctx, session)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return noSession(session)
+	}
+	defer lock.unlock(false)
+	if rule.Retention.OnClose != OnCloseStop {
+		return nil
+	}
+	b, err := r.driver(ctx, rec.Driver)
+	if err != nil {
+		return fmt.Errorf("closing session %q: %w", session, err)
+	}
+	if err := b.Stop(ctx, rec.Sandbox, 0); err != nil {
+		return fmt.Errorf("closing session %q: stopping sandbox %s: %w", session, rec.Sandbox, err)
+	}
+	return nil
+}
+
+// RemoveSession removes session's sandbox whatever on_close says, forgets every
+// session recorded on it (for a shared sandbox: all of them) and deletes
+// STATE/sandboxes/SANDBOX. Errors: a bad session name (ErrInvalid); no record of the
+// session (ErrNotFound); the driver's Remove error (the store is then unchanged).
+func (r *Registry) RemoveSession(ctx context.Context, session string) error {
+	if err := ValidateSession(session); err != nil {
+		return err
+	}
+	if err := r.ensure(); err != nil {
+		return err
+	}
+	return r.removeSession(ctx, session)
+}
+
+func (r *Registry) removeSession(ctx context.Context, session string) error {
+	rec, lock, ok, err := r.lockRecord(ctx, session)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return noSession(session)
+	}
+	removed := false
+	defer func() { lock.unlock(removed) }()
+	b, err := r.driver(ctx, rec.Driver)
+	if err != nil {
+		return fmt.Errorf("removing session %q: %w", session, err)
+	}
+	if err := b.Remove(ctx, rec.Sandbox); err != nil {
+		return fmt.Errorf("removing session %q: sandbox %s: %w", session, rec.Sandbox, err)
+	}
+	if _, err := r.store.forgetSandbox(rec.Driver, rec.Sandbox); err != nil {
+		return fmt.Errorf("removing session %q: sandbox %s is removed, but forgetting it failed: %w", session, rec.Sandbox, err)
+	}
+	if err := os.RemoveAll(r.sandboxDir(rec.Sandbox)); err != nil {
+		r.log.Warn("deleting sandbox dir", "dir", r.sandboxDir(rec.Sandbox), "error", err)
+	}
+	removed = true
+	return nil
+}
+
+// SessionInfo is one row of Sessions.
+type SessionInfo struct {
+	// Session, Driver, Sandbox and Scope (the rule's glob) are as recorded.
+	Session string
+	Driver  string
+	Sandbox string
+	Scope   string
+	// State is the driver's state (created, running, stopped), "missing" when the
+	// driver no longer has the sandbox, or "unknown" when it could not be asked (see
+	// Error).
+	State string
+	// Created is the sandbox's creation time; LastUsed the session's last use (UTC).
+	Created  time.Time
+	LastUsed time.Time
+	// Drift is set when the sandbox no longer matches the session's rule (spec hash,
+	// driver or sandbox name changed); DriftReason says how.
+	Drift       bool
+	DriftReason string
+	// Error is why State is unknown, or "".
+	Error string
+}
+
+// Session states that Sessions reports beside backend.State values.
+const (
+	StateMissing = "missing"
+	StateUnknown = "unknown"
+)
+
+// Sessions lists every recorded session, sorted by name, joined with its driver's
+// Inspect of the sandbox. A driver that cannot be reached makes its rows "unknown"
+// (with Error), not the call fail. It creates nothing when there is no store yet.
+func (r *Registry) Sessions(ctx context.Context) ([]SessionInfo, error) {
+	if !fileExists(r.store.path) {
+		return nil, nil
+	}
+	if err := r.ensure(); err != nil {
+		return nil, err
+	}
+	recs, err := r.store.all()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]SessionInfo, 0, len(recs))
+	for _, rec := range recs {
+		si := SessionInfo{
+			Session: rec.Session, Driver: rec.Driver, Sandbox: rec.Sandbox, Scope: rec.Scope,
+			Created: rec.Created, LastUsed: rec.LastUsed, State: StateUnknown,
+		}
+		have := rec.SpecHash
+		if b, err := r.driver(ctx, rec.Driver); err != nil {
+			si.Error = err.Error()
+		} else if sb, err := b.Inspect(ctx, rec.Sandbox); errors.Is(err, backend.ErrNotFound) {
+			si.State = StateMissing
+		} else if err != nil {
+			si.Error = err.Error()
+		} else {
+			si.State = string(sb.State)
+			if h := sb.Labels[backend.LabelSpecHash]; h != "" {
+				have = h
+			}
+		}
+		rule, _, err := r.cfg.Match(rec.Session)
+		switch {
+		case err != nil:
+			si.Drift, si.DriftReason = true, "no scope rule matches the session any more"
+		case rule.Driver != rec.Driver:
+			si.Drift, si.DriftReason = true, fmt.Sprintf("its rule (%s) now uses driver %s", rule.Pos(), rule.Driver)
+		default:
+			spec := rule.Spec(r.owner, rec.Session)
+			if spec.Name != rec.Sandbox {
+				si.Drift, si.DriftReason = true, fmt.Sprintf("its rule (%s) now maps it to sandbox %s", rule.Pos(), spec.Name)
+			} else if have != spec.Labels[backend.LabelSpecHash] {
+				si.Drift, si.DriftReason = true, fmt.Sprintf("the sandbox's spec differs from its rule (%s)", rule.Pos())
+			}
+		}
+		out = append(out, si)
+	}
+	return out, nil
+}
+
+// DriverStatus is one row of Drivers.
+type DriverStatus struct {
+	// Name is the driver's name.
+	Name string
+	// Info is what the driver reported (zero when Err is set).
+	Info backend.Info
+	// Err is why the driver could not be started, configured or asked; nil when healthy.
+	Err error
+}
+
+// Drivers starts (or reuses) every known driver and reports its Info, sorted by
+// name. A driver that fails is reported with Err, not as the call's error.
+func (r *Registry) Drivers(ctx context.Context) ([]DriverStatus, error) {
+	if err := r.ensure(); err != nil {
+		return nil, err
+	}
+	var out []DriverStatus
+	for _, name := range r.known {
+		st := DriverStatus{Name: name}
+		if b, err := r.driver(ctx, name); err != nil {
+			st.Err = err
+		} else if st.Info, err = b.Info(ctx); err != nil {
+			st.Err = fmt.Errorf("driver %s: %w", name, err)
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+// Backend returns the driver name, started and configured (once per Registry). The
+// Registry owns it: do not Close it. Errors: an unknown driver (ErrInvalid), a
+// driver that cannot be started or configured.
+func (r *Registry) Backend(ctx context.Context, driver string) (backend.TerminalBackend, error) {
+	if err := r.ensure(); err != nil {
+		return nil, err
+	}
+	return r.driver(ctx, driver)
+}
+
+type exiter interface{ Exited() bool }
+type killer interface{ Kill() }
+
+func closeDriver(b backend.TerminalBackend) {
+	b.Close()
+	if k, ok := b.(killer); ok {
+		k.Kill()
+	}
+}
+
+// driver returns the started and configured driver name, starting it on first use
+// and again when its plugin has exited.
+func (r *Registry) driver(ctx context.Context, name string) (backend.TerminalBackend, error) {
+	r.drvMu.Lock()
+	if r.closed {
+		r.drvMu.Unlock()
+		return nil, backend.Errorf(backend.ErrUnavailable, "driver %s: the registry is closed", name)
+	}
+	e := r.drivers[name]
+	if e == nil {
+		e = &driverEntry{}
+		r.drivers[name] = e
+	}
+	r.drvMu.Unlock()
+
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.b != nil {
+		if x, ok := e.b.(exiter); !ok || !x.Exited() {
+			return e.b, nil
+		}
+		r.log.Warn("driver plugin exited; starting it again", "driver", name)
+		closeDriver(e.b)
+		e.b = nil
+	}
+	b, err := r.startDriver(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	r.drvMu.Lock()
+	closed := r.closed
+	r.drvMu.Unlock()
+	if closed {
+		closeDriver(b)
+		return nil, backend.Errorf(backend.ErrUnavailable, "driver %s: the registry is closed", name)
+	}
+	e.b = b
+	return b, nil
+}
+
+func (r *Registry) startDriver(ctx context.Context, name string) (backend.TerminalBackend, error) {
+	if !slices.Contains(r.known, name) {
+		return nil, backend.Errorf(backend.ErrInvalid, "driver %q is not known; known drivers: %v", name, r.known)
+	}
+	var b backend.TerminalBackend
+	if f := r.inProcess[name]; f != nil {
+		b = f()
+	} else {
+		var err error
+		if b, err = r.launch(ctx, name); err != nil {
+			return nil, fmt.Errorf("starting driver %s: %w", name, err)
+		}
+	}
+	if err := r.configure(ctx, name, b); err != nil {
+		closeDriver(b)
+		return nil, err
+	}
+	r.log.Debug("driver ready", "driver", name)
+	return b, nil
+}
+
+func (r *Registry) configure(ctx context.Context, name string, b backend.TerminalBackend) error {
+	block := r.cfg.Drivers[name]
+	c, ok := b.(backend.Configurer)
+	var schema []backend.ConfigField
+	var err error
+	if ok {
+		schema, err = c.ConfigSchema(ctx)
+		if errors.Is(err, backend.ErrUnsupported) {
+			ok = false
+		} else if err != nil {
+			return fmt.Errorf("driver %s: reading its config schema: %w", name, err)
+		}
+	}
+	if !ok {
+		if block != nil {
+			if _, err := DecodeDriverConfig(name, block.Body, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	js, err := r.cfg.DriverConfig(name, schema)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(r.stateDir, "drivers", name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return stateDirError(r.stateDir, err.Error())
+	}
+	if err := c.Configure(ctx, backend.DriverSetup{StateDir: dir, Owner: r.owner, Config: js}); err != nil {
+		return fmt.Errorf("configuring driver %s: %w", name, err)
+	}
+	return nil
+}
+
+// Close ends every driver this Registry started (closing in-process ones, killing
+// plugins). Sandboxes keep running. Later calls that need a driver fail with
+// ErrUnavailable.
+func (r *Registry) Close() error {
+	r.drvMu.Lock()
+	r.closed = true
+	entries := r.drivers
+	r.drivers = map[string]*driverEntry{}
+	r.drvMu.Unlock()
+	for _, e := range entries {
+		e.mu.Lock()
+		if e.b != nil {
+			closeDriver(e.b)
+			e.b = nil
+		}
+		e.mu.Unlock()
+	}
+	return nil
+}

@@ -1,0 +1,351 @@
+package registry
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
+
+	"github.com/berth-sh/berth/backend"
+)
+
+// SchemaVersion is the state store's schema version, kept in the store's "meta"
+// bucket under "schema". A store written by a newer schema is refused.
+const SchemaVersion = 1
+
+// StoreFile is the state store's file name inside the state dir.
+const StoreFile = "state.db"
+
+// DefaultStoreTimeout is how long a call waits for another berth process to release
+// the state store (Options.StoreTimeout).
+const DefaultStoreTimeout = 30 * time.Second
+
+var (
+	bucketMeta     = []byte("meta")
+	bucketSessions = []byte("sessions")
+	keySchema      = []byte("schema")
+	keyOwner       = []byte("owner")
+)
+
+// record is one session's entry in the store (JSON under its session name).
+type record struct {
+	Session  string    `json:"session"`
+	Driver   string    `json:"driver"`
+	Sandbox  string    `json:"sandbox"`
+	Scope    string    `json:"scope"`
+	SpecHash string    `json:"spec_hash"`
+	Created  time.Time `json:"created"`
+	LastUsed time.Time `json:"last_used"`
+}
+
+// store is the bbolt state store, opened for each transaction so that concurrent
+// berth processes share it (bbolt holds an exclusive flock while open; read-only
+// opens take a shared one).
+type store struct {
+	path    string
+	timeout time.Duration
+	mu      *sync.RWMutex // serialises opens of path within this process
+}
+
+var storeLocks sync.Map // path → *sync.RWMutex
+
+func newStore(path string, timeout time.Duration) *store {
+	mu, _ := storeLocks.LoadOrStore(path, new(sync.RWMutex))
+	if timeout <= 0 {
+		timeout = DefaultStoreTimeout
+	}
+	return &store{path: path, timeout: timeout, mu: mu.(*sync.RWMutex)}
+}
+
+func (s *store) open(readOnly bool) (*bolt.DB, error) {
+	db, err := bolt.Open(s.path, 0o600, &bolt.Options{Timeout: s.timeout, ReadOnly: readOnly})
+	if err != nil {
+		if errors.Is(err, bolterrors.ErrTimeout) {
+			return nil, backend.Errorf(backend.ErrTimeout, "state store %s: another berth process held it for more than %s; try again, or find the stuck process", s.path, s.timeout)
+		}
+		return nil, fmt.Errorf("opening state store %s: %w", s.path, err)
+	}
+	return db, nil
+}
+
+func checkSchema(tx *bolt.Tx) error {
+	meta := tx.Bucket(bucketMeta)
+	if meta == nil {
+		return backend.Errorf(backend.ErrInvalid, "state store has no schema version; it was not written by berth")
+	}
+	v, err := strconv.Atoi(string(meta.Get(keySchema)))
+	if err != nil {
+		return backend.Errorf(backend.ErrInvalid, "state store schema version %q is unreadable", meta.Get(keySchema))
+	}
+	if v > SchemaVersion {
+		return backend.Errorf(backend.ErrInvalid, "state store has schema version %d, newer than this berth's %d; upgrade berth or use another state dir", v, SchemaVersion)
+	}
+	return nil
+}
+
+// update runs fn in a read-write transaction; fn's error rolls it back.
+func (s *store) update(fn func(tx *bolt.Tx) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	db, err := s.open(false)
+	if err != nil {
+		return err
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		if err := checkSchema(tx); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+	if cerr := db.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("closing state store %s: %w", s.path, cerr)
+	}
+	return err
+}
+
+// view runs fn in a read-only transaction.
+func (s *store) view(fn func(tx *bolt.Tx) error) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	db, err := s.open(true)
+	if err != nil {
+		return err
+	}
+	err = db.View(func(tx *bolt.Tx) error {
+		if err := checkSchema(tx); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+	db.Close()
+	return err
+}
+
+// init creates the store if needed (buckets, schema version, owner id generated
+// once) and returns the owner id. A new store is built in a temporary file and
+// linked into place, so state.db, whenever it exists, is complete: concurrent
+// processes never see (or delete) a half-made store. It writes only when something
+// is missing.
+func (s *store) init() (string, error) {
+	for {
+		var owner string
+		err := s.viewIfExists(func(tx *bolt.Tx) error {
+			if m := tx.Bucket(bucketMeta); m != nil && tx.Bucket(bucketSessions) != nil {
+				owner = string(m.Get(keyOwner))
+			}
+			return nil
+		})
+		if err != nil || owner != "" {
+			return owner, err
+		}
+		if fileExists(s.path) {
+			// A store without our buckets: complete it in place.
+			return s.initIn(s.path)
+		}
+		tmp := s.path + ".new-" + randomHex(8)
+		if _, err := s.initIn(tmp); err != nil {
+			os.Remove(tmp)
+			return "", err
+		}
+		err = os.Link(tmp, s.path)
+		os.Remove(tmp)
+		if err != nil && !errors.Is(err, os.ErrExist) {
+			return "", fmt.Errorf("initialising state store %s: %w", s.path, err)
+		}
+		// Ours or a concurrent process's store is in place now: read its owner.
+	}
+}
+
+// initIn creates the buckets, schema version and owner id in the bbolt file at path
+// where they are missing, and returns the owner id.
+func (s *store) initIn(path string) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: s.timeout})
+	if err != nil {
+		if errors.Is(err, bolterrors.ErrTimeout) {
+			return "", backend.Errorf(backend.ErrTimeout, "state store %s: another berth process held it for more than %s; try again, or find the stuck process", s.path, s.timeout)
+		}
+		return "", fmt.Errorf("initialising state store %s: %w", s.path, err)
+	}
+	var owner string
+	err = db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return err
+		}
+		if meta.Get(keySchema) == nil {
+			if err := meta.Put(keySchema, []byte(strconv.Itoa(SchemaVersion))); err != nil {
+				return err
+			}
+		}
+		if err := checkSchema(tx); err != nil {
+			return err
+		}
+		if _, err := tx.CreateBucketIfNotExists(bucketSessions); err != nil {
+			return err
+		}
+		owner = string(meta.Get(keyOwner))
+		if owner == "" {
+			owner = randomHex(16)
+			return meta.Put(keyOwner, []byte(owner))
+		}
+		return nil
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", fmt.Errorf("initialising state store %s: %w", s.path, err)
+	}
+	return owner, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic("registry: crypto/rand: " + err.Error())
+	}
+	return hex.EncodeToString(b)
+}
+
+// viewIfExists is view without the schema check, and a no-op when the file is absent.
+func (s *store) viewIfExists(fn func(tx *bolt.Tx) error) error {
+	if _, err := os.Stat(s.path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	db, err := s.open(true)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return db.View(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucketMeta) != nil {
+			if err := checkSchema(tx); err != nil {
+				return err
+			}
+		}
+		return fn(tx)
+	})
+}
+
+func getRecord(tx *bolt.Tx, session string) (record, bool, error) {
+	v := tx.Bucket(bucketSessions).Get([]byte(session))
+	if v == nil {
+		return record{}, false, nil
+	}
+	var r record
+	if err := json.Unmarshal(v, &r); err != nil {
+		return record{}, false, fmt.Errorf("state store: record of session %q is corrupt: %w", session, err)
+	}
+	return r, true, nil
+}
+
+func putRecord(tx *bolt.Tx, r record) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucketSessions).Put([]byte(r.Session), b)
+}
+
+// get returns session's record.
+func (s *store) get(session string) (r record, ok bool, err error) {
+	err = s.view(func(tx *bolt.Tx) error {
+		r, ok, err = getRecord(tx, session)
+		return err
+	})
+	return r, ok, err
+}
+
+// put writes r, unless the stored record equals it already.
+func (s *store) put(r record) error {
+	if old, ok, err := s.get(r.Session); err == nil && ok && old.equal(r) {
+		return nil
+	}
+	return s.update(func(tx *bolt.Tx) error { return putRecord(tx, r) })
+}
+
+func (r record) equal(o record) bool {
+	return r.Session == o.Session && r.Driver == o.Driver && r.Sandbox == o.Sandbox && r.Scope == o.Scope &&
+		r.SpecHash == o.SpecHash && r.Created.Equal(o.Created) && r.LastUsed.Equal(o.LastUsed)
+}
+
+// forgetSandbox deletes every record that points at sandbox on driver and returns
+// their sessions.
+func (s *store) forgetSandbox(driver, sandbox string) ([]string, error) {
+	var gone []string
+	recs, err := s.all()
+	if err != nil {
+		return nil, err
+	}
+	found := false
+	for _, r := range recs {
+		if r.Driver == driver && r.Sandbox == sandbox {
+			found = true
+		}
+	}
+	if !found {
+		return nil, nil
+	}
+	err = s.update(func(tx *bolt.Tx) error {
+		gone = nil
+		b := tx.Bucket(bucketSessions)
+		c := b.Cursor()
+		var keys [][]byte
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			var r record
+			if json.Unmarshal(v, &r) == nil && r.Driver == driver && r.Sandbox == sandbox {
+				keys = append(keys, append([]byte(nil), k...))
+				gone = append(gone, r.Session)
+			}
+		}
+		for _, k := range keys {
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return gone, err
+}
+
+// touch sets session's LastUsed to t when its record still points at sandbox.
+func (s *store) touch(session, sandbox string, t time.Time) error {
+	return s.update(func(tx *bolt.Tx) error {
+		r, ok, err := getRecord(tx, session)
+		if err != nil || !ok || r.Sandbox != sandbox {
+			return err
+		}
+		r.LastUsed = t.UTC()
+		return putRecord(tx, r)
+	})
+}
+
+// all returns every record, sorted by session.
+func (s *store) all() ([]record, error) {
+	var out []record
+	err := s.view(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSessions).ForEach(func(k, v []byte) error {
+			var r record
+			if err := json.Unmarshal(v, &r); err != nil {
+				return fmt.Errorf("state store: record of session %q is corrupt: %w", k, err)
+			}
+			out = append(out, r)
+			return nil
+		})
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Session < out[j].Session })
+	return out, err
+}

@@ -1,0 +1,115 @@
+//go:build !registry_nowire
+
+package registry
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends"
+)
+
+// buildTestPlugin builds package backends' test plugin, which serves a small
+// os/exec driver whatever its arguments, so it can stand in for
+// `berth driver serve local`.
+func buildTestPlugin(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "testplugin")
+	cmd := exec.Command("go", "build", "-o", bin, "../backends/testdata/testplugin")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building the test plugin: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestDefaultWiring runs the registry with its default Launch (go-plugin, package
+// backends) and PrepareAgent (package backends/agent).
+func TestDefaultWiring(t *testing.T) {
+	plugin := buildTestPlugin(t)
+	e := newEnv(t, "driver \"local\" {\n  root = \"/unused\"\n}\n")
+	o := e.options()
+	o.InProcess, o.PrepareAgent, o.BerthBinary = nil, nil, plugin
+	r, err := Open(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ctx := context.Background()
+
+	var out bytes.Buffer
+	p, lease, err := r.Exec(ctx, "main", backend.ExecRequest{Argv: []string{"echo", "through the plugin"}, Stdout: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := p.Wait(); err != nil || res.ExitCode != 0 || out.String() != "through the plugin\n" {
+		t.Fatalf("exec: %+v %v %q", res, err, out.String())
+	}
+	// The agent binary was installed under its hash and hard-linked into the sandbox dir.
+	link := filepath.Join(e.stateDir, "sandboxes", lease.Sandbox, "agent", backend.AgentBinaryName)
+	var st syscall.Stat_t
+	if err := syscall.Stat(link, &st); err != nil || st.Nlink < 2 {
+		t.Errorf("agent link %s: %v (links %d)", link, err, st.Nlink)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(e.stateDir, "agent", "bin")); len(ents) != 1 {
+		t.Errorf("installed agent binaries: %v", ents)
+	}
+
+	ds, err := r.Drivers(ctx)
+	if err != nil || len(ds) != 1 || ds[0].Err != nil || ds[0].Info.Name != "test" || ds[0].Info.Protocol != backends.ProtocolVersion {
+		t.Fatalf("Drivers: %+v %v", ds, err)
+	}
+	b, _ := r.Backend(ctx, "local")
+	c := b.(*backends.Client)
+	pid := c.Pid()
+	// A plugin that has gone is started again on the next call.
+	c.Kill()
+	b2, err := r.Backend(ctx, "local")
+	if err != nil || b2 == b || b2.(*backends.Client).Pid() == pid {
+		t.Fatalf("relaunch: %v", err)
+	}
+	// Close kills the plugin (Kill blocks until the process is gone).
+	pid = b2.(*backends.Client).Pid()
+	r.Close()
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("plugin %d still there after Close: %v", pid, err)
+	}
+}
+
+func TestDefaultWiringConfigErrors(t *testing.T) {
+	plugin := buildTestPlugin(t)
+	for src, want := range map[string]string{
+		"driver \"local\" {\n}\n":                           `:1:16: error: Missing required driver setting: driver "local" needs "root" (string: where sandboxes live)`,
+		"driver \"local\" {\n  root = \"bad\"\n}\n":         "configuring driver local",
+		"driver \"local\" {\n  root = \"/x\"\n  y = 1\n}\n": ":3:3: error: Unsupported argument",
+	} {
+		e := newEnv(t, src)
+		o := e.options()
+		o.InProcess, o.PrepareAgent, o.BerthBinary = nil, nil, plugin
+		r, err := Open(context.Background(), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = r.Acquire(context.Background(), "main")
+		if err == nil || !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Errorf("config %q: %v, want ErrInvalid containing %q", src, err, want)
+		}
+		r.Close()
+	}
+	// A driver that is known but not built in cannot be launched yet.
+	e := newEnv(t, "")
+	o := e.options()
+	o.InProcess, o.KnownDrivers, o.BerthBinary = nil, []string{"local", "thirdparty"}, plugin
+	r, _ := Open(context.Background(), o)
+	defer r.Close()
+	if _, err := r.Backend(context.Background(), "thirdparty"); !errors.Is(err, backend.ErrUnsupported) {
+		t.Errorf("third-party driver: %v", err)
+	}
+}
