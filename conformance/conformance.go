@@ -1,0 +1,365 @@
+package conformance
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/registry"
+)
+
+// T is the test interface the cases are written against. *testing.T satisfies it;
+// RunAll supplies its own implementation. FailNow, Fatal, Fatalf, SkipNow, Skip and
+// Skipf end the calling goroutine (runtime.Goexit), so, as with *testing.T, call them
+// only from the goroutine running the case. Context is cancelled just before the
+// Cleanup functions run; Cleanup functions run last registered first.
+type T interface {
+	Helper()
+	Log(args ...any)
+	Logf(format string, args ...any)
+	Error(args ...any)
+	Errorf(format string, args ...any)
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Skip(args ...any)
+	Skipf(format string, args ...any)
+	FailNow()
+	SkipNow()
+	Failed() bool
+	Skipped() bool
+	Name() string
+	Cleanup(f func())
+	Context() context.Context
+	TempDir() string
+}
+
+var _ T = (*testing.T)(nil)
+
+// Case is one conformance case.
+type Case struct {
+	// Group is the case's group: lifecycle, idempotence, exec, tty or isolation.
+	Group string
+	// Name is the case's name inside its group (lower case, words joined by "-").
+	Name string
+	// Requires says in words what the case needs beyond a driver ("Capabilities.TTY",
+	// "a registry"); empty when it needs nothing more. For listings only: Needs decides.
+	Requires string
+	// Needs reports whether a driver with these capabilities can run the case, and if
+	// not, why (the skip reason). nil means every driver can.
+	Needs func(backend.Capabilities) (ok bool, reason string)
+	// Serial cases never run beside another case: they change process-wide state (the
+	// host environment) or measure time. Run runs the others in parallel within a group;
+	// RunAll runs every case one after another.
+	Serial bool
+	// Run runs the case. It fails through t and skips through t with a reason.
+	Run func(t T, h *Harness)
+}
+
+// FullName returns "group/name", the name that Filter matches and that Run gives the
+// case's subtest.
+func (c Case) FullName() string { return c.Group + "/" + c.Name }
+
+// applies reports whether the case can run with caps, and the skip reason if not.
+func (c Case) applies(caps backend.Capabilities) (bool, string) {
+	if c.Needs == nil {
+		return true, ""
+	}
+	return c.Needs(caps)
+}
+
+// Options configures a run of the suite. Only AgentBinary (or PrepareAgent) is
+// required; the rest have defaults.
+type Options struct {
+	// AgentBinary is the static berth binary that the default PrepareAgent installs as
+	// the sandboxes' agent (built with CGO_ENABLED=0). Required when PrepareAgent is nil.
+	AgentBinary string
+	// StateDir is where agent copies and per-sandbox agent directories go
+	// (StateDir/agent/..., StateDir/sandboxes/NAME/...). Default: t.TempDir() of the
+	// test passed to Run; a temporary directory removed at the end for RunAll.
+	StateDir string
+	// Owner is the owner id put in every sandbox's LabelOwner. When the driver was
+	// configured with a DriverSetup.Owner, pass the same value. Default: "conformance-"
+	// and 16 random hex digits, new for each run.
+	Owner string
+	// Image is the image reference for drivers with FSIsolationImage. It must hold a
+	// POSIX sh (with kill, printf, pwd and test) and cat, chmod, env, grep, head, seq,
+	// sleep (fractions allowed) and stty, as busybox has them. Ignored by drivers
+	// without their own filesystem.
+	Image string
+	// PrepareAgent makes the agent files of one sandbox under stateDir. Default (nil):
+	// DefaultPrepareAgent(AgentBinary), i.e. agent.Install(stateDir, AgentBinary) and
+	// agent.PrepareSandbox(stateDir/sandboxes/NAME, ...).
+	PrepareAgent func(stateDir, sandboxName string) (backend.AgentFiles, error)
+	// OpenRegistry opens a registry, over the driver under test, with the given config
+	// text (HCL with scope blocks whose driver is the driver's Info.Name). The registry
+	// cases call it; it must give the registry its own state dir and should close it in
+	// t.Cleanup. When nil those cases skip.
+	OpenRegistry func(t T, configHCL string) (*registry.Registry, error)
+	// CaseTimeout bounds one case under RunAll (its context is cancelled then, and the
+	// case fails). Default 5 minutes. Run leaves timing to go test -timeout.
+	CaseTimeout time.Duration
+	// OnCase, when set, is called by RunAll after each case with its report (for
+	// progress output).
+	OnCase func(CaseReport)
+}
+
+// DefaultCaseTimeout is RunAll's per-case timeout when Options.CaseTimeout is zero.
+const DefaultCaseTimeout = 5 * time.Minute
+
+// Harness is what a case gets: the driver under test, its Info, the owner id and the
+// options, with helpers that create sandboxes and remove them when the case ends.
+// It is safe for concurrent use by cases running in parallel.
+type Harness struct {
+	// Backend is the driver under test.
+	Backend backend.TerminalBackend
+	// Info is Backend.Info, read once at the start of the run.
+	Info backend.Info
+	// Owner is the LabelOwner value of every sandbox the suite creates.
+	Owner string
+	// RunID is a random hex id of this run, the value of every sandbox's RunLabel.
+	RunID string
+	// Options are the run's options with defaults filled in.
+	Options Options
+}
+
+// RunLabel is the user label every sandbox of a suite run carries, with Harness.RunID
+// as its value.
+const RunLabel = "conformance.run"
+
+// newHarness fills in the defaults of opts and returns the harness.
+func newHarness(b backend.TerminalBackend, info backend.Info, opts Options, stateDir string) *Harness {
+	if opts.StateDir == "" {
+		opts.StateDir = stateDir
+	}
+	if opts.Owner == "" {
+		opts.Owner = "conformance-" + randHex(8)
+	}
+	if opts.PrepareAgent == nil {
+		opts.PrepareAgent = DefaultPrepareAgent(opts.AgentBinary)
+	}
+	if opts.CaseTimeout <= 0 {
+		opts.CaseTimeout = DefaultCaseTimeout
+	}
+	return &Harness{Backend: b, Info: info, Owner: opts.Owner, RunID: randHex(8), Options: opts}
+}
+
+// Spec returns the spec of a sandbox called name with every berth label set
+// (LabelOwner = h.Owner, LabelSession "conformance/" + t.Name(), LabelScope
+// "conformance", LabelCreated now, LabelSpecHash a hex sha256), RunLabel, and
+// Options.Image.
+func (h *Harness) Spec(t T, name string) backend.SandboxSpec {
+	sum := sha256.Sum256([]byte(name + "\x00" + h.RunID))
+	return backend.SandboxSpec{
+		Name:  name,
+		Image: h.Options.Image,
+		Labels: map[string]string{
+			backend.LabelOwner:    h.Owner,
+			backend.LabelSession:  "conformance/" + t.Name(),
+			backend.LabelScope:    "conformance",
+			backend.LabelCreated:  time.Now().UTC().Format(time.RFC3339),
+			backend.LabelSpecHash: hex.EncodeToString(sum[:]),
+			RunLabel:              h.RunID,
+		},
+	}
+}
+
+// SandboxName returns a new unique sandbox name: "bconf-" and 12 random hex digits.
+func SandboxName() string { return "bconf-" + randHex(6) }
+
+// AgentFiles prepares the agent files of sandbox name under stateDir with
+// Options.PrepareAgent (DefaultPrepareAgent when the caller gave none).
+func (h *Harness) AgentFiles(stateDir, name string) (backend.AgentFiles, error) {
+	return h.Options.PrepareAgent(stateDir, name)
+}
+
+// Create prepares the agent files of spec.Name under Options.StateDir, calls
+// Backend.Create, and registers a cleanup that removes the sandbox (whether or not
+// Create succeeded: a failed Create must leave nothing, and removing nothing succeeds).
+// A failure to prepare the agent files is fatal.
+func (h *Harness) Create(t T, spec backend.SandboxSpec) (backend.Sandbox, error) {
+	t.Helper()
+	return h.CreateIn(t, h.Options.StateDir, spec)
+}
+
+// CreateIn is Create with the agent files prepared under stateDir instead of
+// Options.StateDir.
+func (h *Harness) CreateIn(t T, stateDir string, spec backend.SandboxSpec) (backend.Sandbox, error) {
+	t.Helper()
+	files, err := h.AgentFiles(stateDir, spec.Name)
+	if err != nil {
+		t.Fatalf("preparing agent files for sandbox %s under %s: %v", spec.Name, stateDir, err)
+	}
+	h.removeOnCleanup(t, spec.Name)
+	ctx, cancel := context.WithTimeout(t.Context(), createTimeout)
+	defer cancel()
+	return h.Backend.Create(ctx, backend.CreateRequest{Spec: spec, Agent: files})
+}
+
+// removeOnCleanup registers a cleanup that removes sandbox name and reports an error
+// when that fails.
+func (h *Harness) removeOnCleanup(t T, name string) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), createTimeout)
+		defer cancel()
+		if err := h.Backend.Remove(ctx, name); err != nil {
+			t.Errorf("cleanup: Remove(%s): %v", name, err)
+		}
+	})
+}
+
+// NewSandbox creates a uniquely named sandbox with the full berth labels (Spec), checks
+// that it runs, and removes it when the case ends. Any failure is fatal. It returns the
+// sandbox's name.
+func (h *Harness) NewSandbox(t T) string {
+	t.Helper()
+	return h.NewSandboxWith(t, nil)
+}
+
+// NewSandboxWith is NewSandbox with a function that may change the spec before Create.
+func (h *Harness) NewSandboxWith(t T, edit func(*backend.SandboxSpec)) string {
+	t.Helper()
+	spec := h.Spec(t, SandboxName())
+	if edit != nil {
+		edit(&spec)
+	}
+	sb, err := h.Create(t, spec)
+	if err != nil {
+		t.Fatalf("Create(%s): %v", spec.Name, err)
+	}
+	if sb.State != backend.StateRunning {
+		t.Fatalf("Create(%s) returned state %q, want %q", spec.Name, sb.State, backend.StateRunning)
+	}
+	return spec.Name
+}
+
+// Timeouts of single driver calls made by the harness and the cases.
+const (
+	createTimeout = 2 * time.Minute
+	callTimeout   = time.Minute
+)
+
+// Filter selects cases by their FullName ("group/name"): a case runs when Run is nil
+// or matches, and Skip is nil or does not match. Cases that the filter leaves out are
+// not in the report.
+type Filter struct {
+	// Run, when set, selects only the cases whose FullName it matches (--run).
+	Run *regexp.Regexp
+	// Skip, when set, leaves out the cases whose FullName it matches (--skip).
+	Skip *regexp.Regexp
+}
+
+// Match reports whether the filter selects c.
+func (f Filter) Match(c Case) bool {
+	name := c.FullName()
+	if f.Run != nil && !f.Run.MatchString(name) {
+		return false
+	}
+	if f.Skip != nil && f.Skip.MatchString(name) {
+		return false
+	}
+	return true
+}
+
+// Cases returns every case of the suite, grouped and in a fixed order: lifecycle,
+// idempotence, exec, tty, isolation. The slice is new on each call.
+func Cases() []Case {
+	var all []Case
+	all = append(all, lifecycleCases()...)
+	all = append(all, idempotenceCases()...)
+	all = append(all, execCases()...)
+	all = append(all, ttyCases()...)
+	all = append(all, isolationCases()...)
+	return all
+}
+
+// List returns the cases that f selects, in Cases order.
+func List(f Filter) []Case {
+	var out []Case
+	for _, c := range Cases() {
+		if f.Match(c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Run runs the suite against b under go test: one subtest per group, and inside it one
+// per case, so every case's test name ends in "group/name" (select with
+// -run 'TestX/exec/'). Serial cases run first and alone; the others of a group run in
+// parallel (t.Parallel), and Run returns when all are done, so the caller may close b
+// with defer. A case whose needed capability b lacks is skipped with the reason.
+//
+// The caller configures b beforehand (Configurer) with Options.Owner if it has one.
+func Run(t *testing.T, b backend.TerminalBackend, opts Options) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
+	info, err := b.Info(ctx)
+	cancel()
+	if err != nil {
+		t.Fatalf("Info: %v", err)
+	}
+	h := newHarness(b, info, opts, t.TempDir())
+	t.Logf("conformance: driver %s %s, owner %s, run %s, state dir %s", info.Name, info.Version, h.Owner, h.RunID, h.Options.StateDir)
+	cases := Cases()
+	for i := 0; i < len(cases); {
+		group := cases[i].Group
+		j := i
+		for j < len(cases) && cases[j].Group == group {
+			j++
+		}
+		groupCases := cases[i:j]
+		i = j
+		t.Run(group, func(t *testing.T) {
+			for _, c := range groupCases {
+				t.Run(c.Name, func(t *testing.T) {
+					if ok, reason := c.applies(info.Capabilities); !ok {
+						t.Skip(reason)
+					}
+					if !c.Serial {
+						t.Parallel()
+					}
+					c.Run(t, h)
+				})
+			}
+		})
+	}
+	if left := h.leftovers(t.Context()); len(left) > 0 {
+		t.Errorf("sandboxes of this run left behind after every case's cleanup (now removed): %v", left)
+	}
+}
+
+// leftovers lists the sandboxes of this run that still exist, removes them, and
+// returns their names (or the List error as the only element).
+func (h *Harness) leftovers(ctx context.Context) []string {
+	ctx, cancel := context.WithTimeout(ctx, createTimeout)
+	defer cancel()
+	sbs, err := h.Backend.List(ctx, map[string]string{RunLabel: h.RunID})
+	if err != nil {
+		return []string{"List: " + err.Error()}
+	}
+	var names []string
+	for _, sb := range sbs {
+		names = append(names, sb.Name)
+		_ = h.Backend.Remove(ctx, sb.Name)
+	}
+	return names
+}
+
+// makeStateDir creates a temporary state dir for RunAll.
+func makeStateDir() (string, func(), error) {
+	dir, err := os.MkdirTemp("", "berth-conformance-")
+	if err != nil {
+		return "", func() {}, err
+	}
+	dir, err = filepath.EvalSymlinks(dir)
+	if err != nil {
+		return "", func() {}, err
+	}
+	return dir, func() { _ = os.RemoveAll(dir) }, nil
+}
