@@ -1,0 +1,113 @@
+package local_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends"
+	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/local"
+)
+
+// BenchmarkExecRoundTrip measures the round trip of `true` four ways, interleaved so
+// that machine noise hits each alike: os/exec on the host, the local driver in-process,
+// the local driver through its plugin, and the whole `berth exec -- true` command.
+// It reports p50 and p95 in milliseconds for each (at least 20 rounds).
+//
+//	go test ./local -run '^$' -bench ExecRoundTrip -benchtime 50x
+func BenchmarkExecRoundTrip(b *testing.B) {
+	ctx := context.Background()
+	state := b.TempDir()
+	owner := "bench"
+	prepare := func(name string) backend.CreateRequest {
+		bin, err := agent.Install(state, berthBin)
+		if err != nil {
+			b.Fatal(err)
+		}
+		files, err := agent.PrepareSandbox(filepath.Join(state, "sandboxes", name), bin)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return backend.CreateRequest{Spec: backend.SandboxSpec{Name: name, Labels: map[string]string{backend.LabelOwner: owner}}, Agent: files}
+	}
+
+	inproc := local.New(local.WithStateDir(filepath.Join(state, "drivers", "local")))
+	defer inproc.Close()
+	if _, err := inproc.Create(ctx, prepare("bench-inproc")); err != nil {
+		b.Fatal(err)
+	}
+	defer inproc.Remove(ctx, "bench-inproc")
+
+	path, args := backends.BuiltinCommand(berthBin, local.Name)
+	plug, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer plug.Kill()
+	if err := plug.Configure(ctx, backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "local"), Owner: owner}); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := plug.Create(ctx, prepare("bench-plugin")); err != nil {
+		b.Fatal(err)
+	}
+	defer plug.Remove(ctx, "bench-plugin")
+
+	cliState := filepath.Join(state, "cli")
+	cli := func() error {
+		cmd := exec.Command(berthBin, "--state-dir", cliState, "exec", "--", "true")
+		cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+filepath.Join(state, "xdg")) // no config file: local
+		return cmd.Run()
+	}
+	if err := cli(); err != nil { // creates the main session's sandbox
+		b.Fatalf("berth exec: %v", err)
+	}
+	defer exec.Command(berthBin, "--state-dir", cliState, "rm", "main").Run()
+
+	run := func(d backend.TerminalBackend, name string) error {
+		p, err := d.Exec(ctx, name, backend.ExecRequest{Argv: []string{"true"}})
+		if err != nil {
+			return err
+		}
+		res, err := p.Wait()
+		if err == nil && res.ExitCode != 0 {
+			b.Fatalf("true exited %d", res.ExitCode)
+		}
+		return err
+	}
+	ways := []struct {
+		name string
+		f    func() error
+	}{
+		{"os-exec", func() error { return exec.Command("true").Run() }},
+		{"in-process", func() error { return run(inproc, "bench-inproc") }},
+		{"plugin", func() error { return run(plug, "bench-plugin") }},
+		{"berth-exec", cli},
+	}
+	rounds := max(b.N, 20)
+	samples := make([][]time.Duration, len(ways))
+	b.ResetTimer()
+	for i := 0; i < rounds; i++ {
+		for j, w := range ways {
+			start := time.Now()
+			if err := w.f(); err != nil {
+				b.Fatalf("%s: %v", w.name, err)
+			}
+			samples[j] = append(samples[j], time.Since(start))
+		}
+	}
+	b.StopTimer()
+	for j, w := range ways {
+		s := samples[j]
+		sort.Slice(s, func(a, c int) bool { return s[a] < s[c] })
+		p50 := s[len(s)*50/100]
+		p95 := s[min(len(s)-1, len(s)*95/100)]
+		b.ReportMetric(float64(p50.Microseconds())/1000, w.name+"-p50-ms")
+		b.ReportMetric(float64(p95.Microseconds())/1000, w.name+"-p95-ms")
+	}
+}

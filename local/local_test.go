@@ -1,0 +1,75 @@
+package local_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends"
+	"github.com/berth-sh/berth/conformance"
+	"github.com/berth-sh/berth/internal/testbin"
+	"github.com/berth-sh/berth/local"
+	"github.com/berth-sh/berth/registry"
+)
+
+var berthBin string
+
+func TestMain(m *testing.M) {
+	var err error
+	berthBin, err = testbin.Berth()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	testbin.Cleanup()
+	os.Exit(code)
+}
+
+func options(t *testing.T, stateDir string) conformance.Options {
+	return conformance.Options{AgentBinary: berthBin, StateDir: stateDir, Owner: "conformance-" + filepath.Base(stateDir)}
+}
+
+// TestConformanceInProcess runs the shared suite against the local driver in this process.
+func TestConformanceInProcess(t *testing.T) {
+	state := t.TempDir()
+	d := local.New(local.WithStateDir(filepath.Join(state, "drivers", "local")))
+	t.Cleanup(func() { d.Close() })
+	opts := options(t, state)
+	opts.OpenRegistry = conformance.RegistryOpener(registry.Options{
+		BerthBinary: berthBin,
+		InProcess:   map[string]func() backend.TerminalBackend{local.Name: func() backend.TerminalBackend { return local.New() }},
+	})
+	conformance.Run(t, d, opts)
+}
+
+// TestConformancePlugin runs the shared suite against the local driver served by
+// `berth driver serve local` through go-plugin, as berth itself uses it.
+func TestConformancePlugin(t *testing.T) {
+	state := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	path, args := backends.BuiltinCommand(berthBin, local.Name)
+	c, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Kill)
+	opts := options(t, state)
+	opts.OpenRegistry = conformance.RegistryOpener(registry.Options{BerthBinary: berthBin})
+	if err := c.Configure(ctx, backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "local"), Owner: opts.Owner}); err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Protocol != backend.ProtocolVersion || info.Name != local.Name {
+		t.Fatalf("Info through the plugin = %+v, want local on protocol %d", info, backend.ProtocolVersion)
+	}
+	conformance.Run(t, c, opts)
+}
