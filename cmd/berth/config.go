@@ -1,0 +1,112 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/registry"
+	"github.com/spf13/cobra"
+)
+
+func newConfigCmd(g *globals) *cobra.Command {
+	cfg := &cobra.Command{Use: "config", Short: "Check a config file or explain how a session is placed"}
+	cfg.AddCommand(&cobra.Command{
+		Use:   "check [FILE]",
+		Short: "Check a config file (default: the one berth would load) and report errors with file:line:col",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			flag := g.configPath
+			if len(args) == 1 {
+				flag = args[0]
+			}
+			path, explicit, err := registry.ResolveConfigPath(flag)
+			if err != nil {
+				return failure(err)
+			}
+			if _, err := os.Stat(path); err != nil && !explicit {
+				fmt.Fprintf(os.Stdout, "no config file at %s: every session runs on the local driver\n", path)
+				return nil
+			}
+			c, err := registry.LoadConfig(path)
+			if err != nil {
+				return failure(err)
+			}
+			fmt.Fprintf(os.Stdout, "%s: ok, %d scope rules\n", path, len(c.Rules))
+			return nil
+		},
+	})
+	var asJSON bool
+	explain := &cobra.Command{
+		Use:   "explain SESSION",
+		Short: "Show which rule a session matches, its driver and its final sandbox spec",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			reg, err := g.open(cmd.Context())
+			if err != nil {
+				return failure(err)
+			}
+			defer reg.Close()
+			ex, err := reg.Explain(args[0])
+			if err != nil {
+				return failure(err)
+			}
+			out := explainJSON{
+				Session: ex.Session, Rule: ex.Rule.Glob, RuleIndex: ex.RuleIndex, Position: ex.Position,
+				Driver: ex.Driver, Isolation: string(ex.Isolation), Sandbox: ex.Sandbox, SpecHash: ex.SpecHash,
+				Spec: ex.Spec, Retention: retentionJSON{OnClose: string(ex.Rule.Retention.OnClose)},
+			}
+			if d := ex.Rule.Retention.IdleTTL; d > 0 {
+				out.Retention.IdleTTL = d.String()
+			}
+			if d := ex.Rule.Retention.MaxAge; d > 0 {
+				out.Retention.MaxAge = d.String()
+			}
+			if asJSON {
+				return printJSON(out)
+			}
+			w := os.Stdout
+			fmt.Fprintf(w, "session:   %s\n", out.Session)
+			fmt.Fprintf(w, "rule:      scope %q (rule %d, %s)\n", out.Rule, out.RuleIndex+1, out.Position)
+			fmt.Fprintf(w, "driver:    %s\n", out.Driver)
+			fmt.Fprintf(w, "isolation: %s\n", out.Isolation)
+			fmt.Fprintf(w, "sandbox:   %s\n", out.Sandbox)
+			fmt.Fprintf(w, "retention: on_close=%s idle_ttl=%s max_age=%s\n", out.Retention.OnClose, orNone(out.Retention.IdleTTL), orNone(out.Retention.MaxAge))
+			fmt.Fprintln(w, "spec:")
+			b, _ := json.MarshalIndent(out.Spec, "  ", "  ")
+			fmt.Fprintf(w, "  %s\n", b)
+			return nil
+		},
+	}
+	explain.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cfg.AddCommand(explain)
+	return cfg
+}
+
+// explainJSON is the output of `berth config explain --json`.
+type explainJSON struct {
+	Session   string              `json:"session"`
+	Rule      string              `json:"rule"`
+	RuleIndex int                 `json:"rule_index"`
+	Position  string              `json:"position"`
+	Driver    string              `json:"driver"`
+	Isolation string              `json:"isolation"`
+	Sandbox   string              `json:"sandbox"`
+	SpecHash  string              `json:"spec_hash"`
+	Retention retentionJSON       `json:"retention"`
+	Spec      backend.SandboxSpec `json:"spec"`
+}
+
+type retentionJSON struct {
+	OnClose string `json:"on_close"`
+	IdleTTL string `json:"idle_ttl,omitempty"`
+	MaxAge  string `json:"max_age,omitempty"`
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/berth-sh/berth/conformance"
+	"github.com/berth-sh/berth/registry"
+	"github.com/spf13/cobra"
+)
+
+type conformanceFlags struct {
+	driver string
+	run    string
+	skip   string
+	list   bool
+	json   bool
+	junit  string
+}
+
+func newConformanceCmd(g *globals) *cobra.Command {
+	f := &conformanceFlags{}
+	cmd := &cobra.Command{
+		Use:   "conformance --driver NAME",
+		Short: "Run the shared conformance suite against a driver",
+		Long: `Run berth's conformance suite against a driver, as configured in the config file,
+through its plugin (or inside this process with --in-process). Cases whose capability the
+driver does not claim are skipped with the reason. The suite works in a temporary state
+dir under its own owner id, so it never touches your sessions' sandboxes.
+
+Exit status: 0 when no case failed, 1 when any failed, 125 when the suite could not run.`,
+		Example: `  berth conformance --driver local
+  berth conformance --driver local --run '^exec/' --skip 'output-20mib'
+  berth conformance --driver local --json --junit report.xml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runConformance(cmd.Context(), g, f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.driver, "driver", "", "driver to test (required unless --list)")
+	fl.StringVar(&f.run, "run", "", "run only cases whose group/name matches this regular expression")
+	fl.StringVar(&f.skip, "skip", "", "skip cases whose group/name matches this regular expression")
+	fl.BoolVar(&f.list, "list", false, "list the cases (after --run/--skip) and exit")
+	fl.BoolVar(&f.json, "json", false, "print the report as JSON on stdout")
+	fl.StringVar(&f.junit, "junit", "", "also write the report as JUnit XML to FILE")
+	fl.BoolVar(&g.inProcess, "in-process", false, "run a built-in driver inside this process instead of through its plugin")
+	return cmd
+}
+
+func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error {
+	var filter conformance.Filter
+	var err error
+	if f.run != "" {
+		if filter.Run, err = regexp.Compile(f.run); err != nil {
+			return usageError("--run %q: %v", f.run, err)
+		}
+	}
+	if f.skip != "" {
+		if filter.Skip, err = regexp.Compile(f.skip); err != nil {
+			return usageError("--skip %q: %v", f.skip, err)
+		}
+	}
+	if f.list {
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "CASE\tNEEDS")
+		for _, c := range conformance.List(filter) {
+			needs := c.Requires
+			if needs == "" {
+				needs = "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\n", c.FullName(), needs)
+		}
+		return tw.Flush()
+	}
+	if f.driver == "" {
+		return usageError("--driver is required: name the driver to test, e.g. --driver local (see 'berth drivers')")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return failure(err)
+	}
+	reg, err := g.open(ctx)
+	if err != nil {
+		return failure(err)
+	}
+	defer reg.Close()
+	b, err := reg.Backend(ctx, f.driver)
+	if err != nil {
+		return failure(err)
+	}
+	tmp, err := os.MkdirTemp("", "berth-conformance-")
+	if err != nil {
+		return failure(err)
+	}
+	defer os.RemoveAll(tmp)
+	regOpts := registry.Options{BerthBinary: self, Logger: g.logger()}
+	if g.inProcess {
+		regOpts.InProcess = builtinDrivers()
+	}
+	opts := conformance.Options{
+		AgentBinary:  self,
+		StateDir:     tmp,
+		OpenRegistry: conformance.RegistryOpener(regOpts),
+		OnCase: func(c conformance.CaseReport) {
+			line := fmt.Sprintf("%-4s %s (%d ms)", c.Status, c.FullName(), c.DurationMS)
+			if c.Reason != "" {
+				line += ": " + firstLine(c.Reason)
+			}
+			fmt.Fprintln(os.Stderr, line)
+		},
+	}
+	rep := conformance.RunAll(ctx, b, opts, filter)
+	if f.junit != "" {
+		jf, err := os.Create(f.junit)
+		if err != nil {
+			return failure(fmt.Errorf("--junit %s: %w", f.junit, err))
+		}
+		err = rep.JUnit(jf)
+		if cerr := jf.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return failure(fmt.Errorf("--junit %s: %w", f.junit, err))
+		}
+	}
+	if f.json {
+		if err := rep.JSON(os.Stdout); err != nil {
+			return failure(err)
+		}
+	} else {
+		fmt.Fprintf(os.Stdout, "driver %s: %d passed, %d failed, %d skipped\n", rep.Driver, rep.Passed, rep.Failed, rep.Skipped)
+		for _, c := range rep.Cases {
+			if c.Status == conformance.StatusSkip {
+				fmt.Fprintf(os.Stdout, "  skipped %s: %s\n", c.FullName(), firstLine(c.Reason))
+			}
+		}
+		for _, c := range rep.Cases {
+			if c.Status == conformance.StatusFail {
+				fmt.Fprintf(os.Stdout, "  FAILED %s: %s\n", c.FullName(), c.Reason)
+			}
+		}
+	}
+	if !rep.OK() {
+		return exitCode(1)
+	}
+	return nil
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
+	return s
+}

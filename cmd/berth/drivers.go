@@ -1,0 +1,114 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends"
+	"github.com/berth-sh/berth/local"
+	"github.com/spf13/cobra"
+)
+
+func newDriversCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "drivers",
+		Short: "List drivers with version, negotiated protocol, capabilities and health",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			reg, err := g.open(cmd.Context())
+			if err != nil {
+				return failure(err)
+			}
+			defer reg.Close()
+			list, err := reg.Drivers(cmd.Context())
+			if err != nil {
+				return failure(err)
+			}
+			rows := make([]driverJSON, 0, len(list))
+			for _, d := range list {
+				row := driverJSON{Name: d.Name, Version: d.Info.Version, Protocol: d.Info.Protocol,
+					ProtocolVersions: d.Info.ProtocolVersions, Served: "plugin", Capabilities: d.Info.Capabilities, Health: "ok"}
+				if g.inProcess {
+					row.Served = "in-process"
+				}
+				if d.Err != nil {
+					row.Health = d.Err.Error()
+				}
+				rows = append(rows, row)
+			}
+			if asJSON {
+				return printJSON(rows)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tVERSION\tPROTOCOL\tSERVED\tHEALTH\tCAPABILITIES")
+			for _, d := range rows {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", d.Name, d.Version, d.Protocol, d.Served, d.Health, capsSummary(d.Capabilities))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// driverJSON is one row of `berth drivers --json`.
+type driverJSON struct {
+	Name             string               `json:"name"`
+	Version          string               `json:"version"`
+	Protocol         int                  `json:"protocol"`
+	ProtocolVersions []int                `json:"protocol_versions"`
+	Served           string               `json:"served"`
+	Health           string               `json:"health"`
+	Capabilities     backend.Capabilities `json:"capabilities"`
+}
+
+// capsSummary renders capabilities as a short comma-separated list.
+func capsSummary(c backend.Capabilities) string {
+	var s []string
+	s = append(s, "fs="+string(c.FSIsolation))
+	if c.PIDIsolation {
+		s = append(s, "pid")
+	}
+	if len(c.NetworkModes) > 0 {
+		s = append(s, "net="+strings.Join(c.NetworkModes, "|"))
+	}
+	for _, f := range []struct {
+		on   bool
+		name string
+	}{{c.TTY, "tty"}, {c.CPULimit, "cpu"}, {c.MemoryLimit, "memory"}, {c.PidsLimit, "pids"},
+		{c.DropCapabilities, "cap-drop"}, {c.Copy, "copy"}, {c.StopStart, "stop-start"},
+		{c.ExecUser, "user"}, {c.ImagePull, "pull"}, {c.ImageImport, "import"}} {
+		if f.on {
+			s = append(s, f.name)
+		}
+	}
+	return strings.Join(s, ",")
+}
+
+// newDriverCmd is the hidden `berth driver serve NAME`: the plugin process of a
+// built-in driver, launched by berth itself through go-plugin.
+func newDriverCmd(g *globals) *cobra.Command {
+	driver := &cobra.Command{Use: "driver", Hidden: true, Short: "Serve a built-in driver as a plugin (internal)"}
+	driver.AddCommand(&cobra.Command{
+		Use:   "serve NAME",
+		Short: "Serve the built-in driver NAME over the plugin protocol",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var d backend.TerminalBackend
+			switch args[0] {
+			case local.Name:
+				d = local.New()
+			default:
+				return usageError("no built-in driver %q (built-in: %s)", args[0], strings.Join(backends.Builtins, ", "))
+			}
+			// nil: go-hclog JSON on stderr at the level the host asked for.
+			backends.Serve(d, nil)
+			return nil
+		},
+	})
+	return driver
+}

@@ -1,0 +1,327 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+)
+
+// defaultJSONCap is the per-stream output cap in --json mode when --max-output is not given.
+const defaultJSONCap = 1 << 20
+
+type execFlags struct {
+	session   string
+	env       []string
+	workdir   string
+	timeout   time.Duration
+	stdin     bool
+	tty       bool
+	maxOutput int64
+	json      bool
+}
+
+func newExecCmd(g *globals) *cobra.Command {
+	f := &execFlags{}
+	cmd := &cobra.Command{
+		Use:   "exec [flags] -- CMD [ARG...]",
+		Short: "Run a command in a session's sandbox",
+		Long: `Run CMD in the sandbox of SESSION (default "main"), streaming its stdout and stderr,
+and exit with its exit code. berth's own exit codes: 124 the command timed out, 125 berth
+failed or was used wrongly, 126 not executable, 127 not found. SIGINT, SIGTERM and SIGHUP
+are forwarded to the command's process group; a second SIGINT kills its process tree.`,
+		Example: `  berth exec -- sh -c 'echo hello; exit 3'
+  berth exec -s chat:4711 --timeout 30s -- make test
+  berth exec -s main --json --max-output 65536 -- ls -la`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runExec(cmd.Context(), g, f, args)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVarP(&f.session, "session", "s", defaultSession(), "session name (default $BERTH_SESSION, then main)")
+	fl.StringArrayVarP(&f.env, "env", "e", nil, "set an environment variable for this command (KEY=VALUE, repeatable)")
+	fl.StringVarP(&f.workdir, "workdir", "w", "", "working directory in the sandbox")
+	fl.DurationVar(&f.timeout, "timeout", 0, "kill the command's process tree after this long (e.g. 30s, 5m) and exit 124")
+	fl.BoolVarP(&f.stdin, "interactive", "i", false, "pass stdin to the command")
+	fl.BoolVarP(&f.tty, "tty", "t", false, "allocate a terminal for the command")
+	fl.Int64Var(&f.maxOutput, "max-output", -1, "cap each output stream at BYTES (default: no cap; 1 MiB per stream with --json)")
+	fl.BoolVar(&f.json, "json", false, "print one JSON object with the result and the output at the end")
+	fl.SetInterspersed(false)
+	return cmd
+}
+
+func defaultSession() string {
+	if s := os.Getenv("BERTH_SESSION"); s != "" {
+		return s
+	}
+	return "main"
+}
+
+// execJSON is the --json output of berth exec.
+type execJSON struct {
+	ExitCode             int    `json:"exit_code"`
+	Signal               int    `json:"signal"`
+	TimedOut             bool   `json:"timed_out"`
+	OOMKilled            bool   `json:"oom_killed"`
+	DurationMS           int64  `json:"duration_ms"`
+	Session              string `json:"session"`
+	Driver               string `json:"driver"`
+	Sandbox              string `json:"sandbox"`
+	Stdout               string `json:"stdout"`
+	Stderr               string `json:"stderr"`
+	StdoutTruncatedBytes int64  `json:"stdout_truncated_bytes"`
+	StderrTruncatedBytes int64  `json:"stderr_truncated_bytes"`
+}
+
+func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error {
+	for _, kv := range f.env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return usageError("-e %q: want KEY=VALUE", kv)
+		}
+	}
+	if f.timeout < 0 {
+		return usageError("--timeout %v: must not be negative", f.timeout)
+	}
+	if f.json && f.tty {
+		return usageError("--json and -t cannot be combined: a terminal merges stdout and stderr")
+	}
+	capBytes := f.maxOutput
+	if f.json && capBytes < 0 {
+		capBytes = defaultJSONCap
+	}
+
+	req := backend.ExecRequest{Argv: argv, Env: f.env, Dir: f.workdir, Timeout: f.timeout, Stdin: f.stdin || f.tty, TTY: f.tty}
+	var outCap, errCap *capture
+	var outStream, errStream *headWriter
+	switch {
+	case f.json:
+		outCap, errCap = newCapture(capBytes), newCapture(capBytes)
+		req.Stdout, req.Stderr = outCap, errCap
+	case capBytes >= 0:
+		outStream, errStream = &headWriter{w: os.Stdout, n: capBytes}, &headWriter{w: os.Stderr, n: capBytes}
+		req.Stdout, req.Stderr = outStream, errStream
+	default:
+		req.Stdout, req.Stderr = os.Stdout, os.Stderr
+	}
+
+	var restore func()
+	if f.tty {
+		fd := int(os.Stdin.Fd())
+		if !term.IsTerminal(fd) {
+			return usageError("-t needs a terminal on stdin; drop -t or run from a terminal")
+		}
+		if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil {
+			req.Size = backend.WindowSize{Rows: uint16(h), Cols: uint16(w)}
+		} else {
+			req.Size = backend.WindowSize{Rows: 24, Cols: 80}
+		}
+		state, err := term.MakeRaw(fd)
+		if err != nil {
+			return failure(fmt.Errorf("cannot put the terminal in raw mode: %w", err))
+		}
+		restore = func() { term.Restore(fd, state) }
+		defer restore()
+	}
+
+	reg, err := g.open(ctx)
+	if err != nil {
+		return failure(err)
+	}
+	defer reg.Close()
+
+	execCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGWINCH)
+	defer signal.Stop(sigs)
+
+	p, lease, err := reg.Exec(execCtx, f.session, req)
+	if err != nil {
+		return failure(err)
+	}
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		interrupts := 0
+		for {
+			select {
+			case <-done:
+				return
+			case s := <-sigs:
+				sig := s.(syscall.Signal)
+				switch {
+				case sig == syscall.SIGWINCH:
+					if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil && f.tty {
+						p.Resize(backend.WindowSize{Rows: uint16(h), Cols: uint16(w)})
+					}
+				case sig == syscall.SIGINT && interrupts > 0:
+					cancel() // the second interrupt kills the tree
+				default:
+					if sig == syscall.SIGINT {
+						interrupts++
+					}
+					p.Signal(int(sig))
+				}
+			}
+		}
+	}()
+	if req.Stdin {
+		go func() {
+			io.Copy(processWriter{p}, os.Stdin)
+			p.CloseStdin()
+		}()
+	}
+	res, err := p.Wait()
+	if restore != nil {
+		restore()
+	}
+	if err != nil {
+		return failure(err)
+	}
+	if f.json {
+		out := execJSON{
+			ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
+			DurationMS: res.Duration.Milliseconds(), Session: f.session, Driver: lease.Driver, Sandbox: lease.Sandbox,
+		}
+		out.Stdout, out.StdoutTruncatedBytes = outCap.Text()
+		out.Stderr, out.StderrTruncatedBytes = errCap.Text()
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(out); err != nil {
+			return failure(err)
+		}
+	} else {
+		for _, h := range []*headWriter{outStream, errStream} {
+			if h != nil && h.dropped > 0 {
+				fmt.Fprintf(os.Stderr, "berth: output capped by --max-output: %d bytes dropped\n", h.dropped)
+			}
+		}
+	}
+	if res.TimedOut {
+		return exitCode(exitTimeout)
+	}
+	if res.Canceled && res.ExitCode == 0 {
+		return exitCode(128 + int(syscall.SIGINT))
+	}
+	if res.ExitCode != 0 {
+		return exitCode(res.ExitCode)
+	}
+	return nil
+}
+
+// processWriter adapts a Process's stdin to io.Writer.
+type processWriter struct{ p backend.Process }
+
+func (w processWriter) Write(b []byte) (int, error) { return w.p.Write(b) }
+
+// headWriter passes the first n bytes through and counts the rest.
+type headWriter struct {
+	w       io.Writer
+	n       int64
+	dropped int64
+}
+
+func (h *headWriter) Write(b []byte) (int, error) {
+	keep := int64(len(b))
+	if keep > h.n {
+		keep = h.n
+	}
+	if keep > 0 {
+		if _, err := h.w.Write(b[:keep]); err != nil {
+			return 0, err
+		}
+		h.n -= keep
+	}
+	h.dropped += int64(len(b)) - keep
+	return len(b), nil
+}
+
+// capture keeps at most max bytes of a stream: all of it when it fits, otherwise its
+// head, a marker and its tail, together within max bytes.
+type capture struct {
+	max   int64
+	head  []byte
+	tail  []byte // ring buffer
+	tpos  int
+	total int64
+}
+
+func newCapture(max int64) *capture { return &capture{max: max} }
+
+const truncMarker = "\n[... %d bytes truncated ...]\n"
+
+func (c *capture) Write(b []byte) (int, error) {
+	n := len(b)
+	c.total += int64(n)
+	headCap := c.max / 2
+	if room := headCap - int64(len(c.head)); room > 0 {
+		k := int64(len(b))
+		if k > room {
+			k = room
+		}
+		c.head = append(c.head, b[:k]...)
+		b = b[k:]
+	}
+	tailCap := int(c.max - headCap)
+	if tailCap <= 0 {
+		return n, nil
+	}
+	for len(b) > 0 {
+		if len(c.tail) < tailCap {
+			k := min(tailCap-len(c.tail), len(b))
+			c.tail = append(c.tail, b[:k]...)
+			b = b[k:]
+			continue
+		}
+		k := copy(c.tail[c.tpos:], b)
+		c.tpos = (c.tpos + k) % tailCap
+		b = b[k:]
+	}
+	return n, nil
+}
+
+// Text returns the captured output as UTF-8 (invalid bytes replaced by U+FFFD) and the
+// number of bytes left out.
+func (c *capture) Text() (string, int64) {
+	tail := append(append([]byte(nil), c.tail[c.tpos:]...), c.tail[:c.tpos]...)
+	if c.total <= c.max {
+		return strings.ToValidUTF8(string(c.head)+string(tail), "\uFFFD"), 0
+	}
+	// Too much: make room for the marker inside the cap, taking it from the tail.
+	dropped := c.total - int64(len(c.head)) - int64(len(tail))
+	for {
+		marker := fmt.Sprintf(truncMarker, dropped)
+		over := int64(len(c.head)+len(marker)+len(tail)) - c.max
+		if over <= 0 || len(tail) == 0 {
+			s := string(c.head) + marker + string(tail)
+			if int64(len(s)) > c.max {
+				s = s[:c.max]
+			}
+			return strings.ToValidUTF8(s, "\uFFFD"), dropped
+		}
+		k := min(int(over), len(tail))
+		tail = tail[k:]
+		dropped += int64(k)
+	}
+}
+
+// errorsIsAny reports whether err is any of kinds.
+func errorsIsAny(err error, kinds ...error) bool {
+	for _, k := range kinds {
+		if errors.Is(err, k) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/local"
+	"github.com/berth-sh/berth/registry"
+	"github.com/hashicorp/go-hclog"
+	"github.com/spf13/cobra"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "0.1.0-dev"
+
+// globals are the flags every command shares.
+type globals struct {
+	configPath string
+	stateDir   string
+	logLevel   string
+	inProcess  bool
+	log        *logSink
+}
+
+// exitError carries an exit code out of a command. err, when set, is printed.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func exitCode(code int) error { return &exitError{code: code} }
+
+func run(args []string) int {
+	g := &globals{log: &logSink{}}
+	defer g.log.Close()
+	root := newRoot(g)
+	root.SetArgs(args)
+	err := root.Execute()
+	if err == nil {
+		return 0
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			fmt.Fprintf(os.Stderr, "berth: %v\n", ee.err)
+		}
+		return ee.code
+	}
+	fmt.Fprintf(os.Stderr, "berth: %v\n", err)
+	return exitInternal
+}
+
+func newRoot(g *globals) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "berth",
+		Short: "Give every terminal session its own execution environment",
+		Long: `berth runs each session's commands in its own sandbox, on a runtime chosen per
+session scope in config: the host (local), Docker, containerd, or a third-party driver.
+Without a config file every session runs on the local driver.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return &exitError{code: exitInternal, err: fmt.Errorf("%v (see '%s --help')", err, c.CommandPath())}
+	})
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.configPath, "config", "", "config file (default $BERTH_CONFIG, then $XDG_CONFIG_HOME/berth/config.hcl)")
+	pf.StringVar(&g.stateDir, "state-dir", "", "state directory (default $BERTH_STATE_DIR, then $XDG_STATE_HOME/berth)")
+	pf.StringVar(&g.logLevel, "log-level", "", "log level for berth's log file STATE/berth.log: trace, debug, info, warn, error, off (default $BERTH_LOG, then warn)")
+	pf.BoolVar(&g.inProcess, "in-process", false, "run built-in drivers inside this process instead of as plugins")
+	pf.MarkHidden("in-process")
+
+	root.AddCommand(
+		newExecCmd(g), newShellCmd(g), newSessionsCmd(g), newCloseCmd(g), newRmCmd(g),
+		newDriversCmd(g), newConfigCmd(g), newConformanceCmd(g), newVersionCmd(),
+		newDriverCmd(g),
+	)
+	return root
+}
+
+// open opens the registry with the global flags.
+func (g *globals) open(ctx context.Context) (*registry.Registry, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("cannot find the berth binary: %w", err)
+	}
+	opts := registry.Options{
+		ConfigPath:  g.configPath,
+		StateDir:    g.stateDir,
+		LogLevel:    g.logLevel,
+		BerthBinary: self,
+		Logger:      g.logger(),
+	}
+	if g.inProcess {
+		opts.InProcess = builtinDrivers()
+	}
+	r, err := registry.Open(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	g.log.SetPath(filepath.Join(r.StateDir(), "berth.log"))
+	return r, nil
+}
+
+// builtinDrivers are the drivers compiled into berth, for --in-process use.
+func builtinDrivers() map[string]func() backend.TerminalBackend {
+	return map[string]func() backend.TerminalBackend{
+		local.Name: func() backend.TerminalBackend { return local.New() },
+	}
+}
+
+func (g *globals) logger() hclog.Logger {
+	level := g.logLevel
+	if level == "" {
+		level = os.Getenv("BERTH_LOG")
+	}
+	if level == "" {
+		level = "warn"
+	}
+	return hclog.New(&hclog.LoggerOptions{
+		Name:   "berth",
+		Level:  hclog.LevelFromString(level),
+		Output: g.log,
+	})
+}
+
+// logSink is berth's log file: opened on first write once the state dir is known,
+// truncated when it has grown past maxLogBytes. Before the path is known, lines are
+// dropped: nothing goes to the command's stderr.
+type logSink struct {
+	mu   sync.Mutex
+	path string
+	f    *os.File
+}
+
+const maxLogBytes = 8 << 20
+
+func (s *logSink) SetPath(p string) {
+	s.mu.Lock()
+	s.path = p
+	s.mu.Unlock()
+}
+
+func (s *logSink) Write(b []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f == nil {
+		if s.path == "" {
+			return len(b), nil
+		}
+		flags := os.O_WRONLY | os.O_CREATE | os.O_APPEND
+		if st, err := os.Stat(s.path); err == nil && st.Size() > maxLogBytes {
+			flags |= os.O_TRUNC
+		}
+		f, err := os.OpenFile(s.path, flags, 0o600)
+		if err != nil {
+			s.path = ""
+			return len(b), nil
+		}
+		s.f = f
+	}
+	s.f.Write(b)
+	return len(b), nil
+}
+
+func (s *logSink) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f != nil {
+		return s.f.Close()
+	}
+	return nil
+}
+
+var _ io.Writer = (*logSink)(nil)
+
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print berth's version and protocol versions",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			fmt.Fprintf(cmd.OutOrStdout(), "berth %s (driver protocol %d)\n", version, backend.ProtocolVersion)
+			return nil
+		},
+	}
+}
+
+// usageError wraps err as a berth failure (exit 125).
+func usageError(format string, args ...any) error {
+	return &exitError{code: exitInternal, err: fmt.Errorf(format, args...)}
+}
+
+// failure wraps err as a berth failure (exit 125).
+func failure(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return err
+	}
+	return &exitError{code: exitInternal, err: err}
+}

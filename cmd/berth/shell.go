@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+)
+
+// shellArgv starts the sandbox's best login shell: bash when it has one, sh otherwise.
+var shellArgv = []string{"sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -l; fi; exec sh -l"}
+
+func newShellCmd(g *globals) *cobra.Command {
+	var session string
+	cmd := &cobra.Command{
+		Use:   "shell [-s SESSION]",
+		Short: "Open an interactive shell in a session's sandbox",
+		Long: `Open an interactive shell with a terminal in the sandbox of SESSION (default "main").
+The terminal follows window resizes and is restored on exit; berth exits with the shell's
+exit code.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runShell(cmd.Context(), g, session)
+		},
+	}
+	cmd.Flags().StringVarP(&session, "session", "s", defaultSession(), "session name (default $BERTH_SESSION, then main)")
+	return cmd
+}
+
+func runShell(ctx context.Context, g *globals, session string) error {
+	in, out := int(os.Stdin.Fd()), int(os.Stdout.Fd())
+	if !term.IsTerminal(in) {
+		return usageError("berth shell needs a terminal on stdin; use 'berth exec -i -s %s -- sh' to pipe commands", session)
+	}
+	size := backend.WindowSize{Rows: 24, Cols: 80}
+	if w, h, err := term.GetSize(out); err == nil {
+		size = backend.WindowSize{Rows: uint16(h), Cols: uint16(w)}
+	}
+	reg, err := g.open(ctx)
+	if err != nil {
+		return failure(err)
+	}
+	defer reg.Close()
+
+	winch := make(chan os.Signal, 4)
+	signal.Notify(winch, syscall.SIGWINCH)
+	defer signal.Stop(winch)
+	// In raw mode the terminal sends ^C as a byte; these only come from elsewhere.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+
+	p, _, err := reg.Exec(ctx, session, backend.ExecRequest{Argv: shellArgv, TTY: true, Size: size, Stdin: true, Stdout: os.Stdout})
+	if err != nil {
+		return failure(err)
+	}
+	state, err := term.MakeRaw(in)
+	if err != nil {
+		return failure(err)
+	}
+	defer term.Restore(in, state)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-winch:
+				if w, h, err := term.GetSize(out); err == nil {
+					p.Resize(backend.WindowSize{Rows: uint16(h), Cols: uint16(w)})
+				}
+			case s := <-sigs:
+				p.Signal(int(s.(syscall.Signal)))
+			}
+		}
+	}()
+	go func() {
+		io.Copy(processWriter{p}, os.Stdin)
+		p.CloseStdin()
+	}()
+	res, err := p.Wait()
+	term.Restore(in, state)
+	if err != nil {
+		return failure(err)
+	}
+	if res.ExitCode != 0 {
+		return exitCode(res.ExitCode)
+	}
+	return nil
+}
