@@ -118,8 +118,9 @@ type SandboxSpec struct {
 	User string
 	// Mounts are bind mounts from the host.
 	Mounts []Mount
-	// Network is the network mode: "none" (the default when empty) or a mode the
-	// driver lists in Capabilities.NetworkModes.
+	// Network is the network mode: one the driver lists in Capabilities.NetworkModes.
+	// Empty means the driver's default: "none" for drivers that isolate networking
+	// (containers), "host" for local, whose only mode is the host network.
 	Network string
 	// Resources are the limits; zero values mean the driver's defaults.
 	Resources Resources
