@@ -206,8 +206,9 @@ type ExecRequest struct {
 	// false the process's stdin is at EOF from the start.
 	Stdin bool
 	// Stdout and Stderr receive the output bytes unchanged, in order. nil discards.
-	// Writes happen from one goroutine per stream; a blocking writer applies back
-	// pressure up to the process.
+	// Writes come from one goroutine (the two streams share one ordered wire stream),
+	// so a writer that blocks holds back both streams and, past the documented
+	// buffering, the process itself (back pressure).
 	Stdout io.Writer
 	Stderr io.Writer
 	// Timeout, when positive, kills the exec's whole process tree after this long;
