@@ -109,7 +109,8 @@ type SandboxSpec struct {
 	// (containers) or the allowlisted host variables (local).
 	Env []string
 	// EnvAllowlist names host variables passed to execs by drivers without their own
-	// filesystem (local). Empty means DefaultEnvAllowlist.
+	// filesystem (local), in addition to the driver's own allowlist (by default
+	// DefaultEnvAllowlist).
 	EnvAllowlist []string
 	// Workdir is the default working directory of execs; empty means the sandbox's home.
 	Workdir string

@@ -21,7 +21,8 @@ import (
 const agentStartTimeout = 10 * time.Second
 
 // agentEnv is the environment the agent (and so every exec) starts from: the allowlisted
-// host variables, HOME, BERTH_SANDBOX and the spec's env.
+// host variables, then HOME, then the spec's env (each overriding what came before),
+// and BERTH_SANDBOX.
 func (d *Driver) agentEnv(m *meta, home string) []string {
 	d.mu.Lock()
 	names := append(append([]string(nil), d.allowlist...), m.Spec.EnvAllowlist...)
@@ -40,8 +41,28 @@ func (d *Driver) agentEnv(m *meta, home string) []string {
 	if !seen["PATH"] || os.Getenv("PATH") == "" {
 		env = append(env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 	}
-	env = append(env, "HOME="+home, "BERTH_SANDBOX="+m.Name)
-	return append(env, m.Spec.Env...)
+	env = append(env, "HOME="+home)
+	env = append(env, m.Spec.Env...)
+	// Last, so the spec cannot remove the marker that Stop's sweep looks for.
+	return dedupEnv(append(env, "BERTH_SANDBOX="+m.Name))
+}
+
+// dedupEnv keeps the last KEY=VALUE of each key, so the spec's env overrides the
+// host's (as exec.Cmd does for its Env).
+func dedupEnv(env []string) []string {
+	last := make(map[string]int, len(env))
+	for i, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		last[k] = i
+	}
+	out := env[:0:0]
+	for i, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if last[k] == i {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // startAgent starts the sandbox's agent detached (own session, subreaper), waits for it

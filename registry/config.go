@@ -77,9 +77,9 @@ type Rule struct {
 	AllowHostPaths bool
 	// Env is set for every exec in the sandbox.
 	Env map[string]string
-	// EnvPassthrough names the host variables that execs start from in drivers without
-	// their own filesystem (backend.SandboxSpec.EnvAllowlist); empty means
-	// backend.DefaultEnvAllowlist.
+	// EnvPassthrough names host variables that execs get in drivers without their own
+	// filesystem (backend.SandboxSpec.EnvAllowlist), in addition to the driver's
+	// allowlist (default backend.DefaultEnvAllowlist).
 	EnvPassthrough []string
 	// Isolation is IsolationSession (default) or IsolationShared.
 	Isolation Isolation
@@ -184,7 +184,7 @@ type Config struct {
 
 // DefaultKnownDrivers is the set of driver names a config may use when the caller
 // names none (LoadConfig without WithKnownDrivers, Options.KnownDrivers nil).
-var DefaultKnownDrivers = []string{"local"}
+var DefaultKnownDrivers = []string{"local", "docker"}
 
 // DefaultConfig is the config used when there is no config file: one rule,
 // scope "*" { driver = "local", isolation = "session", retention { on_close = "keep" } }.

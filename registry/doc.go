@@ -44,8 +44,8 @@
 //	  name            = "tools"          # required with isolation = "shared", a session-style name
 //	  image           = "busybox:latest"
 //	  env             = { K = "V" }
-//	  env_passthrough = ["PATH", "HOME"] # host variables execs start from (drivers without
-//	                                     # their own filesystem); replaces the default PATH LANG TERM TZ
+//	  env_passthrough = ["SSH_AUTH_SOCK"] # more host variables for execs (drivers without their
+//	                                      # own filesystem), added to the driver's PATH LANG TERM TZ
 //	  workdir         = "/abs/dir"
 //	  user            = "1000:1000"
 //	  network         = "none"
