@@ -70,16 +70,16 @@ type AgentFiles struct {
 	// Binary is the agent executable: a hard link inside Dir to the content-hashed copy
 	// of the berth binary in the state dir. Start it as "Binary agent serve --socket-dir
 	// DIR" (see package backends/agent for the flags).
-	Binary string
+	Binary string `json:"binary"`
 	// Dir is the per-sandbox, host-owned directory that holds Binary. Containers mount it
 	// read-only at AgentMountDir.
-	Dir string
+	Dir string `json:"dir"`
 	// SocketDir is the per-sandbox directory in which the agent creates its socket
 	// (AgentSocketName). Containers bind-mount it at SocketMountDir.
-	SocketDir string
+	SocketDir string `json:"socket_dir"`
 	// Static reports whether Binary is statically linked. Drivers whose sandbox has its
 	// own root filesystem must refuse a dynamic binary with ErrInvalid.
-	Static bool
+	Static bool `json:"static"`
 }
 
 // Paths inside a sandbox with its own root filesystem.
@@ -100,33 +100,33 @@ const (
 type SandboxSpec struct {
 	// Name is the sandbox's name, chosen by the host: 1–63 characters of a–z 0–9 _ . -
 	// starting with a letter or digit. It is never raw session text.
-	Name string
+	Name string `json:"name"`
 	// Image is the image reference for drivers with FSIsolationImage; ignored by local.
-	Image string
+	Image string `json:"image"`
 	// Labels holds the berth labels (LabelOwner, ...) and user labels.
-	Labels map[string]string
+	Labels map[string]string `json:"labels,omitempty"`
 	// Env is KEY=VALUE pairs set for every exec, after the image's environment
 	// (containers) or the allowlisted host variables (local).
-	Env []string
+	Env []string `json:"env,omitempty"`
 	// EnvAllowlist names host variables passed to execs by drivers without their own
 	// filesystem (local), in addition to the driver's own allowlist (by default
 	// DefaultEnvAllowlist).
-	EnvAllowlist []string
+	EnvAllowlist []string `json:"env_allowlist,omitempty"`
 	// Workdir is the default working directory of execs; empty means the sandbox's home.
-	Workdir string
+	Workdir string `json:"workdir"`
 	// User is the default user of execs: "UID", "UID:GID" or a name known in the
 	// sandbox; empty means the driver's default.
-	User string
+	User string `json:"user"`
 	// Mounts are bind mounts from the host.
-	Mounts []Mount
+	Mounts []Mount `json:"mounts,omitempty"`
 	// Network is the network mode: one the driver lists in Capabilities.NetworkModes.
 	// Empty means the driver's default: "none" for drivers that isolate networking
 	// (containers), "host" for local, whose only mode is the host network.
-	Network string
+	Network string `json:"network"`
 	// Resources are the limits; zero values mean the driver's defaults.
-	Resources Resources
+	Resources Resources `json:"resources"`
 	// AllowHostPaths permits mounts of sensitive host paths (/, the Docker socket).
-	AllowHostPaths bool
+	AllowHostPaths bool `json:"allow_host_paths,omitempty"`
 }
 
 // DefaultEnvAllowlist is the host environment that local execs start from.
@@ -138,22 +138,22 @@ const DefaultPidsLimit = 512
 // Mount is one bind mount from the host into the sandbox.
 type Mount struct {
 	// Source is an absolute host path.
-	Source string
+	Source string `json:"source"`
 	// Target is an absolute path in the sandbox.
-	Target string
+	Target string `json:"target"`
 	// ReadOnly mounts it read-only.
-	ReadOnly bool
+	ReadOnly bool `json:"read_only"`
 }
 
 // Resources are a sandbox's limits. Zero means "driver default" (unlimited for CPU and
 // memory, DefaultPidsLimit for pids in containers).
 type Resources struct {
 	// CPUs is the number of CPUs, fractional allowed (1.5).
-	CPUs float64
+	CPUs float64 `json:"cpus"`
 	// MemoryBytes is the memory limit in bytes; swap is set equal to it.
-	MemoryBytes int64
+	MemoryBytes int64 `json:"memory_bytes"`
 	// Pids is the maximum number of processes.
-	Pids int64
+	Pids int64 `json:"pids"`
 }
 
 // State is a sandbox's lifecycle state.
@@ -169,22 +169,23 @@ const (
 // Sandbox is a sandbox's status as the driver sees it.
 type Sandbox struct {
 	// Name is the name from SandboxSpec.Name.
-	Name string
+	Name string `json:"name"`
 	// ID is the runtime's id (container id, directory path for local).
-	ID string
+	ID string `json:"id"`
 	// State is created, running or stopped.
-	State State
+	State State `json:"state"`
 	// Labels are the sandbox's labels as stored by the runtime.
-	Labels map[string]string
+	Labels map[string]string `json:"labels"`
 	// CreatedAt is when the runtime created the sandbox.
-	CreatedAt time.Time
+	CreatedAt time.Time `json:"created_at"`
 	// Adopted is set by Create when it found the sandbox already there.
-	Adopted bool
+	Adopted bool `json:"adopted"`
 }
 
 // WindowSize is a terminal size in character cells.
 type WindowSize struct {
-	Rows, Cols uint16
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
 }
 
 // ExecRequest describes one process to start in a sandbox.
@@ -239,15 +240,15 @@ type ExecResult struct {
 	// ExitCode is the leader's exit status; 128+N when killed by signal N; 127 when the
 	// command was not found and 126 when it could not be executed (the reason is
 	// written to stderr).
-	ExitCode int
+	ExitCode int `json:"exit_code"`
 	// Signal is the signal number that killed the leader, 0 if it exited.
-	Signal int
+	Signal int `json:"signal"`
 	// TimedOut is set when ExecRequest.Timeout expired and the tree was killed.
-	TimedOut bool
+	TimedOut bool `json:"timed_out"`
 	// Canceled is set when the caller cancelled the exec (context) and the tree was killed.
-	Canceled bool
+	Canceled bool `json:"canceled"`
 	// OOMKilled is set when the runtime reported an OOM kill in the sandbox during the exec.
-	OOMKilled bool
+	OOMKilled bool `json:"oom_killed"`
 	// Duration is the wall time from start to the leader's exit.
-	Duration time.Duration
+	Duration time.Duration `json:"duration_ns"`
 }

@@ -21,59 +21,59 @@ const (
 // Info describes a driver.
 type Info struct {
 	// Name is the driver's name as used in config ("local", "docker", ...).
-	Name string
+	Name string `json:"name"`
 	// Version is the driver's own version string.
-	Version string
+	Version string `json:"version"`
 	// ProtocolVersions lists the plugin protocol versions the driver speaks.
-	ProtocolVersions []int
+	ProtocolVersions []int `json:"protocol_versions"`
 	// Protocol is the negotiated plugin protocol version, 0 when in-process.
-	Protocol int
+	Protocol int `json:"protocol"`
 	// Capabilities says what the driver supports; the conformance suite branches on it.
-	Capabilities Capabilities
+	Capabilities Capabilities `json:"capabilities"`
 }
 
 // Capabilities is what a driver can do. A call or spec field that a capability does not
 // claim returns ErrUnsupported.
 type Capabilities struct {
 	// FSIsolation: none (host filesystem) or image (own root filesystem).
-	FSIsolation FSIsolation
+	FSIsolation FSIsolation `json:"fs_isolation"`
 	// PIDIsolation: the sandbox has its own PID namespace.
-	PIDIsolation bool
+	PIDIsolation bool `json:"pid_isolation"`
 	// NetworkModes lists accepted SandboxSpec.Network values ("none" first).
-	NetworkModes []string
+	NetworkModes []string `json:"network_modes"`
 	// TTY: execs can have a pseudo-terminal.
-	TTY bool
+	TTY bool `json:"tty"`
 	// CPULimit, MemoryLimit and PidsLimit: the matching Resources fields are enforced.
-	CPULimit    bool
-	MemoryLimit bool
-	PidsLimit   bool
+	CPULimit    bool `json:"cpu_limit"`
+	MemoryLimit bool `json:"memory_limit"`
+	PidsLimit   bool `json:"pids_limit"`
 	// DropCapabilities: the sandbox runs with Linux capabilities dropped and
 	// no-new-privileges set.
-	DropCapabilities bool
+	DropCapabilities bool `json:"drop_capabilities"`
 	// Copy: the driver implements Copier.
-	Copy bool
+	Copy bool `json:"copy"`
 	// StopStart: a stopped sandbox keeps its filesystem and starts again on Create.
-	StopStart bool
+	StopStart bool `json:"stop_start"`
 	// ExecUser: ExecRequest.User and SandboxSpec.User are honoured.
-	ExecUser bool
+	ExecUser bool `json:"exec_user"`
 	// ImagePull and ImageImport: the driver implements ImagePuller / ImageImporter.
-	ImagePull   bool
-	ImageImport bool
+	ImagePull   bool `json:"image_pull"`
+	ImageImport bool `json:"image_import"`
 	// Config: the driver implements Configurer.
-	Config bool
+	Config bool `json:"config"`
 }
 
 // ConfigField declares one attribute of a driver's `driver "NAME" {}` config block.
 type ConfigField struct {
 	// Name is the HCL attribute name.
-	Name string
+	Name string `json:"name"`
 	// Type is one of "string", "number", "bool", "duration" (a Go duration string such
 	// as "30s"), "list(string)".
-	Type string
+	Type string `json:"type"`
 	// Required fields must be set.
-	Required bool
+	Required bool `json:"required"`
 	// Description is shown by `berth config check` errors and docs.
-	Description string
+	Description string `json:"description"`
 }
 
 // DriverSetup is what the host hands a driver before the first sandbox call.
@@ -108,11 +108,12 @@ type Copier interface {
 // PullProgress is one progress event of an image pull.
 type PullProgress struct {
 	// Layer is the layer (or other item) id; empty for whole-image messages.
-	Layer string
+	Layer string `json:"layer"`
 	// Status is the runtime's status text ("Downloading", "Pull complete").
-	Status string
+	Status string `json:"status"`
 	// Current and Total are bytes; Total is 0 when unknown.
-	Current, Total int64
+	Current int64 `json:"current"`
+	Total   int64 `json:"total"`
 }
 
 // PullPolicy says when a sandbox's image is pulled.

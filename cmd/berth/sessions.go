@@ -34,10 +34,14 @@ func newSessionsCmd(g *globals) *cobra.Command {
 				return failure(err)
 			}
 			if asJSON {
-				if list == nil {
-					return printJSON([]any{})
+				rows := make([]sessionJSON, 0, len(list))
+				for _, s := range list {
+					rows = append(rows, sessionJSON{
+						Session: s.Session, Driver: s.Driver, Sandbox: s.Sandbox, Scope: s.Scope, State: s.State,
+						Created: s.Created, LastUsed: s.LastUsed, Drift: s.Drift, DriftReason: s.DriftReason, Error: s.Error,
+					})
 				}
-				return printJSON(list)
+				return printJSON(rows)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "SESSION\tDRIVER\tSANDBOX\tSTATE\tLAST USE\tDRIFT")
@@ -53,6 +57,21 @@ func newSessionsCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// sessionJSON is one row of `berth sessions --json`, named like berth's other JSON
+// output (snake_case), not after registry.SessionInfo's Go fields.
+type sessionJSON struct {
+	Session     string    `json:"session"`
+	Driver      string    `json:"driver"`
+	Sandbox     string    `json:"sandbox"`
+	Scope       string    `json:"scope"`
+	State       string    `json:"state"`
+	Created     time.Time `json:"created"`
+	LastUsed    time.Time `json:"last_used"`
+	Drift       bool      `json:"drift"`
+	DriftReason string    `json:"drift_reason,omitempty"`
+	Error       string    `json:"error,omitempty"`
 }
 
 func ago(t time.Time) string {

@@ -1,0 +1,1524 @@
+package main
+
+// These tests run the real berth binary (built once, static, by internal/testbin) the way
+// a user does. Every test has its own state dir and an empty XDG_CONFIG_HOME, so no user
+// config leaks in, and removes its sessions when it ends; a test fails when a process
+// that belongs to its state dir is still alive afterwards. Processes are found through
+// /proc by a marker that the test puts in their environment (BERTH_T_MARK=...), or by
+// the state dir's path (which holds a random token), never by a shared name.
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/berth-sh/berth/internal/testbin"
+)
+
+var berthBin string
+
+func TestMain(m *testing.M) {
+	bin, err := testbin.Berth()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		testbin.Cleanup()
+		os.Exit(1)
+	}
+	berthBin = bin
+	code := m.Run()
+	testbin.Cleanup()
+	os.Exit(code)
+}
+
+// ---- environment and running berth ----
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// markVar is the environment variable that marks a test's processes.
+const markVar = "BERTH_T_MARK"
+
+func newMark() string { return "m" + randHex(8) }
+
+// markEnv is the -e argument that marks a command's processes with mark.
+func markEnv(mark string) string { return markVar + "=" + mark }
+
+// env is one test's berth installation: its state dir, an empty config home and
+// optionally a config file. dir is scratch space that outlives the test's cleanup.
+type env struct {
+	t      *testing.T
+	dir    string
+	state  string
+	xdg    string
+	config string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	return newEnvAt(t, "")
+}
+
+// newEnvAt makes an env whose state dir is state ("" for a fresh one under a temp dir).
+func newEnvAt(t *testing.T, state string) *env {
+	t.Helper()
+	e := &env{t: t, dir: t.TempDir(), xdg: t.TempDir()}
+	if state == "" {
+		state = filepath.Join(t.TempDir(), "state-"+randHex(6))
+	}
+	e.state = state
+	t.Cleanup(e.cleanup)
+	return e
+}
+
+// with returns the env for a subtest: its helpers fail t, not the parent test.
+func (e *env) with(t *testing.T) *env {
+	c := *e
+	c.t = t
+	return &c
+}
+
+// writeFile writes a file into the env's scratch dir and returns its path.
+func (e *env) writeFile(name, content string) string {
+	e.t.Helper()
+	p := filepath.Join(e.dir, name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+	return p
+}
+
+func (e *env) environ() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "BERTH_") || strings.HasPrefix(k, "XDG_") {
+			continue
+		}
+		out = append(out, kv)
+	}
+	out = append(out, "XDG_CONFIG_HOME="+e.xdg, "BERTH_STATE_DIR="+e.state)
+	if e.config != "" {
+		out = append(out, "BERTH_CONFIG="+e.config)
+	}
+	return out
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+	dur            time.Duration
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d after %v\nstdout: %q\nstderr: %q", r.code, r.dur.Round(time.Millisecond), clip(r.stdout), clip(r.stderr))
+}
+
+func clip(s string) string {
+	if len(s) > 2000 {
+		return s[:1000] + fmt.Sprintf("...(%d bytes)...", len(s)-2000) + s[len(s)-1000:]
+	}
+	return s
+}
+
+// command returns berth args as an exec.Cmd in the env.
+func (e *env) command(args ...string) *exec.Cmd {
+	cmd := exec.Command(berthBin, args...)
+	cmd.Env = e.environ()
+	// A process that keeps berth's stdout or stderr open after berth exits would make
+	// Wait hang: bound it, and report it as a failure.
+	cmd.WaitDelay = 10 * time.Second
+	return cmd
+}
+
+// try runs berth with stdin (nil: /dev/null) and kills it after limit.
+func (e *env) try(stdin io.Reader, limit time.Duration, args ...string) (result, error) {
+	cmd := e.command(args...)
+	cmd.Stdin = stdin
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return result{}, err
+	}
+	timer := time.AfterFunc(limit, func() { cmd.Process.Kill() })
+	err := cmd.Wait()
+	expired := !timer.Stop()
+	r := result{stdout: out.String(), stderr: errb.String(), dur: time.Since(start), code: cmd.ProcessState.ExitCode()}
+	switch {
+	case expired:
+		return r, fmt.Errorf("berth %q did not finish within %v (killed)\n%v", args, limit, r)
+	case errors.Is(err, exec.ErrWaitDelay):
+		return r, fmt.Errorf("berth %q exited but something kept its output open\n%v", args, r)
+	case err != nil && !isExitError(err):
+		return r, fmt.Errorf("berth %q: %v", args, err)
+	}
+	return r, nil
+}
+
+func isExitError(err error) bool {
+	var ee *exec.ExitError
+	return errors.As(err, &ee)
+}
+
+// run runs berth and fails the test when it cannot be run or hangs.
+func (e *env) run(args ...string) result {
+	e.t.Helper()
+	r, err := e.try(nil, 2*time.Minute, args...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return r
+}
+
+// runIn runs berth with stdin and a time limit.
+func (e *env) runIn(stdin io.Reader, limit time.Duration, args ...string) result {
+	e.t.Helper()
+	r, err := e.try(stdin, limit, args...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return r
+}
+
+// must runs berth and fails the test unless it exits 0.
+func (e *env) must(args ...string) result {
+	e.t.Helper()
+	r := e.run(args...)
+	if r.code != 0 {
+		e.t.Fatalf("berth %q: want exit 0\n%v", args, r)
+	}
+	return r
+}
+
+// sessionRow is one row of `berth sessions --json`.
+type sessionRow struct {
+	Session  string    `json:"session"`
+	Driver   string    `json:"driver"`
+	Sandbox  string    `json:"sandbox"`
+	Scope    string    `json:"scope"`
+	State    string    `json:"state"`
+	LastUsed time.Time `json:"last_used"`
+	Drift    bool      `json:"drift"`
+}
+
+func (e *env) sessions() []sessionRow {
+	e.t.Helper()
+	r := e.must("sessions", "--json")
+	var rows []sessionRow
+	if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil {
+		e.t.Fatalf("sessions --json: %v\n%v", err, r)
+	}
+	return rows
+}
+
+func findSession(rows []sessionRow, name string) (sessionRow, bool) {
+	for _, r := range rows {
+		if r.Session == name {
+			return r, true
+		}
+	}
+	return sessionRow{}, false
+}
+
+// cleanup removes every session of the env and checks that no process of its state
+// dir is left; leftovers fail the test and are killed by pid.
+func (e *env) cleanup() {
+	t := e.t
+	if _, err := os.Stat(filepath.Join(e.state, "state.db")); err == nil {
+		for round := 0; round < 3; round++ {
+			r, err := e.try(nil, time.Minute, "sessions", "--json")
+			var rows []sessionRow
+			if err != nil || r.code != 0 || json.Unmarshal([]byte(r.stdout), &rows) != nil {
+				t.Errorf("cleanup: berth sessions --json failed: %v\n%v", err, r)
+				break
+			}
+			if len(rows) == 0 {
+				break
+			}
+			for _, row := range rows {
+				e.try(nil, time.Minute, "rm", row.Session) // a shared sandbox's second rm fails: fine
+			}
+		}
+	}
+	var left []procInfo
+	waitFor(5*time.Second, func() bool {
+		left = procsOf(e.state)
+		return len(left) == 0
+	})
+	if len(left) > 0 {
+		t.Errorf("processes of state dir %s still alive after removing its sessions:\n%s", e.state, describe(left))
+		for _, p := range left {
+			syscall.Kill(p.pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// ---- processes ----
+
+type procInfo struct {
+	pid, ppid int
+	state     byte
+	cmdline   []string
+	environ   []string
+}
+
+func (p procInfo) String() string {
+	return fmt.Sprintf("pid %d ppid %d state %c: %q", p.pid, p.ppid, p.state, p.cmdline)
+}
+
+func describe(ps []procInfo) string {
+	var b strings.Builder
+	for _, p := range ps {
+		fmt.Fprintf(&b, "  %v\n", p)
+	}
+	return b.String()
+}
+
+// readProc reads one process; ok is false when it is gone.
+func readProc(pid int) (procInfo, bool) {
+	dir := "/proc/" + strconv.Itoa(pid)
+	stat, err := os.ReadFile(dir + "/stat")
+	if err != nil {
+		return procInfo{}, false
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return procInfo{}, false
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < 2 {
+		return procInfo{}, false
+	}
+	p := procInfo{pid: pid, state: f[0][0]}
+	p.ppid, _ = strconv.Atoi(f[1])
+	split := func(b []byte) []string {
+		b = bytes.TrimRight(b, "\x00")
+		if len(b) == 0 {
+			return nil
+		}
+		return strings.Split(string(b), "\x00")
+	}
+	if b, err := os.ReadFile(dir + "/cmdline"); err == nil {
+		p.cmdline = split(b)
+	}
+	if b, err := os.ReadFile(dir + "/environ"); err == nil {
+		p.environ = split(b)
+	}
+	return p, true
+}
+
+// liveProcs returns every process that is not a zombie and matches keep.
+func liveProcs(keep func(procInfo) bool) []procInfo {
+	ents, _ := os.ReadDir("/proc")
+	var out []procInfo
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		p, ok := readProc(pid)
+		if !ok || p.state == 'Z' || p.state == 'X' {
+			continue
+		}
+		if keep(p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// marked returns the live processes whose environment carries BERTH_T_MARK=mark.
+func marked(mark string) []procInfo {
+	want := markEnv(mark)
+	return liveProcs(func(p procInfo) bool { return slices.Contains(p.environ, want) })
+}
+
+// procsOf returns the live processes whose argv or environment names the state dir
+// (the plugin, the agents and every process in their sandboxes, whose HOME is there).
+func procsOf(state string) []procInfo {
+	return liveProcs(func(p procInfo) bool {
+		for _, s := range append(slices.Clone(p.cmdline), p.environ...) {
+			if strings.Contains(s, state) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+func pids(ps []procInfo) []int {
+	var out []int
+	for _, p := range ps {
+		out = append(out, p.pid)
+	}
+	sort.Ints(out)
+	return out
+}
+
+// waitFor polls cond until it holds or timeout passes, and reports whether it held.
+func waitFor(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// ---- a running berth with its stdout read line by line ----
+
+type running struct {
+	cmd    *exec.Cmd
+	lines  chan string
+	stderr *lockedBuffer
+	all    []string
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (e *env) start(args ...string) *running {
+	e.t.Helper()
+	cmd := e.command(args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	r := &running{cmd: cmd, lines: make(chan string, 100), stderr: &lockedBuffer{}}
+	cmd.Stderr = r.stderr
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	go func() {
+		defer close(r.lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			r.lines <- sc.Text()
+		}
+	}()
+	e.t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	return r
+}
+
+// expect reads lines until want; it fails the test at EOF or after timeout.
+func (r *running) expect(t *testing.T, want string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case l, ok := <-r.lines:
+			if !ok {
+				t.Fatalf("berth's stdout ended before %q; lines %q; stderr %q", want, r.all, r.stderr.String())
+			}
+			r.all = append(r.all, l)
+			if l == want {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("no %q on berth's stdout within %v; lines %q; stderr %q", want, timeout, r.all, r.stderr.String())
+		}
+	}
+}
+
+// finish reads the rest of stdout and waits for berth to exit, within timeout; it
+// returns the exit code.
+func (r *running) finish(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	deadline := time.After(timeout)
+	for open := true; open; {
+		select {
+		case l, ok := <-r.lines:
+			if ok {
+				r.all = append(r.all, l)
+			}
+			open = ok
+		case <-deadline:
+			t.Fatalf("berth did not exit within %v; lines %q; stderr %q", timeout, r.all, r.stderr.String())
+		}
+	}
+	err := r.cmd.Wait()
+	if err != nil && !isExitError(err) {
+		t.Fatalf("waiting for berth: %v", err)
+	}
+	return r.cmd.ProcessState.ExitCode()
+}
+
+// ---- the tests ----
+
+// Done when: `berth exec -- sh -c 'echo hello; exit 3'` prints hello and exits 3.
+func TestExecHello(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.run("exec", "--", "sh", "-c", "echo hello; exit 3")
+	if r.code != 3 || r.stdout != "hello\n" || r.stderr != "" {
+		t.Fatalf("want hello and exit 3, nothing on stderr\n%v", r)
+	}
+}
+
+// Done when: `berth exec --timeout 1s -- sh -c 'sleep 300 & sleep 300'` exits 124
+// within 3 s and no sleep survives.
+func TestExecTimeoutKillsTree(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.must("exec", "--", "true") // the sandbox exists: time only the timeout
+	mark := newMark()
+	r := e.run("exec", "-e", markEnv(mark), "--timeout", "1s", "--", "sh", "-c", "sleep 300 & sleep 300")
+	if r.code != 124 {
+		t.Fatalf("want exit 124\n%v", r)
+	}
+	if r.dur < time.Second || r.dur > 3*time.Second {
+		t.Errorf("berth exited after %v; want between 1 s and 3 s", r.dur)
+	}
+	// The result is sent only after the tree is gone: nothing may be left right now.
+	if left := marked(mark); len(left) > 0 {
+		t.Fatalf("processes of the timed-out command survive:\n%s", describe(left))
+	}
+}
+
+func TestExecExitCodes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.must("exec", "--", "true")
+	noExec := e.writeFile("not-executable", "#!/bin/sh\necho should-not-run\n")
+	for _, c := range []struct {
+		name     string
+		argv     []string
+		code     int
+		inStderr []string
+	}{
+		{"0", []string{"true"}, 0, nil},
+		{"1", []string{"false"}, 1, nil},
+		{"43", []string{"sh", "-c", "exit 43"}, 43, nil},
+		{"127-not-found", []string{"berth-test-no-such-command"}, 127, []string{"berth-test-no-such-command", "not found"}},
+		{"126-not-executable", []string{noExec}, 126, []string{noExec, "permission denied"}},
+		{"137-sigkill", []string{"sh", "-c", "kill -KILL $$"}, 137, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := e.with(t)
+			r := e.run(append([]string{"exec", "--"}, c.argv...)...)
+			if r.code != c.code {
+				t.Fatalf("want exit %d\n%v", c.code, r)
+			}
+			if r.stdout != "" {
+				t.Errorf("want no stdout\n%v", r)
+			}
+			for _, s := range c.inStderr {
+				if !strings.Contains(r.stderr, s) {
+					t.Errorf("stderr does not say %q\n%v", s, r)
+				}
+			}
+			if c.inStderr == nil && r.stderr != "" {
+				t.Errorf("want no stderr\n%v", r)
+			}
+		})
+	}
+}
+
+// execJSONKeys are the keys of `berth exec --json`, and no others.
+var execJSONKeys = []string{"driver", "duration_ms", "exit_code", "oom_killed", "sandbox", "session", "signal",
+	"stderr", "stderr_truncated_bytes", "stdout", "stdout_truncated_bytes", "timed_out"}
+
+var sandboxName = regexp.MustCompile(`^b-[0-9a-f]{8}-[0-9a-f]{16}$`)
+
+// decodeOne decodes stdout as exactly one JSON object.
+func decodeOne(t *testing.T, r result, v any) {
+	t.Helper()
+	dec := json.NewDecoder(strings.NewReader(r.stdout))
+	if err := dec.Decode(v); err != nil {
+		t.Fatalf("stdout is not a JSON object: %v\n%v", err, r)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		t.Fatalf("stdout holds more than one JSON value\n%v", r)
+	}
+}
+
+var markerRE = regexp.MustCompile(`\n\[\.\.\. (\d+) bytes truncated \.\.\.\]\n`)
+
+// checkCapped checks a capped JSON stream: within cap bytes, a prefix of full, the
+// marker with the right count, a suffix of full.
+func checkCapped(t *testing.T, name, got string, truncated int64, full string, capBytes int) {
+	t.Helper()
+	if len(got) > capBytes {
+		t.Errorf("%s is %d bytes, over the cap of %d", name, len(got), capBytes)
+	}
+	loc := markerRE.FindStringSubmatchIndex(got)
+	if loc == nil {
+		t.Fatalf("%s has no truncation marker: %q", name, clip(got))
+	}
+	n, _ := strconv.ParseInt(got[loc[2]:loc[3]], 10, 64)
+	if n != truncated {
+		t.Errorf("%s: marker says %d bytes truncated, %s_truncated_bytes says %d", name, n, name, truncated)
+	}
+	head, tail := got[:loc[0]], got[loc[1]:]
+	if !strings.HasPrefix(full, head) || !strings.HasSuffix(full, tail) {
+		t.Errorf("%s: head %q or tail %q is not the output's", name, clip(head), clip(tail))
+	}
+	if len(head) == 0 || len(tail) == 0 {
+		t.Errorf("%s: want both head and tail, have %d and %d bytes", name, len(head), len(tail))
+	}
+	if kept := int64(len(head) + len(tail)); kept+truncated != int64(len(full)) {
+		t.Errorf("%s: %d bytes kept + %d truncated != %d written", name, kept, truncated, len(full))
+	}
+	if capBytes-len(got) > 8 {
+		t.Errorf("%s: %d bytes, far under the cap of %d", name, len(got), capBytes)
+	}
+}
+
+func TestExecJSON(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.must("exec", "--", "true")
+
+	t.Run("fields", func(t *testing.T) {
+		t.Parallel()
+		e := e.with(t)
+		r := e.run("exec", "--json", "--", "sh", "-c", `printf 'out\377\n'; printf 'err\n' >&2; exit 5`)
+		if r.code != 5 {
+			t.Fatalf("want exit 5 (the command's) with --json\n%v", r)
+		}
+		var m map[string]any
+		decodeOne(t, r, &m)
+		var keys []string
+		for k := range m {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		if !slices.Equal(keys, execJSONKeys) {
+			t.Errorf("keys %v; want %v", keys, execJSONKeys)
+		}
+		want := map[string]any{
+			"exit_code": 5.0, "signal": 0.0, "timed_out": false, "oom_killed": false, "session": "main",
+			"driver": "local", "stdout": "out\uFFFD\n", "stderr": "err\n",
+			"stdout_truncated_bytes": 0.0, "stderr_truncated_bytes": 0.0,
+		}
+		for k, v := range want {
+			if m[k] != v {
+				t.Errorf("%s = %#v; want %#v", k, m[k], v)
+			}
+		}
+		if d, ok := m["duration_ms"].(float64); !ok || d < 0 || d > 60000 {
+			t.Errorf("duration_ms = %#v", m["duration_ms"])
+		}
+		if s, _ := m["sandbox"].(string); !sandboxName.MatchString(s) {
+			t.Errorf("sandbox = %#v; want a b-OWNER8-HASH16 name", m["sandbox"])
+		}
+		if r.stderr != "" {
+			t.Errorf("with --json the command's stderr belongs in the object, not on berth's stderr\n%v", r)
+		}
+	})
+
+	t.Run("signal-and-timeout", func(t *testing.T) {
+		t.Parallel()
+		e := e.with(t)
+		var res execJSON
+		r := e.run("exec", "--json", "--", "sh", "-c", "kill -KILL $$")
+		decodeOne(t, r, &res)
+		if r.code != 137 || res.ExitCode != 137 || res.Signal != 9 || res.TimedOut {
+			t.Errorf("SIGKILL: want exit 137, signal 9\n%v", r)
+		}
+		res = execJSON{}
+		r = e.run("exec", "--json", "--timeout", "300ms", "--", "sh", "-c", "echo before; sleep 300")
+		decodeOne(t, r, &res)
+		if r.code != 124 || !res.TimedOut || res.Stdout != "before\n" {
+			t.Errorf("timeout: want exit 124, timed_out and the output so far\n%v", r)
+		}
+	})
+
+	t.Run("max-output-1000", func(t *testing.T) {
+		t.Parallel()
+		e := e.with(t)
+		r := e.run("exec", "--json", "--max-output", "1000", "--", "sh", "-c",
+			`echo HEAD; head -c 1048576 /dev/zero | tr '\0' x; echo TAIL; printf 'small' >&2`)
+		var res execJSON
+		decodeOne(t, r, &res)
+		if r.code != 0 {
+			t.Fatalf("want exit 0\n%v", r)
+		}
+		full := "HEAD\n" + strings.Repeat("x", 1<<20) + "TAIL\n"
+		checkCapped(t, "stdout", res.Stdout, res.StdoutTruncatedBytes, full, 1000)
+		if res.Stderr != "small" || res.StderrTruncatedBytes != 0 {
+			t.Errorf("stderr %q, %d truncated; want it whole", res.Stderr, res.StderrTruncatedBytes)
+		}
+	})
+
+	t.Run("default-cap-1MiB-per-stream", func(t *testing.T) {
+		t.Parallel()
+		e := e.with(t)
+		r := e.run("exec", "--json", "--", "sh", "-c",
+			`head -c 2097152 /dev/zero | tr '\0' o; head -c 1572864 /dev/zero | tr '\0' e >&2`)
+		var res execJSON
+		decodeOne(t, r, &res)
+		checkCapped(t, "stdout", res.Stdout, res.StdoutTruncatedBytes, strings.Repeat("o", 2<<20), 1<<20)
+		checkCapped(t, "stderr", res.Stderr, res.StderrTruncatedBytes, strings.Repeat("e", 3<<19), 1<<20)
+	})
+
+	t.Run("invalid-utf8-within-cap", func(t *testing.T) {
+		t.Parallel()
+		e := e.with(t)
+		// 200 bytes: every other one invalid, each replaced by the 3-byte U+FFFD.
+		r := e.run("exec", "--json", "--max-output", "100", "--", "sh", "-c",
+			`i=0; while [ $i -lt 100 ]; do printf '\377a'; i=$((i+1)); done`)
+		var res execJSON
+		decodeOne(t, r, &res)
+		if len(res.Stdout) > 100 {
+			t.Errorf("stdout is %d bytes after replacing invalid UTF-8, over the cap of 100: %q", len(res.Stdout), res.Stdout)
+		}
+		loc := markerRE.FindStringSubmatchIndex(res.Stdout)
+		if loc == nil || !strings.HasPrefix(res.Stdout, "\uFFFDa") || !strings.HasSuffix(res.Stdout, "\uFFFDa") {
+			t.Fatalf("want head, marker and tail: %q", res.Stdout)
+		}
+		// Every raw byte shown is an a, or a \377 shown as U+FFFD.
+		shown := res.Stdout[:loc[0]] + res.Stdout[loc[1]:]
+		kept := int64(strings.Count(shown, "a") + strings.Count(shown, "\uFFFD"))
+		if kept+res.StdoutTruncatedBytes != 200 {
+			t.Errorf("%d bytes shown + %d truncated != 200 written: %q", kept, res.StdoutTruncatedBytes, res.Stdout)
+		}
+	})
+
+	t.Run("utf8-not-split-at-cap", func(t *testing.T) {
+		t.Parallel()
+		e := e.with(t)
+		// 1000 two-byte characters; odd cap, so a byte cut would split one.
+		r := e.run("exec", "--json", "--max-output", "101", "--", "sh", "-c",
+			`i=0; while [ $i -lt 1000 ]; do printf 'é'; i=$((i+1)); done`)
+		var res execJSON
+		decodeOne(t, r, &res)
+		if len(res.Stdout) > 101 || strings.Contains(res.Stdout, "\uFFFD") || markerRE.FindStringIndex(res.Stdout) == nil {
+			t.Errorf("want at most 101 bytes of é and a marker, no replacement character: %q", res.Stdout)
+		}
+		if loc := markerRE.FindStringSubmatchIndex(res.Stdout); loc != nil {
+			kept := int64(loc[0] + len(res.Stdout) - loc[1])
+			if kept+res.StdoutTruncatedBytes != 2000 {
+				t.Errorf("%d bytes shown + %d truncated != 2000 written", kept, res.StdoutTruncatedBytes)
+			}
+		}
+	})
+
+	t.Run("uncapped-without-json", func(t *testing.T) {
+		t.Parallel()
+		e := e.with(t)
+		r := e.run("exec", "--", "sh", "-c", `head -c 5242880 /dev/zero | tr '\0' z`)
+		if r.code != 0 || len(r.stdout) != 5<<20 || strings.Trim(r.stdout, "z") != "" || r.stderr != "" {
+			t.Fatalf("want 5 MiB of z streamed whole, got %d bytes\n%v", len(r.stdout), r)
+		}
+	})
+
+	t.Run("max-output-without-json", func(t *testing.T) {
+		t.Parallel()
+		e := e.with(t)
+		r := e.run("exec", "--max-output", "1000", "--", "sh", "-c", `head -c 1048576 /dev/zero | tr '\0' y`)
+		if r.code != 0 || r.stdout != strings.Repeat("y", 1000) {
+			t.Fatalf("want exactly 1000 bytes of stdout, got %d\n%v", len(r.stdout), r)
+		}
+		if !strings.Contains(r.stderr, "--max-output") || !strings.Contains(r.stderr, strconv.Itoa(1<<20-1000)) {
+			t.Errorf("stderr does not note the %d dropped bytes\n%v", 1<<20-1000, r)
+		}
+	})
+}
+
+// Done when: kill -9 of a `berth exec` running `sleep 300` leaves no plugin and no
+// sleep behind, while a process started earlier with & in that session still runs.
+func TestExecKill9(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	bg, fg := newMark(), newMark()
+	e.must("exec", "-e", markEnv(bg), "--", "sh", "-c", "sleep 300 >/dev/null 2>&1 &")
+	if len(marked(bg)) != 1 {
+		t.Fatalf("the background sleep is not running: %v", marked(bg))
+	}
+
+	r := e.start("exec", "-e", markEnv(fg), "--", "sleep", "300")
+	berthPid := r.cmd.Process.Pid
+	if !waitFor(20*time.Second, func() bool { return len(marked(fg)) > 0 }) {
+		t.Fatalf("the foreground sleep never started; stderr %q", r.stderr.String())
+	}
+	plugins := liveProcs(func(p procInfo) bool {
+		return p.ppid == berthPid && slices.Contains(p.cmdline, "driver") && slices.Contains(p.cmdline, "serve")
+	})
+	if len(plugins) == 0 {
+		t.Fatalf("berth (pid %d) has no `driver serve` child", berthPid)
+	}
+
+	r.cmd.Process.Kill()
+	r.cmd.Wait()
+
+	pluginGone := func() bool {
+		for _, pl := range plugins {
+			if p, ok := readProc(pl.pid); ok && p.state != 'Z' && slices.Equal(p.cmdline, pl.cmdline) {
+				return false
+			}
+		}
+		return true
+	}
+	if !waitFor(5*time.Second, pluginGone) {
+		t.Errorf("the plugin outlived its killed host:\n%s", describe(plugins))
+	}
+	if !waitFor(5*time.Second, func() bool { return len(marked(fg)) == 0 }) {
+		t.Errorf("the foreground sleep outlived the killed berth:\n%s", describe(marked(fg)))
+	}
+	if got := marked(bg); len(got) != 1 {
+		t.Fatalf("the background sleep started earlier is gone after killing another exec: %v", got)
+	}
+
+	e.must("rm", "main")
+	if !waitFor(5*time.Second, func() bool { return len(marked(bg)) == 0 }) {
+		t.Errorf("berth rm main left the background sleep running:\n%s", describe(marked(bg)))
+	}
+}
+
+// A process one exec leaves in the background is alive during the next exec, a
+// different berth process.
+func TestExecBackgroundSurvivesNextExec(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	mark := newMark()
+	r := e.must("exec", "-e", markEnv(mark), "--", "sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!")
+	pid := strings.TrimSpace(r.stdout)
+	if _, err := strconv.Atoi(pid); err != nil {
+		t.Fatalf("no pid printed\n%v", r)
+	}
+	r = e.run("exec", "--", "sh", "-c",
+		fmt.Sprintf(`kill -0 %s && tr '\0' '\n' </proc/%s/environ | grep -x %s`, pid, pid, markEnv(mark)))
+	if r.code != 0 || r.stdout != markEnv(mark)+"\n" {
+		t.Fatalf("the background sleep (pid %s) is not alive inside the next exec\n%v", pid, r)
+	}
+}
+
+func TestExecSignals(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.must("exec", "--", "true")
+
+	t.Run("SIGTERM-forwarded", func(t *testing.T) {
+		t.Parallel()
+		e := e.with(t)
+		mark := newMark()
+		r := e.start("exec", "-e", markEnv(mark), "--", "sh", "-c",
+			`trap "echo got-term; exit 7" TERM; echo ready; while :; do sleep 0.1; done`)
+		r.expect(t, "ready", 20*time.Second)
+		r.cmd.Process.Signal(syscall.SIGTERM)
+		r.expect(t, "got-term", 10*time.Second)
+		if code := r.finish(t, 10*time.Second); code != 7 {
+			t.Fatalf("want exit 7 from the command's trap, got %d; stderr %q", code, r.stderr.String())
+		}
+		if left := marked(mark); len(left) > 0 {
+			t.Errorf("processes left:\n%s", describe(left))
+		}
+	})
+
+	t.Run("second-SIGINT-kills", func(t *testing.T) {
+		t.Parallel()
+		e := e.with(t)
+		mark := newMark()
+		r := e.start("exec", "-e", markEnv(mark), "--", "sh", "-c",
+			`trap "echo got-int" INT; echo ready; while :; do sleep 0.1; done`)
+		r.expect(t, "ready", 20*time.Second)
+		r.cmd.Process.Signal(syscall.SIGINT)
+		r.expect(t, "got-int", 10*time.Second) // the first is forwarded: the trap runs
+		if len(marked(mark)) == 0 {
+			t.Fatal("the first SIGINT ended the command")
+		}
+		r.cmd.Process.Signal(syscall.SIGINT)
+		code := r.finish(t, 10*time.Second)
+		if code != 130 && code != 137 && code != 143 {
+			t.Errorf("want 130, 137 or 143 after the second SIGINT, got %d; stderr %q", code, r.stderr.String())
+		}
+		if left := marked(mark); len(left) > 0 {
+			t.Errorf("the second SIGINT left processes of the tree:\n%s", describe(left))
+		}
+	})
+}
+
+func TestExecStdin(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.must("exec", "--", "true")
+
+	t.Run("-i", func(t *testing.T) {
+		t.Parallel()
+		e := e.with(t)
+		r := e.runIn(strings.NewReader("abc"), time.Minute, "exec", "-i", "--", "cat")
+		if r.code != 0 || r.stdout != "abc" {
+			t.Fatalf("want abc\n%v", r)
+		}
+		big := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
+		r = e.runIn(bytes.NewReader(big), time.Minute, "exec", "-i", "--", "sha256sum")
+		sum := sha256.Sum256(big)
+		if r.code != 0 || !strings.HasPrefix(r.stdout, hex.EncodeToString(sum[:])+" ") {
+			t.Fatalf("1 MiB of stdin did not arrive whole\n%v", r)
+		}
+	})
+
+	t.Run("no-i-is-EOF", func(t *testing.T) {
+		t.Parallel()
+		e := e.with(t)
+		// berth's stdin is a pipe that never ends: without -i, cat must not see it.
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pw.Close()
+		defer pr.Close()
+		pw.Write([]byte("not for cat"))
+		r := e.runIn(pr, 30*time.Second, "exec", "--", "cat")
+		if r.code != 0 || r.stdout != "" {
+			t.Fatalf("want cat to get EOF at once and print nothing\n%v", r)
+		}
+	})
+}
+
+func TestExecEnvAndWorkdir(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.must("exec", "-e", "BERTH_T_A=one", "-e", "BERTH_T_B=a b=c", "--", "sh", "-c", `printf '%s|%s' "$BERTH_T_A" "$BERTH_T_B"`)
+	if r.stdout != "one|a b=c" {
+		t.Errorf("-e values not seen by the command\n%v", r)
+	}
+	r = e.must("exec", "--", "sh", "-c", `test -z "$BERTH_T_A" && test "$(pwd)" = "$HOME" && echo ok`)
+	if r.stdout != "ok\n" {
+		t.Errorf("-e leaked into the next exec, or the default cwd is not the sandbox home\n%v", r)
+	}
+	r = e.must("exec", "-w", e.dir, "--", "pwd")
+	if strings.TrimSpace(r.stdout) != e.dir {
+		t.Errorf("-w %s: pwd says %q", e.dir, r.stdout)
+	}
+	missing := filepath.Join(e.dir, "no-such-dir")
+	r = e.run("exec", "-w", missing, "--", "true")
+	if r.code != 125 || !strings.Contains(r.stderr, missing) {
+		t.Errorf("-w %s: want exit 125 naming the dir\n%v", missing, r)
+	}
+	r = e.run("exec", "-e", "NOEQUALS", "--", "true")
+	if r.code != 125 || !strings.Contains(r.stderr, "NOEQUALS") {
+		t.Errorf("-e NOEQUALS: want exit 125 naming it\n%v", r)
+	}
+}
+
+const scopesConfig = `# test config
+scope "chat:*" {
+  driver    = "local"
+  isolation = "session"
+}
+
+scope "gone:*" {
+  driver = "local"
+  retention {
+    on_close = "remove"
+  }
+}
+
+scope "stop:*" {
+  driver = "local"
+  retention {
+    on_close = "stop"
+  }
+}
+
+scope "*" {
+  driver = "local"
+}
+`
+
+func TestConfigScopes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.config = e.writeFile("config.hcl", scopesConfig)
+
+	r := e.must("config", "check")
+	if !strings.Contains(r.stdout, "ok, 4 scope rules") {
+		t.Errorf("config check of a good file\n%v", r)
+	}
+	r = e.must("config", "explain", "chat:7")
+	for _, s := range []string{`scope "chat:*"`, e.config + ":2:1", "driver:    local", "isolation: session"} {
+		if !strings.Contains(r.stdout, s) {
+			t.Errorf("config explain chat:7 does not say %q\n%v", s, r)
+		}
+	}
+	var ex struct {
+		Session   string `json:"session"`
+		Rule      string `json:"rule"`
+		RuleIndex int    `json:"rule_index"`
+		Position  string `json:"position"`
+		Driver    string `json:"driver"`
+		Isolation string `json:"isolation"`
+		Sandbox   string `json:"sandbox"`
+		Retention struct {
+			OnClose string `json:"on_close"`
+		} `json:"retention"`
+	}
+	r = e.must("config", "explain", "--json", "chat:7")
+	decodeOne(t, r, &ex)
+	if ex.Session != "chat:7" || ex.Rule != "chat:*" || ex.RuleIndex != 0 || ex.Position != e.config+":2:1" ||
+		ex.Driver != "local" || ex.Isolation != "session" || !sandboxName.MatchString(ex.Sandbox) || ex.Retention.OnClose != "keep" {
+		t.Errorf("config explain --json chat:7: %+v", ex)
+	}
+	r = e.must("config", "explain", "--json", "other")
+	decodeOne(t, r, &ex)
+	if ex.Rule != "*" || ex.RuleIndex != 3 {
+		t.Errorf("config explain --json other: %+v", ex)
+	}
+
+	// Files written in chat:1 are not in chat:2's home.
+	e.must("exec", "-s", "chat:1", "--", "touch", "f1")
+	home1 := strings.TrimSpace(e.must("exec", "-s", "chat:1", "--", "sh", "-c", "test -f f1 && pwd").stdout)
+	r = e.must("exec", "-s", "chat:2", "--", "sh", "-c", "pwd; ls -A")
+	home2 := strings.TrimSpace(r.stdout)
+	if home1 == "" || home1 == home2 || strings.Contains(home2, "\n") {
+		t.Fatalf("chat:1's home %q, chat:2's pwd and files %q: want an empty home of its own", home1, r.stdout)
+	}
+	if _, err := os.Stat(filepath.Join(home1, "f1")); err != nil {
+		t.Errorf("f1 is not in chat:1's home: %v", err)
+	}
+
+	rows := e.sessions()
+	if len(rows) != 2 {
+		t.Fatalf("sessions: want chat:1 and chat:2, got %+v", rows)
+	}
+	s1, ok1 := findSession(rows, "chat:1")
+	s2, ok2 := findSession(rows, "chat:2")
+	if !ok1 || !ok2 || s1.Driver != "local" || s2.Driver != "local" || s1.State != "running" || s2.State != "running" ||
+		s1.Sandbox == s2.Sandbox || s1.Scope != "chat:*" || s1.LastUsed.IsZero() || s1.Drift {
+		t.Errorf("sessions: %+v", rows)
+	}
+	var raw []map[string]any
+	if err := json.Unmarshal([]byte(e.must("sessions", "--json").stdout), &raw); err != nil || len(raw) == 0 {
+		t.Fatalf("sessions --json: %v, %v", raw, err)
+	}
+	for _, k := range []string{"session", "driver", "sandbox", "state", "last_used", "drift"} {
+		if _, ok := raw[0][k]; !ok {
+			t.Errorf("sessions --json has no key %q: %v", k, raw[0])
+		}
+	}
+
+	// on_close default keep: close leaves the sandbox and its files.
+	e.must("close", "chat:1")
+	if s, ok := findSession(e.sessions(), "chat:1"); !ok || s.State != "running" {
+		t.Errorf("after close of a keep session: %+v, %v", s, ok)
+	}
+	if _, err := os.Stat(filepath.Join(home1, "f1")); err != nil {
+		t.Errorf("close with on_close keep lost f1: %v", err)
+	}
+
+	// on_close = "remove": the session is forgotten and its files deleted.
+	homeGone := strings.TrimSpace(e.must("exec", "-s", "gone:1", "--", "sh", "-c", "touch g; pwd").stdout)
+	sGone, _ := findSession(e.sessions(), "gone:1")
+	e.must("close", "gone:1")
+	if s, ok := findSession(e.sessions(), "gone:1"); ok {
+		t.Errorf("gone:1 is still listed after close with on_close remove: %+v", s)
+	}
+	for _, p := range []string{homeGone, filepath.Join(e.state, "sandboxes", sGone.Sandbox)} {
+		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s still exists after close with on_close remove (%v)", p, err)
+		}
+	}
+
+	// on_close = "stop": the sandbox stops with its processes; the next exec starts it.
+	mark := newMark()
+	e.must("exec", "-s", "stop:1", "-e", markEnv(mark), "--", "sh", "-c", "sleep 300 >/dev/null 2>&1 &")
+	e.must("close", "stop:1")
+	if s, ok := findSession(e.sessions(), "stop:1"); !ok || s.State != "stopped" {
+		t.Errorf("after close with on_close stop: %+v, listed %v", s, ok)
+	}
+	if left := marked(mark); len(left) > 0 {
+		t.Errorf("processes of a stopped sandbox still run:\n%s", describe(left))
+	}
+	if r := e.must("exec", "-s", "stop:1", "--", "echo", "again"); r.stdout != "again\n" {
+		t.Errorf("exec in a stopped session\n%v", r)
+	}
+
+	// rm removes whatever on_close says.
+	e.must("rm", "chat:1")
+	if _, ok := findSession(e.sessions(), "chat:1"); ok {
+		t.Error("chat:1 still listed after rm")
+	}
+	if _, err := os.Stat(home1); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("chat:1's home still exists after rm (%v)", err)
+	}
+	r = e.run("rm", "chat:1")
+	if r.code != 125 || !strings.Contains(r.stderr, `"chat:1"`) {
+		t.Errorf("rm of a removed session: want 125 naming it\n%v", r)
+	}
+}
+
+// snapshot lists a directory tree with each entry's type and each regular file's
+// content hash (size, inode and mtime for files over 1 MiB).
+func snapshot(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) && p == root {
+			return filepath.SkipAll
+		}
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		desc := info.Mode().Type().String()
+		switch {
+		case info.Mode().IsRegular() && info.Size() > 1<<20:
+			// The agent binary (content-addressed, 20+ MiB): hashing it would dominate.
+			st := info.Sys().(*syscall.Stat_t)
+			desc += fmt.Sprintf(" %d ino %d mtime %v", info.Size(), st.Ino, info.ModTime().UnixNano())
+		case info.Mode().IsRegular():
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			sum := sha256.Sum256(b)
+			desc += fmt.Sprintf(" %d %x", len(b), sum[:8])
+		}
+		out[rel] = desc
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func diffSnapshots(a, b map[string]string) string {
+	var d []string
+	for k, v := range a {
+		if w, ok := b[k]; !ok {
+			d = append(d, "- "+k+" "+v)
+		} else if w != v {
+			d = append(d, "~ "+k+" "+v+" -> "+w)
+		}
+	}
+	for k, v := range b {
+		if _, ok := a[k]; !ok {
+			d = append(d, "+ "+k+" "+v)
+		}
+	}
+	sort.Strings(d)
+	return strings.Join(d, "\n")
+}
+
+// Bad input: each exits 125 with one message on stderr that names the input (with
+// file:line:col for config), changes nothing in the state dir and starts nothing that
+// stays.
+func TestBadInput(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.must("exec", "--", "true") // a state dir with a store, a session and its agent
+
+	cfgs := map[string]string{
+		"unknown-driver": "scope \"*\" {\n  driver = \"nosuch\"\n}\n",
+		"bad-glob":       "scope \"chat:[\" {\n  driver = \"local\"\n}\n",
+		"bad-duration":   "scope \"*\" {\n  driver = \"local\"\n  retention {\n    idle_ttl = \"7x\"\n  }\n}\n",
+		"unknown-key":    "scope \"*\" {\n  driver = \"local\"\n  colour = \"red\"\n}\n",
+	}
+	path := map[string]string{}
+	for name, src := range cfgs {
+		path[name] = e.writeFile(name+".hcl", src)
+	}
+	regular := e.writeFile("a-regular-file", "not a directory\n")
+	missingDir := filepath.Join(e.dir, "no-such-workdir")
+	long := strings.Repeat("s", 300)
+
+	type badCase struct {
+		name string
+		args []string
+		want []string // in the message
+	}
+	var cases []badCase
+	for _, c := range []struct{ name, pos, input string }{
+		{"unknown-driver", ":2:12", `"nosuch"`},
+		{"bad-glob", ":1:7", `"chat:["`},
+		{"bad-duration", ":4:16", `"7x"`},
+		{"unknown-key", ":3:3", `"colour"`},
+	} {
+		want := []string{path[c.name] + c.pos, c.input}
+		cases = append(cases,
+			badCase{"exec-" + c.name, []string{"--config", path[c.name], "exec", "--", "true"}, want},
+			badCase{"check-" + c.name, []string{"config", "check", path[c.name]}, want},
+		)
+	}
+	cases = append(cases,
+		badCase{"session-dotdot", []string{"exec", "-s", "..", "--", "true"}, []string{`".."`}},
+		badCase{"session-abs", []string{"exec", "-s", "/abs", "--", "true"}, []string{`"/abs"`}},
+		badCase{"session-300", []string{"exec", "-s", long, "--", "true"}, []string{long[:40], "300 characters"}},
+		badCase{"workdir-missing", []string{"exec", "-s", "wd:1", "-w", missingDir, "--", "true"}, []string{missingDir}},
+		badCase{"state-dir-unwritable", []string{"--state-dir", filepath.Join(regular, "state"), "exec", "--", "true"}, []string{regular}},
+		badCase{"rm-bad-session", []string{"rm", ".."}, []string{`".."`}},
+	)
+
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := e.with(t)
+			// Not parallel: each case compares the state dir before and after.
+			mark := newMark()
+			args := c.args
+			if i := slices.Index(args, "exec"); i >= 0 {
+				args = slices.Insert(slices.Clone(args), i+1, "-e", markEnv(mark))
+			}
+			before := snapshot(t, e.state)
+			beforeProcs := pids(procsOf(e.state))
+			r := e.run(args...)
+			if r.code != 125 {
+				t.Errorf("want exit 125\n%v", r)
+			}
+			lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n")
+			if len(lines) != 1 || !strings.HasPrefix(lines[0], "berth: ") {
+				t.Errorf("want one line \"berth: ...\" on stderr\n%v", r)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(r.stderr, w) {
+					t.Errorf("the message does not name %q\n%v", w, r)
+				}
+			}
+			if r.stdout != "" {
+				t.Errorf("want nothing on stdout\n%v", r)
+			}
+			if d := diffSnapshots(before, snapshot(t, e.state)); d != "" {
+				t.Errorf("the state dir changed:\n%s", d)
+			}
+			var extra []int
+			if !waitFor(5*time.Second, func() bool {
+				extra = nil
+				for _, p := range pids(procsOf(e.state)) {
+					if !slices.Contains(beforeProcs, p) {
+						extra = append(extra, p)
+					}
+				}
+				return len(extra) == 0 && len(marked(mark)) == 0
+			}) {
+				t.Errorf("new processes stay: pids %v, marked %v", extra, marked(mark))
+			}
+		})
+	}
+	if b, err := os.ReadFile(regular); err != nil || string(b) != "not a directory\n" {
+		t.Errorf("the regular file under the bad state dir changed: %q, %v", b, err)
+	}
+	if rows := e.sessions(); len(rows) != 1 || rows[0].Session != "main" {
+		t.Errorf("sessions after bad input: %+v", rows)
+	}
+}
+
+func TestDrivers(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.must("drivers")
+	var row []string
+	for _, l := range strings.Split(r.stdout, "\n") {
+		if f := strings.Fields(l); len(f) > 0 && f[0] == "local" {
+			row = f
+		}
+	}
+	// NAME VERSION PROTOCOL SERVED HEALTH CAPABILITIES
+	if len(row) < 5 || row[1] == "" || row[2] != "1" || row[3] != "plugin" || row[4] != "ok" {
+		t.Errorf("drivers: no healthy local row served through the plugin at protocol 1\n%v", r)
+	}
+
+	var list []driverJSON
+	r = e.must("drivers", "--json")
+	decodeOne(t, r, &list)
+	i := slices.IndexFunc(list, func(d driverJSON) bool { return d.Name == "local" })
+	if i < 0 || list[i].Version == "" || list[i].Protocol != 1 || list[i].Served != "plugin" || list[i].Health != "ok" ||
+		!slices.Equal(list[i].ProtocolVersions, []int{1}) {
+		t.Errorf("drivers --json: want local, healthy, served through the plugin at protocol 1: %+v", list)
+	}
+}
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+
+	t.Run("json-and-junit", func(t *testing.T) {
+		t.Parallel()
+		e := e.with(t)
+		junit := filepath.Join(e.dir, "report.xml")
+		r := e.run("conformance", "--driver", "local", "--run", "^exec/exit-code", "--json", "--junit", junit)
+		if r.code != 0 {
+			t.Fatalf("want exit 0\n%v", r)
+		}
+		var rep struct {
+			Driver  string `json:"driver"`
+			Passed  int    `json:"passed"`
+			Failed  int    `json:"failed"`
+			Skipped int    `json:"skipped"`
+			Cases   []struct {
+				Name       string `json:"name"`
+				Group      string `json:"group"`
+				Status     string `json:"status"`
+				DurationMS *int64 `json:"duration_ms"`
+			} `json:"cases"`
+		}
+		decodeOne(t, r, &rep)
+		if rep.Driver != "local" || rep.Passed < 3 || rep.Failed != 0 || len(rep.Cases) != rep.Passed+rep.Failed+rep.Skipped {
+			t.Errorf("report: %+v", rep)
+		}
+		for _, c := range rep.Cases {
+			if c.Group != "exec" || !strings.HasPrefix(c.Name, "exit-code") || c.Status != "pass" || c.DurationMS == nil {
+				t.Errorf("case %+v", c)
+			}
+		}
+		b, err := os.ReadFile(junit)
+		if err != nil {
+			t.Fatalf("--junit wrote nothing: %v", err)
+		}
+		var x struct {
+			XMLName  xml.Name `xml:"testsuites"`
+			Tests    int      `xml:"tests,attr"`
+			Failures int      `xml:"failures,attr"`
+			Suites   []struct {
+				Cases []struct {
+					Name string `xml:"name,attr"`
+				} `xml:"testcase"`
+			} `xml:"testsuite"`
+		}
+		if err := xml.Unmarshal(b, &x); err != nil {
+			t.Fatalf("--junit is not XML: %v\n%s", err, b)
+		}
+		n := 0
+		for _, s := range x.Suites {
+			n += len(s.Cases)
+		}
+		if x.Tests != rep.Passed || x.Failures != 0 || n != len(rep.Cases) {
+			t.Errorf("junit: %d tests, %d failures, %d testcases; want %d, 0, %d\n%s", x.Tests, x.Failures, n, rep.Passed, len(rep.Cases), b)
+		}
+	})
+
+	t.Run("list", func(t *testing.T) {
+		t.Parallel()
+		e := e.with(t)
+		r := e.must("conformance", "--list")
+		for _, c := range []string{"exec/exit-code-0", "exec/timeout-kills-tree", "isolation/sessions-isolated", "lifecycle/long-state-dir"} {
+			if !strings.Contains(r.stdout, c) {
+				t.Errorf("--list does not list %s\n%v", c, r)
+			}
+		}
+		r = e.must("conformance", "--list", "--run", "^exec/exit-code")
+		if n := strings.Count(r.stdout, "exec/exit-code-"); n != 3 || strings.Contains(r.stdout, "lifecycle/") {
+			t.Errorf("--list --run ^exec/exit-code: %d exit-code cases\n%v", n, r)
+		}
+	})
+
+	t.Run("bad-usage", func(t *testing.T) {
+		t.Parallel()
+		e := e.with(t)
+		r := e.run("conformance", "--driver", "local", "--run", "(")
+		if r.code != 125 || !strings.Contains(r.stderr, "--run") {
+			t.Errorf("--run '(': want 125 naming --run\n%v", r)
+		}
+		r = e.run("conformance")
+		if r.code != 125 || !strings.Contains(r.stderr, "--driver") {
+			t.Errorf("no --driver: want 125 naming --driver\n%v", r)
+		}
+		r = e.run("conformance", "--driver", "nosuch")
+		if r.code != 125 || !strings.Contains(r.stderr, "nosuch") {
+			t.Errorf("--driver nosuch: want 125 naming it\n%v", r)
+		}
+	})
+}
+
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.must("version")
+	if !regexp.MustCompile(`^berth \S+ \(driver protocol 1\)\n$`).MatchString(r.stdout) || !strings.Contains(r.stdout, version) {
+		t.Errorf("version\n%v", r)
+	}
+	if _, err := os.Stat(e.state); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("berth version touched the state dir (%v)", err)
+	}
+}
+
+// Plugin logs go to STATE/berth.log, never into the command's output.
+func TestLogs(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.must("--log-level", "debug", "exec", "--", "true")
+	if r.stdout != "" || r.stderr != "" {
+		t.Fatalf("berth exec -- true with debug logs: want no output\n%v", r)
+	}
+	b, err := os.ReadFile(filepath.Join(e.state, "berth.log"))
+	if err != nil {
+		t.Fatalf("no log file: %v", err)
+	}
+	log := string(b)
+	// Lines of berth itself, and lines the plugin process wrote on its stderr.
+	for _, s := range []string{"[DEBUG]", "driver plugin started", "@module=driver"} {
+		if !strings.Contains(log, s) {
+			t.Errorf("berth.log has no %q:\n%s", s, log)
+		}
+	}
+	r = e.run("--log-level", "debug", "exec", "--", "sh", "-c", "echo out; echo err >&2")
+	if r.stdout != "out\n" || r.stderr != "err\n" {
+		t.Errorf("logs leaked into the command's output\n%v", r)
+	}
+}
+
+// A state dir whose path is 150 bytes long works.
+func TestLongStateDir(t *testing.T) {
+	t.Parallel()
+	base := filepath.Join(t.TempDir(), "s"+randHex(6))
+	state := base + "/" + strings.Repeat("d", 150-len(base)-1)
+	if len(state) != 150 {
+		t.Fatalf("state dir path is %d bytes", len(state))
+	}
+	e := newEnvAt(t, state)
+	mark := newMark()
+	e.must("exec", "-e", markEnv(mark), "--", "sh", "-c", "sleep 300 >/dev/null 2>&1 &")
+	r := e.must("exec", "--", "sh", "-c", `echo "$HOME"`)
+	if !strings.HasPrefix(r.stdout, state+"/") {
+		t.Errorf("home %q is not under the state dir", r.stdout)
+	}
+	if len(marked(mark)) != 1 {
+		t.Error("the background process did not survive to the next exec")
+	}
+	if rows := e.sessions(); len(rows) != 1 || rows[0].State != "running" {
+		t.Errorf("sessions: %+v", rows)
+	}
+	e.must("rm", "main")
+	if !waitFor(5*time.Second, func() bool { return len(marked(mark)) == 0 }) {
+		t.Error("rm left the background process running")
+	}
+}
+
+// 20 concurrent berth processes over 5 sessions all succeed, and make 5 sandboxes.
+func TestConcurrentExecs(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const sessions, each = 5, 4
+	type out struct {
+		session string
+		r       result
+		err     error
+	}
+	results := make(chan out, sessions*each)
+	var wg sync.WaitGroup
+	for i := 0; i < sessions*each; i++ {
+		s := fmt.Sprintf("par:%d", i%sessions)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := e.try(nil, 2*time.Minute, "exec", "-s", s, "--", "sh", "-c", `echo "$HOME"`)
+			results <- out{s, r, err}
+		}()
+	}
+	wg.Wait()
+	close(results)
+	homes := map[string]map[string]bool{}
+	for o := range results {
+		if o.err != nil || o.r.code != 0 {
+			t.Errorf("session %s: %v\n%v", o.session, o.err, o.r)
+			continue
+		}
+		if homes[o.session] == nil {
+			homes[o.session] = map[string]bool{}
+		}
+		homes[o.session][strings.TrimSpace(o.r.stdout)] = true
+	}
+	all := map[string]bool{}
+	for s, h := range homes {
+		if len(h) != 1 {
+			t.Errorf("session %s ran in %d sandboxes: %v", s, len(h), h)
+		}
+		for k := range h {
+			all[k] = true
+		}
+	}
+	if len(all) != sessions {
+		t.Errorf("%d distinct homes; want %d", len(all), sessions)
+	}
+	rows := e.sessions()
+	sandboxes := map[string]bool{}
+	for _, r := range rows {
+		if r.State != "running" || r.Driver != "local" {
+			t.Errorf("session %+v", r)
+		}
+		sandboxes[r.Sandbox] = true
+	}
+	if len(rows) != sessions || len(sandboxes) != sessions {
+		t.Errorf("sessions: %d rows over %d sandboxes; want %d and %d: %+v", len(rows), len(sandboxes), sessions, sessions, rows)
+	}
+}
+
+// The JSON capture stays within its cap in bytes of valid UTF-8, whatever the output
+// and however it is split into writes.
+func TestCaptureWithinCap(t *testing.T) {
+	t.Parallel()
+	alphabet := [][]byte{[]byte("a"), []byte("é"), []byte("€"), []byte("😀"), {0xff}, {0xe2, 0x82}, {0x80}}
+	for i := 0; i < 3000; i++ {
+		var in []byte
+		n := int(randByte()) * int(randByte()%8+1)
+		for len(in) < n {
+			in = append(in, alphabet[int(randByte())%len(alphabet)]...)
+		}
+		capBytes := int64(randByte()) % 300
+		c := newCapture(capBytes)
+		for rest := in; len(rest) > 0; {
+			k := min(int(randByte()%64)+1, len(rest))
+			c.Write(rest[:k])
+			rest = rest[k:]
+		}
+		s, dropped := c.Text()
+		if int64(len(s)) > capBytes || !utf8.ValidString(s) {
+			t.Fatalf("cap %d, input %q: %d bytes %q", capBytes, in, len(s), s)
+		}
+		if dropped == 0 && s != strings.ToValidUTF8(string(in), "\uFFFD") {
+			t.Fatalf("cap %d, input %q: nothing dropped but %q", capBytes, in, s)
+		}
+		if m := markerRE.FindStringSubmatch(s); dropped > 0 && m != nil && m[1] != strconv.FormatInt(dropped, 10) {
+			t.Fatalf("cap %d, input %q: marker %q, dropped %d", capBytes, in, m[0], dropped)
+		}
+	}
+}
+
+func randByte() byte {
+	var b [1]byte
+	rand.Read(b[:])
+	return b[0]
+}
