@@ -1158,6 +1158,7 @@ func TestBadInput(t *testing.T) {
 		"bad-glob":       "scope \"chat:[\" {\n  driver = \"local\"\n}\n",
 		"bad-duration":   "scope \"*\" {\n  driver = \"local\"\n  retention {\n    idle_ttl = \"7x\"\n  }\n}\n",
 		"unknown-key":    "scope \"*\" {\n  driver = \"local\"\n  colour = \"red\"\n}\n",
+		"driver-setting": "driver \"local\" {\n  bogus = 1\n}\n",
 	}
 	path := map[string]string{}
 	for name, src := range cfgs {
@@ -1178,6 +1179,7 @@ func TestBadInput(t *testing.T) {
 		{"bad-glob", ":1:7", `"chat:["`},
 		{"bad-duration", ":4:16", `"7x"`},
 		{"unknown-key", ":3:3", `"colour"`},
+		{"driver-setting", ":2:3", `"bogus"`},
 	} {
 		want := []string{path[c.name] + c.pos, c.input}
 		cases = append(cases,
@@ -1192,6 +1194,7 @@ func TestBadInput(t *testing.T) {
 		badCase{"workdir-missing", []string{"exec", "-s", "wd:1", "-w", missingDir, "--", "true"}, []string{missingDir}},
 		badCase{"state-dir-unwritable", []string{"--state-dir", filepath.Join(regular, "state"), "exec", "--", "true"}, []string{regular}},
 		badCase{"rm-bad-session", []string{"rm", ".."}, []string{`".."`}},
+		badCase{"max-output-negative", []string{"exec", "--max-output", "-5", "--", "true"}, []string{"--max-output -5"}},
 	)
 
 	for _, c := range cases {
@@ -1521,4 +1524,60 @@ func randByte() byte {
 	var b [1]byte
 	rand.Read(b[:])
 	return b[0]
+}
+
+// TestConformanceInterrupt: SIGINT during `berth conformance` stops the run after the
+// running case's cleanups: no sandbox, agent or temporary directory of the run stays.
+func TestConformanceInterrupt(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	tmp := filepath.Join(e.dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cmd := e.command("conformance", "--driver", "local", "--run", "^exec/")
+	cmd.Env = append(cmd.Env, "TMPDIR="+tmp)
+	errPipe, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(errPipe)
+	var seen []string
+	for sc.Scan() { // interrupt once the first case has passed: the suite is mid-run
+		seen = append(seen, sc.Text())
+		if strings.HasPrefix(sc.Text(), "pass ") {
+			break
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	go io.Copy(io.Discard, errPipe)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("berth conformance did not stop within 60 s of SIGINT; stderr so far %q", seen)
+	}
+	if code := cmd.ProcessState.ExitCode(); code == 0 {
+		t.Errorf("an interrupted run exited 0")
+	}
+	if ents, _ := os.ReadDir(tmp); len(ents) != 0 {
+		t.Errorf("the run left %d entries in its temporary directory: %v", len(ents), ents)
+	}
+	var left []procInfo
+	if !waitFor(5*time.Second, func() bool { left = procsOf(tmp); return len(left) == 0 }) {
+		t.Errorf("processes of the interrupted run stay: %s", describe(left))
+	}
+	sandboxes, _ := os.ReadDir(filepath.Join(e.state, "drivers", "local", "sandboxes"))
+	for _, s := range sandboxes {
+		if strings.HasPrefix(s.Name(), "bconf-") {
+			t.Errorf("sandbox %s of the interrupted run stays", s.Name())
+		}
+	}
 }

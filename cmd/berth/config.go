@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -31,6 +32,9 @@ func newConfigCmd(g *globals) *cobra.Command {
 			}
 			c, err := registry.LoadConfig(path)
 			if err != nil {
+				return failure(err)
+			}
+			if err := checkDriverBlocks(cmd.Context(), c); err != nil {
 				return failure(err)
 			}
 			fmt.Fprintf(os.Stdout, "%s: ok, %d scope rules\n", path, len(c.Rules))
@@ -82,6 +86,31 @@ func newConfigCmd(g *globals) *cobra.Command {
 	explain.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cfg.AddCommand(explain)
 	return cfg
+}
+
+// checkDriverBlocks decodes every driver block of c against its driver's schema, for
+// the built-in drivers, whose schema is known without starting them.
+func checkDriverBlocks(ctx context.Context, c *registry.Config) error {
+	builtins := builtinDrivers()
+	for name := range c.Drivers {
+		mk := builtins[name]
+		if mk == nil {
+			continue
+		}
+		d := mk()
+		cfg, ok := d.(backend.Configurer)
+		if !ok {
+			continue
+		}
+		schema, err := cfg.ConfigSchema(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := c.DriverConfig(name, schema); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // explainJSON is the output of `berth config explain --json`.

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/signal"
 	"regexp"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 
 	"github.com/berth-sh/berth/conformance"
@@ -29,8 +31,9 @@ func newConformanceCmd(g *globals) *cobra.Command {
 		Short: "Run the shared conformance suite against a driver",
 		Long: `Run berth's conformance suite against a driver, as configured in the config file,
 through its plugin (or inside this process with --in-process). Cases whose capability the
-driver does not claim are skipped with the reason. The suite works in a temporary state
-dir under its own owner id, so it never touches your sessions' sandboxes.
+driver does not claim are skipped with the reason. The suite's sandboxes carry their own
+owner id and their agent files live in a temporary directory, so your sessions'
+sandboxes are never touched. SIGINT or SIGTERM stops the run after cleaning up.
 
 Exit status: 0 when no case failed, 1 when any failed, 125 when the suite could not run.`,
 		Example: `  berth conformance --driver local
@@ -53,6 +56,9 @@ Exit status: 0 when no case failed, 1 when any failed, 125 when the suite could 
 }
 
 func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error {
+	// An interrupt cancels the running case; its cleanups still run, then the report.
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
 	var filter conformance.Filter
 	var err error
 	if f.run != "" {

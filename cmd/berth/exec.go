@@ -46,11 +46,14 @@ are forwarded to the command's process group; a second SIGINT kills its process 
   berth exec -s main --json --max-output 65536 -- ls -la`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.Flags().Changed("max-output") && f.maxOutput < 0 {
+				return usageError("--max-output %d: must be 0 or more bytes", f.maxOutput)
+			}
 			return runExec(cmd.Context(), g, f, args)
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVarP(&f.session, "session", "s", defaultSession(), "session name (default $BERTH_SESSION, then main)")
+	fl.StringVarP(&f.session, "session", "s", defaultSession(), "session name ($BERTH_SESSION sets the default)")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "set an environment variable for this command (KEY=VALUE, repeatable)")
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "working directory in the sandbox")
 	fl.DurationVar(&f.timeout, "timeout", 0, "kill the command's process tree after this long (e.g. 30s, 5m) and exit 124")

@@ -28,7 +28,7 @@ exit code.`,
 			return runShell(cmd.Context(), g, session)
 		},
 	}
-	cmd.Flags().StringVarP(&session, "session", "s", defaultSession(), "session name (default $BERTH_SESSION, then main)")
+	cmd.Flags().StringVarP(&session, "session", "s", defaultSession(), "session name ($BERTH_SESSION sets the default)")
 	return cmd
 }
 
