@@ -1188,6 +1188,8 @@ func TestBadInput(t *testing.T) {
 		)
 	}
 	cases = append(cases,
+		badCase{"conformance-run-matches-nothing", []string{"conformance", "--driver", "local", "--run", "^zzz$"}, []string{`"^zzz$"`}},
+		badCase{"conformance-junit-unwritable", []string{"conformance", "--driver", "local", "--run", "^exec/exit-code-0$", "--junit", filepath.Join(regular, "r.xml")}, []string{"--junit"}},
 		badCase{"session-dotdot", []string{"exec", "-s", "..", "--", "true"}, []string{`".."`}},
 		badCase{"session-abs", []string{"exec", "-s", "/abs", "--", "true"}, []string{`"/abs"`}},
 		badCase{"session-300", []string{"exec", "-s", long, "--", "true"}, []string{long[:40], "300 characters"}},
@@ -1579,5 +1581,34 @@ func TestConformanceInterrupt(t *testing.T) {
 		if strings.HasPrefix(s.Name(), "bconf-") {
 			t.Errorf("sandbox %s of the interrupted run stays", s.Name())
 		}
+	}
+}
+
+// TestExecOutputWriteFails: when berth cannot write the command's output (a full
+// disk), it stops the command and exits 125 saying so; output is never lost silently.
+func TestExecOutputWriteFails(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skipf("no /dev/full: %v", err)
+	}
+	defer full.Close()
+	mark := newMark()
+	cmd := e.command("exec", "-e", markEnv(mark), "--", "sh", "-c", "while :; do echo data; done")
+	var errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = full, &errb
+	if err := cmd.Run(); err != nil && !isExitError(err) {
+		t.Fatal(err)
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 125 {
+		t.Errorf("exit %d, want 125; stderr %q", code, errb.String())
+	}
+	if !strings.Contains(errb.String(), "writing the command's stdout") || !strings.Contains(errb.String(), "no space left") {
+		t.Errorf("stderr %q does not say that stdout could not be written", errb.String())
+	}
+	var left []procInfo
+	if !waitFor(5*time.Second, func() bool { left = marked(mark); return len(left) == 0 }) {
+		t.Errorf("the command still runs: %s", describe(left))
 	}
 }

@@ -86,6 +86,16 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 	if f.driver == "" {
 		return usageError("--driver is required: name the driver to test, e.g. --driver local (see 'berth drivers')")
 	}
+	if len(conformance.List(filter)) == 0 {
+		return usageError("no conformance case matches --run %q --skip %q; see 'berth conformance --list'", f.run, f.skip)
+	}
+	var junit *os.File
+	if f.junit != "" { // opened first, so a bad path fails before the run, not after
+		if junit, err = os.Create(f.junit); err != nil {
+			return usageError("--junit %s: %v", f.junit, err)
+		}
+		defer junit.Close()
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return failure(err)
@@ -121,13 +131,9 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 		},
 	}
 	rep := conformance.RunAll(ctx, b, opts, filter)
-	if f.junit != "" {
-		jf, err := os.Create(f.junit)
-		if err != nil {
-			return failure(fmt.Errorf("--junit %s: %w", f.junit, err))
-		}
-		err = rep.JUnit(jf)
-		if cerr := jf.Close(); err == nil {
+	if junit != nil {
+		err := rep.JUnit(junit)
+		if cerr := junit.Close(); err == nil {
 			err = cerr
 		}
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -106,6 +107,13 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 	}
 
 	req := backend.ExecRequest{Argv: argv, Env: f.env, Dir: f.workdir, Timeout: f.timeout, Stdin: f.stdin || f.tty, TTY: f.tty}
+	// berth's own stdout and stderr: the first failed write stops the command (as a
+	// closed pipe does) and berth exits 125 saying why; output is never lost silently.
+	stopOnce := make(chan struct{})
+	var stopExec sync.Once
+	stop := func() { stopExec.Do(func() { close(stopOnce) }) }
+	stdout := &outWriter{w: os.Stdout, name: "stdout", fail: stop}
+	stderr := &outWriter{w: os.Stderr, name: "stderr", fail: stop}
 	var outCap, errCap *capture
 	var outStream, errStream *headWriter
 	switch {
@@ -113,10 +121,10 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 		outCap, errCap = newCapture(capBytes), newCapture(capBytes)
 		req.Stdout, req.Stderr = outCap, errCap
 	case capBytes >= 0:
-		outStream, errStream = &headWriter{w: os.Stdout, n: capBytes}, &headWriter{w: os.Stderr, n: capBytes}
+		outStream, errStream = &headWriter{w: stdout, n: capBytes}, &headWriter{w: stderr, n: capBytes}
 		req.Stdout, req.Stderr = outStream, errStream
 	default:
-		req.Stdout, req.Stderr = os.Stdout, os.Stderr
+		req.Stdout, req.Stderr = stdout, stderr
 	}
 
 	var restore func()
@@ -146,6 +154,13 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 
 	execCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	go func() {
+		select {
+		case <-stopOnce:
+			cancel()
+		case <-execCtx.Done():
+		}
+	}()
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGWINCH)
 	defer signal.Stop(sigs)
@@ -190,6 +205,11 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 	if restore != nil {
 		restore()
 	}
+	for _, o := range []*outWriter{stdout, stderr} {
+		if o.err != nil {
+			return failure(fmt.Errorf("writing the command's %s: %v; the command was stopped", o.name, o.err))
+		}
+	}
 	if err != nil {
 		return failure(err)
 	}
@@ -222,6 +242,25 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 		return exitCode(res.ExitCode)
 	}
 	return nil
+}
+
+// outWriter writes to one of berth's own output streams. After the first failure it
+// drops the rest and calls fail once; err is read after the exec has ended.
+type outWriter struct {
+	w    io.Writer
+	name string
+	fail func()
+	err  error
+}
+
+func (o *outWriter) Write(b []byte) (int, error) {
+	if o.err == nil {
+		if _, err := o.w.Write(b); err != nil {
+			o.err = err
+			o.fail()
+		}
+	}
+	return len(b), nil
 }
 
 // processWriter adapts a Process's stdin to io.Writer.
