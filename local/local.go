@@ -264,9 +264,11 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 		return backend.Sandbox{}, err
 	}
 
+	// No record: whatever still carries this sandbox's marker (an agent whose
+	// directory was deleted by hand, and its processes) is left over; end it first.
+	sweep(spec.Name)
 	if _, err := os.Lstat(dir); err == nil {
-		// A directory without meta.json: a Create that crashed half-way. Nothing runs
-		// there without meta (the agent is started after it is written), so clear it.
+		// A directory without meta.json: a Create that crashed half-way.
 		if err := removeAll(dir); err != nil {
 			return backend.Sandbox{}, fmt.Errorf("local sandbox %s: clearing a half-created directory: %w", spec.Name, err)
 		}
@@ -384,7 +386,8 @@ func (d *Driver) List(ctx context.Context, filter map[string]string) ([]backend.
 
 // Stop asks the agent to end every process of the sandbox (SIGTERM, then SIGKILL after
 // grace) and waits for the agent to exit; the directory stays. A missing or stopped
-// sandbox succeeds.
+// sandbox succeeds; processes still carrying a missing sandbox's BERTH_SANDBOX marker
+// (its directory was deleted by hand) are killed.
 func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) error {
 	dir, err := d.sandboxDir(name)
 	if err != nil {
@@ -392,6 +395,7 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 	}
 	m, err := readMeta(dir)
 	if errors.Is(err, backend.ErrNotFound) {
+		sweep(name) // processes of a sandbox whose directory was deleted by hand
 		return nil
 	}
 	if err != nil {
@@ -400,7 +404,8 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 	return d.stop(ctx, m, grace)
 }
 
-// Remove stops the sandbox and deletes its directory. A missing sandbox succeeds.
+// Remove stops the sandbox and deletes its directory. A missing sandbox succeeds, after
+// killing processes that still carry its BERTH_SANDBOX marker.
 func (d *Driver) Remove(ctx context.Context, name string) error {
 	dir, err := d.sandboxDir(name)
 	if err != nil {
@@ -416,7 +421,9 @@ func (d *Driver) Remove(ctx context.Context, name string) error {
 		if err := d.stop(ctx, m, 0); err != nil {
 			return err
 		}
-	} else if !errors.Is(err, backend.ErrNotFound) {
+	} else if errors.Is(err, backend.ErrNotFound) {
+		sweep(name) // processes of a sandbox whose directory was deleted by hand
+	} else {
 		return err
 	}
 	if err := removeAll(dir); err != nil {

@@ -1,0 +1,106 @@
+package local_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/local"
+)
+
+// markedPids returns the pids of processes whose environment holds mark=1.
+func markedPids(mark string) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err == nil && bytes.Contains(append([]byte{0}, env...), []byte("\x00"+mark+"=1\x00")) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+func waitGone(t *testing.T, mark string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(markedPids(mark)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("processes marked %s still run: %v", mark, markedPids(mark))
+		}
+		time.Sleep(20 * time.Millisecond) // polling for an outcome, not synchronising
+	}
+}
+
+// TestDeletedDirectory: when a sandbox's directory is deleted by hand, Remove still
+// ends its agent and processes, and a new Create of the name starts cleanly.
+func TestDeletedDirectory(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	state := t.TempDir()
+	driverDir := filepath.Join(state, "drivers", "local")
+	d := local.New(local.WithStateDir(driverDir))
+	defer d.Close()
+	bin, err := agent.Install(state, berthBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := agent.PrepareSandbox(filepath.Join(state, "sandboxes", "sb"), bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := backend.CreateRequest{Spec: backend.SandboxSpec{Name: "sb", Labels: map[string]string{backend.LabelOwner: "o"}}, Agent: files}
+	start := func(mark string) {
+		t.Helper()
+		if _, err := d.Create(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		p, err := d.Exec(ctx, "sb", backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 300 & echo started"}, Env: []string{mark + "=1"}, Stdout: &out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res, err := p.Wait(); err != nil || res.ExitCode != 0 || strings.TrimSpace(out.String()) != "started" {
+			t.Fatalf("exec: %+v %v %q", res, err, out.String())
+		}
+		if len(markedPids(mark)) == 0 {
+			t.Fatal("the background sleep is not running")
+		}
+	}
+
+	mark1 := "BERTH_LOCAL_T1_" + strconv.Itoa(os.Getpid())
+	start(mark1)
+	if err := os.RemoveAll(filepath.Join(driverDir, "sandboxes", "sb")); err != nil {
+		t.Fatal(err)
+	}
+	d.Close() // forget the cached agent connection, as a new berth process would
+	if err := d.Remove(ctx, "sb"); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, mark1)
+
+	mark2 := "BERTH_LOCAL_T2_" + strconv.Itoa(os.Getpid())
+	start(mark2)
+	if err := os.RemoveAll(filepath.Join(driverDir, "sandboxes", "sb")); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	mark3 := "BERTH_LOCAL_T3_" + strconv.Itoa(os.Getpid())
+	start(mark3) // a new Create over the leftovers
+	waitGone(t, mark2)
+	if err := d.Remove(ctx, "sb"); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, mark3)
+}
