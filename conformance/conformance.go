@@ -43,7 +43,8 @@ var _ T = (*testing.T)(nil)
 
 // Case is one conformance case.
 type Case struct {
-	// Group is the case's group: lifecycle, idempotence, exec, tty or isolation.
+	// Group is the case's group: lifecycle, idempotence, exec, tty, isolation or
+	// resources.
 	Group string
 	// Name is the case's name inside its group (lower case, words joined by "-").
 	Name string
@@ -89,9 +90,14 @@ type Options struct {
 	Owner string
 	// Image is the image reference for drivers with FSIsolationImage. It must hold a
 	// POSIX sh (with kill, printf, pwd and test) and cat, chmod, env, grep, head, seq,
-	// sleep (fractions allowed) and stty, as busybox has them. Ignored by drivers
-	// without their own filesystem.
+	// sleep (fractions allowed), stty, dd and touch, as busybox has them (grep must
+	// know -z). Ignored by drivers without their own filesystem.
 	Image string
+	// Capabilities, when set, is the driver's documented set of Linux capabilities
+	// that a sandbox keeps (names with or without CAP_); isolation/capabilities-dropped
+	// then checks that the bounding set is exactly that. When nil, the case checks only
+	// that no capability reaching the host is kept.
+	Capabilities []string
 	// PrepareAgent makes the agent files of one sandbox under stateDir. Default (nil):
 	// DefaultPrepareAgent(AgentBinary), i.e. agent.Install(stateDir, AgentBinary) and
 	// agent.PrepareSandbox(stateDir/sandboxes/NAME, ...).
@@ -267,7 +273,7 @@ func (f Filter) Match(c Case) bool {
 }
 
 // Cases returns every case of the suite, grouped and in a fixed order: lifecycle,
-// idempotence, exec, tty, isolation. The slice is new on each call.
+// idempotence, exec, tty, isolation, resources. The slice is new on each call.
 func Cases() []Case {
 	var all []Case
 	all = append(all, lifecycleCases()...)
@@ -275,6 +281,8 @@ func Cases() []Case {
 	all = append(all, execCases()...)
 	all = append(all, ttyCases()...)
 	all = append(all, isolationCases()...)
+	all = append(all, hardeningIsolationCases()...)
+	all = append(all, resourcesCases()...)
 	return all
 }
 

@@ -317,7 +317,8 @@ func (h *Harness) startBackground(t T, sb string) string {
 	if err != nil || out.ExitCode != 0 || out.Stdout != "started\n" {
 		t.Fatalf("starting a background sleep: err %v, %s", err, out.describe())
 	}
-	if len(liveOnly(h.marked(t, sb, mark))) == 0 {
+	// The sleep may still be between fork and exec when "started" arrives.
+	if !poll(t.Context(), 5*time.Second, 50*time.Millisecond, func() bool { return len(liveOnly(h.marked(t, sb, mark))) > 0 }) {
 		t.Fatalf("the background sleep is not running after its exec returned (or the sandbox's /proc does not show it)")
 	}
 	return mark
@@ -367,7 +368,9 @@ func caseCancelKillsTree(t T, h *Harness) {
 		_, _ = p.Wait()
 		t.Fatalf("no \"started\" within 30 s (stdout %q)", stdout.String())
 	}
-	if len(liveOnly(h.marked(t, sb, mark))) < 2 {
+	// The leader may be between fork and exec (or exec-ing its last command, as
+	// busybox sh does) when "started" arrives; give the scan a moment.
+	if !poll(t.Context(), 5*time.Second, 50*time.Millisecond, func() bool { return len(liveOnly(h.marked(t, sb, mark))) >= 2 }) {
 		t.Errorf("before cancel: fewer than two marked processes run (the scan does not see them)")
 	}
 	cancelled := time.Now()

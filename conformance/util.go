@@ -199,8 +199,10 @@ func parseStat(text string) []procInfo {
 
 // markedScript prints /proc/PID/stat of every process whose environment holds $1.
 // The marker is an argument, not in the scanning processes' environment, so they never
-// find themselves. Processes that end during the scan are passed over.
-const markedScript = `for f in $(grep -l -F -e "$1" /proc/[0-9]*/environ 2>/dev/null); do cat "${f%/environ}/stat" 2>/dev/null; done; true`
+// find themselves. Processes that end during the scan are passed over. grep -z reads
+// the NUL-separated entries as lines (busybox grep stops a line at a NUL otherwise),
+// and -x matches whole KEY=VALUE entries.
+const markedScript = `for f in $(grep -l -z -x -F -e "$1" /proc/[0-9]*/environ 2>/dev/null); do cat "${f%/environ}/stat" 2>/dev/null; done; true`
 
 // statScript prints /proc/PID/stat of every process.
 const statScript = `cat /proc/[0-9]*/stat 2>/dev/null; true`

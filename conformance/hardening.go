@@ -1,0 +1,356 @@
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/berth-sh/berth/backend"
+)
+
+// Cases for drivers that isolate: own filesystem, PID namespace, network none,
+// dropped capabilities, resource limits. Each is gated on the capability it tests.
+
+func needImageFS(c backend.Capabilities) (bool, string) {
+	if c.FSIsolation != backend.FSIsolationImage {
+		return false, "driver does not claim Capabilities.FSIsolation image (sandboxes see the host's filesystem)"
+	}
+	return true, ""
+}
+
+func needPIDIsolation(c backend.Capabilities) (bool, string) {
+	if !c.PIDIsolation {
+		return false, "driver does not claim Capabilities.PIDIsolation"
+	}
+	return true, ""
+}
+
+func needNetworkNone(c backend.Capabilities) (bool, string) {
+	if !slices.Contains(c.NetworkModes, "none") {
+		return false, "driver does not list network mode \"none\" in Capabilities.NetworkModes"
+	}
+	return true, ""
+}
+
+func needDropCaps(c backend.Capabilities) (bool, string) {
+	if !c.DropCapabilities {
+		return false, "driver does not claim Capabilities.DropCapabilities"
+	}
+	return true, ""
+}
+
+func needMemoryLimit(c backend.Capabilities) (bool, string) {
+	if !c.MemoryLimit {
+		return false, "driver does not claim Capabilities.MemoryLimit"
+	}
+	return true, ""
+}
+
+func needPidsLimit(c backend.Capabilities) (bool, string) {
+	if !c.PidsLimit {
+		return false, "driver does not claim Capabilities.PidsLimit"
+	}
+	return true, ""
+}
+
+func needMountsUser(c backend.Capabilities) (bool, string) {
+	if c.FSIsolation != backend.FSIsolationImage || !c.ExecUser {
+		return false, "needs Capabilities.FSIsolation image (bind mounts) and Capabilities.ExecUser"
+	}
+	return true, ""
+}
+
+func hardeningIsolationCases() []Case {
+	g := "isolation"
+	return []Case{
+		{Group: g, Name: "files-not-shared-nor-on-host", Requires: "Capabilities.FSIsolation image", Needs: needImageFS, Run: caseFilesNotOnHost},
+		{Group: g, Name: "processes-invisible", Requires: "Capabilities.PIDIsolation", Needs: needPIDIsolation, Run: caseProcessesInvisible},
+		{Group: g, Name: "network-none-only-lo", Requires: "network mode none", Needs: needNetworkNone, Run: caseNetworkNone},
+		{Group: g, Name: "capabilities-dropped", Requires: "Capabilities.DropCapabilities", Needs: needDropCaps, Run: caseCapabilitiesDropped},
+		{Group: g, Name: "signals-to-pid1-ignored", Requires: "Capabilities.PIDIsolation", Needs: needPIDIsolation, Run: caseSignalsToPID1},
+		{Group: g, Name: "bind-mount-owner", Requires: "Capabilities.FSIsolation image and ExecUser", Needs: needMountsUser, Run: caseBindMountOwner},
+	}
+}
+
+func resourcesCases() []Case {
+	g := "resources"
+	return []Case{
+		{Group: g, Name: "oom-137", Requires: "Capabilities.MemoryLimit", Needs: needMemoryLimit, Run: caseOOM},
+		{Group: g, Name: "fork-bomb-contained", Requires: "Capabilities.PidsLimit", Needs: needPidsLimit, Serial: true, Run: caseForkBomb},
+	}
+}
+
+// A file written at an absolute path in sandbox A is neither in sandbox B nor at that
+// path on the host.
+func caseFilesNotOnHost(t T, h *Harness) {
+	a := h.NewSandbox(t)
+	b := h.NewSandbox(t)
+	path := "/tmp/berth-conf-private-" + randHex(6)
+	h.sh(t, a, `echo secret > "$1" && cat "$1"`, path)
+	if out := h.sh(t, b, `if [ -e "$1" ]; then echo present; fi; true`, path); out.Stdout != "" {
+		t.Errorf("a file written at %s in sandbox %s is visible in sandbox %s", path, a, b)
+	}
+	if _, err := os.Lstat(path); err == nil {
+		os.Remove(path)
+		t.Errorf("a file written at %s in sandbox %s appeared at that path on the host", path, a)
+	}
+}
+
+// A process of sandbox A is invisible in sandbox B.
+func caseProcessesInvisible(t T, h *Harness) {
+	a := h.NewSandbox(t)
+	b := h.NewSandbox(t)
+	mark := h.startBackground(t, a)
+	if ps := h.marked(t, b, mark); len(ps) > 0 {
+		t.Errorf("a background process of sandbox %s is visible in sandbox %s: %v", a, b, ps)
+	}
+	// And B sees few processes at all: its agent and the scan itself.
+	if ps := liveOnly(parseStat(h.sh(t, b, statScript).Stdout)); len(ps) > 8 {
+		t.Errorf("sandbox %s sees %d processes, want only its own few: %v", b, len(ps), ps)
+	}
+}
+
+// With network "none" the sandbox has only the loopback interface.
+func caseNetworkNone(t T, h *Harness) {
+	sb := h.NewSandboxWith(t, func(s *backend.SandboxSpec) { s.Network = "none" })
+	out := h.sh(t, sb, "cat /proc/net/dev")
+	var ifaces []string
+	for _, line := range strings.Split(out.Stdout, "\n") {
+		if name, _, ok := strings.Cut(line, ":"); ok {
+			ifaces = append(ifaces, strings.TrimSpace(name))
+		}
+	}
+	if len(ifaces) != 1 || ifaces[0] != "lo" {
+		t.Errorf("interfaces with network none: %v, want only lo (/proc/net/dev: %q)", ifaces, out.Stdout)
+	}
+}
+
+// capNumbers are the Linux capability numbers by name (without CAP_).
+var capNumbers = map[string]int{
+	"CHOWN": 0, "DAC_OVERRIDE": 1, "DAC_READ_SEARCH": 2, "FOWNER": 3, "FSETID": 4, "KILL": 5,
+	"SETGID": 6, "SETUID": 7, "SETPCAP": 8, "LINUX_IMMUTABLE": 9, "NET_BIND_SERVICE": 10,
+	"NET_BROADCAST": 11, "NET_ADMIN": 12, "NET_RAW": 13, "IPC_LOCK": 14, "IPC_OWNER": 15,
+	"SYS_MODULE": 16, "SYS_RAWIO": 17, "SYS_CHROOT": 18, "SYS_PTRACE": 19, "SYS_PACCT": 20,
+	"SYS_ADMIN": 21, "SYS_BOOT": 22, "SYS_NICE": 23, "SYS_RESOURCE": 24, "SYS_TIME": 25,
+	"SYS_TTY_CONFIG": 26, "MKNOD": 27, "LEASE": 28, "AUDIT_WRITE": 29, "AUDIT_CONTROL": 30,
+	"SETFCAP": 31, "MAC_OVERRIDE": 32, "MAC_ADMIN": 33, "SYSLOG": 34, "WAKE_ALARM": 35,
+	"BLOCK_SUSPEND": 36, "AUDIT_READ": 37, "PERFMON": 38, "BPF": 39, "CHECKPOINT_RESTORE": 40,
+}
+
+// neverCaps are capabilities no hardened sandbox keeps: they reach the host (modules,
+// raw devices, mounts, tracing, the network stack) or hand out privileges (file caps).
+var neverCaps = []string{"SYS_ADMIN", "SYS_MODULE", "SYS_RAWIO", "SYS_PTRACE", "SYS_BOOT", "SYS_TIME",
+	"NET_ADMIN", "NET_RAW", "MKNOD", "SETFCAP", "SETPCAP", "DAC_READ_SEARCH", "LINUX_IMMUTABLE",
+	"MAC_ADMIN", "MAC_OVERRIDE", "BPF", "PERFMON", "SYSLOG", "AUDIT_CONTROL", "SYS_CHROOT"}
+
+func capNames(mask uint64) []string {
+	var out []string
+	for name, n := range capNumbers {
+		if mask&(1<<n) != 0 {
+			out = append(out, name)
+		}
+	}
+	for n := 41; n < 64; n++ {
+		if mask&(1<<n) != 0 {
+			out = append(out, fmt.Sprintf("cap%d", n))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// As root in the sandbox, /proc/self/status shows NoNewPrivs 1 and a bounding set
+// without any capability that reaches the host; with Options.Capabilities set, exactly
+// that set.
+func caseCapabilitiesDropped(t T, h *Harness) {
+	sb := h.NewSandbox(t)
+	out, err := h.exec(t, sb, backend.ExecRequest{Argv: []string{"grep", "-E", "^(CapEff|CapBnd|CapPrm|NoNewPrivs):", "/proc/self/status"}, User: "0"})
+	if err != nil || out.ExitCode != 0 {
+		t.Fatalf("reading /proc/self/status as root: %v %s", err, out.describe())
+	}
+	fields := map[string]string{}
+	for _, line := range strings.Split(out.Stdout, "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			fields[k] = strings.TrimSpace(v)
+		}
+	}
+	if fields["NoNewPrivs"] != "1" {
+		t.Errorf("NoNewPrivs: %q, want 1 (status: %q)", fields["NoNewPrivs"], out.Stdout)
+	}
+	bnd, err1 := strconv.ParseUint(fields["CapBnd"], 16, 64)
+	eff, err2 := strconv.ParseUint(fields["CapEff"], 16, 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("parsing CapBnd/CapEff from %q", out.Stdout)
+	}
+	t.Logf("bounding set: %v", capNames(bnd))
+	for _, c := range neverCaps {
+		if bnd&(1<<capNumbers[c]) != 0 {
+			t.Errorf("the bounding set holds CAP_%s (set: %v)", c, capNames(bnd))
+		}
+	}
+	if eff&^bnd != 0 {
+		t.Errorf("effective capabilities %v are not within the bounding set %v", capNames(eff), capNames(bnd))
+	}
+	if want := h.Options.Capabilities; want != nil {
+		var mask uint64
+		for _, c := range want {
+			n, ok := capNumbers[strings.TrimPrefix(strings.ToUpper(c), "CAP_")]
+			if !ok {
+				t.Fatalf("Options.Capabilities: unknown capability %q", c)
+			}
+			mask |= 1 << n
+		}
+		if bnd != mask {
+			t.Errorf("bounding set %v, want exactly the documented %v", capNames(bnd), capNames(mask))
+		}
+	}
+}
+
+// `kill -TERM 1`, `kill -HUP 1` and `kill -INT 1` from inside leave the sandbox
+// running, background processes included.
+func caseSignalsToPID1(t T, h *Harness) {
+	sb := h.NewSandbox(t)
+	mark := h.startBackground(t, sb)
+	for _, sig := range []string{"TERM", "HUP", "INT"} {
+		out := h.run(t, sb, "kill", "-"+sig, "1")
+		t.Logf("kill -%s 1: %s", sig, out.describe())
+	}
+	time.Sleep(500 * time.Millisecond)
+	if got := h.inspect(t, sb); got.State != backend.StateRunning {
+		t.Fatalf("after kill -TERM/-HUP/-INT 1 the sandbox is %q, want running", got.State)
+	}
+	if out := h.run(t, sb, "sh", "-c", "echo alive"); out.ExitCode != 0 || out.Stdout != "alive\n" {
+		t.Fatalf("exec after kill -TERM 1: %s", out.describe())
+	}
+	if len(liveOnly(h.marked(t, sb, mark))) == 0 {
+		t.Errorf("a background process died after kill -TERM/-HUP/-INT 1")
+	}
+}
+
+// A file created in a bind-mounted host directory belongs to the sandbox's user on the
+// host: "1234:1234" gives 1234:1234, "host" the invoking user's ids (SUDO_UID and
+// SUDO_GID under sudo).
+func caseBindMountOwner(t T, h *Harness) {
+	dir, err := os.MkdirTemp("", "bconf-mount-")
+	if err != nil {
+		t.Fatalf("MkdirTemp: %v", err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatalf("Chmod: %v", err)
+	}
+	hostUID, hostGID := os.Getuid(), os.Getgid()
+	if s := os.Getenv("SUDO_UID"); s != "" {
+		if n, err := strconv.Atoi(s); err == nil {
+			hostUID, hostGID = n, n
+		}
+		if n, err := strconv.Atoi(os.Getenv("SUDO_GID")); err == nil {
+			hostGID = n
+		}
+	}
+	for _, c := range []struct {
+		user     string
+		uid, gid int
+	}{{"1234:1234", 1234, 1234}, {"host", hostUID, hostGID}} {
+		sb := h.NewSandboxWith(t, func(s *backend.SandboxSpec) {
+			s.User = c.user
+			s.Mounts = []backend.Mount{{Source: dir, Target: "/mnt/berth-conf"}}
+		})
+		file := "made-by-" + strings.ReplaceAll(c.user, ":", "-")
+		h.sh(t, sb, `touch "/mnt/berth-conf/$1"`, file)
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(dir, file), &st); err != nil {
+			t.Errorf("user %q: the file made in the mount is not in the host directory: %v", c.user, err)
+			continue
+		}
+		if int(st.Uid) != c.uid || int(st.Gid) != c.gid {
+			t.Errorf("user %q: the file made in the mount belongs to %d:%d on the host, want %d:%d", c.user, st.Uid, st.Gid, c.uid, c.gid)
+		}
+	}
+}
+
+// With a 64 MiB memory limit, allocating 256 MiB ends with 137 and OOMKilled.
+func caseOOM(t T, h *Harness) {
+	sb := h.NewSandboxWith(t, func(s *backend.SandboxSpec) { s.Resources.MemoryBytes = 64 << 20 })
+	out := h.run(t, sb, "dd", "if=/dev/zero", "of=/dev/null", "bs=256M", "count=1")
+	if out.ExitCode != 137 || out.Signal != 9 || !out.OOMKilled {
+		t.Errorf("allocating 256 MiB under a 64 MiB limit: %s oom_killed %v, want exit 137 signal 9 oom_killed true", out.describe(), out.OOMKilled)
+	}
+	if o := h.run(t, sb, "true"); o.ExitCode != 0 || o.OOMKilled {
+		t.Errorf("the next exec: %s oom_killed %v, want exit 0 and no OOM", o.describe(), o.OOMKilled)
+	}
+}
+
+// forkBombPids is the pids limit of the fork bomb case.
+const forkBombPids = 128
+
+// A fork bomb with a 2 s timeout under a pids limit ends at its timeout, while a
+// second exec (retried while the sandbox cannot fork) and a copy (when the driver has
+// Copy) made at the same time end correctly; the agent stays up and answers the next
+// exec.
+func caseForkBomb(t T, h *Harness) {
+	sb := h.NewSandboxWith(t, func(s *backend.SandboxSpec) { s.Resources.Pids = forkBombPids })
+	var wg sync.WaitGroup
+	var bomb execOut
+	var bombErr error
+	wg.Go(func() {
+		bomb, bombErr = h.exec(t, sb, backend.ExecRequest{Argv: []string{"sh", "-c", "f() { f | f & }; f; sleep 30"}, Timeout: 2 * time.Second})
+	})
+	time.Sleep(300 * time.Millisecond) // let it fill the pids limit
+	var second execOut
+	var secondErr error
+	var tries int
+	wg.Go(func() {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			tries++
+			second, secondErr = h.exec(t, sb, backend.ExecRequest{Argv: []string{"echo", "second"}})
+			if secondErr == nil && second.ExitCode == 0 || time.Now().After(deadline) {
+				return
+			}
+			if secondErr != nil && !errors.Is(secondErr, backend.ErrUnavailable) {
+				return // a wrong kind of error: reported below
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	var copyErr error
+	var copied bytes.Buffer
+	copier, hasCopy := h.Backend.(backend.Copier)
+	if hasCopy && h.Info.Capabilities.Copy {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
+			defer cancel()
+			copyErr = copier.CopyOut(ctx, sb, "/etc/passwd", &copied)
+		})
+	}
+	wg.Wait()
+	if bombErr != nil {
+		t.Errorf("the fork bomb's exec: %v", bombErr)
+	} else if !bomb.TimedOut || bomb.Elapsed > 10*time.Second {
+		t.Errorf("the fork bomb: %s, want TimedOut within 10 s", bomb.describe())
+	}
+	if secondErr != nil || second.ExitCode != 0 || second.Stdout != "second\n" {
+		t.Errorf("the second exec (after %d tries): err %v, %s", tries, secondErr, second.describe())
+	}
+	if hasCopy && h.Info.Capabilities.Copy && (copyErr != nil || copied.Len() == 0) {
+		t.Errorf("CopyOut of /etc/passwd during the fork bomb: %v (%d bytes)", copyErr, copied.Len())
+	}
+	if got := h.inspect(t, sb); got.State != backend.StateRunning {
+		t.Fatalf("after the fork bomb the sandbox is %q", got.State)
+	}
+	if out := h.run(t, sb, "sh", "-c", "echo recovered"); out.ExitCode != 0 || out.Stdout != "recovered\n" {
+		t.Errorf("exec after the fork bomb: %s", out.describe())
+	}
+	t.Logf("fork bomb: %s; second exec after %d tries", bomb.describe(), tries)
+}
