@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Start the container runtimes that berth's docker (and later containerd) tests use:
+# containerd and dockerd on private sockets and directories, for development and CI.
+#
+#   sudo scripts/runtimes.sh              # start (or reuse) them; prints export lines
+#   eval "$(sudo scripts/runtimes.sh)"    # ... and use them in this shell
+#   sudo scripts/runtimes.sh stop         # stop what this script started
+#
+# As root on Debian it installs docker.io, containerd, runc and busybox-static when they
+# are missing. Everything lives under $BERTH_RUNTIMES_DIR (default /tmp/berth-runtimes):
+#
+#   containerd.sock  dockerd.sock          the sockets
+#   containerd/{root,state}  docker/{data,exec}   the daemons' directories
+#   containerd.log   dockerd.log           the daemons' logs
+#   containerd.pid   dockerd.pid           their pids
+#   env                                    the export lines below, for `. DIR/env`
+#
+# dockerd runs with --bridge=none --iptables=false --ip-masq=false: no host network
+# changes; berth's test sandboxes use network "none". A second run reuses daemons that
+# answer. When a daemon does not come up within BERTH_RUNTIMES_TIMEOUT seconds (default
+# 60) its log is printed to stderr and the script exits 1. Only the export lines go to
+# stdout; progress goes to stderr.
+set -euo pipefail
+
+DIR=${BERTH_RUNTIMES_DIR:-/tmp/berth-runtimes}
+TIMEOUT=${BERTH_RUNTIMES_TIMEOUT:-60}
+CSOCK=$DIR/containerd.sock
+DSOCK=$DIR/dockerd.sock
+
+say() { printf 'runtimes: %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+alive() { # pidfile
+  [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null
+}
+
+stop_one() { # name
+  local pf=$DIR/$1.pid
+  if alive "$pf"; then
+    local pid; pid=$(cat "$pf")
+    say "stopping $1 (pid $pid)"
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$pf"
+}
+
+if [ "${1:-}" = stop ]; then
+  stop_one dockerd
+  stop_one containerd
+  exit 0
+fi
+[ $# -eq 0 ] || die "usage: $0 [stop]"
+
+# --- packages -------------------------------------------------------------------
+missing=()
+command -v dockerd >/dev/null || missing+=(docker.io)
+command -v containerd >/dev/null || missing+=(containerd)
+command -v runc >/dev/null || missing+=(runc)
+# The test images are built from a static busybox; Debian's busybox-static puts it at
+# /bin/busybox (the plain busybox package's is dynamic and will not do).
+if command -v dpkg-query >/dev/null; then
+  dpkg-query -W -f '${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || missing+=(busybox-static)
+elif [ ! -x /bin/busybox ]; then
+  missing+=(busybox-static)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    die "missing ${missing[*]}: install them (Debian: apt-get install -y ${missing[*]}) or run this script as root on Debian"
+  fi
+  say "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+[ "$(id -u)" = 0 ] || die "containerd and dockerd need root: run sudo $0"
+
+mkdir -p "$DIR"/containerd/root "$DIR"/containerd/state "$DIR"/docker/data "$DIR"/docker/exec
+chmod 711 "$DIR"
+
+wait_for() { # name check-command...
+  local name=$1; shift
+  local deadline=$((SECONDS + TIMEOUT))
+  until "$@" >/dev/null 2>&1; do
+    if [ $SECONDS -ge $deadline ] || ! alive "$DIR/$name.pid"; then
+      say "$name did not come up within ${TIMEOUT}s (or exited); its log ($DIR/$name.log):"
+      tail -n 100 "$DIR/$name.log" >&2 || true
+      exit 1
+    fi
+    sleep 0.2
+  done
+}
+
+# --- containerd -------------------------------------------------------------------
+if alive "$DIR/containerd.pid" && ctr --address "$CSOCK" version >/dev/null 2>&1; then
+  say "containerd already running (pid $(cat "$DIR/containerd.pid"))"
+else
+  stop_one containerd
+  rm -f "$CSOCK"
+  say "starting containerd on $CSOCK"
+  # A config of its own so that the host's /etc/containerd/config.toml (if any) does not
+  # apply; the grpc socket, root and state come from the flags.
+  printf 'version = 2\n' >"$DIR/containerd.toml"
+  setsid containerd --config "$DIR/containerd.toml" --address "$CSOCK" \
+    --root "$DIR/containerd/root" --state "$DIR/containerd/state" \
+    </dev/null >>"$DIR/containerd.log" 2>&1 &
+  echo $! >"$DIR/containerd.pid"
+  wait_for containerd ctr --address "$CSOCK" version
+  say "containerd up"
+fi
+
+# --- dockerd ----------------------------------------------------------------------
+if alive "$DIR/dockerd.pid" && docker -H "unix://$DSOCK" version >/dev/null 2>&1; then
+  say "dockerd already running (pid $(cat "$DIR/dockerd.pid"))"
+else
+  stop_one dockerd
+  rm -f "$DSOCK"
+  say "starting dockerd on $DSOCK"
+  echo '{}' >"$DIR/daemon.json" # not the host's /etc/docker/daemon.json
+  # --pidfile is dockerd's own lock file; ours ($DIR/dockerd.pid) is written by us.
+  setsid dockerd -H "unix://$DSOCK" --containerd "$CSOCK" \
+    --data-root "$DIR/docker/data" --exec-root "$DIR/docker/exec" \
+    --pidfile "$DIR/docker/dockerd.pid" \
+    --bridge=none --iptables=false --ip-masq=false \
+    --config-file "$DIR/daemon.json" \
+    </dev/null >>"$DIR/dockerd.log" 2>&1 &
+  echo $! >"$DIR/dockerd.pid"
+  wait_for dockerd docker -H "unix://$DSOCK" version
+  say "dockerd up: $(docker -H "unix://$DSOCK" version --format 'Engine {{.Server.Version}}, API {{.Server.APIVersion}}')"
+fi
+
+{
+  echo "export DOCKER_HOST=unix://$DSOCK"
+  echo "export CONTAINERD_ADDRESS=$CSOCK"
+} >"$DIR/env"
+cat "$DIR/env"
