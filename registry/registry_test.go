@@ -51,6 +51,8 @@ func (e *env) options() Options {
 	return Options{
 		ConfigPath: e.config,
 		StateDir:   e.stateDir,
+		// Only the fixture driver: the built-in list (backends.Builtins) grows.
+		KnownDrivers: []string{"local"},
 		InProcess: map[string]func() backend.TerminalBackend{"local": func() backend.TerminalBackend {
 			d := &hostDriver{}
 			e.mu.Lock()

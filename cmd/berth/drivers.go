@@ -8,6 +8,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
+	"github.com/berth-sh/berth/docker"
 	"github.com/berth-sh/berth/local"
 	"github.com/spf13/cobra"
 )
@@ -102,6 +103,8 @@ func newDriverCmd(g *globals) *cobra.Command {
 			switch args[0] {
 			case local.Name:
 				d = local.New()
+			case docker.Name:
+				d = docker.New()
 			default:
 				return usageError("no built-in driver %q (built-in: %s)", args[0], strings.Join(backends.Builtins, ", "))
 			}

@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/docker"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
 	"github.com/hashicorp/go-hclog"
@@ -115,10 +116,22 @@ func (g *globals) open(ctx context.Context) (*registry.Registry, error) {
 	return r, nil
 }
 
+// withRegistry opens the registry, runs f with it and closes it; every error is a
+// berth failure (exit 125) unless f returns an exit code of its own.
+func (g *globals) withRegistry(ctx context.Context, f func(reg *registry.Registry) error) error {
+	reg, err := g.open(ctx)
+	if err != nil {
+		return failure(err)
+	}
+	defer reg.Close()
+	return failure(f(reg))
+}
+
 // builtinDrivers are the drivers compiled into berth, for --in-process use.
 func builtinDrivers() map[string]func() backend.TerminalBackend {
 	return map[string]func() backend.TerminalBackend{
-		local.Name: func() backend.TerminalBackend { return local.New() },
+		local.Name:  func() backend.TerminalBackend { return local.New() },
+		docker.Name: func() backend.TerminalBackend { return docker.New() },
 	}
 }
 

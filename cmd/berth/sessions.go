@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/berth-sh/berth/registry"
 	"github.com/spf13/cobra"
 )
 
@@ -87,12 +88,9 @@ func newCloseCmd(g *globals) *cobra.Command {
 		Short: "Close a session, applying its rule's on_close (keep, stop or remove)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			reg, err := g.open(cmd.Context())
-			if err != nil {
-				return failure(err)
-			}
-			defer reg.Close()
-			return failure(reg.CloseSession(cmd.Context(), args[0]))
+			return g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
+				return reg.CloseSession(cmd.Context(), args[0])
+			})
 		},
 	}
 }
@@ -103,12 +101,9 @@ func newRmCmd(g *globals) *cobra.Command {
 		Short: "Remove a session's sandbox and its files, whatever on_close says",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			reg, err := g.open(cmd.Context())
-			if err != nil {
-				return failure(err)
-			}
-			defer reg.Close()
-			return failure(reg.RemoveSession(cmd.Context(), args[0]))
+			return g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
+				return reg.RemoveSession(cmd.Context(), args[0])
+			})
 		},
 	}
 }

@@ -1,0 +1,336 @@
+package docker_test
+
+import (
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/client"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends"
+	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/docker"
+	"github.com/berth-sh/berth/internal/testimage"
+)
+
+// BenchmarkExecRoundTrip measures the round trip of `true` in a running sandbox,
+// interleaved so that machine noise hits each way alike: the docker driver
+// in-process and through its plugin (both through berth's agent), the Docker SDK's
+// exec called directly (create + attach + inspect), the `docker exec` CLI, and the
+// whole `berth exec -s S -- true` command. It reports p50 and p95 in milliseconds
+// (at least 20 rounds).
+//
+//	go test ./docker -run '^$' -bench ExecRoundTrip -benchtime 30x
+func BenchmarkExecRoundTrip(b *testing.B) {
+	host := testimage.DockerHost()
+	if err := testimage.Ping(host); err != nil {
+		b.Skipf("no Docker Engine at %s: %v; %s", host, err, testimage.StartHint)
+	}
+	ctx := context.Background()
+	state := b.TempDir()
+	owner := "bench-" + filepath.Base(state)
+	bin, err := agent.Install(state, berthBin)
+	if err != nil {
+		b.Fatal(err)
+	}
+	prepare := func(name string) backend.CreateRequest {
+		files, err := agent.PrepareSandbox(filepath.Join(state, "sandboxes", name), bin)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return backend.CreateRequest{Spec: backend.SandboxSpec{Name: name, Image: testimage.Ref, Labels: map[string]string{backend.LabelOwner: owner}}, Agent: files}
+	}
+	inproc := docker.New(docker.WithHost(host))
+	defer inproc.Close()
+	if _, err := inproc.Create(ctx, prepare("bench-inproc")); err != nil {
+		b.Fatal(err)
+	}
+	defer inproc.Remove(ctx, "bench-inproc")
+
+	path, args := backends.BuiltinCommand(berthBin, docker.Name)
+	plug, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer plug.Kill()
+	if err := plug.Configure(ctx, backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "docker"), Owner: owner, Config: []byte(`{"host":"` + host + `"}`)}); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := plug.Create(ctx, prepare("bench-plugin")); err != nil {
+		b.Fatal(err)
+	}
+	defer plug.Remove(ctx, "bench-plugin")
+
+	api, err := client.NewClientWithOpts(client.WithHost(host), client.WithAPIVersionNegotiation())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer api.Close()
+	sdkExec := func() error {
+		ex, err := api.ContainerExecCreate(ctx, "bench-inproc", container.ExecOptions{Cmd: []string{"true"}, AttachStdout: true, AttachStderr: true})
+		if err != nil {
+			return err
+		}
+		att, err := api.ContainerExecAttach(ctx, ex.ID, container.ExecAttachOptions{})
+		if err != nil {
+			return err
+		}
+		io.Copy(io.Discard, att.Reader)
+		att.Close()
+		ins, err := api.ContainerExecInspect(ctx, ex.ID)
+		if err == nil && ins.ExitCode != 0 {
+			b.Fatalf("SDK exec of true: exit %d", ins.ExitCode)
+		}
+		return err
+	}
+	dockerCLI := func() error {
+		return exec.Command("docker", "-H", host, "exec", "bench-inproc", "true").Run()
+	}
+
+	// The whole berth command, with a config that sends every session to docker.
+	cliState := filepath.Join(state, "cli")
+	xdg := filepath.Join(state, "xdg")
+	os.MkdirAll(filepath.Join(xdg, "berth"), 0o755)
+	cfg := "driver \"docker\" {\n  host = \"" + host + "\"\n}\nscope \"*\" {\n  driver = \"docker\"\n  image  = \"" + testimage.Ref + "\"\n}\n"
+	if err := os.WriteFile(filepath.Join(xdg, "berth", "config.hcl"), []byte(cfg), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	berthCLI := func() error {
+		cmd := exec.Command(berthBin, "--state-dir", cliState, "exec", "-s", "bench", "--", "true")
+		cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+xdg)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			b.Logf("berth exec: %s", out)
+		}
+		return err
+	}
+	if err := berthCLI(); err != nil { // creates the session's sandbox
+		b.Fatalf("berth exec: %v", err)
+	}
+	defer func() {
+		cmd := exec.Command(berthBin, "--state-dir", cliState, "rm", "bench")
+		cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+xdg)
+		cmd.Run()
+	}()
+
+	run := func(d backend.TerminalBackend, name string) error {
+		p, err := d.Exec(ctx, name, backend.ExecRequest{Argv: []string{"true"}})
+		if err != nil {
+			return err
+		}
+		res, err := p.Wait()
+		if err == nil && res.ExitCode != 0 {
+			b.Fatalf("true exited %d", res.ExitCode)
+		}
+		return err
+	}
+	ways := []struct {
+		name string
+		f    func() error
+	}{
+		{"in-process", func() error { return run(inproc, "bench-inproc") }},
+		{"plugin", func() error { return run(plug, "bench-plugin") }},
+		{"sdk-exec", sdkExec},
+		{"docker-exec-cli", dockerCLI},
+		{"berth-exec-cli", berthCLI},
+	}
+	rounds := max(b.N, 20)
+	samples := make([][]time.Duration, len(ways))
+	b.ResetTimer()
+	for i := 0; i < rounds; i++ {
+		for j, w := range ways {
+			start := time.Now()
+			if err := w.f(); err != nil {
+				b.Fatalf("%s: %v", w.name, err)
+			}
+			samples[j] = append(samples[j], time.Since(start))
+		}
+	}
+	b.StopTimer()
+	var summary []string
+	for j, w := range ways {
+		s := samples[j]
+		sort.Slice(s, func(a, c int) bool { return s[a] < s[c] })
+		p50 := s[len(s)*50/100]
+		p95 := s[min(len(s)-1, len(s)*95/100)]
+		b.ReportMetric(float64(p50.Microseconds())/1000, w.name+"-p50-ms")
+		b.ReportMetric(float64(p95.Microseconds())/1000, w.name+"-p95-ms")
+		summary = append(summary, w.name+" p50 "+p50.Round(10*time.Microsecond).String()+" p95 "+p95.Round(10*time.Microsecond).String())
+	}
+	b.Log(strings.Join(summary, "; "))
+}
+
+// BenchmarkCreateToFirstExec measures a new session's sandbox from Create to its first
+// exec finished, through the plugin, against `docker run --rm IMAGE true`, interleaved;
+// it reports p50 and p95 in milliseconds (at least 20 rounds). The berth sandbox is
+// removed outside the timed part.
+//
+//	go test ./docker -run '^$' -bench CreateToFirstExec -benchtime 20x
+func BenchmarkCreateToFirstExec(b *testing.B) {
+	host := testimage.DockerHost()
+	if err := testimage.Ping(host); err != nil {
+		b.Skipf("no Docker Engine at %s: %v; %s", host, err, testimage.StartHint)
+	}
+	ctx := context.Background()
+	state := b.TempDir()
+	owner := "bench-" + filepath.Base(state)
+	bin, err := agent.Install(state, berthBin)
+	if err != nil {
+		b.Fatal(err)
+	}
+	path, args := backends.BuiltinCommand(berthBin, docker.Name)
+	plug, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer plug.Kill()
+	if err := plug.Configure(ctx, backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "docker"), Owner: owner, Config: []byte(`{"host":"` + host + `"}`)}); err != nil {
+		b.Fatal(err)
+	}
+	defer removeOwned(plug, owner)
+	var berth, run []time.Duration
+	rounds := max(b.N, 20)
+	for i := 0; i < rounds; i++ {
+		name := benchName(i)
+		files, err := agent.PrepareSandbox(filepath.Join(state, "sandboxes", name), bin)
+		if err != nil {
+			b.Fatal(err)
+		}
+		start := time.Now()
+		if _, err := plug.Create(ctx, backend.CreateRequest{Spec: backend.SandboxSpec{Name: name, Image: testimage.Ref, Labels: map[string]string{backend.LabelOwner: owner}}, Agent: files}); err != nil {
+			b.Fatal(err)
+		}
+		p, err := plug.Exec(ctx, name, backend.ExecRequest{Argv: []string{"true"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if res, err := p.Wait(); err != nil || res.ExitCode != 0 {
+			b.Fatalf("true: %+v %v", res, err)
+		}
+		berth = append(berth, time.Since(start))
+		if err := plug.Remove(ctx, name); err != nil {
+			b.Fatal(err)
+		}
+		start = time.Now()
+		if out, err := exec.Command("docker", "-H", host, "run", "--rm", "--network", "none", testimage.Ref, "true").CombinedOutput(); err != nil {
+			b.Fatalf("docker run: %v %s", err, out)
+		}
+		run = append(run, time.Since(start))
+	}
+	report(b, []string{"berth-plugin", "docker-run"}, [][]time.Duration{berth, run})
+}
+
+// BenchmarkConcurrentSessions creates 50 sandboxes at once through the plugin, runs
+// `true` in each, and reports the total time and the p95 of one create+exec.
+//
+//	go test ./docker -run '^$' -bench ConcurrentSessions -benchtime 1x
+func BenchmarkConcurrentSessions(b *testing.B) {
+	host := testimage.DockerHost()
+	if err := testimage.Ping(host); err != nil {
+		b.Skipf("no Docker Engine at %s: %v; %s", host, err, testimage.StartHint)
+	}
+	const n = 50
+	ctx := context.Background()
+	state := b.TempDir()
+	owner := "bench-" + filepath.Base(state)
+	bin, err := agent.Install(state, berthBin)
+	if err != nil {
+		b.Fatal(err)
+	}
+	path, args := backends.BuiltinCommand(berthBin, docker.Name)
+	plug, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer plug.Kill()
+	if err := plug.Configure(ctx, backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "docker"), Owner: owner, Config: []byte(`{"host":"` + host + `"}`)}); err != nil {
+		b.Fatal(err)
+	}
+	defer removeOwned(plug, owner)
+	var totals []time.Duration
+	var each []time.Duration
+	for round := 0; round < max(b.N, 1); round++ {
+		durs := make([]time.Duration, n)
+		errs := make([]error, n)
+		done := make(chan int, n)
+		start := time.Now()
+		for i := 0; i < n; i++ {
+			go func() {
+				defer func() { done <- i }()
+				name := benchName(round*n + i)
+				files, err := agent.PrepareSandbox(filepath.Join(state, "sandboxes", name), bin)
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				t0 := time.Now()
+				if _, err := plug.Create(ctx, backend.CreateRequest{Spec: backend.SandboxSpec{Name: name, Image: testimage.Ref, Labels: map[string]string{backend.LabelOwner: owner}}, Agent: files}); err != nil {
+					errs[i] = err
+					return
+				}
+				p, err := plug.Exec(ctx, name, backend.ExecRequest{Argv: []string{"true"}})
+				if err == nil {
+					var res backend.ExecResult
+					if res, err = p.Wait(); err == nil && res.ExitCode != 0 {
+						err = io.ErrUnexpectedEOF
+					}
+				}
+				errs[i], durs[i] = err, time.Since(t0)
+			}()
+		}
+		for i := 0; i < n; i++ {
+			<-done
+		}
+		totals = append(totals, time.Since(start))
+		each = append(each, durs...)
+		for i := 0; i < n; i++ {
+			if err := plug.Remove(ctx, benchName(round*n+i)); err != nil {
+				b.Errorf("Remove: %v", err)
+			}
+			if errs[i] != nil {
+				b.Errorf("session %d: %v", i, errs[i])
+			}
+		}
+	}
+	report(b, []string{"total-50", "one-session"}, [][]time.Duration{totals, each})
+}
+
+func benchName(i int) string {
+	return "bench-" + strings.ToLower(strings.ReplaceAll(time.Now().Format("150405.000000"), ".", "")) + "-" + itoa(i)
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+// report adds p50 and p95 metrics in milliseconds for each named sample set.
+func report(b *testing.B, names []string, samples [][]time.Duration) {
+	var summary []string
+	for j, name := range names {
+		s := append([]time.Duration(nil), samples[j]...)
+		sort.Slice(s, func(a, c int) bool { return s[a] < s[c] })
+		p50 := s[len(s)*50/100]
+		p95 := s[min(len(s)-1, len(s)*95/100)]
+		b.ReportMetric(float64(p50.Microseconds())/1000, name+"-p50-ms")
+		b.ReportMetric(float64(p95.Microseconds())/1000, name+"-p95-ms")
+		summary = append(summary, name+" p50 "+p50.Round(10*time.Microsecond).String()+" p95 "+p95.Round(10*time.Microsecond).String())
+	}
+	b.Log(strings.Join(summary, "; "))
+}
+
+// removeOwned removes every sandbox of owner that a failed benchmark left.
+func removeOwned(d backend.TerminalBackend, owner string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	sbs, _ := d.List(ctx, map[string]string{backend.LabelOwner: owner})
+	for _, sb := range sbs {
+		d.Remove(ctx, sb.Name)
+	}
+}

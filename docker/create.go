@@ -1,0 +1,462 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/mount"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
+)
+
+// agentStartTimeout bounds how long Create waits for the agent of a started container
+// to answer.
+const agentStartTimeout = 30 * time.Second
+
+// removeTimeout bounds the clean-up of a failed Create.
+const removeTimeout = 30 * time.Second
+
+// nameLock returns the in-process lock of sandbox name. Concurrent Creates in other
+// processes are settled by the engine: container names are unique, and the loser of a
+// create race adopts the winner's container.
+func (d *Driver) nameLock(name string) *sync.Mutex {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m := d.creating[name]
+	if m == nil {
+		m = &sync.Mutex{}
+		d.creating[name] = m
+	}
+	return m
+}
+
+// Create makes the sandbox's container and starts it with the agent as PID 1, or adopts
+// the container of that name when it carries the same owner label (starting it when
+// stopped). A container of that name that is not ours is ErrConflict and is never
+// touched. A failed Create of a new container removes it.
+func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend.Sandbox, error) {
+	spec := req.Spec
+	if err := backend.ValidateSandboxName(spec.Name); err != nil {
+		return backend.Sandbox{}, err
+	}
+	if err := checkAgent(spec.Name, req.Agent); err != nil {
+		return backend.Sandbox{}, err
+	}
+	cfg, hcfg, user, err := d.containerConfig(spec, req.Agent)
+	if err != nil {
+		return backend.Sandbox{}, err
+	}
+	api, err := d.api()
+	if err != nil {
+		return backend.Sandbox{}, err
+	}
+	lk := d.nameLock(spec.Name)
+	lk.Lock()
+	defer lk.Unlock()
+
+	for attempt := 0; ; attempt++ {
+		info, err := api.ContainerInspect(ctx, spec.Name)
+		if err == nil {
+			return d.adopt(ctx, spec, info)
+		}
+		if err = d.wrap("inspect container "+spec.Name, err); !errors.Is(err, backend.ErrNotFound) {
+			return backend.Sandbox{}, err
+		}
+		resp, err := api.ContainerCreate(ctx, cfg, hcfg, nil, nil, spec.Name)
+		if err != nil {
+			werr := d.wrap("create container "+spec.Name, err)
+			if errors.Is(werr, backend.ErrConflict) && attempt < 3 {
+				continue // another process created it meanwhile: adopt it
+			}
+			if errors.Is(werr, backend.ErrNotFound) && strings.Contains(strings.ToLower(err.Error()), "image") {
+				return backend.Sandbox{}, backend.Errorf(backend.ErrNotFound, "docker sandbox %s: image %q is not in the Docker Engine at %s (%v); load it with `docker load` (or ImportImage) first; this driver does not pull images yet", spec.Name, spec.Image, d.engineHost(), err)
+			}
+			return backend.Sandbox{}, werr
+		}
+		sb, err := d.start(ctx, spec.Name, resp.ID, user)
+		if err != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
+			api.ContainerRemove(rctx, resp.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
+			cancel()
+			d.forget(spec.Name)
+			return backend.Sandbox{}, err
+		}
+		return sb, nil
+	}
+}
+
+// checkAgent refuses agent files that cannot run in a container.
+func checkAgent(name string, a backend.AgentFiles) error {
+	if a.Binary == "" || a.Dir == "" || a.SocketDir == "" {
+		return backend.Errorf(backend.ErrInvalid, "docker sandbox %s: no agent binary, agent dir or socket dir given", name)
+	}
+	if filepath.Base(a.Binary) != backend.AgentBinaryName || filepath.Dir(a.Binary) != filepath.Clean(a.Dir) {
+		return backend.Errorf(backend.ErrInvalid, "docker sandbox %s: agent binary %s must be %s inside the agent dir %s", name, a.Binary, backend.AgentBinaryName, a.Dir)
+	}
+	if !a.Static {
+		return backend.Errorf(backend.ErrInvalid, "docker sandbox %s: the agent binary %s is dynamically linked and cannot run inside a container's own filesystem; build a static berth with `CGO_ENABLED=0 go build -o berth ./cmd/berth` and use that (or point agent_path at a static build)", name, a.Binary)
+	}
+	return nil
+}
+
+// adopt takes over an existing container of the spec's name when it is ours.
+func (d *Driver) adopt(ctx context.Context, spec backend.SandboxSpec, info container.InspectResponse) (backend.Sandbox, error) {
+	var labels map[string]string
+	if info.Config != nil {
+		labels = info.Config.Labels
+	}
+	have, ok := labels[backend.LabelOwner]
+	if !ok || have != spec.Labels[backend.LabelOwner] {
+		who := "it has no berth.owner label (not made by berth)"
+		if ok {
+			who = fmt.Sprintf("it belongs to berth owner %q, not %q", have, spec.Labels[backend.LabelOwner])
+		}
+		return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "docker sandbox %s: a container of that name exists and %s; berth leaves it alone: remove or rename it, or use another session", spec.Name, who)
+	}
+	if info.State != nil && info.State.Running {
+		if _, err := d.conn(ctx, spec.Name); err != nil {
+			return backend.Sandbox{}, err
+		}
+		sb := toSandbox(info)
+		sb.Adopted = true
+		return sb, nil
+	}
+	sb, err := d.start(ctx, spec.Name, info.ID, labels[LabelUser])
+	if err != nil {
+		return backend.Sandbox{}, err
+	}
+	sb.Adopted = true
+	return sb, nil
+}
+
+// start starts container id (created or stopped), waits for its agent and caches the
+// connection. When the container exits before its agent answers, the error carries
+// the end of its log.
+func (d *Driver) start(ctx context.Context, name, id, user string) (backend.Sandbox, error) {
+	api, err := d.api()
+	if err != nil {
+		return backend.Sandbox{}, err
+	}
+	d.forget(name)
+	info, err := api.ContainerInspect(ctx, id)
+	if err != nil {
+		return backend.Sandbox{}, d.wrap("inspect container "+name, err)
+	}
+	sockDir := socketDir(info)
+	if sockDir == "" {
+		return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "docker sandbox %s: the container has no %s mount; it was not made by this driver: remove it", name, backend.SocketMountDir)
+	}
+	if !info.State.Running {
+		// A socket left by the agent before the container stopped would answer nothing;
+		// the new agent replaces it, but a dial must not find the stale one first.
+		os.Remove(filepath.Join(sockDir, backend.AgentSocketName))
+		if err := api.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
+			werr := d.wrap("start container "+name, err)
+			if !errors.Is(werr, backend.ErrUnavailable) && !errors.Is(werr, backend.ErrNotFound) {
+				werr = backend.Errorf(backend.ErrInvalid, "docker sandbox %s: the engine cannot start the container: %v", name, err)
+			}
+			return backend.Sandbox{}, werr
+		}
+	}
+	wctx, cancel := context.WithTimeoutCause(ctx, agentStartTimeout, fmt.Errorf("the agent did not answer within %s", agentStartTimeout))
+	defer cancel()
+	exited := make(chan struct{})
+	go func() {
+		waitC, errC := api.ContainerWait(wctx, id, container.WaitConditionNotRunning)
+		select {
+		case <-waitC:
+			close(exited)
+			cancel()
+		case <-errC:
+		case <-wctx.Done():
+		}
+	}()
+	c, err := agent.WaitReady(wctx, agent.DialSocketDir(sockDir))
+	if err != nil {
+		select {
+		case <-exited:
+			return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "docker sandbox %s: the container exited before its agent answered%s", name, d.logTail(id))
+		default:
+		}
+		if ctx.Err() != nil {
+			return backend.Sandbox{}, fmt.Errorf("docker sandbox %s: waiting for the agent: %w", name, ctx.Err())
+		}
+		return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "docker sandbox %s: the agent in the container did not answer on %s within %s (%v); if the engine does not share this host's filesystem (a socket forwarded from a VM or another machine), berth cannot reach its agent%s", name, sockDir, agentStartTimeout, err, d.logTail(id))
+	}
+	info, err = api.ContainerInspect(ctx, id)
+	if err != nil {
+		c.Close()
+		return backend.Sandbox{}, d.wrap("inspect container "+name, err)
+	}
+	sc := &sandboxConn{id: id, started: info.State.StartedAt, client: c, user: user, oom: oomCounterPath(info.State.Pid)}
+	if user != "" {
+		// The agent resolves the user at each exec; make a name unknown in the image an
+		// error of Create, not of every exec.
+		if err := checkUser(ctx, sc); err != nil {
+			c.Close()
+			return backend.Sandbox{}, backend.Errorf(backend.ErrInvalid, "docker sandbox %s: user %q: %v", name, user, err)
+		}
+	}
+	d.mu.Lock()
+	if old := d.clients[name]; old != nil {
+		old.client.Close()
+	}
+	d.clients[name] = sc
+	d.mu.Unlock()
+	return toSandbox(info), nil
+}
+
+// checkUser runs `true` as the sandbox's default user.
+func checkUser(ctx context.Context, sc *sandboxConn) error {
+	p, err := sc.client.Exec(ctx, backend.ExecRequest{Argv: []string{"true"}, User: sc.user, Stderr: io.Discard})
+	if err != nil {
+		return err
+	}
+	_, err = p.Wait()
+	return err
+}
+
+// logTail returns ": " and the last lines of the container's log, or "".
+func (d *Driver) logTail(id string) string {
+	api, err := d.api()
+	if err != nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rc, err := api.ContainerLogs(ctx, id, container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: "20"})
+	if err != nil {
+		return ""
+	}
+	defer rc.Close()
+	b, _ := io.ReadAll(io.LimitReader(rc, 4096))
+	// The multiplexed stream has an 8-byte header per frame; keep printable text.
+	var sb strings.Builder
+	for i := 0; i < len(b); {
+		if i+8 <= len(b) && (b[i] == 1 || b[i] == 2) && b[i+1] == 0 && b[i+2] == 0 && b[i+3] == 0 {
+			n := int(b[i+4])<<24 | int(b[i+5])<<16 | int(b[i+6])<<8 | int(b[i+7])
+			i += 8
+			end := min(i+n, len(b))
+			sb.Write(b[i:end])
+			i = end
+			continue
+		}
+		sb.WriteByte(b[i])
+		i++
+	}
+	s := strings.TrimSpace(sb.String())
+	if s == "" {
+		return ""
+	}
+	return "; container log: " + s
+}
+
+// socketDir returns the host directory mounted at backend.SocketMountDir.
+func socketDir(info container.InspectResponse) string {
+	for _, m := range info.Mounts {
+		if m.Destination == backend.SocketMountDir && m.Type == mount.TypeBind {
+			return m.Source
+		}
+	}
+	return ""
+}
+
+// toSandbox converts an inspect response.
+func toSandbox(info container.InspectResponse) backend.Sandbox {
+	sb := backend.Sandbox{Name: strings.TrimPrefix(info.Name, "/"), ID: info.ID, State: backend.StateStopped}
+	if info.Config != nil {
+		sb.Labels = copyLabels(info.Config.Labels)
+	}
+	if info.State != nil {
+		switch {
+		case info.State.Running:
+			sb.State = backend.StateRunning
+		case info.State.Status == container.StateCreated:
+			sb.State = backend.StateCreated
+		}
+	}
+	if t, err := time.Parse(time.RFC3339Nano, info.Created); err == nil {
+		sb.CreatedAt = t
+	}
+	return sb
+}
+
+func copyLabels(in map[string]string) map[string]string {
+	out := make(map[string]string, len(in))
+	for k, v := range in {
+		out[k] = v
+	}
+	return out
+}
+
+// containerConfig turns a spec into the container's config, and returns the
+// resolved default exec user.
+func (d *Driver) containerConfig(spec backend.SandboxSpec, a backend.AgentFiles) (*container.Config, *container.HostConfig, string, error) {
+	bad := func(format string, args ...any) (*container.Config, *container.HostConfig, string, error) {
+		return nil, nil, "", backend.Errorf(backend.ErrInvalid, "docker sandbox %s: "+format, append([]any{spec.Name}, args...)...)
+	}
+	if spec.Image == "" {
+		return bad("no image: set image in the scope rule (e.g. image = \"debian:bookworm\")")
+	}
+	for _, kv := range spec.Env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return bad("env entry %q is not KEY=VALUE", kv)
+		}
+	}
+	if spec.Workdir != "" && !filepath.IsAbs(spec.Workdir) {
+		return bad("workdir %q is not an absolute path", spec.Workdir)
+	}
+	network := spec.Network
+	switch network {
+	case "":
+		network = "none"
+	case "none", "bridge", "host":
+	default:
+		return nil, nil, "", backend.Errorf(backend.ErrUnsupported, "docker sandbox %s: network %q: the docker driver supports %s", spec.Name, spec.Network, strings.Join(NetworkModes, ", "))
+	}
+	r := spec.Resources
+	if r.CPUs < 0 || r.MemoryBytes < 0 || r.Pids < 0 {
+		return bad("resources must not be negative (cpus %v, memory %d, pids %d)", r.CPUs, r.MemoryBytes, r.Pids)
+	}
+	if r.MemoryBytes > 0 && r.MemoryBytes < 6<<20 {
+		return bad("memory %d bytes is below Docker's minimum of 6 MiB", r.MemoryBytes)
+	}
+	user, err := resolveUser(spec.User)
+	if err != nil {
+		return bad("%v", err)
+	}
+	mounts := []mount.Mount{
+		{Type: mount.TypeBind, Source: a.Dir, Target: backend.AgentMountDir, ReadOnly: true},
+		{Type: mount.TypeBind, Source: a.SocketDir, Target: backend.SocketMountDir},
+	}
+	for _, m := range spec.Mounts {
+		if err := d.checkMount(m, spec.AllowHostPaths); err != nil {
+			return bad("%v", err)
+		}
+		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
+	}
+	pids := r.Pids
+	if pids == 0 {
+		pids = backend.DefaultPidsLimit
+	}
+	labels := copyLabels(spec.Labels)
+	if user != "" {
+		labels[LabelUser] = user
+	}
+	cfg := &container.Config{
+		Image:      spec.Image,
+		Env:        append([]string(nil), spec.Env...),
+		WorkingDir: spec.Workdir,
+		Labels:     labels,
+		User:       "0:0", // the agent; execs run as the sandbox's user (LabelUser)
+		Entrypoint: []string{backend.AgentMountDir + "/" + backend.AgentBinaryName},
+		Cmd:        []string{"serve", "--socket-dir", backend.SocketMountDir},
+	}
+	hcfg := &container.HostConfig{
+		NetworkMode: container.NetworkMode(network),
+		Mounts:      mounts,
+		CapDrop:     []string{"ALL"},
+		CapAdd:      append([]string(nil), DefaultCapabilities...),
+		SecurityOpt: []string{"no-new-privileges"},
+		LogConfig:   container.LogConfig{Type: "json-file", Config: map[string]string{"max-size": "1m", "max-file": "1"}},
+		Resources: container.Resources{
+			PidsLimit: &pids,
+			NanoCPUs:  int64(r.CPUs * 1e9),
+		},
+	}
+	if r.MemoryBytes > 0 {
+		hcfg.Resources.Memory = r.MemoryBytes
+		hcfg.Resources.MemorySwap = r.MemoryBytes
+	}
+	return cfg, hcfg, user, nil
+}
+
+// resolveUser checks a spec user: "", "UID", "UID:GID", a name (resolved in the image
+// by the agent), or "host": the invoking user's ids (SUDO_UID/SUDO_GID under sudo).
+func resolveUser(u string) (string, error) {
+	if u != "host" {
+		if strings.ContainsAny(u, " \t\n\x00") || strings.Count(u, ":") > 1 || strings.HasPrefix(u, ":") || strings.HasSuffix(u, ":") {
+			return "", fmt.Errorf("user %q: want \"UID\", \"UID:GID\", a user name of the image, or \"host\"", u)
+		}
+		return u, nil
+	}
+	uid, gid := os.Getuid(), os.Getgid()
+	if s := os.Getenv("SUDO_UID"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return "", fmt.Errorf("user \"host\": SUDO_UID=%q is not a uid", s)
+		}
+		uid = n
+		gid = n
+		if g := os.Getenv("SUDO_GID"); g != "" {
+			if gid, err = strconv.Atoi(g); err != nil || gid < 0 {
+				return "", fmt.Errorf("user \"host\": SUDO_GID=%q is not a gid", g)
+			}
+		}
+	}
+	return fmt.Sprintf("%d:%d", uid, gid), nil
+}
+
+// checkMount applies the host-path policy: absolute paths, an existing source, and
+// neither / nor the Docker socket (nor a directory holding it) unless allowHost.
+func (d *Driver) checkMount(m backend.Mount, allowHost bool) error {
+	if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Target) {
+		return fmt.Errorf("mount %s -> %s: both paths must be absolute", m.Source, m.Target)
+	}
+	if t := filepath.Clean(m.Target); t == "/" || t == "/.berth" || strings.HasPrefix(t, "/.berth/") {
+		return fmt.Errorf("mount target %s is reserved (berth's agent lives under /.berth)", m.Target)
+	}
+	src, err := filepath.EvalSymlinks(m.Source)
+	if err != nil {
+		return fmt.Errorf("mount source %s does not exist on the host (%v); create it or fix the path", m.Source, err)
+	}
+	if allowHost {
+		return nil
+	}
+	if src == "/" {
+		return fmt.Errorf("mount source %s is the host's root directory; set allow_host_paths = true in the rule if you mean it", m.Source)
+	}
+	for _, sock := range d.dockerSockets() {
+		if sock == src || strings.HasPrefix(sock, src+"/") {
+			return fmt.Errorf("mount source %s exposes the Docker socket %s (root on the host); set allow_host_paths = true in the rule if you mean it", m.Source, sock)
+		}
+	}
+	return nil
+}
+
+// dockerSockets lists the engine sockets a mount must not expose, links resolved.
+func (d *Driver) dockerSockets() []string {
+	cands := []string{"/var/run/docker.sock", "/run/docker.sock"}
+	if p, err := checkHost(d.engineHost()); err == nil {
+		cands = append(cands, p)
+	}
+	var out []string
+	for _, c := range cands {
+		out = append(out, c)
+		if r, err := filepath.EvalSymlinks(c); err == nil && r != c {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// forget drops the cached connection of sandbox name.
+func (d *Driver) forget(name string) {
+	d.mu.Lock()
+	c := d.clients[name]
+	delete(d.clients, name)
+	d.mu.Unlock()
+	if c != nil {
+		c.client.Close()
+	}
+}

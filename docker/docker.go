@@ -1,0 +1,250 @@
+// Package docker is berth's Docker driver: a sandbox is one hardened container made
+// through the Docker Engine API (github.com/docker/docker/client, API version
+// negotiated, so Engine API 1.41 of Debian's docker.io 20.10 works), with berth's agent
+// as its PID 1. Every exec, copy and stop request goes through that agent over a unix
+// socket in the sandbox's socket directory, which the container bind-mounts; the driver
+// does lifecycle and placement only.
+//
+// Defaults (see docs/docker.md for the reasons): network none, every Linux capability
+// dropped except DefaultCapabilities, no-new-privileges, a pids limit of
+// backend.DefaultPidsLimit, swap equal to memory, a json-file log capped at 1 MB.
+//
+// The agent socket must be on this host's filesystem, so only unix:// engine addresses
+// are accepted; a tcp:// or ssh:// host is refused with ErrInvalid.
+package docker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/client"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
+)
+
+// Name is the driver's name in config.
+const Name = "docker"
+
+// Version is the driver's version string reported by Info.
+const Version = "0.1.0"
+
+// DefaultHost is the engine address used when neither config nor DOCKER_HOST names one.
+const DefaultHost = "unix:///var/run/docker.sock"
+
+// DefaultCapabilities are the Linux capabilities a sandbox keeps; every other one is
+// dropped. The agent runs as root in the container and needs SETUID, SETGID (execs as
+// another user, setgroups) and KILL (ending process trees of execs that run as another
+// user); CHOWN, DAC_OVERRIDE and FOWNER let root in the sandbox manage the files of the
+// sandbox's own filesystem as root expects (copying in files with their owners,
+// package installs, writing into directories of other users).
+var DefaultCapabilities = []string{"CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"}
+
+// NetworkModes are the SandboxSpec.Network values the driver accepts; "" means "none".
+var NetworkModes = []string{"none", "bridge", "host"}
+
+// Labels the driver puts on its containers besides the spec's.
+const (
+	// LabelUser holds SandboxSpec.User as resolved at Create: the default user of
+	// every exec (the agent itself runs as root).
+	LabelUser = "berth.docker.user"
+)
+
+// Driver is the Docker driver. It is safe for concurrent use.
+type Driver struct {
+	mu       sync.Mutex
+	host     string
+	owner    string
+	stateDir string
+	cli      *client.Client
+	clients  map[string]*sandboxConn
+	creating map[string]*sync.Mutex
+}
+
+// Option configures a Driver built with New.
+type Option func(*Driver)
+
+// WithHost sets the engine address (unix:///path/to/docker.sock).
+func WithHost(host string) Option { return func(d *Driver) { d.host = host } }
+
+// New returns a Docker driver. The engine address is WithHost, else the config's
+// host (Configure), else DOCKER_HOST, else DefaultHost. No connection is made until
+// the first call that needs one.
+func New(opts ...Option) *Driver {
+	d := &Driver{clients: map[string]*sandboxConn{}, creating: map[string]*sync.Mutex{}}
+	for _, o := range opts {
+		o(d)
+	}
+	return d
+}
+
+var (
+	_ backend.TerminalBackend = (*Driver)(nil)
+	_ backend.Configurer      = (*Driver)(nil)
+	_ backend.Copier          = (*Driver)(nil)
+	_ backend.ImageImporter   = (*Driver)(nil)
+)
+
+// Info reports the driver's capabilities.
+func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
+	return backend.Info{
+		Name:             Name,
+		Version:          Version,
+		ProtocolVersions: []int{backend.ProtocolVersion},
+		Capabilities: backend.Capabilities{
+			FSIsolation:      backend.FSIsolationImage,
+			PIDIsolation:     true,
+			NetworkModes:     append([]string(nil), NetworkModes...),
+			TTY:              true,
+			CPULimit:         true,
+			MemoryLimit:      true,
+			PidsLimit:        true,
+			DropCapabilities: true,
+			Copy:             true,
+			StopStart:        true,
+			ExecUser:         true,
+			ImageImport:      true,
+			Config:           true,
+		},
+	}, nil
+}
+
+// ConfigSchema declares the `driver "docker" {}` block.
+func (d *Driver) ConfigSchema(ctx context.Context) ([]backend.ConfigField, error) {
+	return []backend.ConfigField{{
+		Name:        "host",
+		Type:        "string",
+		Description: "Docker Engine address, unix:///path/to/docker.sock (default $DOCKER_HOST, then " + DefaultHost + "); the engine must share this host's filesystem",
+	}}, nil
+}
+
+// Configure applies the config block and the owner. Errors wrap backend.ErrInvalid.
+func (d *Driver) Configure(ctx context.Context, setup backend.DriverSetup) error {
+	var cfg struct {
+		Host string `json:"host"`
+	}
+	if len(setup.Config) > 0 {
+		if err := json.Unmarshal(setup.Config, &cfg); err != nil {
+			return backend.Errorf(backend.ErrInvalid, "driver \"docker\" config: %v", err)
+		}
+	}
+	if cfg.Host != "" {
+		if _, err := checkHost(cfg.Host); err != nil {
+			return err
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if cfg.Host != "" && cfg.Host != d.host {
+		d.host = cfg.Host
+		if d.cli != nil {
+			d.cli.Close()
+			d.cli = nil
+		}
+	}
+	d.owner = setup.Owner
+	d.stateDir = setup.StateDir
+	return nil
+}
+
+// checkHost accepts unix:// addresses only and returns the socket path.
+func checkHost(host string) (string, error) {
+	if path, ok := strings.CutPrefix(host, "unix://"); ok && strings.HasPrefix(path, "/") {
+		return path, nil
+	}
+	return "", backend.Errorf(backend.ErrInvalid, "driver \"docker\": host %q: only a local unix:// socket is supported (berth reaches its agent in each container through a socket on this host's filesystem, which a tcp:// or ssh:// engine does not share); run the engine on this machine and set host = \"unix:///var/run/docker.sock\"", host)
+}
+
+// engineHost returns the address in use.
+func (d *Driver) engineHost() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.hostLocked()
+}
+
+func (d *Driver) hostLocked() string {
+	if d.host != "" {
+		return d.host
+	}
+	if h := os.Getenv("DOCKER_HOST"); h != "" {
+		return h
+	}
+	return DefaultHost
+}
+
+// api returns the engine client, making it on first use.
+func (d *Driver) api() (*client.Client, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cli != nil {
+		return d.cli, nil
+	}
+	host := d.hostLocked()
+	if _, err := checkHost(host); err != nil {
+		return nil, err
+	}
+	c, err := client.NewClientWithOpts(client.WithHost(host), client.WithAPIVersionNegotiation())
+	if err != nil {
+		return nil, backend.Errorf(backend.ErrInvalid, "driver \"docker\": host %q: %v", host, err)
+	}
+	d.cli = c
+	return c, nil
+}
+
+// Close closes the agent connections and the engine client; containers keep running.
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for n, c := range d.clients {
+		c.client.Close()
+		delete(d.clients, n)
+	}
+	if d.cli != nil {
+		d.cli.Close()
+		d.cli = nil
+	}
+	return nil
+}
+
+// wrap maps an engine error to a backend error kind with op as context; the one place
+// where Docker's error classes become berth's.
+func (d *Driver) wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if backend.KindOf(err) != nil {
+		return err
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("docker: %s: %w", op, err)
+	}
+	switch {
+	case client.IsErrConnectionFailed(err), cerrdefs.IsUnavailable(err):
+		host := d.engineHost()
+		return backend.Errorf(backend.ErrUnavailable, "docker: %s: the Docker Engine at %s does not answer (%v); start it (systemctl start docker, or sudo scripts/runtimes.sh and export the DOCKER_HOST it prints) or set host in driver \"docker\" {}", op, host, err)
+	case cerrdefs.IsNotFound(err):
+		return backend.Errorf(backend.ErrNotFound, "docker: %s: %v", op, err)
+	case cerrdefs.IsConflict(err), cerrdefs.IsAlreadyExists(err):
+		return backend.Errorf(backend.ErrConflict, "docker: %s: %v", op, err)
+	case cerrdefs.IsInvalidArgument(err):
+		return backend.Errorf(backend.ErrInvalid, "docker: %s: %v", op, err)
+	case cerrdefs.IsNotImplemented(err):
+		return backend.Errorf(backend.ErrUnsupported, "docker: %s: %v", op, err)
+	}
+	return fmt.Errorf("docker: %s: %w", op, err)
+}
+
+// sandboxConn is a cached agent connection of one running container.
+type sandboxConn struct {
+	id      string // container id
+	started string // State.StartedAt of the container when connected
+	client  *agent.Client
+	user    string // default exec user (LabelUser)
+	oom     string // the memory cgroup's OOM counter file on the host, "" when unknown
+}

@@ -1,0 +1,433 @@
+package docker
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/client"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
+)
+
+// DefaultStopGrace is Stop's grace when the caller passes 0.
+const DefaultStopGrace = time.Second
+
+// connTimeout bounds connecting to the agent of a running container.
+const connTimeout = 10 * time.Second
+
+// inspect returns the container named exactly name. The engine also resolves ids and
+// id prefixes; a container found that way under another name is not ours to address
+// by this name, so it is ErrNotFound.
+func (d *Driver) inspect(ctx context.Context, name string) (container.InspectResponse, error) {
+	if err := backend.ValidateSandboxName(name); err != nil {
+		return container.InspectResponse{}, err
+	}
+	api, err := d.api()
+	if err != nil {
+		return container.InspectResponse{}, err
+	}
+	info, err := api.ContainerInspect(ctx, name)
+	if err != nil {
+		return info, d.wrap("inspect container "+name, err)
+	}
+	if strings.TrimPrefix(info.Name, "/") != name {
+		return container.InspectResponse{}, backend.Errorf(backend.ErrNotFound, "docker sandbox %s: no container of that name", name)
+	}
+	return info, nil
+}
+
+// ours reports an error unless the container carries a berth owner label: the driver
+// never stops or removes anything else.
+func ours(name string, info container.InspectResponse) error {
+	if info.Config != nil {
+		if _, ok := info.Config.Labels[backend.LabelOwner]; ok {
+			return nil
+		}
+	}
+	return backend.Errorf(backend.ErrConflict, "docker sandbox %s: the container of that name has no berth.owner label (not made by berth); berth leaves it alone", name)
+}
+
+// Inspect returns the sandbox's state, or ErrNotFound.
+func (d *Driver) Inspect(ctx context.Context, name string) (backend.Sandbox, error) {
+	info, err := d.inspect(ctx, name)
+	if err != nil {
+		return backend.Sandbox{}, err
+	}
+	return toSandbox(info), nil
+}
+
+// List returns berth's containers (those with a berth.owner label) whose labels
+// contain filter.
+func (d *Driver) List(ctx context.Context, filter map[string]string) ([]backend.Sandbox, error) {
+	api, err := d.api()
+	if err != nil {
+		return nil, err
+	}
+	args := filters.NewArgs(filters.Arg("label", backend.LabelOwner))
+	for k, v := range filter {
+		args.Add("label", k+"="+v)
+	}
+	list, err := api.ContainerList(ctx, container.ListOptions{All: true, Filters: args})
+	if err != nil {
+		return nil, d.wrap("list containers", err)
+	}
+	var out []backend.Sandbox
+	for _, c := range list {
+		if !backend.MatchLabels(c.Labels, filter) || len(c.Names) == 0 {
+			continue
+		}
+		sb := backend.Sandbox{Name: strings.TrimPrefix(c.Names[0], "/"), ID: c.ID, State: backend.StateStopped, Labels: copyLabels(c.Labels), CreatedAt: time.Unix(c.Created, 0).UTC()}
+		switch c.State {
+		case container.StateRunning, container.StateRestarting, container.StatePaused:
+			sb.State = backend.StateRunning
+		case container.StateCreated:
+			sb.State = backend.StateCreated
+		}
+		out = append(out, sb)
+	}
+	return out, nil
+}
+
+// Stop asks the agent to end every process (SIGTERM, SIGKILL after grace) and exit,
+// then kills the container if it still runs. The container and its filesystem stay.
+// A missing or stopped sandbox succeeds.
+func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) error {
+	if grace <= 0 {
+		grace = DefaultStopGrace
+	}
+	info, err := d.inspect(ctx, name)
+	if errors.Is(err, backend.ErrNotFound) {
+		d.forget(name)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := ours(name, info); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	sc := d.clients[name]
+	delete(d.clients, name)
+	d.mu.Unlock()
+	if !info.State.Running {
+		if sc != nil {
+			sc.client.Close()
+		}
+		return nil
+	}
+	api, err := d.api()
+	if err != nil {
+		return err
+	}
+	sctx, cancel := context.WithTimeout(ctx, grace+3*time.Second)
+	var c *agent.Client
+	if sc != nil && sc.id == info.ID {
+		c = sc.client
+	} else {
+		if sc != nil {
+			sc.client.Close()
+		}
+		if dir := socketDir(info); dir != "" {
+			c, _ = agent.NewClient(sctx, agent.DialSocketDir(dir))
+		}
+	}
+	if c != nil {
+		if c.Shutdown(sctx, grace) == nil {
+			// The agent exits after answering: wait for the container to stop.
+			waitC, errC := api.ContainerWait(sctx, info.ID, container.WaitConditionNotRunning)
+			select {
+			case <-waitC:
+			case <-errC:
+			}
+		}
+		c.Close()
+	}
+	cancel()
+	// Whatever still runs (an agent that did not answer) is killed; a stopped
+	// container makes this a no-op.
+	zero := 0
+	if err := api.ContainerStop(ctx, info.ID, container.StopOptions{Signal: "SIGKILL", Timeout: &zero}); err != nil {
+		if werr := d.wrap("stop container "+name, err); !errors.Is(werr, backend.ErrNotFound) {
+			return werr
+		}
+	}
+	return nil
+}
+
+// Remove force-removes the container with its anonymous volumes. A missing sandbox
+// succeeds.
+func (d *Driver) Remove(ctx context.Context, name string) error {
+	info, err := d.inspect(ctx, name)
+	d.forget(name)
+	if errors.Is(err, backend.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := ours(name, info); err != nil {
+		return err
+	}
+	api, err := d.api()
+	if err != nil {
+		return err
+	}
+	for attempt := 0; ; attempt++ {
+		err = api.ContainerRemove(ctx, info.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
+		werr := d.wrap("remove container "+name, err)
+		switch {
+		case err == nil, errors.Is(werr, backend.ErrNotFound):
+			return nil
+		case errors.Is(werr, backend.ErrConflict) && attempt < 50:
+			// "removal already in progress": another caller is removing it.
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("docker: remove container %s: %w", name, ctx.Err())
+			case <-time.After(100 * time.Millisecond):
+			}
+		default:
+			return werr
+		}
+	}
+}
+
+// conn returns the agent connection of running sandbox name, connecting on first use.
+func (d *Driver) conn(ctx context.Context, name string) (*sandboxConn, error) {
+	d.mu.Lock()
+	sc := d.clients[name]
+	d.mu.Unlock()
+	if sc != nil {
+		return sc, nil
+	}
+	info, err := d.inspect(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := ours(name, info); err != nil {
+		return nil, err
+	}
+	if !info.State.Running {
+		return nil, backend.Errorf(backend.ErrConflict, "docker sandbox %s is %s; start it with Create", name, info.State.Status)
+	}
+	dir := socketDir(info)
+	if dir == "" {
+		return nil, backend.Errorf(backend.ErrConflict, "docker sandbox %s: the container has no %s mount; it was not made by this driver", name, backend.SocketMountDir)
+	}
+	cctx, cancel := context.WithTimeout(ctx, connTimeout)
+	defer cancel()
+	c, err := agent.WaitReady(cctx, agent.DialSocketDir(dir))
+	if err != nil {
+		return nil, fmt.Errorf("docker sandbox %s: %w", name, err)
+	}
+	sc = &sandboxConn{id: info.ID, started: info.State.StartedAt, client: c, user: info.Config.Labels[LabelUser], oom: oomCounterPath(info.State.Pid)}
+	d.mu.Lock()
+	if old := d.clients[name]; old != nil {
+		d.mu.Unlock()
+		c.Close()
+		return old, nil
+	}
+	d.clients[name] = sc
+	d.mu.Unlock()
+	return sc, nil
+}
+
+// dropConn forgets sc if it is still the cached connection of name.
+func (d *Driver) dropConn(name string, sc *sandboxConn) {
+	d.mu.Lock()
+	if d.clients[name] == sc {
+		delete(d.clients, name)
+	}
+	d.mu.Unlock()
+	sc.client.Close()
+}
+
+// Exec runs req through the sandbox's agent, as the sandbox's user unless req.User
+// says otherwise. A stopped sandbox is ErrConflict. The result's OOMKilled is set when
+// the container's memory cgroup counted an OOM kill during the exec.
+func (d *Driver) Exec(ctx context.Context, name string, req backend.ExecRequest) (backend.Process, error) {
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return nil, backend.Errorf(backend.ErrInvalid, "exec: empty argv")
+	}
+	var p backend.Process
+	var sc *sandboxConn
+	var before int64
+	var err error
+	for attempt := 0; attempt < 2; attempt++ {
+		if sc, err = d.conn(ctx, name); err != nil {
+			return nil, err
+		}
+		r := req
+		if r.User == "" {
+			r.User = sc.user
+		}
+		before = readOOMCount(sc.oom)
+		p, err = sc.client.Exec(ctx, r)
+		if err == nil || !errors.Is(err, backend.ErrUnavailable) || attempt > 0 {
+			break
+		}
+		// Unavailable is either the connection (the container was stopped or started
+		// anew) or the agent's own answer (it cannot fork under pids exhaustion). Only
+		// the first is a reason to drop the connection, which other execs share.
+		info, ierr := d.inspect(ctx, name)
+		if ierr != nil {
+			d.dropConn(name, sc)
+			return nil, ierr
+		}
+		if info.State.Running && info.ID == sc.id && info.State.StartedAt == sc.started {
+			break
+		}
+		d.dropConn(name, sc)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if sc.oom == "" || before < 0 {
+		return p, nil
+	}
+	return &oomProcess{Process: p, path: sc.oom, before: before}, nil
+}
+
+// oomProcess sets ExecResult.OOMKilled from the memory cgroup's oom_kill counter.
+type oomProcess struct {
+	backend.Process
+	path   string
+	before int64
+}
+
+func (p *oomProcess) Wait() (backend.ExecResult, error) {
+	res, err := p.Process.Wait()
+	if after := readOOMCount(p.path); after > p.before {
+		res.OOMKilled = true
+	}
+	return res, err
+}
+
+// oomCounterPath finds the file on this host that counts OOM kills in the cgroup of
+// process pid (the container's PID 1): memory.oom_control of the cgroup v1 memory
+// controller, or memory.events on cgroup v2; "" when it cannot be read (the driver
+// runs in another cgroup namespace, or the kernel has no counter).
+func oomCounterPath(pid int) string {
+	if pid <= 0 {
+		return ""
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		return ""
+	}
+	var path string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		if f[0] == "0" && f[1] == "" {
+			if path == "" {
+				path = "/sys/fs/cgroup" + f[2] + "/memory.events"
+			}
+			continue
+		}
+		for _, ctl := range strings.Split(f[1], ",") {
+			if ctl == "memory" {
+				path = "/sys/fs/cgroup/memory" + f[2] + "/memory.oom_control"
+			}
+		}
+	}
+	if path == "" || readOOMCount(path) < 0 {
+		return ""
+	}
+	return path
+}
+
+// readOOMCount returns the "oom_kill N" value of path, or -1.
+func readOOMCount(path string) int64 {
+	if path == "" {
+		return -1
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return -1
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if v, ok := strings.CutPrefix(s.Text(), "oom_kill "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err == nil {
+				return n
+			}
+		}
+	}
+	return -1
+}
+
+// CopyIn extracts the tar stream r into dir in the sandbox through the agent, never
+// following links out of dir.
+func (d *Driver) CopyIn(ctx context.Context, name, dir string, r io.Reader) error {
+	sc, err := d.conn(ctx, name)
+	if err != nil {
+		return err
+	}
+	return sc.client.CopyIn(ctx, dir, r)
+}
+
+// CopyOut writes path in the sandbox to w as a tar stream, through the agent.
+func (d *Driver) CopyOut(ctx context.Context, name, path string, w io.Writer) error {
+	sc, err := d.conn(ctx, name)
+	if err != nil {
+		return err
+	}
+	return sc.client.CopyOut(ctx, path, w)
+}
+
+// ImportImage loads a `docker save` archive into the engine and returns the
+// references it held.
+func (d *Driver) ImportImage(ctx context.Context, r io.Reader) ([]string, error) {
+	api, err := d.api()
+	if err != nil {
+		return nil, err
+	}
+	resp, err := api.ImageLoad(ctx, r, client.ImageLoadWithQuiet(true))
+	if err != nil {
+		return nil, d.wrap("load image", err)
+	}
+	defer resp.Body.Close()
+	var refs []string
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var m struct {
+			Stream      string `json:"stream"`
+			Error       string `json:"error"`
+			ErrorDetail *struct {
+				Message string `json:"message"`
+			} `json:"errorDetail"`
+		}
+		if err := dec.Decode(&m); err == io.EOF {
+			break
+		} else if err != nil {
+			return refs, fmt.Errorf("docker: load image: reading the engine's answer: %w", err)
+		}
+		if m.Error != "" {
+			return refs, backend.Errorf(backend.ErrInvalid, "docker: load image: %s", m.Error)
+		}
+		for _, line := range strings.Split(m.Stream, "\n") {
+			if ref, ok := strings.CutPrefix(strings.TrimSpace(line), "Loaded image: "); ok {
+				refs = append(refs, ref)
+			} else if id, ok := strings.CutPrefix(strings.TrimSpace(line), "Loaded image ID: "); ok {
+				refs = append(refs, id)
+			}
+		}
+	}
+	return refs, nil
+}
