@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -10,7 +11,9 @@ import (
 	"syscall"
 	"text/tabwriter"
 
+	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/conformance"
+	"github.com/berth-sh/berth/internal/testimage"
 	"github.com/berth-sh/berth/registry"
 	"github.com/spf13/cobra"
 )
@@ -22,6 +25,7 @@ type conformanceFlags struct {
 	list   bool
 	json   bool
 	junit  string
+	image  string
 }
 
 func newConformanceCmd(g *globals) *cobra.Command {
@@ -51,6 +55,7 @@ Exit status: 0 when no case failed, 1 when any failed, 125 when the suite could 
 	fl.BoolVar(&f.list, "list", false, "list the cases (after --run/--skip) and exit")
 	fl.BoolVar(&f.json, "json", false, "print the report as JSON on stdout")
 	fl.StringVar(&f.junit, "junit", "", "also write the report as JUnit XML to FILE")
+	fl.StringVar(&f.image, "image", "", "image for drivers with their own filesystem (default: import berth's busybox test image, built from the host's static busybox)")
 	fl.BoolVar(&g.inProcess, "in-process", false, "run a built-in driver inside this process instead of through its plugin")
 	return cmd
 }
@@ -109,6 +114,10 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 	if err != nil {
 		return failure(err)
 	}
+	image, err := conformanceImage(ctx, b, f.image)
+	if err != nil {
+		return failure(err)
+	}
 	tmp, err := os.MkdirTemp("", "berth-conformance-")
 	if err != nil {
 		return failure(err)
@@ -121,6 +130,7 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 	opts := conformance.Options{
 		AgentBinary:  self,
 		StateDir:     tmp,
+		Image:        image,
 		OpenRegistry: conformance.RegistryOpener(regOpts),
 		OnCase: func(c conformance.CaseReport) {
 			line := fmt.Sprintf("%-4s %s (%d ms)", c.Status, c.FullName(), c.DurationMS)
@@ -161,6 +171,41 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 		return exitCode(1)
 	}
 	return nil
+}
+
+// conformanceImage returns the image the suite uses: flag when given; for a driver
+// with its own filesystem and no flag, berth's test image (a static busybox from the
+// host, no network), imported through the driver. Drivers without their own
+// filesystem need none.
+func conformanceImage(ctx context.Context, b backend.TerminalBackend, flag string) (string, error) {
+	if flag != "" {
+		return flag, nil
+	}
+	info, err := b.Info(ctx)
+	if err != nil {
+		return "", err
+	}
+	if info.Capabilities.FSIsolation != backend.FSIsolationImage {
+		return "", nil
+	}
+	imp, ok := b.(backend.ImageImporter)
+	if !ok || !info.Capabilities.ImageImport {
+		return "", fmt.Errorf("driver %s needs an image and cannot import berth's test image; pass --image IMAGE (an image with busybox's tools)", info.Name)
+	}
+	archive, err := testimage.Archive()
+	if err != nil {
+		return "", fmt.Errorf("building the test image: %w; install busybox-static or pass --image IMAGE", err)
+	}
+	refs, err := imp.ImportImage(ctx, bytes.NewReader(archive))
+	if err != nil {
+		return "", fmt.Errorf("importing the test image into driver %s: %w; or pass --image IMAGE", info.Name, err)
+	}
+	for _, r := range refs {
+		if r == testimage.Ref {
+			return r, nil
+		}
+	}
+	return "", fmt.Errorf("driver %s imported the test image as %v, not %s; pass --image IMAGE", info.Name, refs, testimage.Ref)
 }
 
 func firstLine(s string) string {
