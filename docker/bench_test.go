@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,6 +18,7 @@ import (
 	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/docker"
+	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/internal/testimage"
 )
 
@@ -133,40 +133,13 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 		}
 		return err
 	}
-	ways := []struct {
-		name string
-		f    func() error
-	}{
-		{"in-process", func() error { return run(inproc, "bench-inproc") }},
-		{"plugin", func() error { return run(plug, "bench-plugin") }},
-		{"sdk-exec", sdkExec},
-		{"docker-exec-cli", dockerCLI},
-		{"berth-exec-cli", berthCLI},
-	}
-	rounds := max(b.N, 20)
-	samples := make([][]time.Duration, len(ways))
-	b.ResetTimer()
-	for i := 0; i < rounds; i++ {
-		for j, w := range ways {
-			start := time.Now()
-			if err := w.f(); err != nil {
-				b.Fatalf("%s: %v", w.name, err)
-			}
-			samples[j] = append(samples[j], time.Since(start))
-		}
-	}
-	b.StopTimer()
-	var summary []string
-	for j, w := range ways {
-		s := samples[j]
-		sort.Slice(s, func(a, c int) bool { return s[a] < s[c] })
-		p50 := s[len(s)*50/100]
-		p95 := s[min(len(s)-1, len(s)*95/100)]
-		b.ReportMetric(float64(p50.Microseconds())/1000, w.name+"-p50-ms")
-		b.ReportMetric(float64(p95.Microseconds())/1000, w.name+"-p95-ms")
-		summary = append(summary, w.name+" p50 "+p50.Round(10*time.Microsecond).String()+" p95 "+p95.Round(10*time.Microsecond).String())
-	}
-	b.Log(strings.Join(summary, "; "))
+	benchutil.Interleave(b, []benchutil.Way{
+		{Name: "in-process", Run: func() error { return run(inproc, "bench-inproc") }},
+		{Name: "plugin", Run: func() error { return run(plug, "bench-plugin") }},
+		{Name: "sdk-exec", Run: sdkExec},
+		{Name: "docker-exec-cli", Run: dockerCLI},
+		{Name: "berth-exec-cli", Run: berthCLI},
+	})
 }
 
 // BenchmarkCreateToFirstExec measures a new session's sandbox from Create to its first
@@ -226,7 +199,7 @@ func BenchmarkCreateToFirstExec(b *testing.B) {
 		}
 		run = append(run, time.Since(start))
 	}
-	report(b, []string{"berth-plugin", "docker-run"}, [][]time.Duration{berth, run})
+	benchutil.Report(b, []string{"berth-plugin", "docker-run"}, [][]time.Duration{berth, run})
 }
 
 // BenchmarkConcurrentSessions creates 50 sandboxes at once through the plugin, runs
@@ -301,7 +274,7 @@ func BenchmarkConcurrentSessions(b *testing.B) {
 			}
 		}
 	}
-	report(b, []string{"total-50", "one-session"}, [][]time.Duration{totals, each})
+	benchutil.Report(b, []string{"total-50", "one-session"}, [][]time.Duration{totals, each})
 }
 
 func benchName(i int) string {
@@ -309,21 +282,6 @@ func benchName(i int) string {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
-
-// report adds p50 and p95 metrics in milliseconds for each named sample set.
-func report(b *testing.B, names []string, samples [][]time.Duration) {
-	var summary []string
-	for j, name := range names {
-		s := append([]time.Duration(nil), samples[j]...)
-		sort.Slice(s, func(a, c int) bool { return s[a] < s[c] })
-		p50 := s[len(s)*50/100]
-		p95 := s[min(len(s)-1, len(s)*95/100)]
-		b.ReportMetric(float64(p50.Microseconds())/1000, name+"-p50-ms")
-		b.ReportMetric(float64(p95.Microseconds())/1000, name+"-p95-ms")
-		summary = append(summary, name+" p50 "+p50.Round(10*time.Microsecond).String()+" p95 "+p95.Round(10*time.Microsecond).String())
-	}
-	b.Log(strings.Join(summary, "; "))
-}
 
 // removeOwned removes every sandbox of owner that a failed benchmark left.
 func removeOwned(d backend.TerminalBackend, owner string) {

@@ -5,13 +5,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"testing"
-	"time"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/local"
 )
 
@@ -80,34 +79,10 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 		}
 		return err
 	}
-	ways := []struct {
-		name string
-		f    func() error
-	}{
-		{"os-exec", func() error { return exec.Command("true").Run() }},
-		{"in-process", func() error { return run(inproc, "bench-inproc") }},
-		{"plugin", func() error { return run(plug, "bench-plugin") }},
-		{"berth-exec", cli},
-	}
-	rounds := max(b.N, 20)
-	samples := make([][]time.Duration, len(ways))
-	b.ResetTimer()
-	for i := 0; i < rounds; i++ {
-		for j, w := range ways {
-			start := time.Now()
-			if err := w.f(); err != nil {
-				b.Fatalf("%s: %v", w.name, err)
-			}
-			samples[j] = append(samples[j], time.Since(start))
-		}
-	}
-	b.StopTimer()
-	for j, w := range ways {
-		s := samples[j]
-		sort.Slice(s, func(a, c int) bool { return s[a] < s[c] })
-		p50 := s[len(s)*50/100]
-		p95 := s[min(len(s)-1, len(s)*95/100)]
-		b.ReportMetric(float64(p50.Microseconds())/1000, w.name+"-p50-ms")
-		b.ReportMetric(float64(p95.Microseconds())/1000, w.name+"-p95-ms")
-	}
+	benchutil.Interleave(b, []benchutil.Way{
+		{Name: "os-exec", Run: func() error { return exec.Command("true").Run() }},
+		{Name: "in-process", Run: func() error { return run(inproc, "bench-inproc") }},
+		{Name: "plugin", Run: func() error { return run(plug, "bench-plugin") }},
+		{Name: "berth-exec", Run: cli},
+	})
 }

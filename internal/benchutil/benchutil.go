@@ -1,0 +1,65 @@
+// Package benchutil holds what berth's benchmarks share: interleaved rounds of several
+// ways to do one thing, and p50/p95 reporting in milliseconds.
+package benchutil
+
+import (
+	"sort"
+	"strings"
+	"testing"
+	"time"
+)
+
+// MinRounds is the fewest rounds a comparison runs, whatever b.N is.
+const MinRounds = 20
+
+// Way is one way of doing the measured thing.
+type Way struct {
+	Name string
+	Run  func() error
+}
+
+// Interleave runs every way once per round, in order, for max(b.N, MinRounds) rounds,
+// so machine noise hits each alike, and reports their p50 and p95 (Report). A way's
+// error fails the benchmark.
+func Interleave(b *testing.B, ways []Way) {
+	b.Helper()
+	rounds := max(b.N, MinRounds)
+	names := make([]string, len(ways))
+	samples := make([][]time.Duration, len(ways))
+	b.ResetTimer()
+	for i := 0; i < rounds; i++ {
+		for j, w := range ways {
+			start := time.Now()
+			if err := w.Run(); err != nil {
+				b.Fatalf("%s: %v", w.Name, err)
+			}
+			samples[j] = append(samples[j], time.Since(start))
+		}
+	}
+	b.StopTimer()
+	for j, w := range ways {
+		names[j] = w.Name
+	}
+	Report(b, names, samples)
+}
+
+// Percentiles returns the p50 and p95 of samples (nearest rank; samples is not changed).
+func Percentiles(samples []time.Duration) (p50, p95 time.Duration) {
+	s := append([]time.Duration(nil), samples...)
+	sort.Slice(s, func(a, c int) bool { return s[a] < s[c] })
+	return s[len(s)*50/100], s[min(len(s)-1, len(s)*95/100)]
+}
+
+// Report adds NAME-p50-ms and NAME-p95-ms metrics for each named sample set and logs
+// them in one line.
+func Report(b *testing.B, names []string, samples [][]time.Duration) {
+	b.Helper()
+	var summary []string
+	for j, name := range names {
+		p50, p95 := Percentiles(samples[j])
+		b.ReportMetric(float64(p50.Microseconds())/1000, name+"-p50-ms")
+		b.ReportMetric(float64(p95.Microseconds())/1000, name+"-p95-ms")
+		summary = append(summary, name+" p50 "+p50.Round(10*time.Microsecond).String()+" p95 "+p95.Round(10*time.Microsecond).String())
+	}
+	b.Log(strings.Join(summary, "; "))
+}
