@@ -10,6 +10,7 @@ import (
 	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/docker"
 	"github.com/berth-sh/berth/local"
+	"github.com/berth-sh/berth/registry"
 	"github.com/spf13/cobra"
 )
 
@@ -20,14 +21,9 @@ func newDriversCmd(g *globals) *cobra.Command {
 		Short: "List drivers with version, negotiated protocol, capabilities and health",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			reg, err := g.open(cmd.Context())
+			list, err := query(cmd.Context(), g, (*registry.Registry).Drivers)
 			if err != nil {
-				return failure(err)
-			}
-			defer reg.Close()
-			list, err := reg.Drivers(cmd.Context())
-			if err != nil {
-				return failure(err)
+				return err
 			}
 			rows := make([]driverJSON, 0, len(list))
 			for _, d := range list {

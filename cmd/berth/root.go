@@ -127,6 +127,17 @@ func (g *globals) withRegistry(ctx context.Context, f func(reg *registry.Registr
 	return failure(f(reg))
 }
 
+// query opens the registry, calls f and closes it; errors are berth failures (exit 125).
+func query[T any](ctx context.Context, g *globals, f func(*registry.Registry, context.Context) (T, error)) (T, error) {
+	var out T
+	err := g.withRegistry(ctx, func(reg *registry.Registry) error {
+		var err error
+		out, err = f(reg, ctx)
+		return err
+	})
+	return out, err
+}
+
 // builtinDrivers are the drivers compiled into berth, for --in-process use.
 func builtinDrivers() map[string]func() backend.TerminalBackend {
 	return map[string]func() backend.TerminalBackend{

@@ -25,14 +25,9 @@ func newSessionsCmd(g *globals) *cobra.Command {
 		Short: "List sessions with their driver, sandbox, state, last use and drift",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			reg, err := g.open(cmd.Context())
+			list, err := query(cmd.Context(), g, (*registry.Registry).Sessions)
 			if err != nil {
-				return failure(err)
-			}
-			defer reg.Close()
-			list, err := reg.Sessions(cmd.Context())
-			if err != nil {
-				return failure(err)
+				return err
 			}
 			if asJSON {
 				rows := make([]sessionJSON, 0, len(list))
