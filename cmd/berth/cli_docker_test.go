@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/berth-sh/berth/internal/testimage"
@@ -27,5 +28,29 @@ func TestConformanceDockerImportsImage(t *testing.T) {
 	}
 	if rep.Driver != "docker" || rep.Passed != 2 || rep.Failed != 0 || rep.Skipped != 0 {
 		t.Errorf("report %+v, want docker with 2 passed\n%v", rep, r)
+	}
+}
+
+// TestImageImport: `berth image import FILE` loads a docker save archive into the
+// docker driver and prints its references; a driver without an image store and a
+// missing file are berth errors (125).
+func TestImageImport(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	if r := e.run("image", "import", "--driver", "local", "/nonexistent.tar"); r.code != 125 || !strings.Contains(r.stderr, "/nonexistent.tar") {
+		t.Errorf("missing file: want 125 naming it\n%v", r)
+	}
+	archive, err := testimage.Archive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := e.writeFile("busybox.tar", string(archive))
+	if r := e.run("image", "import", "--driver", "local", path); r.code != 125 || !strings.Contains(r.stderr, "cannot import images") {
+		t.Errorf("local: want 125 saying it cannot import\n%v", r)
+	}
+	testimage.RequireEngine(t)
+	r := e.run("image", "import", path) // --driver docker is the default
+	if r.code != 0 || strings.TrimSpace(r.stdout) != testimage.Ref {
+		t.Errorf("want exit 0 and %s on stdout\n%v", testimage.Ref, r)
 	}
 }
