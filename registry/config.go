@@ -183,8 +183,9 @@ type Config struct {
 }
 
 // DefaultKnownDrivers is the set of driver names a config may use when the caller
-// names none (LoadConfig without WithKnownDrivers, Options.KnownDrivers nil).
-var DefaultKnownDrivers = []string{"local", "docker"}
+// names none (LoadConfig without WithKnownDrivers, Options.KnownDrivers nil): the
+// built-in drivers of package backends' catalog.
+var DefaultKnownDrivers = builtinDrivers()
 
 // DefaultConfig is the config used when there is no config file: one rule,
 // scope "*" { driver = "local", isolation = "session", retention { on_close = "keep" } }.

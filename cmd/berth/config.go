@@ -7,7 +7,6 @@ import (
 	"os"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/registry"
 	"github.com/spf13/cobra"
 )
@@ -31,8 +30,7 @@ func newConfigCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(os.Stdout, "no config file at %s: every session runs on the local driver\n", path)
 				return nil
 			}
-			// The same drivers as every other command knows (registry.Open's default).
-			c, err := registry.LoadConfig(path, registry.WithKnownDrivers(backends.Builtins...))
+			c, err := registry.LoadConfig(path)
 			if err != nil {
 				return failure(err)
 			}
