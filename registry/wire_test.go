@@ -1,5 +1,3 @@
-//go:build !registry_nowire
-
 package registry
 
 import (
