@@ -9,6 +9,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/user"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -453,6 +454,27 @@ func TestUser(t *testing.T) {
 	out, _, _ := run(t, a.c, backend.ExecRequest{Argv: []string{"id", "-u"}, User: "65534"})
 	if out != "65534\n" {
 		t.Errorf("id -u as 65534: %q", out)
+	}
+	// HOME follows the user: its passwd entry, "/" for an unknown uid, and an exec's
+	// own HOME wins.
+	nobody, err := user.LookupId("65534")
+	if err != nil {
+		t.Skipf("no passwd entry for 65534: %v", err)
+	}
+	for _, c := range []struct {
+		user string
+		env  []string
+		want string
+	}{
+		{"65534", nil, nobody.HomeDir},
+		{"4242424", nil, "/"},
+		{"65534", []string{"HOME=/mine"}, "/mine"},
+		{"", nil, os.Getenv("HOME")},
+	} {
+		out, _, _ := run(t, a.c, backend.ExecRequest{Argv: []string{"sh", "-c", "echo \"$HOME\""}, User: c.user, Env: c.env})
+		if out != c.want+"\n" {
+			t.Errorf("HOME as user %q with env %q = %q, want %q", c.user, c.env, out, c.want)
+		}
 	}
 }
 

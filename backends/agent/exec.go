@@ -460,9 +460,14 @@ func (s *server) prepare(st *agentpb.ExecStart) (*execPlan, error) {
 	case !fi.IsDir():
 		return nil, status.Errorf(codes.InvalidArgument, "working directory %q is not a directory", dir)
 	}
-	cred, err := lookupCredential(st.User)
+	cred, home, err := lookupCredential(st.User)
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "user %q: %v", st.User, err)
+	}
+	if _, own := envGet(st.Env, "HOME"); cred != nil && !own {
+		// Another user's HOME is theirs (from the sandbox's /etc/passwd), not the
+		// agent's: "/" for a uid the sandbox does not know, as Docker does.
+		env, _ = mergeEnv(env, []string{"HOME=" + home})
 	}
 	plan := &execPlan{name: st.Argv[0], argv: st.Argv, env: env, dir: dir, cred: cred}
 	pathEnv, ok := envGet(env, "PATH")
@@ -685,11 +690,13 @@ func envGet(env []string, key string) (string, bool) {
 }
 
 // lookupCredential parses "UID", "UID:GID", "NAME" or "NAME:GROUP"; "" means the
-// agent's own user (nil).
-func lookupCredential(spec string) (*syscall.Credential, error) {
+// agent's own user (nil). home is the user's home directory from /etc/passwd, "/"
+// when the uid has no entry.
+func lookupCredential(spec string) (cred *syscall.Credential, home string, err error) {
 	if spec == "" {
-		return nil, nil
+		return nil, "", nil
 	}
+	home = "/"
 	userPart, groupPart, hasGroup := strings.Cut(spec, ":")
 	var c syscall.Credential
 	var u *user.User
@@ -699,15 +706,18 @@ func lookupCredential(spec string) (*syscall.Credential, error) {
 	} else {
 		u, err = user.Lookup(userPart)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		n, err := strconv.ParseUint(u.Uid, 10, 32)
 		if err != nil {
-			return nil, fmt.Errorf("uid %q: %v", u.Uid, err)
+			return nil, "", fmt.Errorf("uid %q: %v", u.Uid, err)
 		}
 		c.Uid = uint32(n)
 	}
 	if u != nil {
+		if u.HomeDir != "" {
+			home = u.HomeDir
+		}
 		if n, err := strconv.ParseUint(u.Gid, 10, 32); err == nil {
 			c.Gid = uint32(n)
 		}
@@ -725,16 +735,16 @@ func lookupCredential(spec string) (*syscall.Credential, error) {
 		} else {
 			g, err := user.LookupGroup(groupPart)
 			if err != nil {
-				return nil, err
+				return nil, "", err
 			}
 			n, err := strconv.ParseUint(g.Gid, 10, 32)
 			if err != nil {
-				return nil, fmt.Errorf("gid %q: %v", g.Gid, err)
+				return nil, "", fmt.Errorf("gid %q: %v", g.Gid, err)
 			}
 			c.Gid = uint32(n)
 		}
 	}
-	return &c, nil
+	return &c, home, nil
 }
 
 // pipe makes a pipe whose parent end is a non-blocking *os.File served by Go's
