@@ -252,7 +252,7 @@ func TestTTY(t *testing.T) {
 func TestTimeoutKillsTree(t *testing.T) {
 	a := startAgent(t)
 	start := time.Now()
-	_, _, res := run(t, a.c, backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 300 & sleep 300"}, Timeout: time.Second})
+	_, _, res := run(t, a.c, backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 304 & sleep 304"}, Timeout: time.Second})
 	elapsed := time.Since(start)
 	if !res.TimedOut || elapsed > 3*time.Second || elapsed < time.Second {
 		t.Errorf("timeout: %+v after %v", res, elapsed)
@@ -261,8 +261,8 @@ func TestTimeoutKillsTree(t *testing.T) {
 		t.Errorf("exit code %d", res.ExitCode)
 	}
 	// The result comes only after the tree is gone: no waiting here.
-	if pids := procsWithArgs("sleep", "300"); len(pids) > 0 {
-		t.Errorf("sleep 300 still running: %v", pids)
+	if pids := procsWithArgs("sleep", "304"); len(pids) > 0 {
+		t.Errorf("sleep 304 still running: %v", pids)
 	}
 }
 
