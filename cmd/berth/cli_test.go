@@ -1566,8 +1566,8 @@ func TestConformanceInterrupt(t *testing.T) {
 		cmd.Process.Kill()
 		t.Fatalf("berth conformance did not stop within 60 s of SIGINT; stderr so far %q", seen)
 	}
-	if code := cmd.ProcessState.ExitCode(); code == 0 {
-		t.Errorf("an interrupted run exited 0")
+	if code := cmd.ProcessState.ExitCode(); code != 130 {
+		t.Errorf("an interrupted run exited %d, want 130", code)
 	}
 	if ents, _ := os.ReadDir(tmp); len(ents) != 0 {
 		t.Errorf("the run left %d entries in its temporary directory: %v", len(ents), ents)

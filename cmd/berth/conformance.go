@@ -39,7 +39,8 @@ driver does not claim are skipped with the reason. The suite's sandboxes carry t
 owner id and their agent files live in a temporary directory, so your sessions'
 sandboxes are never touched. SIGINT or SIGTERM stops the run after cleaning up.
 
-Exit status: 0 when no case failed, 1 when any failed, 125 when the suite could not run.`,
+Exit status: 0 when no case failed, 1 when any failed, 125 when the suite could not run,
+130 when interrupted.`,
 		Example: `  berth conformance --driver local
   berth conformance --driver local --run '^exec/' --skip 'output-20mib'
   berth conformance --driver local --json --junit report.xml`,
@@ -166,6 +167,9 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 				fmt.Fprintf(os.Stdout, "  FAILED %s: %s\n", c.FullName(), c.Reason)
 			}
 		}
+	}
+	if ctx.Err() != nil { // interrupted: never a success, whatever ran
+		return &exitError{code: 128 + int(syscall.SIGINT), err: fmt.Errorf("conformance run interrupted; the cases not run are reported as skipped")}
 	}
 	if !rep.OK() {
 		return exitCode(1)
