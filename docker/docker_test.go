@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -21,17 +20,7 @@ import (
 
 var berthBin string
 
-func TestMain(m *testing.M) {
-	var err error
-	berthBin, err = testbin.Berth()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	testbin.Cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testbin.Main(m, &berthBin)) }
 
 // engine returns the engine address, or skips (fails under CI=true) when none answers,
 // and makes sure the test image is there (importing it through the driver).

@@ -2,7 +2,6 @@ package local_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -18,17 +17,7 @@ import (
 
 var berthBin string
 
-func TestMain(m *testing.M) {
-	var err error
-	berthBin, err = testbin.Berth()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	testbin.Cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testbin.Main(m, &berthBin)) }
 
 func options(t *testing.T, stateDir string) conformance.Options {
 	return conformance.Options{AgentBinary: berthBin, StateDir: stateDir, Owner: "conformance-" + filepath.Base(stateDir)}

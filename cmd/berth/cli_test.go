@@ -38,18 +38,7 @@ import (
 
 var berthBin string
 
-func TestMain(m *testing.M) {
-	bin, err := testbin.Berth()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		testbin.Cleanup()
-		os.Exit(1)
-	}
-	berthBin = bin
-	code := m.Run()
-	testbin.Cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testbin.Main(m, &berthBin)) }
 
 // ---- environment and running berth ----
 

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"testing"
 )
 
 var (
@@ -51,4 +52,18 @@ func Cleanup() {
 	if dir != "" {
 		os.RemoveAll(dir)
 	}
+}
+
+// Main is a TestMain body for packages whose tests need the binary: it builds berth,
+// stores its path in *bin, runs the tests and removes the binary. It returns the exit
+// code for os.Exit; a failed build prints the go build output and returns 1.
+func Main(m *testing.M, bin *string) int {
+	defer Cleanup()
+	path, err := Berth()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	*bin = path
+	return m.Run()
 }
