@@ -304,7 +304,10 @@ func caseForkBomb(t T, h *Harness) {
 	var bomb execOut
 	var bombErr error
 	wg.Go(func() {
-		bomb, bombErr = h.exec(t, sb, backend.ExecRequest{Argv: []string{"sh", "-c", "f() { f | f & }; f; sleep 30"}, Timeout: 2 * time.Second})
+		// The leader starts the bomb with its one fork, then execs (no fork): a
+		// leader that had to fork once the limit is reached would exit at once
+		// ("can't fork") instead of living until the timeout.
+		bomb, bombErr = h.exec(t, sb, backend.ExecRequest{Argv: []string{"sh", "-c", "f() { f | f & }; f; exec sleep 30"}, Timeout: 2 * time.Second})
 	})
 	time.Sleep(300 * time.Millisecond) // let it fill the pids limit
 	var second execOut
