@@ -304,10 +304,11 @@ func caseForkBomb(t T, h *Harness) {
 	var bomb execOut
 	var bombErr error
 	wg.Go(func() {
-		// The leader starts the bomb with its one fork, then execs (no fork): a
-		// leader that had to fork once the limit is reached would exit at once
-		// ("can't fork") instead of living until the timeout.
-		bomb, bombErr = h.exec(t, sb, backend.ExecRequest{Argv: []string{"sh", "-c", "f() { f | f & }; f; exec sleep 30"}, Timeout: 2 * time.Second})
+		// The leader forks once, for the subshell that starts the bomb, then execs
+		// (no fork): a leader that had to fork once the limit is reached (as for the
+		// second element of a pipeline) exits at once with "can't fork" instead of
+		// living until the timeout.
+		bomb, bombErr = h.exec(t, sb, backend.ExecRequest{Argv: []string{"sh", "-c", "f() { f | f & }; (f) & exec sleep 30"}, Timeout: 2 * time.Second})
 	})
 	time.Sleep(300 * time.Millisecond) // let it fill the pids limit
 	var second execOut

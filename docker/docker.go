@@ -21,6 +21,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/client"
@@ -178,7 +179,11 @@ func (d *Driver) hostLocked() string {
 	return DefaultHost
 }
 
-// api returns the engine client, making it on first use.
+// negotiateTimeout bounds the ping that negotiates the Engine API version.
+const negotiateTimeout = 30 * time.Second
+
+// api returns the engine client, making it (and negotiating its API version) on first
+// use. An engine that does not answer is ErrUnavailable, and nothing is cached.
 func (d *Driver) api() (*client.Client, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -193,6 +198,17 @@ func (d *Driver) api() (*client.Client, error) {
 	if err != nil {
 		return nil, backend.Errorf(backend.ErrInvalid, "driver \"docker\": host %q: %v", host, err)
 	}
+	// Negotiate the API version now, once, under d.mu: the SDK's lazy negotiation on
+	// the first request writes the version while concurrent requests read it (a data
+	// race between the first calls of parallel Creates and Lists).
+	ctx, cancel := context.WithTimeout(context.Background(), negotiateTimeout)
+	defer cancel()
+	ping, err := c.Ping(ctx)
+	if err != nil {
+		c.Close()
+		return nil, wrapAt(host, "connect to the Docker Engine", err) // d.mu is held: not d.wrap
+	}
+	c.NegotiateAPIVersionPing(ping)
 	d.cli = c
 	return c, nil
 }
@@ -218,6 +234,14 @@ func (d *Driver) wrap(op string, err error) error {
 	if err == nil {
 		return nil
 	}
+	return wrapAt(d.engineHost(), op, err)
+}
+
+// wrapAt is wrap for the engine at host, for callers that hold d.mu.
+func wrapAt(host, op string, err error) error {
+	if err == nil {
+		return nil
+	}
 	if backend.KindOf(err) != nil {
 		return err
 	}
@@ -226,7 +250,6 @@ func (d *Driver) wrap(op string, err error) error {
 	}
 	switch {
 	case client.IsErrConnectionFailed(err), cerrdefs.IsUnavailable(err):
-		host := d.engineHost()
 		return backend.Errorf(backend.ErrUnavailable, "docker: %s: the Docker Engine at %s does not answer (%v); start it (systemctl start docker, or sudo scripts/runtimes.sh and export the DOCKER_HOST it prints) or set host in driver \"docker\" {}", op, host, err)
 	case cerrdefs.IsNotFound(err):
 		return backend.Errorf(backend.ErrNotFound, "docker: %s: %v", op, err)
