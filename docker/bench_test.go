@@ -149,29 +149,10 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 //
 //	go test ./docker -run '^$' -bench CreateToFirstExec -benchtime 20x
 func BenchmarkCreateToFirstExec(b *testing.B) {
-	host := testimage.DockerHost()
-	if err := testimage.Ping(host); err != nil {
-		b.Skipf("no Docker Engine at %s: %v; %s", host, err, testimage.StartHint)
-	}
 	ctx := context.Background()
-	state := b.TempDir()
-	owner := "bench-" + filepath.Base(state)
-	bin, err := agent.Install(state, berthBin)
-	if err != nil {
-		b.Fatal(err)
-	}
-	path, args := backends.BuiltinCommand(berthBin, docker.Name)
-	plug, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer plug.Kill()
-	if err := plug.Configure(ctx, backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "docker"), Owner: owner, Config: []byte(`{"host":"` + host + `"}`)}); err != nil {
-		b.Fatal(err)
-	}
-	defer removeOwned(plug, owner)
+	host, state, owner, bin, plug := pluginFixture(b)
 	var berth, run []time.Duration
-	rounds := max(b.N, 20)
+	rounds := max(b.N, benchutil.MinRounds)
 	for i := 0; i < rounds; i++ {
 		name := benchName(i)
 		files, err := agent.PrepareSandbox(filepath.Join(state, "sandboxes", name), bin)
@@ -207,28 +188,9 @@ func BenchmarkCreateToFirstExec(b *testing.B) {
 //
 //	go test ./docker -run '^$' -bench ConcurrentSessions -benchtime 1x
 func BenchmarkConcurrentSessions(b *testing.B) {
-	host := testimage.DockerHost()
-	if err := testimage.Ping(host); err != nil {
-		b.Skipf("no Docker Engine at %s: %v; %s", host, err, testimage.StartHint)
-	}
 	const n = 50
 	ctx := context.Background()
-	state := b.TempDir()
-	owner := "bench-" + filepath.Base(state)
-	bin, err := agent.Install(state, berthBin)
-	if err != nil {
-		b.Fatal(err)
-	}
-	path, args := backends.BuiltinCommand(berthBin, docker.Name)
-	plug, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer plug.Kill()
-	if err := plug.Configure(ctx, backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "docker"), Owner: owner, Config: []byte(`{"host":"` + host + `"}`)}); err != nil {
-		b.Fatal(err)
-	}
-	defer removeOwned(plug, owner)
+	_, state, owner, bin, plug := pluginFixture(b)
 	var totals []time.Duration
 	var each []time.Duration
 	for round := 0; round < max(b.N, 1); round++ {
@@ -282,6 +244,34 @@ func benchName(i int) string {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// pluginFixture skips without an engine; otherwise it launches the docker driver's
+// plugin configured for a fresh state dir and owner, and installs the agent there.
+// The plugin is killed, and the owner's sandboxes removed, when b ends.
+func pluginFixture(b *testing.B) (host, state, owner string, bin agent.Binary, plug *backends.Client) {
+	host = testimage.DockerHost()
+	if err := testimage.Ping(host); err != nil {
+		b.Skipf("no Docker Engine at %s: %v; %s", host, err, testimage.StartHint)
+	}
+	ctx := context.Background()
+	state = b.TempDir()
+	owner = "bench-" + filepath.Base(state)
+	bin, err := agent.Install(state, berthBin)
+	if err != nil {
+		b.Fatal(err)
+	}
+	path, args := backends.BuiltinCommand(berthBin, docker.Name)
+	plug, err = backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(plug.Kill)
+	if err := plug.Configure(ctx, backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "docker"), Owner: owner, Config: []byte(`{"host":"` + host + `"}`)}); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { removeOwned(plug, owner) })
+	return host, state, owner, bin, plug
+}
 
 // removeOwned removes every sandbox of owner that a failed benchmark left.
 func removeOwned(d backend.TerminalBackend, owner string) {
