@@ -119,6 +119,11 @@ func TestBadInput(t *testing.T) {
 		{"mount-socket-dir", func(r *backend.CreateRequest) {
 			r.Spec.Mounts = []backend.Mount{{Source: filepath.Dir(sock), Target: "/sock"}}
 		}, backend.ErrInvalid, "Docker socket"},
+		{"engine-elsewhere", func(r *backend.CreateRequest) { // what a forwarded socket's engine sees
+			r.Agent.Dir = "/nonexistent/berth-elsewhere/agent"
+			r.Agent.Binary = filepath.Join(r.Agent.Dir, backend.AgentBinaryName)
+			r.Agent.SocketDir = "/nonexistent/berth-elsewhere/run"
+		}, backend.ErrInvalid, "another machine or in a VM"},
 		{"unknown-user", func(r *backend.CreateRequest) { r.Spec.User = "nosuchuser" }, backend.ErrInvalid, "nosuchuser"},
 		{"bad-memory", func(r *backend.CreateRequest) { r.Spec.Resources.MemoryBytes = 1024 }, backend.ErrInvalid, "memory"},
 		{"bad-network", func(r *backend.CreateRequest) { r.Spec.Network = "overlay-x" }, backend.ErrUnsupported, "overlay-x"},

@@ -78,8 +78,11 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 			if errors.Is(werr, backend.ErrConflict) && attempt < 3 {
 				continue // another process created it meanwhile: adopt it
 			}
+			if rerr := remoteEngine(spec.Name, d.engineHost(), req.Agent, err); rerr != nil {
+				return backend.Sandbox{}, rerr
+			}
 			if errors.Is(werr, backend.ErrNotFound) && strings.Contains(strings.ToLower(err.Error()), "image") {
-				return backend.Sandbox{}, backend.Errorf(backend.ErrNotFound, "docker sandbox %s: image %q is not in the Docker Engine at %s (%v); load it with `docker load` (or ImportImage) first; this driver does not pull images yet", spec.Name, spec.Image, d.engineHost(), err)
+				return backend.Sandbox{}, backend.Errorf(backend.ErrNotFound, "docker sandbox %s: image %q is not in the Docker Engine at %s (%v); pull it (berth pulls before create unless the rule says pull = \"never\") or load it (berth image import FILE --driver docker)", spec.Name, spec.Image, d.engineHost(), err)
 			}
 			return backend.Sandbox{}, werr
 		}
@@ -93,6 +96,23 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 		}
 		return sb, nil
 	}
+}
+
+// remoteEngine recognises the engine's answer to a create whose agent or socket dir
+// it cannot find: the engine does not share this host's filesystem (it runs in a VM
+// or on another machine, reached through a forwarded socket), so no agent could be
+// reached. It returns nil for any other error.
+func remoteEngine(name, host string, a backend.AgentFiles, err error) error {
+	msg := err.Error()
+	if !strings.Contains(msg, "bind source path does not exist") {
+		return nil
+	}
+	for _, dir := range []string{a.Dir, a.SocketDir} {
+		if strings.Contains(msg, dir) {
+			return backend.Errorf(backend.ErrInvalid, "docker sandbox %s: the Docker Engine at %s cannot see %s, which exists on this host: it runs on another machine or in a VM (a forwarded socket, a tcp or ssh tunnel), and berth's agent needs an engine on this host that shares its filesystem; point host (or DOCKER_HOST) at a local engine's socket", name, host, dir)
+		}
+	}
+	return nil
 }
 
 // checkAgent refuses agent files that cannot run in a container.

@@ -90,6 +90,7 @@ var (
 	_ backend.Configurer      = (*Driver)(nil)
 	_ backend.Copier          = (*Driver)(nil)
 	_ backend.ImageImporter   = (*Driver)(nil)
+	_ backend.ImagePuller     = (*Driver)(nil)
 )
 
 // Info reports the driver's capabilities.
@@ -111,6 +112,7 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 			StopStart:        true,
 			ExecUser:         true,
 			ImageImport:      true,
+			ImagePull:        true,
 			Config:           true,
 		},
 	}, nil

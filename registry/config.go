@@ -68,7 +68,11 @@ type Rule struct {
 	Name string
 	// Image, Workdir, User, Network, Mounts, Resources and AllowHostPaths go into the
 	// sandbox spec unchanged (see backend.SandboxSpec).
-	Image          string
+	Image string
+	// Pull says when Image is pulled before a sandbox is created: backend.PullMissing
+	// (the default when the rule sets an image), PullAlways or PullNever. It applies
+	// only to drivers that pull images (Capabilities.ImagePull).
+	Pull           backend.PullPolicy
 	Workdir        string
 	User           string
 	Network        string
@@ -523,7 +527,7 @@ var rootSchema = &hcl.BodySchema{
 
 var scopeSchema = &hcl.BodySchema{
 	Attributes: []hcl.AttributeSchema{
-		{Name: "driver"}, {Name: "name"}, {Name: "image"}, {Name: "env"}, {Name: "env_passthrough"},
+		{Name: "driver"}, {Name: "name"}, {Name: "image"}, {Name: "pull"}, {Name: "env"}, {Name: "env_passthrough"},
 		{Name: "workdir"}, {Name: "user"}, {Name: "network"}, {Name: "allow_host_paths"},
 		{Name: "isolation"},
 	},
@@ -679,6 +683,21 @@ func (d *decoder) scope(b *hcl.Block, glob string) (Rule, bool) {
 	}
 	if a := at["image"]; a != nil {
 		r.Image, _ = d.str(a)
+	}
+	if a := at["pull"]; a != nil {
+		if s, ok := d.str(a); ok {
+			switch p := backend.PullPolicy(s); p {
+			case backend.PullMissing, backend.PullAlways, backend.PullNever:
+				r.Pull = p
+			default:
+				d.errf(a.Expr.Range(), "Invalid pull", "pull %q is not \"missing\", \"always\" or \"never\".", s)
+			}
+		}
+		if r.Image == "" {
+			d.errf(a.NameRange, "Pull without image", "pull only applies to a rule with an image; remove it or set image in %s.", where)
+		}
+	} else if r.Image != "" {
+		r.Pull = backend.PullMissing
 	}
 	if a := at["user"]; a != nil {
 		r.User, _ = d.str(a)

@@ -58,6 +58,20 @@ type Options struct {
 	// StoreTimeout bounds the wait for another process's hold on the state store;
 	// 0 means DefaultStoreTimeout.
 	StoreTimeout time.Duration
+	// OnPull, when set, receives the progress of every image pull that a call makes
+	// before it creates a sandbox (see Rule.Pull). It is called from the calling
+	// goroutine, in order, and must not block for long.
+	OnPull func(PullEvent)
+}
+
+// PullEvent is one progress event of an image pull made for a session's sandbox.
+type PullEvent struct {
+	// Session, Driver and Image say which pull this is: the session whose sandbox is
+	// being created, its rule's driver and its rule's image.
+	Session string
+	Driver  string
+	Image   string
+	backend.PullProgress
 }
 
 // Registry maps sessions to sandboxes. It is safe for concurrent use, and several
@@ -72,6 +86,7 @@ type Registry struct {
 	inProcess  map[string]func() backend.TerminalBackend
 	launch     LaunchFunc
 	prepare    PrepareAgentFunc
+	onPull     func(PullEvent)
 	store      *store
 
 	initMu sync.Mutex
@@ -176,6 +191,7 @@ func Open(ctx context.Context, opts Options) (*Registry, error) {
 		inProcess:  opts.InProcess,
 		launch:     opts.Launch,
 		prepare:    opts.PrepareAgent,
+		onPull:     opts.OnPull,
 		store:      newStore(filepath.Join(stateDir, StoreFile), opts.StoreTimeout),
 		drivers:    map[string]*driverEntry{},
 	}
@@ -362,6 +378,9 @@ func (r *Registry) acquire(ctx context.Context, session string) (*pending, error
 	if err != nil {
 		return fail(r.dropDir(p, fmt.Errorf("session %q: preparing the agent for sandbox %s: %w", session, name, err)))
 	}
+	if err := r.pull(ctx, b, rule, session, name); err != nil {
+		return fail(r.dropDir(p, err))
+	}
 	now := time.Now().UTC()
 	spec.Labels[backend.LabelCreated] = now.Format(time.RFC3339)
 	sb, err := b.Create(ctx, backend.CreateRequest{Spec: spec, Agent: files})
@@ -398,6 +417,31 @@ func (r *Registry) acquire(ctx context.Context, session string) (*pending, error
 			"old_driver", old.Driver, "old_sandbox", old.Sandbox, "driver", rule.Driver, "sandbox", name)
 	}
 	return p, nil
+}
+
+// pull makes sure the rule's image is there, by the rule's pull policy, when sandbox
+// does not exist yet and the driver pulls images; a sandbox that exists is adopted
+// as it is, whatever its image. A driver without ImagePuller (or whose plugin
+// reports ErrUnsupported) is left to Create, which reports a missing image itself.
+func (r *Registry) pull(ctx context.Context, b backend.TerminalBackend, rule *Rule, session, sandbox string) error {
+	puller, ok := b.(backend.ImagePuller)
+	if rule.Image == "" || !ok {
+		return nil
+	}
+	if _, err := b.Inspect(ctx, sandbox); !errors.Is(err, backend.ErrNotFound) {
+		return nil // there (Create adopts it) or an error that Create reports
+	}
+	var progress func(backend.PullProgress)
+	if r.onPull != nil {
+		progress = func(p backend.PullProgress) {
+			r.onPull(PullEvent{Session: session, Driver: rule.Driver, Image: rule.Image, PullProgress: p})
+		}
+	}
+	err := puller.PullImage(ctx, rule.Image, rule.Pull, progress)
+	if err == nil || errors.Is(err, backend.ErrUnsupported) {
+		return nil
+	}
+	return fmt.Errorf("session %q: image %s for sandbox %s (pull = %q, %s): %w", session, rule.Image, sandbox, rule.Pull, rule.Pos(), err)
 }
 
 // dropDir removes the sandbox dir that acquire made, and returns err.

@@ -6,8 +6,8 @@
 #   eval "$(sudo scripts/runtimes.sh)"    # ... and use them in this shell
 #   sudo scripts/runtimes.sh stop         # stop what this script started
 #
-# As root on Debian it installs docker.io, containerd, runc and busybox-static when they
-# are missing. Everything lives under $BERTH_RUNTIMES_DIR (default /tmp/berth-runtimes):
+# As root on Debian it installs docker.io, containerd, runc, busybox-static and
+# docker-registry (for pull tests) when they are missing. Everything lives under $BERTH_RUNTIMES_DIR (default /tmp/berth-runtimes):
 #
 #   containerd.sock  dockerd.sock          the sockets
 #   containerd/{root,state}  docker/{data,exec}   the daemons' directories
@@ -58,6 +58,8 @@ missing=()
 command -v dockerd >/dev/null || missing+=(docker.io)
 command -v containerd >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
+# Pull tests run their own registry processes on 127.0.0.1 (internal/testregistry).
+command -v docker-registry >/dev/null || missing+=(docker-registry)
 # The test images are built from a static busybox; Debian's busybox-static puts it at
 # /bin/busybox (the plain busybox package's is dynamic and will not do).
 if command -v dpkg-query >/dev/null; then

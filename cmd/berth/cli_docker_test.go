@@ -2,10 +2,12 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/berth-sh/berth/internal/testimage"
+	"github.com/berth-sh/berth/internal/testregistry"
 )
 
 // TestConformanceDockerImportsImage: `berth conformance --driver docker` needs nothing
@@ -52,5 +54,90 @@ func TestImageImport(t *testing.T) {
 	r := e.run("image", "import", path) // --driver docker is the default
 	if r.code != 0 || strings.TrimSpace(r.stdout) != testimage.Ref {
 		t.Errorf("want exit 0 and %s on stdout\n%v", testimage.Ref, r)
+	}
+}
+
+// TestExecPullsImage: a session whose rule names an image the engine lacks pulls it
+// before its sandbox is created, showing progress on stderr: plain lines with bytes and
+// percentages when stderr is not a terminal, JSON lines under --json; pull = "never"
+// refuses instead, leaving no session. `berth image pull` pulls on demand.
+func TestExecPullsImage(t *testing.T) {
+	host := testimage.RequireEngine(t)
+	t.Parallel()
+	reg := testregistry.Start(t, testregistry.Options{})
+	plain := reg.Push(t, host, "berth-test/cli:plain")
+	asJSON := reg.Push(t, host, "berth-test/cli:json")
+	never := reg.Push(t, host, "berth-test/cli:never")
+	ahead := reg.Push(t, host, "berth-test/cli:ahead")
+	e := newEnv(t)
+	e.config = e.writeFile("config.hcl", fmt.Sprintf(`
+scope "plain:*" {
+  driver = "docker"
+  image  = %q
+}
+scope "json:*" {
+  driver = "docker"
+  image  = %q
+  pull   = "always"
+}
+scope "never:*" {
+  driver = "docker"
+  image  = %q
+  pull   = "never"
+}
+`, plain, asJSON, never))
+
+	r := e.run("exec", "-s", "never:1", "--", "true")
+	if r.code != 125 || !strings.Contains(r.stderr, `pull = "never"`) || !strings.Contains(r.stderr, never) {
+		t.Errorf("pull never of an absent image: want 125 naming the image and the policy\n%v", r)
+	}
+	if rows := e.sessions(); len(rows) != 0 {
+		t.Errorf("a refused pull left sessions %v", rows)
+	}
+
+	r = e.run("exec", "-s", "plain:1", "--", "cat", "/etc/berth-variant")
+	if r.code != 0 || !strings.Contains(r.stdout, "TestExecPullsImage") {
+		t.Fatalf("exec in a pulled image: want exit 0 and the image's marker file\n%v", r)
+	}
+	if !strings.Contains(r.stderr, "pulling "+plain+" for session plain:1 (driver docker)") ||
+		!strings.Contains(r.stderr, "Pull complete") || !strings.Contains(r.stderr, "(100%)") || strings.Contains(r.stderr, "\x1b") {
+		t.Errorf("plain progress: want a header, per-layer lines with percentages and no terminal codes\n%v", r)
+	}
+	if n := strings.Count(r.stderr, "\n"); n > 20 {
+		t.Errorf("plain progress took %d lines, want few\n%v", n, r)
+	}
+	r = e.run("exec", "-s", "plain:1", "--", "true")
+	if r.code != 0 || r.stderr != "" {
+		t.Errorf("second exec in the session: want no pull and an empty stderr\n%v", r)
+	}
+
+	r = e.run("exec", "-s", "json:1", "--json", "--", "true")
+	var res struct {
+		ExitCode int `json:"exit_code"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &res) != nil || res.ExitCode != 0 {
+		t.Fatalf("exec --json in a pulled image\n%v", r)
+	}
+	sawBytes := false
+	for _, line := range strings.Split(strings.TrimSpace(r.stderr), "\n") {
+		var ev struct {
+			Event, Session, Driver, Image, Layer, Status string
+			Current, Total                               int64
+		}
+		if err := json.Unmarshal([]byte(line), &ev); err != nil || ev.Event != "pull" || ev.Session != "json:1" || ev.Image != asJSON || ev.Driver != "docker" {
+			t.Fatalf("stderr line %q is not a pull event of json:1 (%v)\n%v", line, err, r)
+		}
+		sawBytes = sawBytes || ev.Layer != "" && ev.Total > 0
+	}
+	if !sawBytes {
+		t.Errorf("no JSON pull event with a layer's byte total\n%v", r)
+	}
+
+	r = e.run("image", "pull", ahead)
+	if r.code != 0 || !strings.Contains(r.stderr, "Pull complete") {
+		t.Errorf("berth image pull: want exit 0 and progress\n%v", r)
+	}
+	if r := e.run("image", "pull", "--driver", "local", ahead); r.code != 125 || !strings.Contains(r.stderr, "cannot pull images") {
+		t.Errorf("berth image pull on local: want 125 saying it cannot pull\n%v", r)
 	}
 }

@@ -61,7 +61,7 @@ are forwarded to the command's process group; a second SIGINT kills its process 
 	fl.BoolVarP(&f.stdin, "interactive", "i", false, "pass stdin to the command")
 	fl.BoolVarP(&f.tty, "tty", "t", false, "allocate a terminal for the command")
 	fl.Int64Var(&f.maxOutput, "max-output", -1, "cap each output stream at BYTES (default: no cap; 1 MiB per stream with --json)")
-	fl.BoolVar(&f.json, "json", false, "print one JSON object with the result and the output at the end")
+	fl.BoolVar(&f.json, "json", false, "print one JSON object with the result and the output at the end (image pull progress, if any, as JSON lines on stderr)")
 	fl.SetInterspersed(false)
 	return cmd
 }
@@ -146,6 +146,7 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 		defer restore()
 	}
 
+	g.onPull = newPullDisplay(f.json).event
 	reg, err := g.open(ctx)
 	if err != nil {
 		return failure(err)

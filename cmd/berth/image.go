@@ -56,6 +56,6 @@ the references it holds, one a line. FILE "-" reads the archive from stdin.`,
 		},
 	}
 	imp.Flags().StringVar(&driver, "driver", "docker", "driver whose image store receives the image")
-	img.AddCommand(imp)
+	img.AddCommand(imp, newImagePullCmd(g))
 	return img
 }

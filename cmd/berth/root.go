@@ -27,6 +27,9 @@ type globals struct {
 	logLevel   string
 	inProcess  bool
 	log        *logSink
+	// onPull shows image pull progress for the calls that may create a sandbox
+	// (exec, shell); nil elsewhere.
+	onPull func(registry.PullEvent)
 }
 
 // exitError carries an exit code out of a command. err, when set, is printed.
@@ -104,6 +107,7 @@ func (g *globals) open(ctx context.Context) (*registry.Registry, error) {
 		LogLevel:    g.logLevel,
 		BerthBinary: self,
 		Logger:      g.logger(),
+		OnPull:      g.onPull,
 	}
 	if g.inProcess {
 		opts.InProcess = builtinDrivers()

@@ -41,6 +41,7 @@ func runShell(ctx context.Context, g *globals, session string) error {
 	if w, h, err := term.GetSize(out); err == nil {
 		size = backend.WindowSize{Rows: uint16(h), Cols: uint16(w)}
 	}
+	g.onPull = newPullDisplay(false).event
 	reg, err := g.open(ctx)
 	if err != nil {
 		return failure(err)

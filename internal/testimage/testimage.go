@@ -92,6 +92,21 @@ func Archive() ([]byte, error) {
 // Build returns the `docker save` archive of the test image made from the static
 // busybox at busyboxPath. It runs `busybox --list` to learn the applets.
 func Build(busyboxPath string) ([]byte, error) {
+	return build(busyboxPath, Ref, "")
+}
+
+// Variant returns a `docker save` archive like Archive's, tagged ref (NAME:TAG), whose
+// one layer also holds /etc/berth-variant with marker, so that images with different
+// markers share no layer: pull tests use it to make an engine download every byte.
+func Variant(ref, marker string) ([]byte, error) {
+	bb, err := Busybox()
+	if err != nil {
+		return nil, err
+	}
+	return build(bb, ref, marker)
+}
+
+func build(busyboxPath, ref, marker string) ([]byte, error) {
 	bin, err := os.ReadFile(busyboxPath)
 	if err != nil {
 		return nil, fmt.Errorf("test image: %w", err)
@@ -110,15 +125,16 @@ func Build(busyboxPath string) ([]byte, error) {
 		return nil, errors.New("test image: busybox --list printed no applets")
 	}
 	sort.Strings(applets)
-	layer, err := buildLayer(bin, applets)
+	layer, err := buildLayer(bin, applets, marker)
 	if err != nil {
 		return nil, err
 	}
-	return buildArchive(layer)
+	return buildArchive(layer, ref)
 }
 
-// buildLayer writes the root filesystem tar.
-func buildLayer(busybox []byte, applets []string) ([]byte, error) {
+// buildLayer writes the root filesystem tar; a non-empty marker goes into
+// /etc/berth-variant.
+func buildLayer(busybox []byte, applets []string, marker string) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	hdr := func(h *tar.Header) error {
@@ -167,7 +183,11 @@ func buildLayer(busybox []byte, applets []string) ([]byte, error) {
 		{"etc/passwd", passwd},
 		{"etc/group", group},
 		{"etc/hostname", "berth-test\n"},
+		{"etc/berth-variant", marker},
 	} {
+		if f.name == "etc/berth-variant" && marker == "" {
+			continue
+		}
 		if err := file(f.name, 0o644, []byte(f.data)); err != nil {
 			return nil, err
 		}
@@ -180,7 +200,7 @@ func buildLayer(busybox []byte, applets []string) ([]byte, error) {
 
 // buildArchive wraps the layer in the `docker save` format: manifest.json,
 // repositories, the image config and LAYERID/{layer.tar,json,VERSION}.
-func buildArchive(layer []byte) ([]byte, error) {
+func buildArchive(layer []byte, ref string) ([]byte, error) {
 	lsum := sha256.Sum256(layer)
 	diffID := "sha256:" + hex.EncodeToString(lsum[:])
 	layerID := hex.EncodeToString(lsum[:]) // the v1 id of a single-layer image: any unique hex
@@ -203,10 +223,14 @@ func buildArchive(layer []byte) ([]byte, error) {
 	}
 	csum := sha256.Sum256(cfgJSON)
 	cfgName := hex.EncodeToString(csum[:]) + ".json"
-	repo, tag, _ := strings.Cut(Ref, ":")
+	i := strings.LastIndex(ref, ":")
+	if i < 0 || strings.Contains(ref[i:], "/") {
+		return nil, fmt.Errorf("test image: ref %q has no tag; want NAME:TAG", ref)
+	}
+	repo, tag := ref[:i], ref[i+1:]
 	manifest, _ := json.Marshal([]map[string]any{{
 		"Config":   cfgName,
-		"RepoTags": []string{Ref},
+		"RepoTags": []string{ref},
 		"Layers":   []string{path.Join(layerID, "layer.tar")},
 	}})
 	repositories, _ := json.Marshal(map[string]map[string]string{repo: {tag: layerID}})

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/docker/go-units"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/registry"
+)
+
+// pullDisplay shows image pull progress on stderr in one of three forms:
+//   - terminal: one line per layer, redrawn in place ("ID  STATUS  CUR / TOTAL  PCT%");
+//   - plain (stderr is not a terminal): a line when a layer's status changes or its
+//     progress passes another quarter, so logs stay short;
+//   - JSON (--json): every event as one JSON object a line (pullEventJSON).
+//
+// docker's own jsonmessage display shows neither percentages nor a short plain form,
+// which is why this one is berth's.
+type pullDisplay struct {
+	w    io.Writer
+	tty  bool
+	json bool
+
+	mu     sync.Mutex
+	image  string   // the pull in progress ("" before the first event)
+	order  []string // layers in first-seen order
+	layers map[string]*layerLine
+	drawn  int // terminal mode: layer lines drawn below the cursor's block start
+}
+
+type layerLine struct {
+	status         string
+	current, total int64
+	quarter        int64 // plain mode: last quarter (0–4) printed for status
+}
+
+// pullEventJSON is one line of `--json` pull progress on stderr.
+type pullEventJSON struct {
+	Event   string `json:"event"` // always "pull"
+	Session string `json:"session,omitempty"`
+	Driver  string `json:"driver"`
+	Image   string `json:"image"`
+	Layer   string `json:"layer,omitempty"`
+	Status  string `json:"status"`
+	Current int64  `json:"current,omitempty"`
+	Total   int64  `json:"total,omitempty"`
+}
+
+// newPullDisplay returns a display on stderr: JSON lines when asJSON, else terminal or
+// plain lines depending on whether stderr is a terminal.
+func newPullDisplay(asJSON bool) *pullDisplay {
+	return &pullDisplay{w: os.Stderr, json: asJSON, tty: !asJSON && term.IsTerminal(int(os.Stderr.Fd()))}
+}
+
+// event renders one event; it is registry.Options.OnPull.
+func (p *pullDisplay) event(ev registry.PullEvent) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.json {
+		b, _ := json.Marshal(pullEventJSON{Event: "pull", Session: ev.Session, Driver: ev.Driver, Image: ev.Image,
+			Layer: ev.Layer, Status: ev.Status, Current: ev.Current, Total: ev.Total})
+		p.w.Write(append(b, '\n'))
+		return
+	}
+	if ev.Image != p.image {
+		p.image, p.order, p.layers, p.drawn = ev.Image, nil, map[string]*layerLine{}, 0
+		who := ""
+		if ev.Session != "" {
+			who = " for session " + ev.Session
+		}
+		p.line(fmt.Sprintf("pulling %s%s (driver %s)", ev.Image, who, ev.Driver))
+	}
+	if ev.Layer == "" {
+		p.line(ev.Image + ": " + ev.Status)
+		p.drawn = 0 // a layer block after this line starts below it
+		return
+	}
+	l := p.layers[ev.Layer]
+	if l == nil {
+		l = &layerLine{}
+		p.layers[ev.Layer] = l
+		p.order = append(p.order, ev.Layer)
+	}
+	changed := l.status != ev.Status
+	l.status, l.current, l.total = ev.Status, ev.Current, ev.Total
+	if p.tty {
+		p.redraw()
+		return
+	}
+	q := int64(0)
+	if l.total > 0 {
+		q = min(4, l.current*4/l.total)
+	}
+	if changed || q > l.quarter {
+		l.quarter = q
+		p.line(ev.Image + ": " + formatLayer(ev.Layer, l))
+	}
+}
+
+// line writes s as a line of its own. Lines end in "\r\n" on a terminal, which may be
+// in raw mode (exec -t).
+func (p *pullDisplay) line(s string) {
+	if p.tty {
+		fmt.Fprintf(p.w, "\r\x1b[2K%s\r\n", s)
+		return
+	}
+	fmt.Fprintln(p.w, s)
+}
+
+// redraw moves up over the layer block and writes every layer's line again.
+func (p *pullDisplay) redraw() {
+	var b strings.Builder
+	if p.drawn > 0 {
+		fmt.Fprintf(&b, "\x1b[%dA", p.drawn)
+	}
+	for _, id := range p.order {
+		fmt.Fprintf(&b, "\r\x1b[2K%s\r\n", formatLayer(id, p.layers[id]))
+	}
+	p.drawn = len(p.order)
+	io.WriteString(p.w, b.String())
+}
+
+// formatLayer is "ID: STATUS" plus "CUR / TOTAL (PCT%)" when the total is known, or
+// "CUR" when only the current count is.
+func formatLayer(id string, l *layerLine) string {
+	s := id + ": " + l.status
+	switch {
+	case l.total > 0:
+		s += fmt.Sprintf("  %s / %s (%d%%)", units.HumanSize(float64(l.current)), units.HumanSize(float64(l.total)), l.current*100/l.total)
+	case l.current > 0:
+		s += "  " + units.HumanSize(float64(l.current))
+	}
+	return s
+}
+
+func newImagePullCmd(g *globals) *cobra.Command {
+	var driver string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "pull IMAGE",
+		Short: "Pull an image into a driver's image store now",
+		Long: `Pull IMAGE into a driver's image store, as 'docker pull' does, whatever the rules'
+pull policy, showing progress on stderr (JSON lines with --json). Sessions pull their
+rule's image themselves before their sandbox is created (pull = "missing", "always" or
+"never" in the scope rule); this command fetches one ahead of time. Credentials come
+from the user's Docker config file (docker login).`,
+		Example: `  berth image pull debian:bookworm
+  berth image pull --driver docker 127.0.0.1:5000/team/tool:1`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
+				b, err := reg.Backend(cmd.Context(), driver)
+				if err != nil {
+					return err
+				}
+				info, err := b.Info(cmd.Context())
+				if err != nil {
+					return err
+				}
+				pl, ok := b.(backend.ImagePuller)
+				if !ok || !info.Capabilities.ImagePull {
+					return fmt.Errorf("driver %s cannot pull images (it has no image store); choose one with --driver, e.g. docker", driver)
+				}
+				disp := newPullDisplay(asJSON)
+				err = pl.PullImage(cmd.Context(), args[0], backend.PullAlways, func(p backend.PullProgress) {
+					disp.event(registry.PullEvent{Driver: driver, Image: args[0], PullProgress: p})
+				})
+				if err != nil {
+					return fmt.Errorf("pulling %s into driver %s: %w", args[0], driver, err)
+				}
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVar(&driver, "driver", "docker", "driver whose image store receives the image")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "progress as JSON lines on stderr")
+	return cmd
+}
