@@ -191,8 +191,19 @@ type WindowSize struct {
 // ExecRequest describes one process to start in a sandbox.
 type ExecRequest struct {
 	// Argv is the program and its arguments; Argv[0] is looked up in PATH. There is no
-	// implicit shell.
+	// implicit shell. It must be empty when Shell is set.
 	Argv []string
+	// Shell, when set, runs this command string in shell mode (Capabilities.Shell):
+	// berth's agent runs it with bash when the sandbox has bash in PATH, else sh,
+	// through eval, in the directory and with the exported variables that the previous
+	// shell-mode exec of ShellKey left (Env is applied over them), and then records the
+	// new directory and exported variables for the next one. Every call is its own
+	// process: `exit 7`, `set -e; false`, `exec CMD` or a syntax error end only that call,
+	// and the next one starts from the last recorded state. Shell-mode execs of one
+	// ShellKey run one at a time, in order of arrival.
+	Shell string
+	// ShellKey names the shell state (the session name); required with Shell.
+	ShellKey string
 	// Env is KEY=VALUE pairs added for this exec only, over the sandbox's environment.
 	Env []string
 	// Dir is the working directory; empty means the sandbox's Workdir or home. A
@@ -251,4 +262,8 @@ type ExecResult struct {
 	OOMKilled bool `json:"oom_killed"`
 	// Duration is the wall time from start to the leader's exit.
 	Duration time.Duration `json:"duration_ns"`
+	// Cwd is, for shell-mode execs, the working directory recorded for the next one
+	// (where the command left the shell, or the previous one when the command ended
+	// without its state being recorded: killed, `exec`); empty otherwise.
+	Cwd string `json:"cwd,omitempty"`
 }

@@ -61,6 +61,9 @@ type Capabilities struct {
 	ImageImport bool `json:"image_import"`
 	// Config: the driver implements Configurer.
 	Config bool `json:"config"`
+	// Shell: ExecRequest.Shell (shell mode) is honoured; drivers that run berth's
+	// agent in their sandboxes get it from the agent.
+	Shell bool `json:"shell"`
 }
 
 // ConfigField declares one attribute of a driver's `driver "NAME" {}` config block.

@@ -29,6 +29,7 @@ func capsToPB(c backend.Capabilities) *pb.Capabilities {
 		ImagePull:        c.ImagePull,
 		ImageImport:      c.ImageImport,
 		Config:           c.Config,
+		Shell:            c.Shell,
 	}
 }
 
@@ -48,6 +49,7 @@ func capsFromPB(c *pb.Capabilities) backend.Capabilities {
 		ImagePull:        c.GetImagePull(),
 		ImageImport:      c.GetImageImport(),
 		Config:           c.GetConfig(),
+		Shell:            c.GetShell(),
 	}
 }
 
@@ -233,20 +235,24 @@ func execSetupToPB(name string, r backend.ExecRequest) *pb.ExecSetup {
 		Size:      sizeToPB(r.Size),
 		Stdin:     r.Stdin,
 		TimeoutNs: int64(r.Timeout),
+		Shell:     r.Shell,
+		ShellKey:  r.ShellKey,
 	}
 }
 
 // execSetupFromPB returns the sandbox name and the request without writers.
 func execSetupFromPB(s *pb.ExecSetup) (string, backend.ExecRequest) {
 	return s.GetName(), backend.ExecRequest{
-		Argv:    nilIfEmpty(s.GetArgv()),
-		Env:     nilIfEmpty(s.GetEnv()),
-		Dir:     s.GetDir(),
-		User:    s.GetUser(),
-		TTY:     s.GetTty(),
-		Size:    sizeFromPB(s.GetSize()),
-		Stdin:   s.GetStdin(),
-		Timeout: time.Duration(s.GetTimeoutNs()),
+		Argv:     nilIfEmpty(s.GetArgv()),
+		Env:      nilIfEmpty(s.GetEnv()),
+		Dir:      s.GetDir(),
+		User:     s.GetUser(),
+		TTY:      s.GetTty(),
+		Size:     sizeFromPB(s.GetSize()),
+		Stdin:    s.GetStdin(),
+		Timeout:  time.Duration(s.GetTimeoutNs()),
+		Shell:    s.GetShell(),
+		ShellKey: s.GetShellKey(),
 	}
 }
 
@@ -258,6 +264,7 @@ func resultToPB(r backend.ExecResult) *pb.ExecResult {
 		Canceled:   r.Canceled,
 		OomKilled:  r.OOMKilled,
 		DurationNs: int64(r.Duration),
+		Cwd:        r.Cwd,
 	}
 }
 
@@ -269,6 +276,7 @@ func resultFromPB(r *pb.ExecResult) backend.ExecResult {
 		Canceled:  r.GetCanceled(),
 		OOMKilled: r.GetOomKilled(),
 		Duration:  time.Duration(r.GetDurationNs()),
+		Cwd:       r.GetCwd(),
 	}
 }
 

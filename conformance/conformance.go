@@ -43,8 +43,8 @@ var _ T = (*testing.T)(nil)
 
 // Case is one conformance case.
 type Case struct {
-	// Group is the case's group: lifecycle, idempotence, exec, tty, isolation or
-	// resources.
+	// Group is the case's group: lifecycle, idempotence, exec, tty, isolation,
+	// resources or terminal.
 	Group string
 	// Name is the case's name inside its group (lower case, words joined by "-").
 	Name string
@@ -273,7 +273,7 @@ func (f Filter) Match(c Case) bool {
 }
 
 // Cases returns every case of the suite, grouped and in a fixed order: lifecycle,
-// idempotence, exec, tty, isolation, resources. The slice is new on each call.
+// idempotence, exec, tty, isolation, resources, terminal. The slice is new on each call.
 func Cases() []Case {
 	var all []Case
 	all = append(all, lifecycleCases()...)
@@ -283,6 +283,7 @@ func Cases() []Case {
 	all = append(all, isolationCases()...)
 	all = append(all, hardeningIsolationCases()...)
 	all = append(all, resourcesCases()...)
+	all = append(all, terminalCases()...)
 	return all
 }
 

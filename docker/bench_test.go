@@ -20,6 +20,7 @@ import (
 	"github.com/berth-sh/berth/docker"
 	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/internal/testimage"
+	"github.com/berth-sh/berth/registry"
 )
 
 // BenchmarkExecRoundTrip measures the round trip of `true` in a running sandbox,
@@ -281,4 +282,18 @@ func removeOwned(d backend.TerminalBackend, owner string) {
 	for _, sb := range sbs {
 		d.Remove(ctx, sb.Name)
 	}
+}
+
+// BenchmarkShellMode compares a shell-mode call of `true` with a plain exec of `true`
+// in one session on the docker driver, through the registry and the driver's plugin,
+// interleaved; p50 and p95 in milliseconds (at least 20 rounds).
+//
+//	go test ./docker -run '^$' -bench ShellMode -benchtime 50x
+func BenchmarkShellMode(b *testing.B) {
+	host := testimage.DockerHost()
+	if err := testimage.Ping(host); err != nil {
+		b.Skipf("no Docker Engine at %s: %v; %s", host, err, testimage.StartHint)
+	}
+	cfg := "driver \"docker\" {\n  host = \"" + host + "\"\n}\nscope \"*\" {\n  driver = \"docker\"\n  image  = \"" + testimage.Ref + "\"\n}\n"
+	benchutil.ShellVsExec(b, registry.Options{BerthBinary: berthBin}, cfg, "bench:shell")
 }

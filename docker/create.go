@@ -380,7 +380,7 @@ func (d *Driver) containerConfig(spec backend.SandboxSpec, a backend.AgentFiles)
 		Labels:     labels,
 		User:       "0:0", // the agent; execs run as the sandbox's user (LabelUser)
 		Entrypoint: []string{backend.AgentMountDir + "/" + backend.AgentBinaryName},
-		Cmd:        []string{"serve", "--socket-dir", backend.SocketMountDir},
+		Cmd:        []string{"serve", "--socket-dir", backend.SocketMountDir, "--state-dir", AgentStateDir},
 	}
 	hcfg := &container.HostConfig{
 		NetworkMode: container.NetworkMode(network),

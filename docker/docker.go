@@ -47,6 +47,11 @@ const DefaultHost = "unix:///var/run/docker.sock"
 // package installs, writing into directories of other users).
 var DefaultCapabilities = []string{"CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"}
 
+// AgentStateDir is where the agent keeps, inside the container's own filesystem (so
+// it survives Stop and goes with Remove), the state that outlives it: the shell-mode
+// state of each session, readable by root only.
+const AgentStateDir = "/.berth/state"
+
 // NetworkModes are the SandboxSpec.Network values the driver accepts; "" means "none".
 var NetworkModes = []string{"none", "bridge", "host"}
 
@@ -104,6 +109,7 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 			PIDIsolation:     true,
 			NetworkModes:     append([]string(nil), NetworkModes...),
 			TTY:              true,
+			Shell:            true,
 			CPULimit:         true,
 			MemoryLimit:      true,
 			PidsLimit:        true,

@@ -12,6 +12,7 @@ import (
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/local"
+	"github.com/berth-sh/berth/registry"
 )
 
 // BenchmarkExecRoundTrip measures the round trip of `true` four ways, interleaved so
@@ -85,4 +86,13 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 		{Name: "plugin", Run: func() error { return run(plug, "bench-plugin") }},
 		{Name: "berth-exec", Run: cli},
 	})
+}
+
+// BenchmarkShellMode compares a shell-mode call of `true` with a plain exec of `true`
+// in one session on the local driver, through the registry and the driver's plugin,
+// interleaved; p50 and p95 in milliseconds (at least 20 rounds).
+//
+//	go test ./local -run '^$' -bench ShellMode -benchtime 50x
+func BenchmarkShellMode(b *testing.B) {
+	benchutil.ShellVsExec(b, registry.Options{BerthBinary: berthBin}, "scope \"*\" {\n  driver = \"local\"\n}\n", "bench:shell")
 }

@@ -86,6 +86,7 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 			PIDIsolation: false,
 			NetworkModes: []string{"host"},
 			TTY:          true,
+			Shell:        true,
 			Copy:         true,
 			StopStart:    true,
 			Config:       true,

@@ -84,7 +84,8 @@ func (d *Driver) startAgent(ctx context.Context, dir string, m *meta) error {
 	}
 	defer r.Close()
 	argv := []string{backend.AgentBinaryName, "serve", "--socket-dir", m.Agent.SocketDir,
-		"--ready-fd", "3", "--subreaper", "--log", filepath.Join(dir, "agent.log")}
+		"--ready-fd", "3", "--subreaper", "--log", filepath.Join(dir, "agent.log"),
+		"--state-dir", filepath.Join(dir, "agent-state")}
 	attr := &os.ProcAttr{
 		Dir:   cwd,
 		Env:   d.agentEnv(m, home),

@@ -85,6 +85,9 @@ type Rule struct {
 	// filesystem (backend.SandboxSpec.EnvAllowlist), in addition to the driver's
 	// allowlist (default backend.DefaultEnvAllowlist).
 	EnvPassthrough []string
+	// MaxOutput caps each output stream of a shell-mode call (Registry.Shell), in
+	// bytes; 0 means DefaultShellMaxOutput.
+	MaxOutput int64
 	// Isolation is IsolationSession (default) or IsolationShared.
 	Isolation Isolation
 	// Retention is the retention block.
@@ -529,7 +532,7 @@ var scopeSchema = &hcl.BodySchema{
 	Attributes: []hcl.AttributeSchema{
 		{Name: "driver"}, {Name: "name"}, {Name: "image"}, {Name: "pull"}, {Name: "env"}, {Name: "env_passthrough"},
 		{Name: "workdir"}, {Name: "user"}, {Name: "network"}, {Name: "allow_host_paths"},
-		{Name: "isolation"},
+		{Name: "isolation"}, {Name: "max_output"},
 	},
 	Blocks: []hcl.BlockHeaderSchema{{Type: "mount"}, {Type: "resources"}, {Type: "retention"}},
 }
@@ -702,6 +705,9 @@ func (d *decoder) scope(b *hcl.Block, glob string) (Rule, bool) {
 	if a := at["user"]; a != nil {
 		r.User, _ = d.str(a)
 	}
+	if a := at["max_output"]; a != nil {
+		r.MaxOutput, _ = d.size(a, "max_output")
+	}
 	if a := at["network"]; a != nil {
 		r.Network, _ = d.str(a)
 	}
@@ -811,28 +817,37 @@ func (d *decoder) resources(blk *hcl.Block, where string, res *backend.Resources
 		}
 	}
 	if a := c.Attributes["memory"]; a != nil {
-		v, ok := d.value(a, cty.NilType, "")
-		if !ok {
-			return
-		}
-		switch v.Type() {
-		case cty.Number:
-			f := v.AsBigFloat()
-			n, acc := f.Int64()
-			if !f.IsInt() || acc != big.Exact || n <= 0 {
-				d.errf(a.Expr.Range(), "Invalid memory", "memory must be a positive whole number of bytes or a size such as \"512m\" or \"2g\".")
-			} else {
-				res.MemoryBytes = n
-			}
-		case cty.String:
-			n, err := ParseBytes(v.AsString())
-			if err != nil {
-				d.errf(a.Expr.Range(), "Invalid memory", "%v.", err)
-			} else {
-				res.MemoryBytes = n
-			}
-		default:
-			d.errf(a.Expr.Range(), "Invalid memory", "memory must be a number of bytes or a string such as \"512m\" or \"2g\".")
+		if n, ok := d.size(a, "memory"); ok {
+			res.MemoryBytes = n
 		}
 	}
+}
+
+// size decodes a positive size attribute: a whole number of bytes, or a string that
+// ParseBytes accepts ("512m", "2g", "50KiB").
+func (d *decoder) size(a *hcl.Attribute, what string) (int64, bool) {
+	v, ok := d.value(a, cty.NilType, "")
+	if !ok {
+		return 0, false
+	}
+	title := "Invalid " + what
+	switch v.Type() {
+	case cty.Number:
+		f := v.AsBigFloat()
+		n, acc := f.Int64()
+		if !f.IsInt() || acc != big.Exact || n <= 0 {
+			d.errf(a.Expr.Range(), title, "%s must be a positive whole number of bytes or a size such as \"512m\" or \"2g\".", what)
+			return 0, false
+		}
+		return n, true
+	case cty.String:
+		n, err := ParseBytes(v.AsString())
+		if err != nil {
+			d.errf(a.Expr.Range(), title, "%s: %v.", what, err)
+			return 0, false
+		}
+		return n, true
+	}
+	d.errf(a.Expr.Range(), title, "%s must be a number of bytes or a string such as \"512m\" or \"2g\".", what)
+	return 0, false
 }

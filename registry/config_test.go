@@ -217,7 +217,7 @@ func TestConfigBadInput(t *testing.T) {
 		{"unknown top key", "stat_dir = \"/x\"\n",
 			[]string{"config.hcl:1:1: error: Unsupported argument", `"stat_dir"`, `Did you mean "state_dir"?`, "Valid arguments in the config file: state_dir, agent_path, plugin_dirs, log_level; valid blocks: driver, scope."}},
 		{"unknown scope key", "scope \"*\" {\n  drivr = \"local\"\n}\n",
-			[]string{"config.hcl:2:3: error: Unsupported argument", `Did you mean "driver"?`, `Valid arguments in scope "*": driver, name, image, pull, env, env_passthrough, workdir, user, network, allow_host_paths, isolation; valid blocks: mount, resources, retention.`}},
+			[]string{"config.hcl:2:3: error: Unsupported argument", `Did you mean "driver"?`, `Valid arguments in scope "*": driver, name, image, pull, env, env_passthrough, workdir, user, network, allow_host_paths, isolation, max_output; valid blocks: mount, resources, retention.`}},
 		{"unknown block", "scope \"*\" {\n  limits {}\n}\n",
 			[]string{"config.hcl:2:3: error: Unsupported block type", `"limits"`, "valid blocks: mount, resources, retention"}},
 		{"unknown retention key", "scope \"*\" {\n  retention {\n    on_clos = \"stop\"\n  }\n}\n",

@@ -88,6 +88,7 @@ type Registry struct {
 	prepare    PrepareAgentFunc
 	onPull     func(PullEvent)
 	store      *store
+	caps       sync.Map // backend.TerminalBackend → backend.Capabilities
 
 	initMu sync.Mutex
 	owner  string
@@ -515,7 +516,8 @@ func (r *Registry) Acquire(ctx context.Context, session string) (*Lease, error) 
 	return p.lease, nil
 }
 
-// Exec acquires session's sandbox and starts req in it. The session's record (and
+// Exec acquires session's sandbox and starts req in it, with DefaultExecEnv added
+// for the variables that neither req nor the rule's env sets. The session's record (and
 // last use) is written only once the exec has started, and last use is touched
 // again when Wait returns. Errors: those of Acquire and of the driver's Exec
 // (ErrInvalid for a missing req.Dir, ...); when Exec fails in a sandbox that this
@@ -525,6 +527,7 @@ func (r *Registry) Exec(ctx context.Context, session string, req backend.ExecReq
 	if err != nil {
 		return nil, nil, err
 	}
+	req.Env = withDefaultEnv(p.lease.Rule, req.Env)
 	proc, err := p.lease.Backend.Exec(ctx, p.lease.Sandbox, req)
 	if err != nil {
 		r.undo(p)

@@ -187,7 +187,10 @@ const cancelWait = 15 * time.Second
 // a working directory that does not exist (ErrInvalid, naming it), agent unreachable
 // (ErrUnavailable), ctx done.
 func (c *Client) Exec(ctx context.Context, req backend.ExecRequest) (backend.Process, error) {
-	if len(req.Argv) == 0 || req.Argv[0] == "" {
+	if err := checkShell(req, c.protocol); err != nil {
+		return nil, err
+	}
+	if req.Shell == "" && (len(req.Argv) == 0 || req.Argv[0] == "") {
 		return nil, backend.Errorf(backend.ErrInvalid, "exec: empty argv")
 	}
 	if err := ctx.Err(); err != nil {
@@ -207,6 +210,8 @@ func (c *Client) Exec(ctx context.Context, req backend.ExecRequest) (backend.Pro
 		Tty:       req.TTY,
 		Stdin:     req.Stdin,
 		TimeoutNs: int64(req.Timeout),
+		Shell:     req.Shell,
+		ShellKey:  req.ShellKey,
 	}
 	if req.TTY {
 		start.Size = &agentpb.WindowSize{Rows: uint32(req.Size.Rows), Cols: uint32(req.Size.Cols)}
@@ -234,12 +239,12 @@ func (c *Client) Exec(ctx context.Context, req backend.ExecRequest) (backend.Pro
 	}
 	if f.err != nil {
 		scancel()
-		return nil, mapError(fmt.Sprintf("exec %q", req.Argv[0]), f.err)
+		return nil, mapError(fmt.Sprintf("exec %q", execName(req)), f.err)
 	}
 	started := f.m.GetStarted()
 	if started == nil {
 		scancel()
-		return nil, backend.Errorf(backend.ErrUnavailable, "exec %q: agent protocol error: no started message", req.Argv[0])
+		return nil, backend.Errorf(backend.ErrUnavailable, "exec %q: agent protocol error: no started message", execName(req))
 	}
 	p := &process{
 		c:      c,
@@ -333,6 +338,7 @@ func (p *process) recvLoop() {
 				Canceled:  r.Canceled,
 				OOMKilled: r.OomKilled,
 				Duration:  time.Duration(r.DurationNs),
+				Cwd:       r.Cwd,
 			}
 			got = true
 			p.sendMu.Lock()
@@ -520,4 +526,29 @@ func (c *Client) CopyOut(ctx context.Context, path string, w io.Writer) error {
 			return fmt.Errorf("copy out: %w", err)
 		}
 	}
+}
+
+// checkShell validates the shell-mode fields of req for an agent of protocol p.
+func checkShell(req backend.ExecRequest, p int) error {
+	switch {
+	case req.Shell == "" && req.ShellKey == "":
+		return nil
+	case req.Shell == "":
+		return backend.Errorf(backend.ErrInvalid, "exec: shell key %q without a shell command", req.ShellKey)
+	case len(req.Argv) > 0:
+		return backend.Errorf(backend.ErrInvalid, "exec: both argv %q and a shell command given; use one", req.Argv)
+	case req.ShellKey == "":
+		return backend.Errorf(backend.ErrInvalid, "exec: shell mode needs a shell key (the session name)")
+	case p < 2:
+		return backend.Errorf(backend.ErrUnsupported, "exec: the sandbox's agent speaks protocol %d, which has no shell mode; restart the sandbox (berth close with on_close = \"stop\", or berth rm) so that it runs the current agent", p)
+	}
+	return nil
+}
+
+// execName is how errors name req's command.
+func execName(req backend.ExecRequest) string {
+	if req.Shell != "" {
+		return "shell"
+	}
+	return req.Argv[0]
 }

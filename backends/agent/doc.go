@@ -32,8 +32,9 @@ import "time"
 
 // ProtocolVersion is the agent protocol version this package speaks. Clients accept
 // ProtocolVersion and ProtocolVersion-1 (when that is at least 1); the agent answers
-// Hello with the highest version both sides speak.
-const ProtocolVersion = 1
+// Hello with the highest version both sides speak. Version 2 added shell mode
+// (ExecStart.shell, ExecResult.cwd); a client on a version-1 agent refuses shell mode.
+const ProtocolVersion = 2
 
 // ChunkSize is the largest piece of output, stdin or copy data, in bytes, that one
 // protocol message carries.

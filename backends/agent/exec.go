@@ -66,6 +66,8 @@ type execPlan struct {
 	dir  string
 	cred *syscall.Credential
 	fail *execFailure
+	// stateFile, for shell mode, becomes the child's descriptor shellStateFD.
+	stateFile *os.File
 }
 
 // execSender serialises Send on an Exec stream and refuses sends once the handler
@@ -212,10 +214,27 @@ func (s *server) Exec(stream agentpb.Agent_ExecServer) error {
 	if s.closing.Load() {
 		return status.Error(codes.Unavailable, "the agent is shutting down")
 	}
+	var shk *shellKey
+	var stateFile *os.File
+	shellKey := st.ShellKey
+	if st.Shell != "" || st.ShellKey != "" {
+		if st.Shell == "" || st.ShellKey == "" || len(st.Argv) > 0 {
+			return status.Error(codes.InvalidArgument, "exec: shell mode needs a shell command and a shell key, and no argv")
+		}
+		if shk, err = s.shells.acquire(stream.Context(), st.ShellKey); err != nil {
+			return err
+		}
+		defer s.shells.release(shk)
+		if st, stateFile, err = s.shellStart(st, shk.state); err != nil {
+			return err
+		}
+		defer stateFile.Close()
+	}
 	plan, err := s.prepare(st)
 	if err != nil {
 		return err
 	}
+	plan.stateFile = stateFile
 	snd := &execSender{stream: stream}
 	defer snd.close()
 	id := s.nextID.Add(1)
@@ -314,6 +333,17 @@ func (s *server) Exec(stream agentpb.Agent_ExecServer) error {
 		TimedOut:   timedOut,
 		Canceled:   canceled,
 		DurationNs: int64(ex.at.Sub(startTime)),
+	}
+	if shk != nil {
+		// A call killed at its timeout or on cancel records nothing, whatever its
+		// shell's traps managed to write: the next call starts from the last state
+		// of a call that ended by itself.
+		if ns, ok := readShellState(stateFile); ok && !timedOut && !canceled {
+			if err := s.shells.save(shk, shellKey, ns); err != nil {
+				s.log.Printf("exec %d: recording the shell state of %q: %v", id, shellKey, err)
+			}
+		}
+		res.Cwd = shk.state.cwd
 	}
 	err = snd.send(&agentpb.ExecOutput{Msg: &agentpb.ExecOutput_Result{Result: res}})
 	run.stopStdin()
@@ -542,10 +572,17 @@ func (s *server) spawn(plan *execPlan, st *agentpb.ExecStart, snd *execSender) (
 			run.outs = append(run.outs, newOutReader(r, i == 1, snd))
 		}
 	}
+	files := []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])}
+	if plan.stateFile != nil {
+		for len(files) < shellStateFD {
+			files = append(files, ^uintptr(0)) // -1: closed in the child
+		}
+		files = append(files, plan.stateFile.Fd())
+	}
 	attr := &syscall.ProcAttr{
 		Dir:   plan.dir,
 		Env:   plan.env,
-		Files: []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])},
+		Files: files,
 		Sys: &syscall.SysProcAttr{
 			Setsid:     true,
 			Setctty:    st.Tty,

@@ -68,6 +68,7 @@ type testAgent struct {
 	c       *Client
 
 	noSubreaper bool
+	stateDir    string
 }
 
 func testCtx(t *testing.T) context.Context {
@@ -101,6 +102,9 @@ func (a *testAgent) start(t *testing.T, env ...string) {
 	args := []string{"serve", "--socket-dir", a.sockDir, "--ready-fd", "3", "--log", a.logPath}
 	if !a.noSubreaper {
 		args = append(args, "--subreaper")
+	}
+	if a.stateDir != "" {
+		args = append(args, "--state-dir", a.stateDir)
 	}
 	cmd := exec.Command(agentBin, args...)
 	cmd.ExtraFiles = []*os.File{w}

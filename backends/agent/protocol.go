@@ -5,8 +5,9 @@ import (
 	"slices"
 )
 
-// serverVersions are the protocol versions the agent speaks, highest first.
-var serverVersions = []int{ProtocolVersion}
+// serverVersions are the protocol versions the agent speaks, highest first: N and
+// N-1, so that a host one version behind still reaches a newer agent.
+var serverVersions = clientVersions()
 
 // clientVersions are the protocol versions a Client accepts: N and N-1.
 func clientVersions() []int {

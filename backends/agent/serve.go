@@ -35,6 +35,10 @@ type ServeOptions struct {
 	// LogPath, when set, is the agent's log file, capped at 1 MiB with one rotation
 	// (LogPath + ".1"); otherwise the agent logs to stderr.
 	LogPath string
+	// StateDir, when set, is where the agent keeps state that should outlive it (the
+	// shell-mode state of each key), in files only root (the agent's user) can read;
+	// it is created when needed. Without it that state lives in memory only.
+	StateDir string
 	// Subreaper makes the agent a child subreaper (PR_SET_CHILD_SUBREAPER), so the
 	// background processes of its execs stay its descendants and are reaped and
 	// killed by it. Use it on the host; PID 1 of a container is a reaper anyway.
@@ -86,6 +90,7 @@ func Serve(opts ServeOptions) error {
 	if err != nil {
 		return err
 	}
+	s.shells.dir = opts.StateDir
 	// A subreaper or PID 1 finds every process it started among its descendants.
 	// Otherwise orphans move to init, and Shutdown finds them by session id, which
 	// is only safe while those ids are not reused: the set is pruned as sessions die.
@@ -142,13 +147,13 @@ func Serve(opts ServeOptions) error {
 // Shutdown, 1 when serving failed, 2 for a usage error. args are the arguments after
 // the program name, optionally starting with the word "agent":
 //
-//	[agent] serve --socket-dir DIR [--ready-fd N] [--log FILE] [--subreaper]
+//	[agent] serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper]
 func Main(args []string) int {
 	if len(args) > 0 && args[0] == "agent" {
 		args = args[1:]
 	}
 	usage := func() {
-		fmt.Fprintln(os.Stderr, "usage: berth agent serve --socket-dir DIR [--ready-fd N] [--log FILE] [--subreaper]")
+		fmt.Fprintln(os.Stderr, "usage: berth agent serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper]")
 	}
 	if len(args) == 0 || args[0] != "serve" {
 		usage()
@@ -157,6 +162,7 @@ func Main(args []string) int {
 	fs := flag.NewFlagSet("berth agent serve", flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
 	socketDir := fs.String("socket-dir", "", "directory in which to create the agent socket "+backend.AgentSocketName)
+	stateDir := fs.String("state-dir", "", "directory for state that outlives the agent (shell-mode state); default: memory only")
 	readyFD := fs.Int("ready-fd", 0, "file descriptor to write \"ready\\n\" to once serving")
 	logPath := fs.String("log", "", "log file (size-capped); default stderr")
 	subreaper := fs.Bool("subreaper", false, "become a child subreaper (host sandboxes)")
@@ -167,7 +173,7 @@ func Main(args []string) int {
 		usage()
 		return 2
 	}
-	err := Serve(ServeOptions{SocketDir: *socketDir, ReadyFD: *readyFD, LogPath: *logPath, Subreaper: *subreaper})
+	err := Serve(ServeOptions{SocketDir: *socketDir, StateDir: *stateDir, ReadyFD: *readyFD, LogPath: *logPath, Subreaper: *subreaper})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "berth agent: %v\n", err)
 		return 1
@@ -366,6 +372,8 @@ type server struct {
 	// trackSessions: remember exec session ids for Shutdown (neither subreaper nor
 	// PID 1).
 	trackSessions bool
+	// shells holds the shell-mode state of every key.
+	shells *shells
 
 	stopCh   chan struct{}
 	stopOnce sync.Once
@@ -386,5 +394,6 @@ func newServer(logger *log.Logger) (*server, error) {
 		execs:    map[uint64]*execRun{},
 		sids:     map[int]struct{}{},
 		stopCh:   make(chan struct{}),
+		shells:   newShells("", logger),
 	}, nil
 }

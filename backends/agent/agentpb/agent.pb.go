@@ -201,7 +201,12 @@ type ExecStart struct {
 	// Connect stdin messages to the process's stdin; otherwise it reads /dev/null.
 	Stdin bool `protobuf:"varint,7,opt,name=stdin,proto3" json:"stdin,omitempty"`
 	// Kill the process tree after this many nanoseconds; 0 means never.
-	TimeoutNs     int64 `protobuf:"varint,8,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
+	TimeoutNs int64 `protobuf:"varint,8,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
+	// Shell mode (protocol 2): run this command string with bash or sh through eval in
+	// the state (directory, exported variables) recorded under shell_key, then record
+	// the new state; argv must be empty. Calls of one key run one at a time.
+	Shell         string `protobuf:"bytes,9,opt,name=shell,proto3" json:"shell,omitempty"`
+	ShellKey      string `protobuf:"bytes,10,opt,name=shell_key,json=shellKey,proto3" json:"shell_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -290,6 +295,20 @@ func (x *ExecStart) GetTimeoutNs() int64 {
 		return x.TimeoutNs
 	}
 	return 0
+}
+
+func (x *ExecStart) GetShell() string {
+	if x != nil {
+		return x.Shell
+	}
+	return ""
+}
+
+func (x *ExecStart) GetShellKey() string {
+	if x != nil {
+		return x.ShellKey
+	}
+	return ""
 }
 
 type CloseStdin struct {
@@ -515,13 +534,15 @@ func (x *ExecStarted) GetPid() int32 {
 }
 
 type ExecResult struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ExitCode      int32                  `protobuf:"varint,1,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
-	Signal        int32                  `protobuf:"varint,2,opt,name=signal,proto3" json:"signal,omitempty"`
-	TimedOut      bool                   `protobuf:"varint,3,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
-	Canceled      bool                   `protobuf:"varint,4,opt,name=canceled,proto3" json:"canceled,omitempty"`
-	OomKilled     bool                   `protobuf:"varint,5,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
-	DurationNs    int64                  `protobuf:"varint,6,opt,name=duration_ns,json=durationNs,proto3" json:"duration_ns,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ExitCode   int32                  `protobuf:"varint,1,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Signal     int32                  `protobuf:"varint,2,opt,name=signal,proto3" json:"signal,omitempty"`
+	TimedOut   bool                   `protobuf:"varint,3,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
+	Canceled   bool                   `protobuf:"varint,4,opt,name=canceled,proto3" json:"canceled,omitempty"`
+	OomKilled  bool                   `protobuf:"varint,5,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
+	DurationNs int64                  `protobuf:"varint,6,opt,name=duration_ns,json=durationNs,proto3" json:"duration_ns,omitempty"`
+	// Shell mode: the working directory recorded for the next call of the key.
+	Cwd           string `protobuf:"bytes,7,opt,name=cwd,proto3" json:"cwd,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -596,6 +617,13 @@ func (x *ExecResult) GetDurationNs() int64 {
 		return x.DurationNs
 	}
 	return 0
+}
+
+func (x *ExecResult) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
 }
 
 type ExecOutput struct {
@@ -1093,7 +1121,7 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"WindowSize\x12\x12\n" +
 	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
-	"\x04cols\x18\x02 \x01(\rR\x04cols\"\xce\x01\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"\x81\x02\n" +
 	"\tExecStart\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x10\n" +
 	"\x03env\x18\x02 \x03(\tR\x03env\x12\x10\n" +
@@ -1103,7 +1131,10 @@ const file_agent_proto_rawDesc = "" +
 	"\x04size\x18\x06 \x01(\v2\x1a.berth.agent.v1.WindowSizeR\x04size\x12\x14\n" +
 	"\x05stdin\x18\a \x01(\bR\x05stdin\x12\x1d\n" +
 	"\n" +
-	"timeout_ns\x18\b \x01(\x03R\ttimeoutNs\"\f\n" +
+	"timeout_ns\x18\b \x01(\x03R\ttimeoutNs\x12\x14\n" +
+	"\x05shell\x18\t \x01(\tR\x05shell\x12\x1b\n" +
+	"\tshell_key\x18\n" +
+	" \x01(\tR\bshellKey\"\f\n" +
 	"\n" +
 	"CloseStdin\"\xec\x01\n" +
 	"\tExecInput\x121\n" +
@@ -1116,7 +1147,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x03msg\"8\n" +
 	"\vExecStarted\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\x04R\x06execId\x12\x10\n" +
-	"\x03pid\x18\x02 \x01(\x05R\x03pid\"\xba\x01\n" +
+	"\x03pid\x18\x02 \x01(\x05R\x03pid\"\xcc\x01\n" +
 	"\n" +
 	"ExecResult\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
@@ -1126,7 +1157,8 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"oom_killed\x18\x05 \x01(\bR\toomKilled\x12\x1f\n" +
 	"\vduration_ns\x18\x06 \x01(\x03R\n" +
-	"durationNs\"\xb6\x01\n" +
+	"durationNs\x12\x10\n" +
+	"\x03cwd\x18\a \x01(\tR\x03cwd\"\xb6\x01\n" +
 	"\n" +
 	"ExecOutput\x127\n" +
 	"\astarted\x18\x01 \x01(\v2\x1b.berth.agent.v1.ExecStartedH\x00R\astarted\x12\x18\n" +

@@ -1,0 +1,237 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-sh/berth/backend"
+)
+
+// shellPaths returns PATH values under which the agent picks each shell of this host:
+// bash (the default PATH), and dash and busybox ash as the only "sh" of a directory
+// (no bash there, so the agent falls back to sh).
+func shellPaths(t *testing.T) map[string]string {
+	paths := map[string]string{}
+	if _, err := os.Stat("/bin/bash"); err == nil {
+		paths["bash"] = ""
+	}
+	for name, bin := range map[string]string{"dash": "/bin/dash", "busybox": "/bin/busybox"} {
+		if _, err := os.Stat(bin); err != nil {
+			continue
+		}
+		dir := t.TempDir()
+		if err := os.Symlink(bin, filepath.Join(dir, "sh")); err != nil {
+			t.Fatal(err)
+		}
+		if name == "busybox" {
+			for _, app := range []string{"cat", "sleep", "seq", "touch", "printf", "true"} {
+				os.Symlink(bin, filepath.Join(dir, app))
+			}
+		} else {
+			for _, app := range []string{"cat", "sleep", "seq", "touch", "true"} {
+				for _, d := range []string{"/usr/bin", "/bin"} {
+					if _, err := os.Stat(filepath.Join(d, app)); err == nil {
+						os.Symlink(filepath.Join(d, app), filepath.Join(dir, app))
+						break
+					}
+				}
+			}
+		}
+		paths[name] = dir
+	}
+	if len(paths) == 0 {
+		t.Skip("no bash, dash or busybox on this host")
+	}
+	return paths
+}
+
+// shellCall runs cmd in shell mode under key with PATH path ("" = the agent's).
+func shellCall(t *testing.T, c *Client, key, path, cmd string, env ...string) (stdout, stderr string, res backend.ExecResult) {
+	t.Helper()
+	if path != "" {
+		env = append([]string{"PATH=" + path}, env...)
+	}
+	return run(t, c, backend.ExecRequest{Shell: cmd, ShellKey: key, Env: env})
+}
+
+func TestShellMode(t *testing.T) {
+	for name, path := range shellPaths(t) {
+		t.Run(name, func(t *testing.T) {
+			a := startAgent(t)
+			c := a.c
+			tmp := t.TempDir()
+			call := func(cmd string, env ...string) (string, string, backend.ExecResult) {
+				t.Helper()
+				return shellCall(t, c, "s1", path, cmd, env...)
+			}
+			if _, _, res := call("cd " + tmp + " && export A=1 B='two words'"); res.ExitCode != 0 || res.Cwd != tmp {
+				t.Fatalf("cd+export: %+v, want exit 0 and cwd %s", res, tmp)
+			}
+			if out, _, res := call(`pwd; echo "$A|$B"`); out != tmp+"\n1|two words\n" || res.Cwd != tmp {
+				t.Fatalf("next call: %q %+v, want the directory and variables kept", out, res)
+			}
+			// Calls that end the shell early still leave a working session.
+			for _, c := range []struct {
+				cmd  string
+				code int
+			}{
+				{"set -e; false; echo not-here", 1},
+				{"exit 7", 7},
+				{"if then fi (", 2},
+				{"cat <<EOF\nunterminated", -1},
+				{"exec true", 0},
+			} {
+				out, _, res := call(c.cmd)
+				if c.code >= 0 && res.ExitCode != c.code || strings.Contains(out, "not-here") {
+					t.Errorf("%q: exit %d out %q, want exit %d", c.cmd, res.ExitCode, out, c.code)
+				}
+				if out, _, res := call(`echo "ok $A $(pwd)"`); out != "ok 1 "+tmp+"\n" || res.ExitCode != 0 {
+					t.Errorf("after %q: %q %+v, want the last recorded state", c.cmd, out, res)
+				}
+			}
+			// exit after a cd still records the cd.
+			sub := filepath.Join(tmp, "sub")
+			os.Mkdir(sub, 0o755)
+			if _, _, res := call("cd sub; exit 3"); res.ExitCode != 3 || res.Cwd != sub {
+				t.Errorf("cd then exit 3: %+v, want 3 and cwd %s", res, sub)
+			}
+			// A per-call variable wins over the recorded one.
+			if out, _, _ := call(`echo "$A"`, "A=per-call"); out != "per-call\n" {
+				t.Errorf("per-call env: %q, want per-call", out)
+			}
+			// Keys are separate.
+			if out, _, res := shellCall(t, c, "s2", path, `echo "[$A]"; pwd`); strings.Contains(out, "[1]") || strings.Contains(out, tmp) || res.Cwd == sub {
+				t.Errorf("another key sees %q (cwd %s), want none of s1's state", out, res.Cwd)
+			}
+			// A directory that was removed falls back to the default one.
+			os.Remove(sub)
+			if _, _, res := call("true"); res.ExitCode != 0 || res.Cwd == sub {
+				t.Errorf("after the cwd was removed: %+v", res)
+			}
+		})
+	}
+}
+
+func TestShellModeBadRequests(t *testing.T) {
+	a := startAgent(t)
+	ctx := testCtx(t)
+	for _, req := range []backend.ExecRequest{
+		{Shell: "true"},
+		{ShellKey: "k"},
+		{Shell: "true", ShellKey: "k", Argv: []string{"true"}},
+	} {
+		if _, err := a.c.Exec(ctx, req); !errors.Is(err, backend.ErrInvalid) {
+			t.Errorf("Exec(%+v): %v, want ErrInvalid", req, err)
+		}
+	}
+}
+
+// TestShellModeTimeoutKeepsState: a shell call killed at its timeout records nothing,
+// and the next call has the state from before.
+func TestShellModeTimeoutKeepsState(t *testing.T) {
+	a := startAgent(t)
+	tmp := t.TempDir()
+	shellCall(t, a.c, "k", "", "cd "+tmp)
+	_, _, res := run(t, a.c, backend.ExecRequest{Shell: "cd /; sleep 30", ShellKey: "k", Timeout: 200 * time.Millisecond})
+	if !res.TimedOut || res.Cwd != tmp {
+		t.Fatalf("timed-out call: %+v, want TimedOut and the previous cwd %s", res, tmp)
+	}
+	if out, _, _ := shellCall(t, a.c, "k", "", "pwd"); out != tmp+"\n" {
+		t.Errorf("after a timed-out call: pwd %q, want %s", out, tmp)
+	}
+}
+
+// TestShellModeStateOutlivesAgent: with a state dir, a new agent (the sandbox was
+// stopped and started) continues where the old one left.
+func TestShellModeStateOutlivesAgent(t *testing.T) {
+	state := t.TempDir()
+	tmp := t.TempDir()
+	a := startAgent(t)
+	a.c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Restart with a state dir: a fresh agent.
+	c0, _ := NewClient(ctx, DialSocketDir(a.sockDir))
+	c0.Shutdown(ctx, 100*time.Millisecond)
+	c0.Close()
+	<-a.exited
+
+	b := &testAgent{sockDir: a.sockDir, logPath: a.logPath, exited: make(chan struct{}), stateDir: state}
+	b.start(t)
+	c1, err := NewClient(ctx, DialSocketDir(b.sockDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shellCall(t, c1, "chat:1", "", "cd "+tmp+"; export KEEP=yes")
+	c1.Shutdown(ctx, 100*time.Millisecond)
+	c1.Close()
+	<-b.exited
+
+	d := &testAgent{sockDir: a.sockDir, logPath: a.logPath, exited: make(chan struct{}), stateDir: state}
+	d.start(t)
+	c2, err := NewClient(ctx, DialSocketDir(d.sockDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if out, _, _ := shellCall(t, c2, "chat:1", "", `echo "$(pwd) $KEEP"`); out != tmp+" yes\n" {
+		t.Errorf("after an agent restart: %q, want %q", out, tmp+" yes")
+	}
+	ents, _ := os.ReadDir(state)
+	for _, e := range ents {
+		if fi, err := e.Info(); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("state file %s: mode %v, want 0600", e.Name(), fi.Mode())
+		}
+	}
+}
+
+// TestShellModeSerialised: shell calls of one key run one at a time in arrival
+// order; a plain exec is not held back.
+func TestShellModeSerialised(t *testing.T) {
+	a := startAgent(t)
+	dir := t.TempDir()
+	logf := filepath.Join(dir, "log")
+	ctx := testCtx(t)
+	first, err := a.c.Exec(ctx, backend.ExecRequest{ShellKey: "k", Shell: "while [ ! -e " + dir + "/go ]; do sleep 0.01; done; echo first-end >> " + logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan error, 1)
+	go func() {
+		p, err := a.c.Exec(ctx, backend.ExecRequest{ShellKey: "k", Shell: "echo second-start >> " + logf})
+		if err == nil {
+			_, err = p.Wait()
+		}
+		second <- err
+	}()
+	eventually(t, 10*time.Second, "the agent to queue the second call", func() bool {
+		b, _ := os.ReadFile(a.logPath)
+		return bytes.Contains(b, []byte(`shell key "k" is busy`))
+	})
+	// Plain execs and other keys run meanwhile.
+	if out, _, _ := run(t, a.c, sh("echo plain")); out != "plain\n" {
+		t.Fatalf("plain exec while a shell call runs: %q", out)
+	}
+	if out, _, _ := shellCall(t, a.c, "other", "", "echo other"); out != "other\n" {
+		t.Fatalf("another key while k runs: %q", out)
+	}
+	if b, _ := os.ReadFile(logf); len(b) != 0 {
+		t.Fatalf("the second call ran before the first ended: %q", b)
+	}
+	os.WriteFile(filepath.Join(dir, "go"), nil, 0o644)
+	if _, err := first.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(logf); string(b) != "first-end\nsecond-start\n" {
+		t.Errorf("order %q, want first-end then second-start", b)
+	}
+}

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/berth-sh/berth/registry"
+)
+
+// runShellMode is `berth exec --shell COMMAND`: Registry.Shell, then the capped
+// output (or one JSON object) once the call has ended.
+func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
+	for _, kv := range f.env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return usageError("-e %q: want KEY=VALUE", kv)
+		}
+	}
+	switch {
+	case f.timeout < 0:
+		return usageError("--timeout %v: must not be negative", f.timeout)
+	case f.tty:
+		return usageError("--shell and -t cannot be combined: shell mode returns captured output; use berth shell for a terminal")
+	case strings.TrimSpace(f.shell) == "":
+		return usageError("--shell: empty command")
+	case f.maxOutput == 0:
+		return usageError("--max-output 0: shell mode needs at least 1 byte per stream")
+	}
+	req := registry.ShellRequest{Command: f.shell, Env: f.env, Dir: f.workdir, Timeout: f.timeout, MaxOutput: max(f.maxOutput, 0)}
+	if f.stdin {
+		req.Stdin = os.Stdin
+	}
+	g.onPull = newPullDisplay(f.json).event
+	reg, err := g.open(ctx)
+	if err != nil {
+		return failure(err)
+	}
+	defer reg.Close()
+
+	// SIGINT, SIGTERM and SIGHUP end the call: its process tree is killed and berth
+	// exits 128+N.
+	callCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	got := make(chan os.Signal, 1)
+	go func() {
+		select {
+		case s := <-sigs:
+			got <- s
+			cancel()
+		case <-callCtx.Done():
+		}
+	}()
+
+	res, err := reg.Shell(callCtx, f.session, req)
+	if err != nil {
+		return failure(err)
+	}
+	if f.json {
+		out := execJSON{
+			ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
+			DurationMS: res.Duration.Milliseconds(), Session: res.Session, Driver: res.Driver, Sandbox: res.Sandbox,
+			Stdout: res.Stdout, Stderr: res.Stderr,
+			StdoutTruncatedBytes: res.StdoutTruncatedBytes, StderrTruncatedBytes: res.StderrTruncatedBytes,
+			Cwd: res.Cwd, StdoutFile: res.StdoutFile, StderrFile: res.StderrFile,
+		}
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(out); err != nil {
+			return failure(err)
+		}
+	} else {
+		if _, err := io.WriteString(os.Stdout, res.Stdout); err != nil {
+			return failure(fmt.Errorf("writing the command's stdout: %v", err))
+		}
+		io.WriteString(os.Stderr, res.Stderr)
+		for _, s := range []struct {
+			name string
+			left int64
+			file string
+		}{{"stdout", res.StdoutTruncatedBytes, res.StdoutFile}, {"stderr", res.StderrTruncatedBytes, res.StderrFile}} {
+			if s.left > 0 {
+				where := ""
+				if s.file != "" {
+					where = "; the whole stream is in " + s.file
+				}
+				fmt.Fprintf(os.Stderr, "berth: %s: %d bytes left out in the middle%s\n", s.name, s.left, where)
+			}
+		}
+	}
+	switch {
+	case res.TimedOut:
+		return exitCode(exitTimeout)
+	case res.Canceled:
+		select {
+		case s := <-got:
+			return exitCode(128 + int(s.(syscall.Signal)))
+		default:
+			return exitCode(128 + int(syscall.SIGINT))
+		}
+	case res.ExitCode != 0:
+		return exitCode(res.ExitCode)
+	}
+	return nil
+}

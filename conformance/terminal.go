@@ -1,0 +1,213 @@
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/registry"
+)
+
+// markerRE finds the truncation marker line of capped output and its count.
+var markerRE = regexp.MustCompile(`\n\[\.\.\. (\d+) bytes truncated \.\.\.\]\n`)
+
+// needShell is Case.Needs for the shell-mode cases.
+func needShell(c backend.Capabilities) (bool, string) {
+	if !c.Shell {
+		return false, "driver does not claim Capabilities.Shell (shell mode)"
+	}
+	return true, ""
+}
+
+func terminalCases() []Case {
+	g := "terminal"
+	return []Case{
+		{Group: g, Name: "shell-state-persists", Requires: "Capabilities.Shell", Needs: needShell, Run: caseShellStatePersists},
+		{Group: g, Name: "shell-survives-bad-calls", Requires: "Capabilities.Shell", Needs: needShell, Run: caseShellSurvivesBadCalls},
+		{Group: g, Name: "shell-keys-parallel", Requires: "Capabilities.Shell", Needs: needShell, Run: caseShellKeysParallel},
+		{Group: g, Name: "shell-output-capped", Requires: "Capabilities.Shell, a registry", Needs: needShell, Run: caseShellOutputCapped},
+		{Group: g, Name: "shell-sessions-parallel", Requires: "Capabilities.Shell, a registry", Needs: needShell, Run: caseShellSessionsParallel},
+	}
+}
+
+// shell runs cmd in shell mode under key in sb and fails the case if it cannot be run.
+func (h *Harness) shell(t T, sb, key, cmd string) execOut {
+	t.Helper()
+	out, err := h.exec(t, sb, backend.ExecRequest{Shell: cmd, ShellKey: key})
+	if err != nil {
+		t.Fatalf("shell-mode exec %q (key %s) in %s: %v", cmd, key, sb, err)
+	}
+	return out
+}
+
+// `cd` and `export` in one shell-mode call hold in the next.
+func caseShellStatePersists(t T, h *Harness) {
+	sb := h.NewSandbox(t)
+	if out := h.shell(t, sb, "s", "cd /tmp && export A=1"); out.ExitCode != 0 || out.Cwd != "/tmp" {
+		t.Fatalf("cd /tmp && export A=1: %s cwd %q, want exit 0 and cwd /tmp", out.describe(), out.Cwd)
+	}
+	if out := h.shell(t, sb, "s", `pwd; echo "$A"`); out.Stdout != "/tmp\n1\n" || out.Cwd != "/tmp" {
+		t.Errorf("the next call: %s cwd %q, want \"/tmp\\n1\\n\"", out.describe(), out.Cwd)
+	}
+	// A plain exec is not affected by the shell state.
+	if out := h.run(t, sb, "sh", "-c", `echo "[$A]"`); out.Stdout != "[]\n" {
+		t.Errorf("a plain exec sees the shell state: %s", out.describe())
+	}
+}
+
+// Calls that end their shell early (set -e, exit, a syntax error, an unterminated
+// heredoc, exec) end only themselves: the next call works, with the last state.
+func caseShellSurvivesBadCalls(t T, h *Harness) {
+	sb := h.NewSandbox(t)
+	h.shell(t, sb, "s", "cd /tmp && export A=kept")
+	for _, c := range []struct {
+		cmd  string
+		code int // -1: any failure, -2: anything (bash runs an unterminated heredoc)
+	}{
+		{"set -e; false; echo not-reached", 1},
+		{"exit 7", 7},
+		{"if then fi (", -1},
+		{"cat <<EOF\nno terminator", -2},
+		{"exec true", 0},
+	} {
+		out := h.shell(t, sb, "s", c.cmd)
+		if c.code >= 0 && out.ExitCode != c.code || strings.Contains(out.Stdout, "not-reached") {
+			t.Errorf("%q: %s, want exit %d", c.cmd, out.describe(), c.code)
+		}
+		if c.code == -1 && out.ExitCode == 0 {
+			t.Errorf("%q: exit 0, want a failure", c.cmd)
+		}
+		if next := h.shell(t, sb, "s", `echo "ok $A $(pwd)"`); next.Stdout != "ok kept /tmp\n" || next.ExitCode != 0 {
+			t.Errorf("the call after %q: %s, want \"ok kept /tmp\"", c.cmd, next.describe())
+		}
+	}
+}
+
+// Ten shell keys in one sandbox, each making 20 calls in parallel with the others:
+// every call sees its own key's state only.
+func caseShellKeysParallel(t T, h *Harness) {
+	sb := h.NewSandbox(t)
+	const keys, calls = 10, 20
+	var wg sync.WaitGroup
+	errs := make(chan string, keys*calls)
+	for k := 0; k < keys; k++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := "key-" + strconv.Itoa(k)
+			for i := 0; i < calls; i++ {
+				cmd := fmt.Sprintf(`[ "${K-}" = "%s" ] && [ "${N-}" = "%d" ] && echo ok; export K=%s N=%d`, key, i-1, key, i)
+				if i == 0 {
+					cmd = fmt.Sprintf(`[ -z "${K-}" ] && echo ok; export K=%s N=0`, key)
+				}
+				out, err := h.exec(t, sb, backend.ExecRequest{Shell: cmd, ShellKey: key})
+				if err != nil || out.Stdout != "ok\n" {
+					errs <- fmt.Sprintf("key %s call %d: %v %s", key, i, err, out.describe())
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+}
+
+// shellRegistry opens the registry of the registry cases and returns it with its id.
+func (h *Harness) shellRegistry(t T) (*registry.Registry, string) {
+	id := randHex(4)
+	return h.openRegistry(t, id), id
+}
+
+// With a 64 KiB cap, `seq 1 2000000` comes back as head, one marker line with the
+// exact number of bytes left out, and tail, within the cap; the full-output file
+// holds every byte.
+func caseShellOutputCapped(t T, h *Harness) {
+	r, id := h.shellRegistry(t)
+	session := "conf-iso-" + id + ":out"
+	acquire(t, r, session)
+	ctx, cancel := context.WithTimeout(t.Context(), execTimeout)
+	defer cancel()
+	const limit = 64 << 10
+	res, err := r.Shell(ctx, session, registry.ShellRequest{Command: "seq 1 2000000", MaxOutput: limit})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("shell call: %v %+v", err, res.ExecResult)
+	}
+	var full bytes.Buffer
+	for i := 1; i <= 2000000; i++ {
+		full.WriteString(strconv.Itoa(i))
+		full.WriteByte('\n')
+	}
+	want := full.Bytes()
+	if len(res.Stdout) > limit {
+		t.Errorf("stdout is %d bytes, over the %d-byte cap", len(res.Stdout), limit)
+	}
+	m := markerRE.FindStringSubmatchIndex(res.Stdout)
+	if m == nil {
+		t.Fatalf("no truncation marker in the capped stdout (%d bytes)", len(res.Stdout))
+	}
+	head, tail := res.Stdout[:m[0]], res.Stdout[m[1]:]
+	left, _ := strconv.ParseInt(res.Stdout[m[2]:m[3]], 10, 64)
+	if !bytes.HasPrefix(want, []byte(head)) || !bytes.HasSuffix(want, []byte(tail)) || len(head) == 0 || len(tail) == 0 {
+		t.Errorf("head %q... / ...tail %q are not the output's start and end", clip(head), clip(tail))
+	}
+	if total := int64(len(head)+len(tail)) + left; total != int64(len(want)) || left != res.StdoutTruncatedBytes {
+		t.Errorf("marker says %d bytes left out, truncated bytes %d; head %d + tail %d + that = %d, want %d",
+			left, res.StdoutTruncatedBytes, len(head), len(tail), total, len(want))
+	}
+	if res.StdoutFile == "" {
+		t.Fatal("no full-output file for the capped stdout")
+	}
+	got, err := os.ReadFile(res.StdoutFile)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Errorf("full-output file %s: %d bytes (%v), want the %d bytes of the output", res.StdoutFile, len(got), err, len(want))
+	}
+	if res.StderrFile != "" || res.StderrTruncatedBytes != 0 {
+		t.Errorf("an empty stderr has file %q and %d truncated bytes", res.StderrFile, res.StderrTruncatedBytes)
+	}
+}
+
+// Ten sessions sharing one sandbox (a shared rule), each making 20 shell calls in
+// parallel: every call sees its own session's state only.
+func caseShellSessionsParallel(t T, h *Harness) {
+	r, id := h.shellRegistry(t)
+	const sessions, calls = 10, 20
+	for s := 0; s < sessions; s++ {
+		acquire(t, r, fmt.Sprintf("conf-shared-%s:%d", id, s))
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, sessions*calls)
+	for s := 0; s < sessions; s++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			session := fmt.Sprintf("conf-shared-%s:%d", id, s)
+			for i := 0; i < calls; i++ {
+				cmd := fmt.Sprintf(`[ "${S-}" = "%d" ] && [ "${N-}" = "%d" ] && echo ok; export S=%d N=%d`, s, i-1, s, i)
+				if i == 0 {
+					cmd = fmt.Sprintf(`[ -z "${S-}" ] && echo ok; export S=%d N=0`, s)
+				}
+				ctx, cancel := context.WithTimeout(t.Context(), execTimeout)
+				res, err := r.Shell(ctx, session, registry.ShellRequest{Command: cmd})
+				cancel()
+				if err != nil || res.Stdout != "ok\n" {
+					errs <- fmt.Sprintf("session %s call %d: %v %+v stdout %q stderr %q", session, i, err, res.ExecResult, res.Stdout, res.Stderr)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+}

@@ -1,0 +1,57 @@
+package benchutil
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/registry"
+)
+
+// ShellVsExec compares, through a registry opened with opts plus the config text
+// configHCL (its drivers launched as plugins unless opts says otherwise), a shell-mode
+// call of `true` (Registry.Shell) with a plain exec of `true` (Registry.Exec) in the
+// same session, interleaved; the session is created first and removed at the end.
+func ShellVsExec(b *testing.B, opts registry.Options, configHCL, session string) {
+	b.Helper()
+	dir := b.TempDir()
+	opts.ConfigPath = filepath.Join(dir, "config.hcl")
+	if err := os.WriteFile(opts.ConfigPath, []byte(configHCL), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	if opts.StateDir == "" {
+		opts.StateDir = filepath.Join(dir, "state")
+	}
+	ctx := context.Background()
+	r, err := registry.Open(ctx, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	defer r.RemoveSession(ctx, session)
+	plain := func() error {
+		p, _, err := r.Exec(ctx, session, backend.ExecRequest{Argv: []string{"true"}})
+		if err != nil {
+			return err
+		}
+		res, err := p.Wait()
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("true exited %d", res.ExitCode)
+		}
+		return err
+	}
+	shell := func() error {
+		res, err := r.Shell(ctx, session, registry.ShellRequest{Command: "true"})
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("true exited %d: %s", res.ExitCode, res.Stderr)
+		}
+		return err
+	}
+	if err := plain(); err != nil { // creates the sandbox
+		b.Fatal(err)
+	}
+	Interleave(b, []Way{{Name: "plain-exec", Run: plain}, {Name: "shell-mode", Run: shell}})
+}

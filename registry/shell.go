@@ -1,0 +1,221 @@
+package registry
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/output"
+)
+
+// DefaultShellMaxOutput is the per-stream cap of a shell-mode call's output, in bytes
+// (50 KiB), when neither the call nor its rule's max_output sets one.
+const DefaultShellMaxOutput = 50 << 10
+
+// DefaultFullOutputMax is the cap of a full-output file, in bytes (64 MiB).
+const DefaultFullOutputMax = output.DefaultSpillMax
+
+// DefaultExecEnv are the variables every exec gets unless its rule's env or the call
+// sets them: they keep programs from waiting for a terminal that nobody watches
+// (pagers, git's credential prompt, debconf's questions).
+var DefaultExecEnv = []string{"PAGER=cat", "GIT_PAGER=cat", "GIT_TERMINAL_PROMPT=0", "DEBIAN_FRONTEND=noninteractive"}
+
+// withDefaultEnv returns env plus the DefaultExecEnv variables that neither env nor
+// the rule's env sets.
+func withDefaultEnv(rule *Rule, env []string) []string {
+	out := env
+	for _, kv := range DefaultExecEnv {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, ok := rule.Env[k]; ok || hasVar(env, k) {
+			continue
+		}
+		if len(out) == len(env) {
+			out = append([]string(nil), env...)
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+func hasVar(env []string, k string) bool {
+	for _, kv := range env {
+		if strings.HasPrefix(kv, k+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+// ShellRequest is one shell-mode call (Registry.Shell).
+type ShellRequest struct {
+	// Command is the shell command string, run with bash (sh when the sandbox has no
+	// bash) through eval in the session's current directory and exported variables.
+	Command string
+	// Env is KEY=VALUE pairs for this call, applied over the session's variables; like
+	// any exported variable they are recorded for the next call.
+	Env []string
+	// Dir, when set, is the working directory instead of the session's current one.
+	Dir string
+	// Stdin, when set, is the command's standard input; nil means empty stdin.
+	Stdin io.Reader
+	// Timeout, when positive, kills the call's process tree after this long; the state
+	// is then left as the previous call recorded it.
+	Timeout time.Duration
+	// MaxOutput caps each stream's text in the result, in bytes: 0 means the rule's
+	// max_output, else DefaultShellMaxOutput; negative means no cap.
+	MaxOutput int64
+	// Stdout and Stderr, when set, also receive the raw output as it comes.
+	Stdout, Stderr io.Writer
+}
+
+// ShellResult is the outcome of a shell-mode call.
+type ShellResult struct {
+	// ExecResult is the exec's result; its Cwd is the session's directory for the
+	// next call.
+	backend.ExecResult
+	// Session, Driver and Sandbox say where the call ran; Lease is the sandbox used.
+	Session, Driver, Sandbox string
+	// Stdout and Stderr are the output as UTF-8 text (invalid bytes replaced), each
+	// within the cap: when a stream did not fit it is its head, the line
+	// "[... N bytes truncated ...]" and its tail, and StdoutTruncatedBytes /
+	// StderrTruncatedBytes say how many bytes were left out.
+	Stdout, Stderr                             string
+	StdoutTruncatedBytes, StderrTruncatedBytes int64
+	// StdoutFile and StderrFile hold a stream's full bytes, up to DefaultFullOutputMax,
+	// when it did not fit its cap; empty otherwise. They live in the state dir
+	// (STATE/output/, private to the invoking user), never in the sandbox.
+	// StdoutFileTruncatedBytes / StderrFileTruncatedBytes count what even the file
+	// left out.
+	StdoutFile, StderrFile                             string
+	StdoutFileTruncatedBytes, StderrFileTruncatedBytes int64
+}
+
+// capabilities returns b's capabilities, asking it once per driver instance (a
+// restarted plugin is a new instance).
+func (r *Registry) capabilities(ctx context.Context, b backend.TerminalBackend) (backend.Capabilities, error) {
+	if c, ok := r.caps.Load(b); ok {
+		return c.(backend.Capabilities), nil
+	}
+	info, err := b.Info(ctx)
+	if err != nil {
+		return backend.Capabilities{}, err
+	}
+	r.caps.Store(b, info.Capabilities)
+	return info.Capabilities, nil
+}
+
+// spillSeq makes full-output file names unique within a process.
+var spillSeq atomic.Uint64
+
+// outputPath returns a new full-output file path for session's stream.
+func (r *Registry) outputPath(session, stream string) string {
+	sum := sha256.Sum256([]byte(session))
+	name := fmt.Sprintf("%s-%d-%d.%s", time.Now().UTC().Format("20060102T150405.000000000"), os.Getpid(), spillSeq.Add(1), stream)
+	return filepath.Join(r.stateDir, "output", hex.EncodeToString(sum[:12]), name)
+}
+
+// Shell runs req.Command in session's sandbox in shell mode: `cd` and `export` of one
+// call hold for the next, each call is its own process (so `exit`, `set -e`, a syntax
+// error or `exec` end only that call), and the calls of one session run one at a
+// time, in order of arrival, while other sessions and plain execs go on. Output is
+// capped per stream (ShellRequest.MaxOutput) and kept whole in host-only files when
+// it did not fit. Errors: those of Exec; ErrInvalid for an empty command;
+// ErrUnsupported when the session's driver has no shell mode (Capabilities.Shell).
+// A command that fails is not an error: see the result's ExitCode.
+func (r *Registry) Shell(ctx context.Context, session string, req ShellRequest) (ShellResult, error) {
+	if strings.TrimSpace(req.Command) == "" {
+		return ShellResult{}, backend.Errorf(backend.ErrInvalid, "session %q: shell mode: empty command", session)
+	}
+	rule, _, err := r.cfg.Match(session)
+	if err != nil {
+		return ShellResult{}, err
+	}
+	b, err := r.Backend(ctx, rule.Driver)
+	if err != nil {
+		return ShellResult{}, fmt.Errorf("session %q: %w", session, err)
+	}
+	if caps, err := r.capabilities(ctx, b); err != nil {
+		return ShellResult{}, fmt.Errorf("session %q: driver %s: %w", session, rule.Driver, err)
+	} else if !caps.Shell {
+		return ShellResult{}, backend.Errorf(backend.ErrUnsupported, "session %q: driver %s has no shell mode (it does not run berth's agent); use a plain exec (berth exec -- sh -c ...)", session, rule.Driver)
+	}
+	limit := req.MaxOutput
+	if limit == 0 {
+		limit = rule.MaxOutput
+	}
+	if limit == 0 {
+		limit = DefaultShellMaxOutput
+	}
+	type stream struct {
+		capture *output.Capture
+		spill   *output.Spill
+		w       io.Writer
+	}
+	streams := [2]*stream{}
+	for i, name := range []string{"stdout", "stderr"} {
+		st := &stream{}
+		var ws []io.Writer
+		if limit >= 0 {
+			st.capture = output.NewCapture(limit)
+			st.spill = output.NewSpill(r.outputPath(session, name), limit, DefaultFullOutputMax)
+			ws = append(ws, st.capture, st.spill)
+		} else {
+			st.capture = output.NewCapture(1<<62 - 1)
+			ws = append(ws, st.capture)
+		}
+		if user := []io.Writer{req.Stdout, req.Stderr}[i]; user != nil {
+			ws = append(ws, user)
+		}
+		st.w = io.MultiWriter(ws...)
+		streams[i] = st
+	}
+	ereq := backend.ExecRequest{
+		Shell: req.Command, ShellKey: session, Env: req.Env, Dir: req.Dir, Timeout: req.Timeout,
+		Stdin: req.Stdin != nil, Stdout: streams[0].w, Stderr: streams[1].w,
+	}
+	p, lease, err := r.Exec(ctx, session, ereq)
+	if err != nil {
+		return ShellResult{}, err
+	}
+	if req.Stdin != nil {
+		go func() {
+			io.Copy(processStdin{p}, req.Stdin)
+			p.CloseStdin()
+		}()
+	}
+	res, err := p.Wait()
+	out := ShellResult{ExecResult: res, Session: session, Driver: lease.Driver, Sandbox: lease.Sandbox}
+	out.Stdout, out.StdoutTruncatedBytes = streams[0].capture.Text()
+	out.Stderr, out.StderrTruncatedBytes = streams[1].capture.Text()
+	for i, st := range streams {
+		if st.spill == nil {
+			continue
+		}
+		path, dropped, serr := st.spill.Close()
+		if serr != nil {
+			r.log.Warn("writing a full-output file", "session", session, "path", path, "error", serr)
+		}
+		if i == 0 {
+			out.StdoutFile, out.StdoutFileTruncatedBytes = path, dropped
+		} else {
+			out.StderrFile, out.StderrFileTruncatedBytes = path, dropped
+		}
+	}
+	if err != nil {
+		return out, fmt.Errorf("session %q: shell call in sandbox %s: %w", session, lease.Sandbox, err)
+	}
+	return out, nil
+}
+
+// processStdin adapts a Process to io.Writer for io.Copy.
+type processStdin struct{ p backend.Process }
+
+func (w processStdin) Write(b []byte) (int, error) { return w.p.Write(b) }
