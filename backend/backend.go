@@ -196,14 +196,15 @@ type ExecRequest struct {
 	// Shell, when set, runs this command string in shell mode (Capabilities.Shell):
 	// berth's agent runs it with bash when the sandbox has bash in PATH, else sh,
 	// through eval, in the directory and with the exported variables that the previous
-	// shell-mode exec of ShellKey left (Env is applied over them), and then records the
+	// shell-mode exec of Session left (Env is applied over them), and then records the
 	// new directory and exported variables for the next one. Every call is its own
 	// process: `exit 7`, `set -e; false`, `exec CMD` or a syntax error end only that call,
 	// and the next one starts from the last recorded state. Shell-mode execs of one
-	// ShellKey run one at a time, in order of arrival.
+	// Session run one at a time, in order of arrival.
 	Shell string
-	// ShellKey names the shell state (the session name); required with Shell.
-	ShellKey string
+	// Session is the name of the session the exec belongs to (the registry sets it):
+	// shell-mode state is kept per session. Required with Shell.
+	Session string
 	// Env is KEY=VALUE pairs added for this exec only, over the sandbox's environment.
 	Env []string
 	// Dir is the working directory; empty means the sandbox's Workdir or home. A

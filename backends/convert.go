@@ -236,23 +236,23 @@ func execSetupToPB(name string, r backend.ExecRequest) *pb.ExecSetup {
 		Stdin:     r.Stdin,
 		TimeoutNs: int64(r.Timeout),
 		Shell:     r.Shell,
-		ShellKey:  r.ShellKey,
+		Session:   r.Session,
 	}
 }
 
 // execSetupFromPB returns the sandbox name and the request without writers.
 func execSetupFromPB(s *pb.ExecSetup) (string, backend.ExecRequest) {
 	return s.GetName(), backend.ExecRequest{
-		Argv:     nilIfEmpty(s.GetArgv()),
-		Env:      nilIfEmpty(s.GetEnv()),
-		Dir:      s.GetDir(),
-		User:     s.GetUser(),
-		TTY:      s.GetTty(),
-		Size:     sizeFromPB(s.GetSize()),
-		Stdin:    s.GetStdin(),
-		Timeout:  time.Duration(s.GetTimeoutNs()),
-		Shell:    s.GetShell(),
-		ShellKey: s.GetShellKey(),
+		Argv:    nilIfEmpty(s.GetArgv()),
+		Env:     nilIfEmpty(s.GetEnv()),
+		Dir:     s.GetDir(),
+		User:    s.GetUser(),
+		TTY:     s.GetTty(),
+		Size:    sizeFromPB(s.GetSize()),
+		Stdin:   s.GetStdin(),
+		Timeout: time.Duration(s.GetTimeoutNs()),
+		Shell:   s.GetShell(),
+		Session: s.GetSession(),
 	}
 }
 

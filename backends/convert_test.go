@@ -101,7 +101,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Errorf("sandbox name %q", name)
 	}
 	check(t, "ExecRequest", req, back)
-	shellReq := backend.ExecRequest{Shell: "cd /tmp && ls", ShellKey: "chat:1", Env: []string{"A=1"}}
+	shellReq := backend.ExecRequest{Shell: "cd /tmp && ls", Session: "chat:1", Env: []string{"A=1"}}
 	_, back = execSetupFromPB(wire(t, execSetupToPB("sb", shellReq)))
 	check(t, "shell-mode ExecRequest", shellReq, back)
 

@@ -39,7 +39,7 @@ func terminalCases() []Case {
 // shell runs cmd in shell mode under key in sb and fails the case if it cannot be run.
 func (h *Harness) shell(t T, sb, key, cmd string) execOut {
 	t.Helper()
-	out, err := h.exec(t, sb, backend.ExecRequest{Shell: cmd, ShellKey: key})
+	out, err := h.exec(t, sb, backend.ExecRequest{Shell: cmd, Session: key})
 	if err != nil {
 		t.Fatalf("shell-mode exec %q (key %s) in %s: %v", cmd, key, sb, err)
 	}
@@ -106,7 +106,7 @@ func caseShellKeysParallel(t T, h *Harness) {
 				if i == 0 {
 					cmd = fmt.Sprintf(`[ -z "${K-}" ] && echo ok; export K=%s N=0`, key)
 				}
-				out, err := h.exec(t, sb, backend.ExecRequest{Shell: cmd, ShellKey: key})
+				out, err := h.exec(t, sb, backend.ExecRequest{Shell: cmd, Session: key})
 				if err != nil || out.Stdout != "ok\n" {
 					errs <- fmt.Sprintf("key %s call %d: %v %s", key, i, err, out.describe())
 					return

@@ -528,6 +528,7 @@ func (r *Registry) Exec(ctx context.Context, session string, req backend.ExecReq
 		return nil, nil, err
 	}
 	req.Env = withDefaultEnv(p.lease.Rule, req.Env)
+	req.Session = session
 	proc, err := p.lease.Backend.Exec(ctx, p.lease.Sandbox, req)
 	if err != nil {
 		r.undo(p)

@@ -178,7 +178,7 @@ func (r *Registry) Shell(ctx context.Context, session string, req ShellRequest) 
 		streams[i] = st
 	}
 	ereq := backend.ExecRequest{
-		Shell: req.Command, ShellKey: session, Env: req.Env, Dir: req.Dir, Timeout: req.Timeout,
+		Shell: req.Command, Session: session, Env: req.Env, Dir: req.Dir, Timeout: req.Timeout,
 		Stdin: req.Stdin != nil, Stdout: streams[0].w, Stderr: streams[1].w,
 	}
 	p, lease, err := r.Exec(ctx, session, ereq)

@@ -211,7 +211,7 @@ func (c *Client) Exec(ctx context.Context, req backend.ExecRequest) (backend.Pro
 		Stdin:     req.Stdin,
 		TimeoutNs: int64(req.Timeout),
 		Shell:     req.Shell,
-		ShellKey:  req.ShellKey,
+		Session:   req.Session,
 	}
 	if req.TTY {
 		start.Size = &agentpb.WindowSize{Rows: uint32(req.Size.Rows), Cols: uint32(req.Size.Cols)}
@@ -531,14 +531,12 @@ func (c *Client) CopyOut(ctx context.Context, path string, w io.Writer) error {
 // checkShell validates the shell-mode fields of req for an agent of protocol p.
 func checkShell(req backend.ExecRequest, p int) error {
 	switch {
-	case req.Shell == "" && req.ShellKey == "":
-		return nil
 	case req.Shell == "":
-		return backend.Errorf(backend.ErrInvalid, "exec: shell key %q without a shell command", req.ShellKey)
+		return nil
 	case len(req.Argv) > 0:
 		return backend.Errorf(backend.ErrInvalid, "exec: both argv %q and a shell command given; use one", req.Argv)
-	case req.ShellKey == "":
-		return backend.Errorf(backend.ErrInvalid, "exec: shell mode needs a shell key (the session name)")
+	case req.Session == "":
+		return backend.Errorf(backend.ErrInvalid, "exec: shell mode needs the session name (ExecRequest.Session)")
 	case p < 2:
 		return backend.Errorf(backend.ErrUnsupported, "exec: the sandbox's agent speaks protocol %d, which has no shell mode; restart the sandbox (berth close with on_close = \"stop\", or berth rm) so that it runs the current agent", p)
 	}

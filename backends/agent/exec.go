@@ -216,12 +216,12 @@ func (s *server) Exec(stream agentpb.Agent_ExecServer) error {
 	}
 	var shk *shellKey
 	var stateFile *os.File
-	shellKey := st.ShellKey
-	if st.Shell != "" || st.ShellKey != "" {
-		if st.Shell == "" || st.ShellKey == "" || len(st.Argv) > 0 {
-			return status.Error(codes.InvalidArgument, "exec: shell mode needs a shell command and a shell key, and no argv")
+	shellKey := st.Session
+	if st.Shell != "" {
+		if st.Session == "" || len(st.Argv) > 0 {
+			return status.Error(codes.InvalidArgument, "exec: shell mode needs a session and no argv")
 		}
-		if shk, err = s.shells.acquire(stream.Context(), st.ShellKey); err != nil {
+		if shk, err = s.shells.acquire(stream.Context(), st.Session); err != nil {
 			return err
 		}
 		defer s.shells.release(shk)

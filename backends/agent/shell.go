@@ -220,7 +220,7 @@ func (s *server) shellStart(st *agentpb.ExecStart, state shellState) (*agentpb.E
 		return nil, nil, status.Errorf(codes.Unavailable, "shell mode: memfd: %v", err)
 	}
 	out.Argv = []string{shell, "-c", shellWrapper, "berth-shell", restore.String(), st.Shell}
-	out.Shell, out.ShellKey = "", ""
+	out.Shell = ""
 	return out, os.NewFile(uintptr(fd), "berth-shell-state"), nil
 }
 

@@ -57,7 +57,7 @@ func shellCall(t *testing.T, c *Client, key, path, cmd string, env ...string) (s
 	if path != "" {
 		env = append([]string{"PATH=" + path}, env...)
 	}
-	return run(t, c, backend.ExecRequest{Shell: cmd, ShellKey: key, Env: env})
+	return run(t, c, backend.ExecRequest{Shell: cmd, Session: key, Env: env})
 }
 
 func TestShellMode(t *testing.T) {
@@ -123,8 +123,7 @@ func TestShellModeBadRequests(t *testing.T) {
 	ctx := testCtx(t)
 	for _, req := range []backend.ExecRequest{
 		{Shell: "true"},
-		{ShellKey: "k"},
-		{Shell: "true", ShellKey: "k", Argv: []string{"true"}},
+		{Shell: "true", Session: "k", Argv: []string{"true"}},
 	} {
 		if _, err := a.c.Exec(ctx, req); !errors.Is(err, backend.ErrInvalid) {
 			t.Errorf("Exec(%+v): %v, want ErrInvalid", req, err)
@@ -138,7 +137,7 @@ func TestShellModeTimeoutKeepsState(t *testing.T) {
 	a := startAgent(t)
 	tmp := t.TempDir()
 	shellCall(t, a.c, "k", "", "cd "+tmp)
-	_, _, res := run(t, a.c, backend.ExecRequest{Shell: "cd /; sleep 30", ShellKey: "k", Timeout: 200 * time.Millisecond})
+	_, _, res := run(t, a.c, backend.ExecRequest{Shell: "cd /; sleep 30", Session: "k", Timeout: 200 * time.Millisecond})
 	if !res.TimedOut || res.Cwd != tmp {
 		t.Fatalf("timed-out call: %+v, want TimedOut and the previous cwd %s", res, tmp)
 	}
@@ -198,13 +197,13 @@ func TestShellModeSerialised(t *testing.T) {
 	dir := t.TempDir()
 	logf := filepath.Join(dir, "log")
 	ctx := testCtx(t)
-	first, err := a.c.Exec(ctx, backend.ExecRequest{ShellKey: "k", Shell: "while [ ! -e " + dir + "/go ]; do sleep 0.01; done; echo first-end >> " + logf})
+	first, err := a.c.Exec(ctx, backend.ExecRequest{Session: "k", Shell: "while [ ! -e " + dir + "/go ]; do sleep 0.01; done; echo first-end >> " + logf})
 	if err != nil {
 		t.Fatal(err)
 	}
 	second := make(chan error, 1)
 	go func() {
-		p, err := a.c.Exec(ctx, backend.ExecRequest{ShellKey: "k", Shell: "echo second-start >> " + logf})
+		p, err := a.c.Exec(ctx, backend.ExecRequest{Session: "k", Shell: "echo second-start >> " + logf})
 		if err == nil {
 			_, err = p.Wait()
 		}

@@ -1665,9 +1665,10 @@ type ExecSetup struct {
 	Stdin bool                   `protobuf:"varint,8,opt,name=stdin,proto3" json:"stdin,omitempty"`
 	// Nanoseconds; 0 means none.
 	TimeoutNs int64 `protobuf:"varint,9,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
-	// Shell mode (backend.ExecRequest.Shell/ShellKey); argv is empty then.
-	Shell         string `protobuf:"bytes,10,opt,name=shell,proto3" json:"shell,omitempty"`
-	ShellKey      string `protobuf:"bytes,11,opt,name=shell_key,json=shellKey,proto3" json:"shell_key,omitempty"`
+	// Shell mode (backend.ExecRequest.Shell); argv is empty then.
+	Shell string `protobuf:"bytes,10,opt,name=shell,proto3" json:"shell,omitempty"`
+	// The session the exec belongs to (backend.ExecRequest.Session).
+	Session       string `protobuf:"bytes,11,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1772,9 +1773,9 @@ func (x *ExecSetup) GetShell() string {
 	return ""
 }
 
-func (x *ExecSetup) GetShellKey() string {
+func (x *ExecSetup) GetSession() string {
 	if x != nil {
-		return x.ShellKey
+		return x.Session
 	}
 	return ""
 }
@@ -2693,7 +2694,7 @@ const file_driver_proto_rawDesc = "" +
 	"\n" +
 	"WindowSize\x12\x12\n" +
 	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
-	"\x04cols\x18\x02 \x01(\rR\x04cols\"\x96\x02\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"\x93\x02\n" +
 	"\tExecSetup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04argv\x18\x02 \x03(\tR\x04argv\x12\x10\n" +
@@ -2706,8 +2707,8 @@ const file_driver_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ns\x18\t \x01(\x03R\ttimeoutNs\x12\x14\n" +
 	"\x05shell\x18\n" +
-	" \x01(\tR\x05shell\x12\x1b\n" +
-	"\tshell_key\x18\v \x01(\tR\bshellKey\"\xe9\x01\n" +
+	" \x01(\tR\x05shell\x12\x18\n" +
+	"\asession\x18\v \x01(\tR\asession\"\xe9\x01\n" +
 	"\x06ExecIn\x122\n" +
 	"\x05setup\x18\x01 \x01(\v2\x1a.berth.driver.v1.ExecSetupH\x00R\x05setup\x12\x16\n" +
 	"\x05stdin\x18\x02 \x01(\fH\x00R\x05stdin\x12!\n" +

@@ -203,10 +203,11 @@ type ExecStart struct {
 	// Kill the process tree after this many nanoseconds; 0 means never.
 	TimeoutNs int64 `protobuf:"varint,8,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
 	// Shell mode (protocol 2): run this command string with bash or sh through eval in
-	// the state (directory, exported variables) recorded under shell_key, then record
-	// the new state; argv must be empty. Calls of one key run one at a time.
-	Shell         string `protobuf:"bytes,9,opt,name=shell,proto3" json:"shell,omitempty"`
-	ShellKey      string `protobuf:"bytes,10,opt,name=shell_key,json=shellKey,proto3" json:"shell_key,omitempty"`
+	// the state (directory, exported variables) recorded for session, then record the
+	// new state; argv must be empty. Shell calls of one session run one at a time.
+	Shell string `protobuf:"bytes,9,opt,name=shell,proto3" json:"shell,omitempty"`
+	// The session the exec belongs to; required with shell.
+	Session       string `protobuf:"bytes,10,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -304,9 +305,9 @@ func (x *ExecStart) GetShell() string {
 	return ""
 }
 
-func (x *ExecStart) GetShellKey() string {
+func (x *ExecStart) GetSession() string {
 	if x != nil {
-		return x.ShellKey
+		return x.Session
 	}
 	return ""
 }
@@ -1121,7 +1122,7 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"WindowSize\x12\x12\n" +
 	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
-	"\x04cols\x18\x02 \x01(\rR\x04cols\"\x81\x02\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"\xfe\x01\n" +
 	"\tExecStart\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x10\n" +
 	"\x03env\x18\x02 \x03(\tR\x03env\x12\x10\n" +
@@ -1132,9 +1133,9 @@ const file_agent_proto_rawDesc = "" +
 	"\x05stdin\x18\a \x01(\bR\x05stdin\x12\x1d\n" +
 	"\n" +
 	"timeout_ns\x18\b \x01(\x03R\ttimeoutNs\x12\x14\n" +
-	"\x05shell\x18\t \x01(\tR\x05shell\x12\x1b\n" +
-	"\tshell_key\x18\n" +
-	" \x01(\tR\bshellKey\"\f\n" +
+	"\x05shell\x18\t \x01(\tR\x05shell\x12\x18\n" +
+	"\asession\x18\n" +
+	" \x01(\tR\asession\"\f\n" +
 	"\n" +
 	"CloseStdin\"\xec\x01\n" +
 	"\tExecInput\x121\n" +
