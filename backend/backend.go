@@ -203,8 +203,12 @@ type ExecRequest struct {
 	// Session run one at a time, in order of arrival.
 	Shell string
 	// Session is the name of the session the exec belongs to (the registry sets it):
-	// shell-mode state is kept per session. Required with Shell.
+	// shell-mode state and background jobs are kept per session. Required with Shell
+	// and Job.
 	Session string
+	// Job, when set, makes the exec a background-job operation (Capabilities.Jobs)
+	// instead of a plain process; see JobRequest.
+	Job *JobRequest
 	// Env is KEY=VALUE pairs added for this exec only, over the sandbox's environment.
 	Env []string
 	// Dir is the working directory; empty means the sandbox's Workdir or home. A
@@ -228,6 +232,63 @@ type ExecRequest struct {
 	// Timeout, when positive, kills the exec's whole process tree after this long;
 	// the result then has TimedOut set.
 	Timeout time.Duration
+}
+
+// JobOp is a background-job operation.
+type JobOp string
+
+// Background-job operations (JobRequest.Op). A job is a process that berth's agent
+// starts in its own process group and keeps beyond the call that started it, with its
+// stdout and stderr together in one bounded log (the last JobLogMax bytes) kept by the
+// agent inside the sandbox; it dies with the sandbox.
+const (
+	// JobStart starts ExecRequest.Argv as a job of ExecRequest.Session (with the
+	// request's Env, Dir and User) and writes its id and a newline to Stdout.
+	JobStart JobOp = "start"
+	// JobList writes one JSON object (JobInfo) a line to Stdout for each job of the
+	// session, oldest first.
+	JobList JobOp = "list"
+	// JobLogs writes job ID's log to Stdout: what is kept (after a marker line
+	// "[... N bytes dropped ...]" when the start was dropped), then, with Follow, new
+	// output as it comes until the job has ended and its output is drained; the
+	// exec's result is then the job's (exit code, signal). Without Follow the result
+	// is exit 0.
+	JobLogs JobOp = "logs"
+	// JobKill ends job ID's process tree (TERM, then KILL after the grace) and
+	// returns once it is gone.
+	JobKill JobOp = "kill"
+)
+
+// JobLogMax is how many bytes of a job's output its log keeps (the newest).
+const JobLogMax = 1 << 20
+
+// JobRequest is the job part of an ExecRequest. An unknown ID (or a job of another
+// session) makes Exec fail with ErrNotFound.
+type JobRequest struct {
+	Op     JobOp  `json:"op"`
+	ID     string `json:"id,omitempty"`
+	Follow bool   `json:"follow,omitempty"`
+}
+
+// JobInfo describes one background job, as JobList writes it.
+type JobInfo struct {
+	// ID is the job's id, unique within its sandbox's agent.
+	ID string `json:"id"`
+	// Argv is what it runs; PID its leader's pid in the sandbox.
+	Argv []string `json:"argv"`
+	PID  int      `json:"pid"`
+	// Running is set until the leader has exited; then ExitCode and Signal are its
+	// result (as in ExecResult).
+	Running  bool `json:"running"`
+	ExitCode int  `json:"exit_code"`
+	Signal   int  `json:"signal"`
+	// Started and Ended are when it started and ended (Ended is zero while running).
+	Started time.Time `json:"started"`
+	Ended   time.Time `json:"ended,omitzero"`
+	// LogBytes is how many bytes it has written in all; DroppedBytes how many of those
+	// the log no longer keeps.
+	LogBytes     int64 `json:"log_bytes"`
+	DroppedBytes int64 `json:"dropped_bytes"`
 }
 
 // Process is a started exec. Write, CloseStdin, Resize and Signal are applied in call

@@ -64,6 +64,9 @@ type Capabilities struct {
 	// Shell: ExecRequest.Shell (shell mode) is honoured; drivers that run berth's
 	// agent in their sandboxes get it from the agent.
 	Shell bool `json:"shell"`
+	// Jobs: ExecRequest.Job (background jobs) is honoured; drivers that run berth's
+	// agent get it from the agent.
+	Jobs bool `json:"jobs"`
 }
 
 // ConfigField declares one attribute of a driver's `driver "NAME" {}` config block.

@@ -30,6 +30,7 @@ func capsToPB(c backend.Capabilities) *pb.Capabilities {
 		ImageImport:      c.ImageImport,
 		Config:           c.Config,
 		Shell:            c.Shell,
+		Jobs:             c.Jobs,
 	}
 }
 
@@ -50,6 +51,7 @@ func capsFromPB(c *pb.Capabilities) backend.Capabilities {
 		ImageImport:      c.GetImageImport(),
 		Config:           c.GetConfig(),
 		Shell:            c.GetShell(),
+		Jobs:             c.GetJobs(),
 	}
 }
 
@@ -237,6 +239,7 @@ func execSetupToPB(name string, r backend.ExecRequest) *pb.ExecSetup {
 		TimeoutNs: int64(r.Timeout),
 		Shell:     r.Shell,
 		Session:   r.Session,
+		Job:       jobToPB(r.Job),
 	}
 }
 
@@ -253,6 +256,7 @@ func execSetupFromPB(s *pb.ExecSetup) (string, backend.ExecRequest) {
 		Timeout: time.Duration(s.GetTimeoutNs()),
 		Shell:   s.GetShell(),
 		Session: s.GetSession(),
+		Job:     jobFromPB(s.GetJob()),
 	}
 }
 
@@ -307,4 +311,18 @@ func nilIfEmptyMap(m map[string]string) map[string]string {
 		return nil
 	}
 	return m
+}
+
+func jobToPB(j *backend.JobRequest) *pb.JobRequest {
+	if j == nil {
+		return nil
+	}
+	return &pb.JobRequest{Op: string(j.Op), Id: j.ID, Follow: j.Follow}
+}
+
+func jobFromPB(j *pb.JobRequest) *backend.JobRequest {
+	if j == nil {
+		return nil
+	}
+	return &backend.JobRequest{Op: backend.JobOp(j.GetOp()), ID: j.GetId(), Follow: j.GetFollow()}
 }

@@ -272,7 +272,7 @@ func TestCasesWellFormed(t *testing.T) {
 		}
 		all := backend.Capabilities{FSIsolation: backend.FSIsolationImage, PIDIsolation: true, NetworkModes: []string{"none"},
 			TTY: true, CPULimit: true, MemoryLimit: true, PidsLimit: true, DropCapabilities: true, Copy: true,
-			StopStart: true, ExecUser: true, ImagePull: true, ImageImport: true, Config: true, Shell: true}
+			StopStart: true, ExecUser: true, ImagePull: true, ImageImport: true, Config: true, Shell: true, Jobs: true}
 		if ok, _ := c.Needs(all); !ok {
 			t.Errorf("%s: Needs(all caps) = false", c.FullName())
 		}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/registry"
@@ -33,6 +34,67 @@ func terminalCases() []Case {
 		{Group: g, Name: "shell-keys-parallel", Requires: "Capabilities.Shell", Needs: needShell, Run: caseShellKeysParallel},
 		{Group: g, Name: "shell-output-capped", Requires: "Capabilities.Shell, a registry", Needs: needShell, Run: caseShellOutputCapped},
 		{Group: g, Name: "shell-sessions-parallel", Requires: "Capabilities.Shell, a registry", Needs: needShell, Run: caseShellSessionsParallel},
+		{Group: g, Name: "job-lifecycle", Requires: "Capabilities.Jobs", Needs: needJobs, Run: caseJobLifecycle},
+	}
+}
+
+// needJobs is Case.Needs for the background-job cases.
+func needJobs(c backend.Capabilities) (bool, string) {
+	if !c.Jobs {
+		return false, "driver does not claim Capabilities.Jobs (background jobs)"
+	}
+	return true, ""
+}
+
+// job runs one job operation in sb for session and fails the case if it cannot.
+func (h *Harness) job(t T, sb, session string, req backend.JobRequest, argv ...string) execOut {
+	t.Helper()
+	out, err := h.exec(t, sb, backend.ExecRequest{Argv: argv, Session: session, Job: &req})
+	if err != nil {
+		t.Fatalf("job %s %s in %s: %v", req.Op, req.ID, sb, err)
+	}
+	return out
+}
+
+// A job running `while :; do date; sleep 1; done` is listed, its log grows after the
+// call that started it has ended, kill stops it, and no process of it is left once
+// the sandbox is removed.
+func caseJobLifecycle(t T, h *Harness) {
+	sb := h.NewSandbox(t)
+	marker := newMarker()
+	started := h.job(t, sb, "s", backend.JobRequest{Op: backend.JobStart}, "env", marker, "sh", "-c", "while :; do date; sleep 1; done")
+	id := strings.TrimSpace(started.Stdout)
+	if started.ExitCode != 0 || id == "" {
+		t.Fatalf("job start: %s", started.describe())
+	}
+	list := h.job(t, sb, "s", backend.JobRequest{Op: backend.JobList})
+	if !strings.Contains(list.Stdout, `"id":"`+id+`"`) || !strings.Contains(list.Stdout, `"running":true`) {
+		t.Fatalf("job list %q: want job %s running", list.Stdout, id)
+	}
+	if other := h.job(t, sb, "other", backend.JobRequest{Op: backend.JobList}); strings.TrimSpace(other.Stdout) != "" {
+		t.Errorf("another session lists %q", other.Stdout)
+	}
+	lines := func() int {
+		return strings.Count(h.job(t, sb, "s", backend.JobRequest{Op: backend.JobLogs, ID: id}).Stdout, "\n")
+	}
+	first := lines()
+	if !poll(t.Context(), execTimeout, 100*time.Millisecond, func() bool { return lines() >= first+2 }) {
+		t.Fatalf("the job's log did not grow from %d lines", first)
+	}
+	h.job(t, sb, "s", backend.JobRequest{Op: backend.JobKill, ID: id})
+	list = h.job(t, sb, "s", backend.JobRequest{Op: backend.JobList})
+	if !strings.Contains(list.Stdout, `"running":false`) {
+		t.Errorf("job list after kill %q: want it ended", list.Stdout)
+	}
+	n := lines()
+	if again := lines(); again != n {
+		t.Errorf("the killed job's log still grows (%d, then %d lines)", n, again)
+	}
+	// A second job dies with the sandbox.
+	h.job(t, sb, "s", backend.JobRequest{Op: backend.JobStart}, "env", marker, "sleep", "3600")
+	h.remove(t, sb)
+	if !h.Info.Capabilities.PIDIsolation && !poll(t.Context(), execTimeout, 50*time.Millisecond, func() bool { return len(hostMarked(marker)) == 0 }) {
+		t.Errorf("job processes %v outlived their removed sandbox", hostMarked(marker))
 	}
 }
 

@@ -110,6 +110,7 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 			NetworkModes:     append([]string(nil), NetworkModes...),
 			TTY:              true,
 			Shell:            true,
+			Jobs:             true,
 			CPULimit:         true,
 			MemoryLimit:      true,
 			PidsLimit:        true,

@@ -87,6 +87,7 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 			NetworkModes: []string{"host"},
 			TTY:          true,
 			Shell:        true,
+			Jobs:         true,
 			Copy:         true,
 			StopStart:    true,
 			Config:       true,

@@ -190,7 +190,7 @@ func (c *Client) Exec(ctx context.Context, req backend.ExecRequest) (backend.Pro
 	if err := checkShell(req, c.protocol); err != nil {
 		return nil, err
 	}
-	if req.Shell == "" && (len(req.Argv) == 0 || req.Argv[0] == "") {
+	if req.Shell == "" && (req.Job == nil || req.Job.Op == backend.JobStart) && (len(req.Argv) == 0 || req.Argv[0] == "") {
 		return nil, backend.Errorf(backend.ErrInvalid, "exec: empty argv")
 	}
 	if err := ctx.Err(); err != nil {
@@ -212,6 +212,9 @@ func (c *Client) Exec(ctx context.Context, req backend.ExecRequest) (backend.Pro
 		TimeoutNs: int64(req.Timeout),
 		Shell:     req.Shell,
 		Session:   req.Session,
+	}
+	if req.Job != nil {
+		start.Job = &agentpb.JobRequest{Op: string(req.Job.Op), Id: req.Job.ID, Follow: req.Job.Follow}
 	}
 	if req.TTY {
 		start.Size = &agentpb.WindowSize{Rows: uint32(req.Size.Rows), Cols: uint32(req.Size.Cols)}
@@ -528,8 +531,24 @@ func (c *Client) CopyOut(ctx context.Context, path string, w io.Writer) error {
 	}
 }
 
-// checkShell validates the shell-mode fields of req for an agent of protocol p.
+// checkShell validates the shell-mode and job fields of req for an agent of
+// protocol p.
 func checkShell(req backend.ExecRequest, p int) error {
+	if j := req.Job; j != nil {
+		switch {
+		case req.Shell != "":
+			return backend.Errorf(backend.ErrInvalid, "exec: a job operation cannot be a shell-mode call")
+		case req.Session == "":
+			return backend.Errorf(backend.ErrInvalid, "exec: job %s needs the session name (ExecRequest.Session)", j.Op)
+		case j.Op != backend.JobStart && j.Op != backend.JobList && j.Op != backend.JobLogs && j.Op != backend.JobKill:
+			return backend.Errorf(backend.ErrInvalid, "exec: job operation %q: want start, list, logs or kill", j.Op)
+		case (j.Op == backend.JobLogs || j.Op == backend.JobKill) && j.ID == "":
+			return backend.Errorf(backend.ErrInvalid, "exec: job %s needs a job id", j.Op)
+		case p < 2:
+			return backend.Errorf(backend.ErrUnsupported, "exec: the sandbox's agent speaks protocol %d, which has no background jobs; restart the sandbox so that it runs the current agent", p)
+		}
+		return nil
+	}
 	switch {
 	case req.Shell == "":
 		return nil
@@ -545,6 +564,9 @@ func checkShell(req backend.ExecRequest, p int) error {
 
 // execName is how errors name req's command.
 func execName(req backend.ExecRequest) string {
+	if req.Job != nil && req.Job.Op != backend.JobStart {
+		return "job " + string(req.Job.Op)
+	}
 	if req.Shell != "" {
 		return "shell"
 	}

@@ -169,8 +169,13 @@ func (o *outReader) run() {
 
 // drainRaw reads with non-blocking reads until the pipe is empty (EAGAIN), at EOF, or
 // maxDrain bytes have been read. It reports whether the stream has ended.
-func (o *outReader) drainRaw(buf []byte) (ended bool) {
-	rc, err := o.f.SyscallConn()
+func (o *outReader) drainRaw(buf []byte) (ended bool) { return drainNonBlocking(o.f, buf, o.emit) }
+
+// drainNonBlocking reads f with non-blocking reads, passing what it reads to emit,
+// until f is empty (EAGAIN), at EOF, or maxDrain bytes have been read. It reports
+// whether the stream has ended.
+func drainNonBlocking(f *os.File, buf []byte, emit func([]byte)) (ended bool) {
+	rc, err := f.SyscallConn()
 	if err != nil {
 		return true
 	}
@@ -189,7 +194,7 @@ func (o *outReader) drainRaw(buf []byte) (ended bool) {
 			return true
 		}
 		if n > 0 {
-			o.emit(buf[:n])
+			emit(buf[:n])
 			total += n
 			continue
 		}
@@ -213,6 +218,9 @@ func (s *server) Exec(stream agentpb.Agent_ExecServer) error {
 	}
 	if s.closing.Load() {
 		return status.Error(codes.Unavailable, "the agent is shutting down")
+	}
+	if st.Job != nil {
+		return s.jobExec(stream, st)
 	}
 	var shk *shellKey
 	var stateFile *os.File

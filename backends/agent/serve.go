@@ -372,8 +372,9 @@ type server struct {
 	// trackSessions: remember exec session ids for Shutdown (neither subreaper nor
 	// PID 1).
 	trackSessions bool
-	// shells holds the shell-mode state of every key.
+	// shells holds the shell-mode state of every session; jobs the background jobs.
 	shells *shells
+	jobs   jobTable
 
 	stopCh   chan struct{}
 	stopOnce sync.Once

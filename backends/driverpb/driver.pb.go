@@ -99,6 +99,7 @@ type Capabilities struct {
 	ImageImport      bool                   `protobuf:"varint,13,opt,name=image_import,json=imageImport,proto3" json:"image_import,omitempty"`
 	Config           bool                   `protobuf:"varint,14,opt,name=config,proto3" json:"config,omitempty"`
 	Shell            bool                   `protobuf:"varint,15,opt,name=shell,proto3" json:"shell,omitempty"`
+	Jobs             bool                   `protobuf:"varint,16,opt,name=jobs,proto3" json:"jobs,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -234,6 +235,13 @@ func (x *Capabilities) GetConfig() bool {
 func (x *Capabilities) GetShell() bool {
 	if x != nil {
 		return x.Shell
+	}
+	return false
+}
+
+func (x *Capabilities) GetJobs() bool {
+	if x != nil {
+		return x.Jobs
 	}
 	return false
 }
@@ -1668,7 +1676,9 @@ type ExecSetup struct {
 	// Shell mode (backend.ExecRequest.Shell); argv is empty then.
 	Shell string `protobuf:"bytes,10,opt,name=shell,proto3" json:"shell,omitempty"`
 	// The session the exec belongs to (backend.ExecRequest.Session).
-	Session       string `protobuf:"bytes,11,opt,name=session,proto3" json:"session,omitempty"`
+	Session string `protobuf:"bytes,11,opt,name=session,proto3" json:"session,omitempty"`
+	// A background-job operation (backend.ExecRequest.Job); unset for a plain exec.
+	Job           *JobRequest `protobuf:"bytes,12,opt,name=job,proto3" json:"job,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1780,6 +1790,73 @@ func (x *ExecSetup) GetSession() string {
 	return ""
 }
 
+func (x *ExecSetup) GetJob() *JobRequest {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+type JobRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Op            string                 `protobuf:"bytes,1,opt,name=op,proto3" json:"op,omitempty"`
+	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Follow        bool                   `protobuf:"varint,3,opt,name=follow,proto3" json:"follow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobRequest) Reset() {
+	*x = JobRequest{}
+	mi := &file_driver_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobRequest) ProtoMessage() {}
+
+func (x *JobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_driver_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobRequest.ProtoReflect.Descriptor instead.
+func (*JobRequest) Descriptor() ([]byte, []int) {
+	return file_driver_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *JobRequest) GetOp() string {
+	if x != nil {
+		return x.Op
+	}
+	return ""
+}
+
+func (x *JobRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *JobRequest) GetFollow() bool {
+	if x != nil {
+		return x.Follow
+	}
+	return false
+}
+
 type ExecIn struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -1797,7 +1874,7 @@ type ExecIn struct {
 
 func (x *ExecIn) Reset() {
 	*x = ExecIn{}
-	mi := &file_driver_proto_msgTypes[30]
+	mi := &file_driver_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1809,7 +1886,7 @@ func (x *ExecIn) String() string {
 func (*ExecIn) ProtoMessage() {}
 
 func (x *ExecIn) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[30]
+	mi := &file_driver_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1822,7 +1899,7 @@ func (x *ExecIn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecIn.ProtoReflect.Descriptor instead.
 func (*ExecIn) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{30}
+	return file_driver_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ExecIn) GetMsg() isExecIn_Msg {
@@ -1945,7 +2022,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_driver_proto_msgTypes[31]
+	mi := &file_driver_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1957,7 +2034,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[31]
+	mi := &file_driver_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1970,7 +2047,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{31}
+	return file_driver_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ExecResult) GetExitCode() int32 {
@@ -2030,7 +2107,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_driver_proto_msgTypes[32]
+	mi := &file_driver_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2042,7 +2119,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[32]
+	mi := &file_driver_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2055,7 +2132,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{32}
+	return file_driver_proto_rawDescGZIP(), []int{33}
 }
 
 type ExecOut struct {
@@ -2073,7 +2150,7 @@ type ExecOut struct {
 
 func (x *ExecOut) Reset() {
 	*x = ExecOut{}
-	mi := &file_driver_proto_msgTypes[33]
+	mi := &file_driver_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2085,7 +2162,7 @@ func (x *ExecOut) String() string {
 func (*ExecOut) ProtoMessage() {}
 
 func (x *ExecOut) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[33]
+	mi := &file_driver_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2098,7 +2175,7 @@ func (x *ExecOut) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecOut.ProtoReflect.Descriptor instead.
 func (*ExecOut) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{33}
+	return file_driver_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ExecOut) GetMsg() isExecOut_Msg {
@@ -2183,7 +2260,7 @@ type CopyInRequest struct {
 
 func (x *CopyInRequest) Reset() {
 	*x = CopyInRequest{}
-	mi := &file_driver_proto_msgTypes[34]
+	mi := &file_driver_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2195,7 +2272,7 @@ func (x *CopyInRequest) String() string {
 func (*CopyInRequest) ProtoMessage() {}
 
 func (x *CopyInRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[34]
+	mi := &file_driver_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2208,7 +2285,7 @@ func (x *CopyInRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyInRequest.ProtoReflect.Descriptor instead.
 func (*CopyInRequest) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{34}
+	return file_driver_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CopyInRequest) GetName() string {
@@ -2240,7 +2317,7 @@ type CopyInResponse struct {
 
 func (x *CopyInResponse) Reset() {
 	*x = CopyInResponse{}
-	mi := &file_driver_proto_msgTypes[35]
+	mi := &file_driver_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2252,7 +2329,7 @@ func (x *CopyInResponse) String() string {
 func (*CopyInResponse) ProtoMessage() {}
 
 func (x *CopyInResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[35]
+	mi := &file_driver_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2265,7 +2342,7 @@ func (x *CopyInResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyInResponse.ProtoReflect.Descriptor instead.
 func (*CopyInResponse) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{35}
+	return file_driver_proto_rawDescGZIP(), []int{36}
 }
 
 type CopyOutRequest struct {
@@ -2278,7 +2355,7 @@ type CopyOutRequest struct {
 
 func (x *CopyOutRequest) Reset() {
 	*x = CopyOutRequest{}
-	mi := &file_driver_proto_msgTypes[36]
+	mi := &file_driver_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2290,7 +2367,7 @@ func (x *CopyOutRequest) String() string {
 func (*CopyOutRequest) ProtoMessage() {}
 
 func (x *CopyOutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[36]
+	mi := &file_driver_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2303,7 +2380,7 @@ func (x *CopyOutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyOutRequest.ProtoReflect.Descriptor instead.
 func (*CopyOutRequest) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{36}
+	return file_driver_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CopyOutRequest) GetName() string {
@@ -2329,7 +2406,7 @@ type CopyOutChunk struct {
 
 func (x *CopyOutChunk) Reset() {
 	*x = CopyOutChunk{}
-	mi := &file_driver_proto_msgTypes[37]
+	mi := &file_driver_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2341,7 +2418,7 @@ func (x *CopyOutChunk) String() string {
 func (*CopyOutChunk) ProtoMessage() {}
 
 func (x *CopyOutChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[37]
+	mi := &file_driver_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2354,7 +2431,7 @@ func (x *CopyOutChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyOutChunk.ProtoReflect.Descriptor instead.
 func (*CopyOutChunk) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{37}
+	return file_driver_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CopyOutChunk) GetData() []byte {
@@ -2374,7 +2451,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_driver_proto_msgTypes[38]
+	mi := &file_driver_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2386,7 +2463,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[38]
+	mi := &file_driver_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2399,7 +2476,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{38}
+	return file_driver_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -2428,7 +2505,7 @@ type PullProgress struct {
 
 func (x *PullProgress) Reset() {
 	*x = PullProgress{}
-	mi := &file_driver_proto_msgTypes[39]
+	mi := &file_driver_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2440,7 +2517,7 @@ func (x *PullProgress) String() string {
 func (*PullProgress) ProtoMessage() {}
 
 func (x *PullProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[39]
+	mi := &file_driver_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2453,7 +2530,7 @@ func (x *PullProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullProgress.ProtoReflect.Descriptor instead.
 func (*PullProgress) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{39}
+	return file_driver_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *PullProgress) GetLayer() string {
@@ -2493,7 +2570,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_driver_proto_msgTypes[40]
+	mi := &file_driver_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2505,7 +2582,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[40]
+	mi := &file_driver_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2518,7 +2595,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{40}
+	return file_driver_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ImportImageRequest) GetData() []byte {
@@ -2537,7 +2614,7 @@ type ImportImageResponse struct {
 
 func (x *ImportImageResponse) Reset() {
 	*x = ImportImageResponse{}
-	mi := &file_driver_proto_msgTypes[41]
+	mi := &file_driver_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2549,7 +2626,7 @@ func (x *ImportImageResponse) String() string {
 func (*ImportImageResponse) ProtoMessage() {}
 
 func (x *ImportImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[41]
+	mi := &file_driver_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2562,7 +2639,7 @@ func (x *ImportImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageResponse.ProtoReflect.Descriptor instead.
 func (*ImportImageResponse) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{41}
+	return file_driver_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ImportImageResponse) GetRefs() []string {
@@ -2578,7 +2655,7 @@ const file_driver_proto_rawDesc = "" +
 	"\n" +
 	"\fdriver.proto\x12\x0fberth.driver.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"!\n" +
 	"\vErrorDetail\x12\x12\n" +
-	"\x04kind\x18\x01 \x01(\tR\x04kind\"\xd9\x03\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\"\xed\x03\n" +
 	"\fCapabilities\x12!\n" +
 	"\ffs_isolation\x18\x01 \x01(\tR\vfsIsolation\x12#\n" +
 	"\rpid_isolation\x18\x02 \x01(\bR\fpidIsolation\x12#\n" +
@@ -2598,7 +2675,8 @@ const file_driver_proto_rawDesc = "" +
 	"image_pull\x18\f \x01(\bR\timagePull\x12!\n" +
 	"\fimage_import\x18\r \x01(\bR\vimageImport\x12\x16\n" +
 	"\x06config\x18\x0e \x01(\bR\x06config\x12\x14\n" +
-	"\x05shell\x18\x0f \x01(\bR\x05shell\"\xc0\x01\n" +
+	"\x05shell\x18\x0f \x01(\bR\x05shell\x12\x12\n" +
+	"\x04jobs\x18\x10 \x01(\bR\x04jobs\"\xc0\x01\n" +
 	"\x04Info\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12+\n" +
@@ -2694,7 +2772,7 @@ const file_driver_proto_rawDesc = "" +
 	"\n" +
 	"WindowSize\x12\x12\n" +
 	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
-	"\x04cols\x18\x02 \x01(\rR\x04cols\"\x93\x02\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"\xc2\x02\n" +
 	"\tExecSetup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04argv\x18\x02 \x03(\tR\x04argv\x12\x10\n" +
@@ -2708,7 +2786,13 @@ const file_driver_proto_rawDesc = "" +
 	"timeout_ns\x18\t \x01(\x03R\ttimeoutNs\x12\x14\n" +
 	"\x05shell\x18\n" +
 	" \x01(\tR\x05shell\x12\x18\n" +
-	"\asession\x18\v \x01(\tR\asession\"\xe9\x01\n" +
+	"\asession\x18\v \x01(\tR\asession\x12-\n" +
+	"\x03job\x18\f \x01(\v2\x1b.berth.driver.v1.JobRequestR\x03job\"D\n" +
+	"\n" +
+	"JobRequest\x12\x0e\n" +
+	"\x02op\x18\x01 \x01(\tR\x02op\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
+	"\x06follow\x18\x03 \x01(\bR\x06follow\"\xe9\x01\n" +
 	"\x06ExecIn\x122\n" +
 	"\x05setup\x18\x01 \x01(\v2\x1a.berth.driver.v1.ExecSetupH\x00R\x05setup\x12\x16\n" +
 	"\x05stdin\x18\x02 \x01(\fH\x00R\x05stdin\x12!\n" +
@@ -2786,7 +2870,7 @@ func file_driver_proto_rawDescGZIP() []byte {
 	return file_driver_proto_rawDescData
 }
 
-var file_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_driver_proto_goTypes = []any{
 	(*ErrorDetail)(nil),           // 0: berth.driver.v1.ErrorDetail
 	(*Capabilities)(nil),          // 1: berth.driver.v1.Capabilities
@@ -2818,77 +2902,79 @@ var file_driver_proto_goTypes = []any{
 	(*RemoveResponse)(nil),        // 27: berth.driver.v1.RemoveResponse
 	(*WindowSize)(nil),            // 28: berth.driver.v1.WindowSize
 	(*ExecSetup)(nil),             // 29: berth.driver.v1.ExecSetup
-	(*ExecIn)(nil),                // 30: berth.driver.v1.ExecIn
-	(*ExecResult)(nil),            // 31: berth.driver.v1.ExecResult
-	(*ExecStarted)(nil),           // 32: berth.driver.v1.ExecStarted
-	(*ExecOut)(nil),               // 33: berth.driver.v1.ExecOut
-	(*CopyInRequest)(nil),         // 34: berth.driver.v1.CopyInRequest
-	(*CopyInResponse)(nil),        // 35: berth.driver.v1.CopyInResponse
-	(*CopyOutRequest)(nil),        // 36: berth.driver.v1.CopyOutRequest
-	(*CopyOutChunk)(nil),          // 37: berth.driver.v1.CopyOutChunk
-	(*PullImageRequest)(nil),      // 38: berth.driver.v1.PullImageRequest
-	(*PullProgress)(nil),          // 39: berth.driver.v1.PullProgress
-	(*ImportImageRequest)(nil),    // 40: berth.driver.v1.ImportImageRequest
-	(*ImportImageResponse)(nil),   // 41: berth.driver.v1.ImportImageResponse
-	nil,                           // 42: berth.driver.v1.SandboxSpec.LabelsEntry
-	nil,                           // 43: berth.driver.v1.Sandbox.LabelsEntry
-	nil,                           // 44: berth.driver.v1.ListRequest.FilterEntry
-	(*timestamppb.Timestamp)(nil), // 45: google.protobuf.Timestamp
+	(*JobRequest)(nil),            // 30: berth.driver.v1.JobRequest
+	(*ExecIn)(nil),                // 31: berth.driver.v1.ExecIn
+	(*ExecResult)(nil),            // 32: berth.driver.v1.ExecResult
+	(*ExecStarted)(nil),           // 33: berth.driver.v1.ExecStarted
+	(*ExecOut)(nil),               // 34: berth.driver.v1.ExecOut
+	(*CopyInRequest)(nil),         // 35: berth.driver.v1.CopyInRequest
+	(*CopyInResponse)(nil),        // 36: berth.driver.v1.CopyInResponse
+	(*CopyOutRequest)(nil),        // 37: berth.driver.v1.CopyOutRequest
+	(*CopyOutChunk)(nil),          // 38: berth.driver.v1.CopyOutChunk
+	(*PullImageRequest)(nil),      // 39: berth.driver.v1.PullImageRequest
+	(*PullProgress)(nil),          // 40: berth.driver.v1.PullProgress
+	(*ImportImageRequest)(nil),    // 41: berth.driver.v1.ImportImageRequest
+	(*ImportImageResponse)(nil),   // 42: berth.driver.v1.ImportImageResponse
+	nil,                           // 43: berth.driver.v1.SandboxSpec.LabelsEntry
+	nil,                           // 44: berth.driver.v1.Sandbox.LabelsEntry
+	nil,                           // 45: berth.driver.v1.ListRequest.FilterEntry
+	(*timestamppb.Timestamp)(nil), // 46: google.protobuf.Timestamp
 }
 var file_driver_proto_depIdxs = []int32{
 	1,  // 0: berth.driver.v1.Info.capabilities:type_name -> berth.driver.v1.Capabilities
 	2,  // 1: berth.driver.v1.InfoResponse.info:type_name -> berth.driver.v1.Info
 	5,  // 2: berth.driver.v1.ConfigSchemaResponse.fields:type_name -> berth.driver.v1.ConfigField
 	8,  // 3: berth.driver.v1.ConfigureRequest.setup:type_name -> berth.driver.v1.DriverSetup
-	42, // 4: berth.driver.v1.SandboxSpec.labels:type_name -> berth.driver.v1.SandboxSpec.LabelsEntry
+	43, // 4: berth.driver.v1.SandboxSpec.labels:type_name -> berth.driver.v1.SandboxSpec.LabelsEntry
 	11, // 5: berth.driver.v1.SandboxSpec.mounts:type_name -> berth.driver.v1.Mount
 	12, // 6: berth.driver.v1.SandboxSpec.resources:type_name -> berth.driver.v1.Resources
-	43, // 7: berth.driver.v1.Sandbox.labels:type_name -> berth.driver.v1.Sandbox.LabelsEntry
-	45, // 8: berth.driver.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	44, // 7: berth.driver.v1.Sandbox.labels:type_name -> berth.driver.v1.Sandbox.LabelsEntry
+	46, // 8: berth.driver.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
 	13, // 9: berth.driver.v1.CreateRequest.spec:type_name -> berth.driver.v1.SandboxSpec
 	14, // 10: berth.driver.v1.CreateRequest.agent:type_name -> berth.driver.v1.AgentFiles
 	15, // 11: berth.driver.v1.CreateResponse.sandbox:type_name -> berth.driver.v1.Sandbox
 	15, // 12: berth.driver.v1.InspectResponse.sandbox:type_name -> berth.driver.v1.Sandbox
-	44, // 13: berth.driver.v1.ListRequest.filter:type_name -> berth.driver.v1.ListRequest.FilterEntry
+	45, // 13: berth.driver.v1.ListRequest.filter:type_name -> berth.driver.v1.ListRequest.FilterEntry
 	15, // 14: berth.driver.v1.ListResponse.sandboxes:type_name -> berth.driver.v1.Sandbox
 	28, // 15: berth.driver.v1.ExecSetup.size:type_name -> berth.driver.v1.WindowSize
-	29, // 16: berth.driver.v1.ExecIn.setup:type_name -> berth.driver.v1.ExecSetup
-	28, // 17: berth.driver.v1.ExecIn.resize:type_name -> berth.driver.v1.WindowSize
-	32, // 18: berth.driver.v1.ExecOut.started:type_name -> berth.driver.v1.ExecStarted
-	31, // 19: berth.driver.v1.ExecOut.result:type_name -> berth.driver.v1.ExecResult
-	3,  // 20: berth.driver.v1.Driver.Info:input_type -> berth.driver.v1.InfoRequest
-	6,  // 21: berth.driver.v1.Driver.ConfigSchema:input_type -> berth.driver.v1.ConfigSchemaRequest
-	9,  // 22: berth.driver.v1.Driver.Configure:input_type -> berth.driver.v1.ConfigureRequest
-	16, // 23: berth.driver.v1.Driver.Create:input_type -> berth.driver.v1.CreateRequest
-	18, // 24: berth.driver.v1.Driver.Start:input_type -> berth.driver.v1.StartRequest
-	20, // 25: berth.driver.v1.Driver.Inspect:input_type -> berth.driver.v1.InspectRequest
-	22, // 26: berth.driver.v1.Driver.List:input_type -> berth.driver.v1.ListRequest
-	24, // 27: berth.driver.v1.Driver.Stop:input_type -> berth.driver.v1.StopRequest
-	26, // 28: berth.driver.v1.Driver.Remove:input_type -> berth.driver.v1.RemoveRequest
-	30, // 29: berth.driver.v1.Driver.Exec:input_type -> berth.driver.v1.ExecIn
-	34, // 30: berth.driver.v1.Driver.CopyIn:input_type -> berth.driver.v1.CopyInRequest
-	36, // 31: berth.driver.v1.Driver.CopyOut:input_type -> berth.driver.v1.CopyOutRequest
-	38, // 32: berth.driver.v1.Driver.PullImage:input_type -> berth.driver.v1.PullImageRequest
-	40, // 33: berth.driver.v1.Driver.ImportImage:input_type -> berth.driver.v1.ImportImageRequest
-	4,  // 34: berth.driver.v1.Driver.Info:output_type -> berth.driver.v1.InfoResponse
-	7,  // 35: berth.driver.v1.Driver.ConfigSchema:output_type -> berth.driver.v1.ConfigSchemaResponse
-	10, // 36: berth.driver.v1.Driver.Configure:output_type -> berth.driver.v1.ConfigureResponse
-	17, // 37: berth.driver.v1.Driver.Create:output_type -> berth.driver.v1.CreateResponse
-	19, // 38: berth.driver.v1.Driver.Start:output_type -> berth.driver.v1.StartResponse
-	21, // 39: berth.driver.v1.Driver.Inspect:output_type -> berth.driver.v1.InspectResponse
-	23, // 40: berth.driver.v1.Driver.List:output_type -> berth.driver.v1.ListResponse
-	25, // 41: berth.driver.v1.Driver.Stop:output_type -> berth.driver.v1.StopResponse
-	27, // 42: berth.driver.v1.Driver.Remove:output_type -> berth.driver.v1.RemoveResponse
-	33, // 43: berth.driver.v1.Driver.Exec:output_type -> berth.driver.v1.ExecOut
-	35, // 44: berth.driver.v1.Driver.CopyIn:output_type -> berth.driver.v1.CopyInResponse
-	37, // 45: berth.driver.v1.Driver.CopyOut:output_type -> berth.driver.v1.CopyOutChunk
-	39, // 46: berth.driver.v1.Driver.PullImage:output_type -> berth.driver.v1.PullProgress
-	41, // 47: berth.driver.v1.Driver.ImportImage:output_type -> berth.driver.v1.ImportImageResponse
-	34, // [34:48] is the sub-list for method output_type
-	20, // [20:34] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	30, // 16: berth.driver.v1.ExecSetup.job:type_name -> berth.driver.v1.JobRequest
+	29, // 17: berth.driver.v1.ExecIn.setup:type_name -> berth.driver.v1.ExecSetup
+	28, // 18: berth.driver.v1.ExecIn.resize:type_name -> berth.driver.v1.WindowSize
+	33, // 19: berth.driver.v1.ExecOut.started:type_name -> berth.driver.v1.ExecStarted
+	32, // 20: berth.driver.v1.ExecOut.result:type_name -> berth.driver.v1.ExecResult
+	3,  // 21: berth.driver.v1.Driver.Info:input_type -> berth.driver.v1.InfoRequest
+	6,  // 22: berth.driver.v1.Driver.ConfigSchema:input_type -> berth.driver.v1.ConfigSchemaRequest
+	9,  // 23: berth.driver.v1.Driver.Configure:input_type -> berth.driver.v1.ConfigureRequest
+	16, // 24: berth.driver.v1.Driver.Create:input_type -> berth.driver.v1.CreateRequest
+	18, // 25: berth.driver.v1.Driver.Start:input_type -> berth.driver.v1.StartRequest
+	20, // 26: berth.driver.v1.Driver.Inspect:input_type -> berth.driver.v1.InspectRequest
+	22, // 27: berth.driver.v1.Driver.List:input_type -> berth.driver.v1.ListRequest
+	24, // 28: berth.driver.v1.Driver.Stop:input_type -> berth.driver.v1.StopRequest
+	26, // 29: berth.driver.v1.Driver.Remove:input_type -> berth.driver.v1.RemoveRequest
+	31, // 30: berth.driver.v1.Driver.Exec:input_type -> berth.driver.v1.ExecIn
+	35, // 31: berth.driver.v1.Driver.CopyIn:input_type -> berth.driver.v1.CopyInRequest
+	37, // 32: berth.driver.v1.Driver.CopyOut:input_type -> berth.driver.v1.CopyOutRequest
+	39, // 33: berth.driver.v1.Driver.PullImage:input_type -> berth.driver.v1.PullImageRequest
+	41, // 34: berth.driver.v1.Driver.ImportImage:input_type -> berth.driver.v1.ImportImageRequest
+	4,  // 35: berth.driver.v1.Driver.Info:output_type -> berth.driver.v1.InfoResponse
+	7,  // 36: berth.driver.v1.Driver.ConfigSchema:output_type -> berth.driver.v1.ConfigSchemaResponse
+	10, // 37: berth.driver.v1.Driver.Configure:output_type -> berth.driver.v1.ConfigureResponse
+	17, // 38: berth.driver.v1.Driver.Create:output_type -> berth.driver.v1.CreateResponse
+	19, // 39: berth.driver.v1.Driver.Start:output_type -> berth.driver.v1.StartResponse
+	21, // 40: berth.driver.v1.Driver.Inspect:output_type -> berth.driver.v1.InspectResponse
+	23, // 41: berth.driver.v1.Driver.List:output_type -> berth.driver.v1.ListResponse
+	25, // 42: berth.driver.v1.Driver.Stop:output_type -> berth.driver.v1.StopResponse
+	27, // 43: berth.driver.v1.Driver.Remove:output_type -> berth.driver.v1.RemoveResponse
+	34, // 44: berth.driver.v1.Driver.Exec:output_type -> berth.driver.v1.ExecOut
+	36, // 45: berth.driver.v1.Driver.CopyIn:output_type -> berth.driver.v1.CopyInResponse
+	38, // 46: berth.driver.v1.Driver.CopyOut:output_type -> berth.driver.v1.CopyOutChunk
+	40, // 47: berth.driver.v1.Driver.PullImage:output_type -> berth.driver.v1.PullProgress
+	42, // 48: berth.driver.v1.Driver.ImportImage:output_type -> berth.driver.v1.ImportImageResponse
+	35, // [35:49] is the sub-list for method output_type
+	21, // [21:35] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_driver_proto_init() }
@@ -2896,7 +2982,7 @@ func file_driver_proto_init() {
 	if File_driver_proto != nil {
 		return
 	}
-	file_driver_proto_msgTypes[30].OneofWrappers = []any{
+	file_driver_proto_msgTypes[31].OneofWrappers = []any{
 		(*ExecIn_Setup)(nil),
 		(*ExecIn_Stdin)(nil),
 		(*ExecIn_CloseStdin)(nil),
@@ -2904,7 +2990,7 @@ func file_driver_proto_init() {
 		(*ExecIn_Signal)(nil),
 		(*ExecIn_Cancel)(nil),
 	}
-	file_driver_proto_msgTypes[33].OneofWrappers = []any{
+	file_driver_proto_msgTypes[34].OneofWrappers = []any{
 		(*ExecOut_Started)(nil),
 		(*ExecOut_Stdout)(nil),
 		(*ExecOut_Stderr)(nil),
@@ -2916,7 +3002,7 @@ func file_driver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_driver_proto_rawDesc), len(file_driver_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   45,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1610,3 +1610,54 @@ func TestExecShellMode(t *testing.T) {
 		t.Errorf("--shell with arguments: want 125\n%v", r)
 	}
 }
+
+// TestJobs: berth job start/ls/logs/kill on the local driver; a job outlives the call
+// that started it, its log grows, kill ends it, and removing the session ends any job.
+func TestJobs(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	mark := newMark()
+	r := e.must("job", "start", "-s", "jobs:1", "-e", markEnv(mark), "--", "sh", "-c", "while :; do echo tick; sleep 0.1; done")
+	id := strings.TrimSpace(r.stdout)
+	if id == "" {
+		t.Fatalf("job start printed no id\n%v", r)
+	}
+	if r := e.must("job", "ls", "-s", "jobs:1"); !regexp.MustCompile(`(?m)^`+id+` +running `).MatchString(r.stdout) || !strings.Contains(r.stdout, "while :") {
+		t.Errorf("job ls: want job %s running\n%v", id, r)
+	}
+	if !waitFor(30*time.Second, func() bool {
+		return strings.Count(e.must("job", "logs", "-s", "jobs:1", id).stdout, "tick\n") >= 3
+	}) {
+		t.Fatal("the job's log did not grow to 3 lines")
+	}
+	if r := e.run("job", "logs", "-s", "jobs:2", id); r.code != 125 || !strings.Contains(r.stderr, "no sandbox") {
+		t.Errorf("logs in a session without sandbox: want 125\n%v", r)
+	}
+	e.must("job", "kill", "-s", "jobs:1", id)
+	var rows []struct {
+		ID      string `json:"id"`
+		Running bool   `json:"running"`
+		Signal  int    `json:"signal"`
+	}
+	r = e.must("job", "ls", "-s", "jobs:1", "--json")
+	if json.Unmarshal([]byte(r.stdout), &rows) != nil || len(rows) != 1 || rows[0].Running || rows[0].Signal == 0 {
+		t.Errorf("job ls --json after kill: want the job ended by a signal\n%v", r)
+	}
+	if len(marked(mark)) != 0 {
+		t.Errorf("the killed job's processes are alive: %s", describe(marked(mark)))
+	}
+	// A job that exits: logs --follow ends with its exit code.
+	r = e.must("job", "start", "-s", "jobs:1", "--", "sh", "-c", "echo done; exit 5")
+	if r := e.run("job", "logs", "-s", "jobs:1", "--follow", strings.TrimSpace(r.stdout)); r.code != 5 || r.stdout != "done\n" {
+		t.Errorf("logs --follow of a job that exits 5\n%v", r)
+	}
+	// Jobs die with the sandbox.
+	e.must("job", "start", "-s", "jobs:1", "-e", markEnv(mark), "--", "sleep", "3600")
+	if len(marked(mark)) == 0 {
+		t.Fatal("the second job is not running")
+	}
+	e.must("rm", "jobs:1")
+	if !waitFor(10*time.Second, func() bool { return len(marked(mark)) == 0 }) {
+		t.Errorf("a job outlived its removed session: %s", describe(marked(mark)))
+	}
+}

@@ -206,8 +206,12 @@ type ExecStart struct {
 	// the state (directory, exported variables) recorded for session, then record the
 	// new state; argv must be empty. Shell calls of one session run one at a time.
 	Shell string `protobuf:"bytes,9,opt,name=shell,proto3" json:"shell,omitempty"`
-	// The session the exec belongs to; required with shell.
-	Session       string `protobuf:"bytes,10,opt,name=session,proto3" json:"session,omitempty"`
+	// The session the exec belongs to; required with shell and job.
+	Session string `protobuf:"bytes,10,opt,name=session,proto3" json:"session,omitempty"`
+	// A background-job operation (protocol 2; see backend.JobOp): start runs argv as a
+	// job and writes its id; list writes JSON lines; logs writes the job's log (and
+	// follows it); kill ends its tree.
+	Job           *JobRequest `protobuf:"bytes,11,opt,name=job,proto3" json:"job,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -312,6 +316,73 @@ func (x *ExecStart) GetSession() string {
 	return ""
 }
 
+func (x *ExecStart) GetJob() *JobRequest {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+type JobRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Op            string                 `protobuf:"bytes,1,opt,name=op,proto3" json:"op,omitempty"`
+	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Follow        bool                   `protobuf:"varint,3,opt,name=follow,proto3" json:"follow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobRequest) Reset() {
+	*x = JobRequest{}
+	mi := &file_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobRequest) ProtoMessage() {}
+
+func (x *JobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobRequest.ProtoReflect.Descriptor instead.
+func (*JobRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *JobRequest) GetOp() string {
+	if x != nil {
+		return x.Op
+	}
+	return ""
+}
+
+func (x *JobRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *JobRequest) GetFollow() bool {
+	if x != nil {
+		return x.Follow
+	}
+	return false
+}
+
 type CloseStdin struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -320,7 +391,7 @@ type CloseStdin struct {
 
 func (x *CloseStdin) Reset() {
 	*x = CloseStdin{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -332,7 +403,7 @@ func (x *CloseStdin) String() string {
 func (*CloseStdin) ProtoMessage() {}
 
 func (x *CloseStdin) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -345,7 +416,7 @@ func (x *CloseStdin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdin.ProtoReflect.Descriptor instead.
 func (*CloseStdin) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 type ExecInput struct {
@@ -364,7 +435,7 @@ type ExecInput struct {
 
 func (x *ExecInput) Reset() {
 	*x = ExecInput{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -376,7 +447,7 @@ func (x *ExecInput) String() string {
 func (*ExecInput) ProtoMessage() {}
 
 func (x *ExecInput) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -389,7 +460,7 @@ func (x *ExecInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecInput.ProtoReflect.Descriptor instead.
 func (*ExecInput) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExecInput) GetMsg() isExecInput_Msg {
@@ -492,7 +563,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -504,7 +575,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -517,7 +588,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ExecStarted) GetExecId() uint64 {
@@ -550,7 +621,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -562,7 +633,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -575,7 +646,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExecResult) GetExitCode() int32 {
@@ -642,7 +713,7 @@ type ExecOutput struct {
 
 func (x *ExecOutput) Reset() {
 	*x = ExecOutput{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +725,7 @@ func (x *ExecOutput) String() string {
 func (*ExecOutput) ProtoMessage() {}
 
 func (x *ExecOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +738,7 @@ func (x *ExecOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecOutput.ProtoReflect.Descriptor instead.
 func (*ExecOutput) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExecOutput) GetMsg() isExecOutput_Msg {
@@ -750,7 +821,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +833,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +846,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CancelRequest) GetExecId() uint64 {
@@ -793,7 +864,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -805,7 +876,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -818,7 +889,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 type ShutdownRequest struct {
@@ -831,7 +902,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +914,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +927,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ShutdownRequest) GetGraceNs() int64 {
@@ -874,7 +945,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -886,7 +957,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -899,7 +970,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 type CopyInRequest struct {
@@ -915,7 +986,7 @@ type CopyInRequest struct {
 
 func (x *CopyInRequest) Reset() {
 	*x = CopyInRequest{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -927,7 +998,7 @@ func (x *CopyInRequest) String() string {
 func (*CopyInRequest) ProtoMessage() {}
 
 func (x *CopyInRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -940,7 +1011,7 @@ func (x *CopyInRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyInRequest.ProtoReflect.Descriptor instead.
 func (*CopyInRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CopyInRequest) GetMsg() isCopyInRequest_Msg {
@@ -992,7 +1063,7 @@ type CopyInResponse struct {
 
 func (x *CopyInResponse) Reset() {
 	*x = CopyInResponse{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +1075,7 @@ func (x *CopyInResponse) String() string {
 func (*CopyInResponse) ProtoMessage() {}
 
 func (x *CopyInResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1017,7 +1088,7 @@ func (x *CopyInResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyInResponse.ProtoReflect.Descriptor instead.
 func (*CopyInResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 type CopyOutRequest struct {
@@ -1029,7 +1100,7 @@ type CopyOutRequest struct {
 
 func (x *CopyOutRequest) Reset() {
 	*x = CopyOutRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1041,7 +1112,7 @@ func (x *CopyOutRequest) String() string {
 func (*CopyOutRequest) ProtoMessage() {}
 
 func (x *CopyOutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1054,7 +1125,7 @@ func (x *CopyOutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyOutRequest.ProtoReflect.Descriptor instead.
 func (*CopyOutRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CopyOutRequest) GetPath() string {
@@ -1073,7 +1144,7 @@ type CopyOutChunk struct {
 
 func (x *CopyOutChunk) Reset() {
 	*x = CopyOutChunk{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1085,7 +1156,7 @@ func (x *CopyOutChunk) String() string {
 func (*CopyOutChunk) ProtoMessage() {}
 
 func (x *CopyOutChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1098,7 +1169,7 @@ func (x *CopyOutChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyOutChunk.ProtoReflect.Descriptor instead.
 func (*CopyOutChunk) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CopyOutChunk) GetData() []byte {
@@ -1122,7 +1193,7 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"WindowSize\x12\x12\n" +
 	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
-	"\x04cols\x18\x02 \x01(\rR\x04cols\"\xfe\x01\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"\xac\x02\n" +
 	"\tExecStart\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x10\n" +
 	"\x03env\x18\x02 \x03(\tR\x03env\x12\x10\n" +
@@ -1135,7 +1206,13 @@ const file_agent_proto_rawDesc = "" +
 	"timeout_ns\x18\b \x01(\x03R\ttimeoutNs\x12\x14\n" +
 	"\x05shell\x18\t \x01(\tR\x05shell\x12\x18\n" +
 	"\asession\x18\n" +
-	" \x01(\tR\asession\"\f\n" +
+	" \x01(\tR\asession\x12,\n" +
+	"\x03job\x18\v \x01(\v2\x1a.berth.agent.v1.JobRequestR\x03job\"D\n" +
+	"\n" +
+	"JobRequest\x12\x0e\n" +
+	"\x02op\x18\x01 \x01(\tR\x02op\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
+	"\x06follow\x18\x03 \x01(\bR\x06follow\"\f\n" +
 	"\n" +
 	"CloseStdin\"\xec\x01\n" +
 	"\tExecInput\x121\n" +
@@ -1202,50 +1279,52 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_agent_proto_goTypes = []any{
 	(*HelloRequest)(nil),     // 0: berth.agent.v1.HelloRequest
 	(*HelloResponse)(nil),    // 1: berth.agent.v1.HelloResponse
 	(*WindowSize)(nil),       // 2: berth.agent.v1.WindowSize
 	(*ExecStart)(nil),        // 3: berth.agent.v1.ExecStart
-	(*CloseStdin)(nil),       // 4: berth.agent.v1.CloseStdin
-	(*ExecInput)(nil),        // 5: berth.agent.v1.ExecInput
-	(*ExecStarted)(nil),      // 6: berth.agent.v1.ExecStarted
-	(*ExecResult)(nil),       // 7: berth.agent.v1.ExecResult
-	(*ExecOutput)(nil),       // 8: berth.agent.v1.ExecOutput
-	(*CancelRequest)(nil),    // 9: berth.agent.v1.CancelRequest
-	(*CancelResponse)(nil),   // 10: berth.agent.v1.CancelResponse
-	(*ShutdownRequest)(nil),  // 11: berth.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil), // 12: berth.agent.v1.ShutdownResponse
-	(*CopyInRequest)(nil),    // 13: berth.agent.v1.CopyInRequest
-	(*CopyInResponse)(nil),   // 14: berth.agent.v1.CopyInResponse
-	(*CopyOutRequest)(nil),   // 15: berth.agent.v1.CopyOutRequest
-	(*CopyOutChunk)(nil),     // 16: berth.agent.v1.CopyOutChunk
+	(*JobRequest)(nil),       // 4: berth.agent.v1.JobRequest
+	(*CloseStdin)(nil),       // 5: berth.agent.v1.CloseStdin
+	(*ExecInput)(nil),        // 6: berth.agent.v1.ExecInput
+	(*ExecStarted)(nil),      // 7: berth.agent.v1.ExecStarted
+	(*ExecResult)(nil),       // 8: berth.agent.v1.ExecResult
+	(*ExecOutput)(nil),       // 9: berth.agent.v1.ExecOutput
+	(*CancelRequest)(nil),    // 10: berth.agent.v1.CancelRequest
+	(*CancelResponse)(nil),   // 11: berth.agent.v1.CancelResponse
+	(*ShutdownRequest)(nil),  // 12: berth.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil), // 13: berth.agent.v1.ShutdownResponse
+	(*CopyInRequest)(nil),    // 14: berth.agent.v1.CopyInRequest
+	(*CopyInResponse)(nil),   // 15: berth.agent.v1.CopyInResponse
+	(*CopyOutRequest)(nil),   // 16: berth.agent.v1.CopyOutRequest
+	(*CopyOutChunk)(nil),     // 17: berth.agent.v1.CopyOutChunk
 }
 var file_agent_proto_depIdxs = []int32{
 	2,  // 0: berth.agent.v1.ExecStart.size:type_name -> berth.agent.v1.WindowSize
-	3,  // 1: berth.agent.v1.ExecInput.start:type_name -> berth.agent.v1.ExecStart
-	4,  // 2: berth.agent.v1.ExecInput.close_stdin:type_name -> berth.agent.v1.CloseStdin
-	2,  // 3: berth.agent.v1.ExecInput.resize:type_name -> berth.agent.v1.WindowSize
-	6,  // 4: berth.agent.v1.ExecOutput.started:type_name -> berth.agent.v1.ExecStarted
-	7,  // 5: berth.agent.v1.ExecOutput.result:type_name -> berth.agent.v1.ExecResult
-	0,  // 6: berth.agent.v1.Agent.Hello:input_type -> berth.agent.v1.HelloRequest
-	5,  // 7: berth.agent.v1.Agent.Exec:input_type -> berth.agent.v1.ExecInput
-	9,  // 8: berth.agent.v1.Agent.Cancel:input_type -> berth.agent.v1.CancelRequest
-	11, // 9: berth.agent.v1.Agent.Shutdown:input_type -> berth.agent.v1.ShutdownRequest
-	13, // 10: berth.agent.v1.Agent.CopyIn:input_type -> berth.agent.v1.CopyInRequest
-	15, // 11: berth.agent.v1.Agent.CopyOut:input_type -> berth.agent.v1.CopyOutRequest
-	1,  // 12: berth.agent.v1.Agent.Hello:output_type -> berth.agent.v1.HelloResponse
-	8,  // 13: berth.agent.v1.Agent.Exec:output_type -> berth.agent.v1.ExecOutput
-	10, // 14: berth.agent.v1.Agent.Cancel:output_type -> berth.agent.v1.CancelResponse
-	12, // 15: berth.agent.v1.Agent.Shutdown:output_type -> berth.agent.v1.ShutdownResponse
-	14, // 16: berth.agent.v1.Agent.CopyIn:output_type -> berth.agent.v1.CopyInResponse
-	16, // 17: berth.agent.v1.Agent.CopyOut:output_type -> berth.agent.v1.CopyOutChunk
-	12, // [12:18] is the sub-list for method output_type
-	6,  // [6:12] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	4,  // 1: berth.agent.v1.ExecStart.job:type_name -> berth.agent.v1.JobRequest
+	3,  // 2: berth.agent.v1.ExecInput.start:type_name -> berth.agent.v1.ExecStart
+	5,  // 3: berth.agent.v1.ExecInput.close_stdin:type_name -> berth.agent.v1.CloseStdin
+	2,  // 4: berth.agent.v1.ExecInput.resize:type_name -> berth.agent.v1.WindowSize
+	7,  // 5: berth.agent.v1.ExecOutput.started:type_name -> berth.agent.v1.ExecStarted
+	8,  // 6: berth.agent.v1.ExecOutput.result:type_name -> berth.agent.v1.ExecResult
+	0,  // 7: berth.agent.v1.Agent.Hello:input_type -> berth.agent.v1.HelloRequest
+	6,  // 8: berth.agent.v1.Agent.Exec:input_type -> berth.agent.v1.ExecInput
+	10, // 9: berth.agent.v1.Agent.Cancel:input_type -> berth.agent.v1.CancelRequest
+	12, // 10: berth.agent.v1.Agent.Shutdown:input_type -> berth.agent.v1.ShutdownRequest
+	14, // 11: berth.agent.v1.Agent.CopyIn:input_type -> berth.agent.v1.CopyInRequest
+	16, // 12: berth.agent.v1.Agent.CopyOut:input_type -> berth.agent.v1.CopyOutRequest
+	1,  // 13: berth.agent.v1.Agent.Hello:output_type -> berth.agent.v1.HelloResponse
+	9,  // 14: berth.agent.v1.Agent.Exec:output_type -> berth.agent.v1.ExecOutput
+	11, // 15: berth.agent.v1.Agent.Cancel:output_type -> berth.agent.v1.CancelResponse
+	13, // 16: berth.agent.v1.Agent.Shutdown:output_type -> berth.agent.v1.ShutdownResponse
+	15, // 17: berth.agent.v1.Agent.CopyIn:output_type -> berth.agent.v1.CopyInResponse
+	17, // 18: berth.agent.v1.Agent.CopyOut:output_type -> berth.agent.v1.CopyOutChunk
+	13, // [13:19] is the sub-list for method output_type
+	7,  // [7:13] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1253,20 +1332,20 @@ func file_agent_proto_init() {
 	if File_agent_proto != nil {
 		return
 	}
-	file_agent_proto_msgTypes[5].OneofWrappers = []any{
+	file_agent_proto_msgTypes[6].OneofWrappers = []any{
 		(*ExecInput_Start)(nil),
 		(*ExecInput_Stdin)(nil),
 		(*ExecInput_CloseStdin)(nil),
 		(*ExecInput_Resize)(nil),
 		(*ExecInput_Signal)(nil),
 	}
-	file_agent_proto_msgTypes[8].OneofWrappers = []any{
+	file_agent_proto_msgTypes[9].OneofWrappers = []any{
 		(*ExecOutput_Started)(nil),
 		(*ExecOutput_Stdout)(nil),
 		(*ExecOutput_Stderr)(nil),
 		(*ExecOutput_Result)(nil),
 	}
-	file_agent_proto_msgTypes[13].OneofWrappers = []any{
+	file_agent_proto_msgTypes[14].OneofWrappers = []any{
 		(*CopyInRequest_Dir)(nil),
 		(*CopyInRequest_Data)(nil),
 	}
@@ -1276,7 +1355,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
