@@ -44,7 +44,7 @@ var _ T = (*testing.T)(nil)
 // Case is one conformance case.
 type Case struct {
 	// Group is the case's group: lifecycle, idempotence, exec, tty, isolation,
-	// resources or terminal.
+	// resources, terminal, retention or recovery.
 	Group string
 	// Name is the case's name inside its group (lower case, words joined by "-").
 	Name string
@@ -107,6 +107,16 @@ type Options struct {
 	// cases call it; it must give the registry its own state dir and should close it in
 	// t.Cleanup. When nil those cases skip.
 	OpenRegistry func(t T, configHCL string) (*registry.Registry, error)
+	// RestartRuntime, when set, stops and starts the driver's runtime (dockerd,
+	// containerd) and returns once it answers again. recovery/runtime-restart runs
+	// only with it (serially), and skips with that reason otherwise: give it only a
+	// runtime of the test's own, never a shared daemon.
+	RestartRuntime func(ctx context.Context) error
+	// BerthEnv is added to the environment of the berth processes that the recovery
+	// cases start with AgentBinary (for example DOCKER_HOST=unix:///...), after the
+	// test's own environment without BERTH_* and the registry's BERTH_STATE_DIR and
+	// BERTH_CONFIG.
+	BerthEnv []string
 	// CaseTimeout bounds one case under RunAll (its context is cancelled then, and the
 	// case fails). Default 5 minutes. Run leaves timing to go test -timeout.
 	CaseTimeout time.Duration
@@ -273,7 +283,8 @@ func (f Filter) Match(c Case) bool {
 }
 
 // Cases returns every case of the suite, grouped and in a fixed order: lifecycle,
-// idempotence, exec, tty, isolation, resources, terminal. The slice is new on each call.
+// idempotence, exec, tty, isolation, resources, terminal, retention, recovery. The
+// slice is new on each call.
 func Cases() []Case {
 	var all []Case
 	all = append(all, lifecycleCases()...)
@@ -284,6 +295,8 @@ func Cases() []Case {
 	all = append(all, hardeningIsolationCases()...)
 	all = append(all, resourcesCases()...)
 	all = append(all, terminalCases()...)
+	all = append(all, retentionCases()...)
+	all = append(all, recoveryCases()...)
 	return all
 }
 

@@ -135,8 +135,9 @@ func caseSessionsShared(t T, h *Harness) {
 // RegistryOpener returns an Options.OpenRegistry that writes the config text to
 // config.hcl in a t.TempDir(), opens a registry with base plus that ConfigPath and,
 // unless base sets one, a StateDir of its own (another t.TempDir()), and closes it in
-// t.Cleanup. Set base.BerthBinary (the agent source and plugin server) and, for
-// in-process drivers, base.InProcess.
+// t.Cleanup. Unless base sets Now, the registry gets a Clock of its own (ClockOf),
+// which the retention cases advance instead of waiting. Set base.BerthBinary (the
+// agent source and plugin server) and, for in-process drivers, base.InProcess.
 func RegistryOpener(base registry.Options) func(t T, configHCL string) (*registry.Registry, error) {
 	return func(t T, configHCL string) (*registry.Registry, error) {
 		opts := base
@@ -148,13 +149,22 @@ func RegistryOpener(base registry.Options) func(t T, configHCL string) (*registr
 		if opts.StateDir == "" {
 			opts.StateDir = filepath.Join(t.TempDir(), "state")
 		}
+		var clk *Clock
+		if opts.Now == nil {
+			clk = NewClock()
+			opts.Now = clk.Now
+		}
 		ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
 		defer cancel()
 		r, err := registry.Open(ctx, opts)
 		if err != nil {
 			return nil, err
 		}
+		if clk != nil {
+			clocks.Store(r, clk)
+		}
 		t.Cleanup(func() {
+			clocks.Delete(r)
 			if err := r.Close(); err != nil {
 				t.Errorf("cleanup: closing the registry: %v", err)
 			}

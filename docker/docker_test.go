@@ -62,7 +62,9 @@ func importImage(t *testing.T, imp backend.ImageImporter) {
 }
 
 func options(state string) conformance.Options {
-	return conformance.Options{AgentBinary: berthBin, StateDir: state, Owner: "conformance-" + filepath.Base(state), Image: testimage.Ref, Capabilities: docker.DefaultCapabilities}
+	return conformance.Options{AgentBinary: berthBin, StateDir: state, Owner: "conformance-" + filepath.Base(state), Image: testimage.Ref, Capabilities: docker.DefaultCapabilities,
+		// berth processes that the recovery cases start reach the same engine.
+		BerthEnv: []string{"DOCKER_HOST=" + testimage.DockerHost()}}
 }
 
 // TestConformanceInProcess runs the shared suite against the docker driver in this

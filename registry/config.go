@@ -44,14 +44,34 @@ const (
 	OnCloseRemove OnClose = "remove"
 )
 
+// IdleAction is what happens to a sandbox that has been idle for longer than its
+// rule's idle_ttl.
+type IdleAction string
+
+// The idle_action policies.
+const (
+	// IdleStop stops the sandbox (its files stay; the next exec starts it again).
+	IdleStop IdleAction = "stop"
+	// IdleRemove removes the sandbox with its files; the next exec gets a fresh one
+	// and reports Lease.Recreated.
+	IdleRemove IdleAction = "remove"
+)
+
 // Retention is a rule's retention block. IdleTTL and MaxAge are zero when unset
-// (never); they are parsed and carried here, and applied by a later release.
+// (never). The registry enforces it: CloseSession applies OnClose; every Exec and
+// Acquire applies IdleTTL and MaxAge to the session it touches; Prune applies them
+// to every sandbox of every configured driver (see docs/retention.md).
 type Retention struct {
 	// OnClose is applied by Registry.CloseSession; default OnCloseKeep.
 	OnClose OnClose
-	// IdleTTL is how long a sandbox may go unused before it is removed; 0 means never.
+	// IdleTTL is how long a sandbox may stay idle (no exec running through the
+	// registry, none started) before IdleAction is applied; 0 means never.
 	IdleTTL time.Duration
-	// MaxAge is how old a sandbox may get before it is removed; 0 means never.
+	// IdleAction is applied to a sandbox idle for longer than IdleTTL; default
+	// IdleStop.
+	IdleAction IdleAction
+	// MaxAge is how old a sandbox may get (from its creation) before it is removed,
+	// whatever its use, execs in flight included; 0 means never.
 	MaxAge time.Duration
 }
 
@@ -204,7 +224,7 @@ func DefaultConfig() *Config {
 			Glob:      "*",
 			Driver:    "local",
 			Isolation: IsolationSession,
-			Retention: Retention{OnClose: OnCloseKeep},
+			Retention: Retention{OnClose: OnCloseKeep, IdleAction: IdleStop},
 		}},
 	}
 }
@@ -548,7 +568,7 @@ var resourcesSchema = &hcl.BodySchema{
 }
 
 var retentionSchema = &hcl.BodySchema{
-	Attributes: []hcl.AttributeSchema{{Name: "on_close"}, {Name: "idle_ttl"}, {Name: "max_age"}},
+	Attributes: []hcl.AttributeSchema{{Name: "on_close"}, {Name: "idle_ttl"}, {Name: "idle_action"}, {Name: "max_age"}},
 }
 
 // LogLevels lists the accepted log levels (log_level, BERTH_LOG, Options.LogLevel).
@@ -648,7 +668,7 @@ func (d *decoder) config(body hcl.Body) *Config {
 func (d *decoder) scope(b *hcl.Block, glob string) (Rule, bool) {
 	errs := len(d.diags)
 	where := fmt.Sprintf("scope %q", glob)
-	r := Rule{Glob: glob, Driver: "local", Isolation: IsolationSession, Retention: Retention{OnClose: OnCloseKeep}, Range: b.DefRange}
+	r := Rule{Glob: glob, Driver: "local", Isolation: IsolationSession, Retention: Retention{OnClose: OnCloseKeep, IdleAction: IdleStop}, Range: b.DefRange}
 	c := d.content(b.Body, scopeSchema, where)
 	if c == nil {
 		return r, false
@@ -782,6 +802,16 @@ func (d *decoder) scope(b *hcl.Block, glob string) (Rule, bool) {
 			}
 			if a := rc.Attributes["idle_ttl"]; a != nil {
 				r.Retention.IdleTTL, _ = d.duration(a)
+			}
+			if a := rc.Attributes["idle_action"]; a != nil {
+				if s, ok := d.str(a); ok {
+					switch IdleAction(s) {
+					case IdleStop, IdleRemove:
+						r.Retention.IdleAction = IdleAction(s)
+					default:
+						d.errf(a.Expr.Range(), "Invalid idle_action", "idle_action %q is not \"stop\" or \"remove\".", s)
+					}
+				}
 			}
 			if a := rc.Attributes["max_age"]; a != nil {
 				r.Retention.MaxAge, _ = d.duration(a)

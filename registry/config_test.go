@@ -101,7 +101,7 @@ func TestParseConfig(t *testing.T) {
 	want := backend.Resources{CPUs: 1.5, MemoryBytes: 512 << 20, Pids: 256}
 	if chat.Resources != want || chat.Image != "busybox:latest" || chat.User != "1000:1000" || !chat.AllowHostPaths ||
 		len(chat.Mounts) != 2 || chat.Mounts[0] != (backend.Mount{Source: "/srv/data", Target: "/data", ReadOnly: true}) ||
-		chat.Mounts[1].ReadOnly || chat.Retention != (Retention{OnClose: OnCloseRemove, IdleTTL: 7 * 24 * time.Hour, MaxAge: 36 * time.Hour}) ||
+		chat.Mounts[1].ReadOnly || chat.Retention != (Retention{OnClose: OnCloseRemove, IdleTTL: 7 * 24 * time.Hour, IdleAction: IdleStop, MaxAge: 36 * time.Hour}) ||
 		chat.Driver != "local" {
 		t.Errorf("chat rule: %+v", chat)
 	}
@@ -221,9 +221,11 @@ func TestConfigBadInput(t *testing.T) {
 		{"unknown block", "scope \"*\" {\n  limits {}\n}\n",
 			[]string{"config.hcl:2:3: error: Unsupported block type", `"limits"`, "valid blocks: mount, resources, retention"}},
 		{"unknown retention key", "scope \"*\" {\n  retention {\n    on_clos = \"stop\"\n  }\n}\n",
-			[]string{"config.hcl:3:5: error: Unsupported argument", `Valid arguments in scope "*" retention: on_close, idle_ttl, max_age.`}},
+			[]string{"config.hcl:3:5: error: Unsupported argument", `Valid arguments in scope "*" retention: on_close, idle_ttl, idle_action, max_age.`}},
 		{"bad on_close", "scope \"*\" {\n  retention { on_close = \"delete\" }\n}\n",
 			[]string{"config.hcl:2:26: error: Invalid on_close", `"delete" is not "keep", "stop" or "remove"`}},
+		{"bad idle_action", "scope \"*\" {\n  retention { idle_action = \"delete\" }\n}\n",
+			[]string{"config.hcl:2:29: error: Invalid idle_action", `"delete" is not "stop" or "remove"`}},
 		{"bad isolation", "scope \"*\" {\n  isolation = \"pooled\"\n}\n",
 			[]string{"config.hcl:2:15: error: Invalid isolation", `"pooled"`}},
 		{"shared without name", "scope \"x:*\" {\n  isolation = \"shared\"\n}\n",

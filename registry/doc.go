@@ -1,7 +1,8 @@
 // Package registry is berth's policy layer: it reads the HCL config, resolves a
 // session name to its scope rule, driver and sandbox, keeps the state store that
-// records which session uses which sandbox, and applies retention when a session
-// closes.
+// records which session uses which sandbox, and applies retention: on_close when a
+// session closes, idle_ttl and max_age on each exec (to that session only) and in
+// Prune, which also reconciles every configured driver with the store.
 //
 // The pieces, in the order a call meets them:
 //
@@ -18,11 +19,18 @@
 //     included) and ? matches one character; everything else is literal.
 //   - The state dir: state.db (a bbolt file opened per transaction, so concurrent
 //     berth processes share it; it holds the schema version, the owner id and one
-//     record per session), locks/ (one flock file per sandbox, held around create,
-//     close and remove), drivers/NAME/ (each driver's private state) and
-//     sandboxes/SANDBOX/ (the agent files of each sandbox).
-//   - Registry (Open): Acquire, Exec, Sessions, CloseSession, RemoveSession, Drivers,
-//     Explain.
+//     record per session), locks/ (per sandbox: SANDBOX.lock, an flock held around
+//     create, close, remove and prune's actions; SANDBOX.busy, a shared flock every
+//     exec holds while it runs, so any process can tell a sandbox is in use),
+//     drivers/NAME/ (each driver's private state) and sandboxes/SANDBOX/ (the agent
+//     files of each sandbox).
+//   - Registry (Open): Acquire, Exec, Sessions, CloseSession, RemoveSession, Prune,
+//     Drivers, Explain.
+//   - Retention (see docs/retention.md): a sandbox is idle when no exec runs in it and
+//     none started or ended for longer than idle_ttl; idle_action stops or removes
+//     it; max_age removes it whatever its use. A session whose sandbox retention
+//     removed keeps its record, marked, so its next exec creates a new sandbox and
+//     says so (Lease.Recreated). Time comes from Options.Now.
 //
 // Precedence of settings: Options fields (the CLI's flags) over BERTH_CONFIG,
 // BERTH_STATE_DIR and BERTH_LOG over the config file over defaults.
@@ -62,8 +70,9 @@
 //	  }
 //	  retention {
 //	    on_close = "keep"                # "keep" | "stop" | "remove"; default "keep"
-//	    idle_ttl = "7d"                  # Go duration plus d (days); "0" or unset: never
-//	    max_age  = "30d"
+//	    idle_ttl    = "7d"               # Go duration plus d (days); "0" or unset: never
+//	    idle_action = "stop"             # "stop" | "remove"; default "stop"
+//	    max_age     = "30d"              # removed when older, whatever its use
 //	  }
 //	}
 package registry

@@ -24,6 +24,8 @@ type hostDriver struct {
 	root    string // DriverSetup.StateDir
 	setup   backend.DriverSetup
 	creates atomic.Int64
+	stops   atomic.Int64 // Stop calls of an existing sandbox
+	removes atomic.Int64 // Remove calls of an existing sandbox
 }
 
 type hostMeta struct {
@@ -136,11 +138,15 @@ func (d *hostDriver) Stop(_ context.Context, name string, _ time.Duration) error
 	} else if err != nil {
 		return err
 	}
+	d.stops.Add(1)
 	m.State = backend.StateStopped
 	return d.write(name, m)
 }
 
 func (d *hostDriver) Remove(_ context.Context, name string) error {
+	if _, err := os.Stat(d.dir(name)); err == nil {
+		d.removes.Add(1)
+	}
 	return os.RemoveAll(d.dir(name))
 }
 

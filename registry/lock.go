@@ -72,3 +72,74 @@ func (l *fileLock) unlock(remove bool) {
 	}
 	l.f.Close()
 }
+
+// holdBusy takes a shared flock on path (creating it) and returns it; it marks a
+// sandbox as having an exec in flight for as long as it is held. Callers hold the
+// sandbox's create lock (lockFile), under which alone busy files are checked and
+// deleted, so the shared lock is never contended and the file is never swapped.
+//
+// created reports whether this call made the file: a caller whose exec then fails
+// to start deletes it again with unlock(true) (still under the create lock, so no
+// other exec holds it), leaving the state dir as it was.
+func holdBusy(path string) (l *fileLock, created bool, err error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	created = err == nil
+	if errors.Is(err, os.ErrExist) {
+		f, err = os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("opening busy marker %s: %w", path, err)
+	}
+	if err := flockRetry(int(f.Fd()), unix.LOCK_SH); err != nil {
+		f.Close()
+		if created {
+			os.Remove(path)
+		}
+		return nil, false, fmt.Errorf("locking busy marker %s: %w", path, err)
+	}
+	return &fileLock{f: f, path: path}, created, nil
+}
+
+// isBusy reports whether any process holds a shared lock on the busy marker path
+// (an exec in flight). A missing file is not busy. Call it with the sandbox's
+// create lock held.
+func isBusy(path string) (bool, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	} else if err != nil {
+		return false, fmt.Errorf("opening busy marker %s: %w", path, err)
+	}
+	defer f.Close()
+	err = flockRetry(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	if errors.Is(err, unix.EWOULDBLOCK) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("checking busy marker %s: %w", path, err)
+	}
+	return false, nil
+}
+
+// tryLockFile is lockFile without waiting: ok is false when another holder has the
+// lock (or the path was replaced meanwhile).
+func tryLockFile(path string) (l *fileLock, ok bool, err error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, false, fmt.Errorf("opening lock file %s: %w", path, err)
+	}
+	fd := int(f.Fd())
+	if err := flockRetry(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, false, nil
+		}
+		return nil, false, fmt.Errorf("locking %s: %w", path, err)
+	}
+	var held, named unix.Stat_t
+	if unix.Fstat(fd, &held) != nil || unix.Stat(path, &named) != nil || named.Ino != held.Ino || named.Dev != held.Dev {
+		f.Close()
+		return nil, false, nil
+	}
+	return &fileLock{f: f, path: path}, true, nil
+}

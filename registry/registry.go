@@ -58,6 +58,14 @@ type Options struct {
 	// StoreTimeout bounds the wait for another process's hold on the state store;
 	// 0 means DefaultStoreTimeout.
 	StoreTimeout time.Duration
+	// Now is the registry's clock: sandbox creation times (LabelCreated), last use,
+	// idle_ttl, max_age and the orphan grace period are all measured with it. nil
+	// means time.Now. Tests inject a clock they advance, so nothing waits for real.
+	Now func() time.Time
+	// OrphanGrace is how old an unrecorded sandbox of ours (and an unreferenced file
+	// in the state dir) must be before Prune removes it: younger ones may be in the
+	// middle of a create. 0 means DefaultOrphanGrace.
+	OrphanGrace time.Duration
 	// OnPull, when set, receives the progress of every image pull that a call makes
 	// before it creates a sandbox (see Rule.Pull). It is called from the calling
 	// goroutine, in order, and must not block for long.
@@ -89,6 +97,9 @@ type Registry struct {
 	onPull     func(PullEvent)
 	store      *store
 	caps       sync.Map // backend.TerminalBackend → backend.Capabilities
+	clock      func() time.Time
+	grace      time.Duration
+	agentSrc   string
 
 	initMu sync.Mutex
 	owner  string
@@ -195,6 +206,15 @@ func Open(ctx context.Context, opts Options) (*Registry, error) {
 		onPull:     opts.OnPull,
 		store:      newStore(filepath.Join(stateDir, StoreFile), opts.StoreTimeout),
 		drivers:    map[string]*driverEntry{},
+		clock:      opts.Now,
+		grace:      opts.OrphanGrace,
+		agentSrc:   agentSrc,
+	}
+	if r.clock == nil {
+		r.clock = time.Now
+	}
+	if r.grace <= 0 {
+		r.grace = DefaultOrphanGrace
 	}
 	if r.launch == nil {
 		r.launch = defaultLaunch(bin, log)
@@ -214,6 +234,10 @@ func (r *Registry) ConfigPath() string { return r.configPath }
 
 // StateDir returns the resolved, absolute state dir.
 func (r *Registry) StateDir() string { return r.stateDir }
+
+// OrphanGrace returns the grace period of Prune (Options.OrphanGrace or
+// DefaultOrphanGrace).
+func (r *Registry) OrphanGrace() time.Duration { return r.grace }
 
 // LogLevel returns the resolved log level, or "" when nothing set one.
 func (r *Registry) LogLevel() string { return r.logLevel }
@@ -324,6 +348,12 @@ type Lease struct {
 	// Drift is set when the adopted sandbox's LabelSpecHash differs from the rule's
 	// current spec (the config changed since it was created).
 	Drift bool
+	// Recreated is set when the session had a sandbox before and this call had to
+	// create a new, empty one: retention removed the old one (idle_ttl with
+	// idle_action "remove", max_age) or it vanished from its driver. Files written
+	// there are gone; RecreatedReason says why. Callers should tell the user.
+	Recreated       bool
+	RecreatedReason string
 }
 
 // pending is an acquired sandbox whose session lock is still held and whose record
@@ -371,6 +401,16 @@ func (r *Registry) acquire(ctx context.Context, session string) (*pending, error
 	if err != nil {
 		return fail(fmt.Errorf("session %q: %w", session, err))
 	}
+	old, recorded, err := r.store.get(session)
+	if err != nil {
+		return fail(fmt.Errorf("session %q: %w", session, err))
+	}
+	hadOld := recorded && old.Sandbox == name && old.Driver == rule.Driver
+	if hadOld {
+		if old, err = r.expireOwn(ctx, b, rule, old); err != nil {
+			return fail(fmt.Errorf("session %q: %w", session, err))
+		}
+	}
 	p.madeDir = !fileExists(p.dir)
 	if err := os.MkdirAll(filepath.Dir(p.dir), 0o700); err != nil {
 		return fail(stateDirError(r.stateDir, err.Error()))
@@ -382,7 +422,7 @@ func (r *Registry) acquire(ctx context.Context, session string) (*pending, error
 	if err := r.pull(ctx, b, rule, session, name); err != nil {
 		return fail(r.dropDir(p, err))
 	}
-	now := time.Now().UTC()
+	now := r.now()
 	spec.Labels[backend.LabelCreated] = now.Format(time.RFC3339)
 	sb, err := b.Create(ctx, backend.CreateRequest{Spec: spec, Agent: files})
 	if err != nil {
@@ -406,6 +446,10 @@ func (r *Registry) acquire(ctx context.Context, session string) (*pending, error
 		Session: session, Driver: rule.Driver, Backend: b, Sandbox: name, Rule: rule,
 		Created: !sb.Adopted, Drift: sb.Adopted && have != want,
 	}
+	if hadOld && !sb.Adopted {
+		p.lease.Recreated, p.lease.RecreatedReason = true, recreatedReason(old, rule.Driver)
+		r.log.Warn("session's sandbox was gone; created a new one", "session", session, "sandbox", name, "reason", p.lease.RecreatedReason)
+	}
 	p.rec = record{
 		Session: session, Driver: rule.Driver, Sandbox: name, Scope: rule.Glob,
 		SpecHash: have, Created: created, LastUsed: now,
@@ -413,7 +457,7 @@ func (r *Registry) acquire(ctx context.Context, session string) (*pending, error
 	if p.lease.Drift {
 		r.log.Warn("sandbox differs from its rule's current spec (drift)", "session", session, "sandbox", name, "rule", rule.Pos())
 	}
-	if old, ok, err := r.store.get(session); err == nil && ok && (old.Sandbox != name || old.Driver != rule.Driver) {
+	if recorded && !hadOld {
 		r.log.Warn("session moves to another sandbox; the old one is left for prune", "session", session,
 			"old_driver", old.Driver, "old_sandbox", old.Sandbox, "driver", rule.Driver, "sandbox", name)
 	}
@@ -479,6 +523,9 @@ func (r *Registry) release(p *pending, failed bool) {
 	if failed {
 		remove = !r.recorded(p.spec.Name)
 	}
+	if remove {
+		os.Remove(r.busyPath(p.spec.Name))
+	}
 	p.lock.unlock(remove)
 }
 
@@ -502,6 +549,13 @@ func (r *Registry) recorded(sandbox string) bool {
 // started or configured; the driver's Create error (ErrConflict when the name is
 // held by something not ours, ErrUnavailable, ...), wrapped with the session and
 // sandbox. A failed Acquire leaves the store unchanged and no new sandbox behind.
+//
+// Before it uses the session's recorded sandbox, Acquire applies the rule's
+// idle_ttl and max_age to it (and to nothing else): an idle sandbox with
+// idle_action "stop" is stopped and started again, one with "remove" or past
+// max_age is removed (its record marked so, even when the call then fails) and
+// replaced, and the Lease says Recreated with the reason. The same holds for a
+// recorded sandbox that its driver no longer has.
 func (r *Registry) Acquire(ctx context.Context, session string) (*Lease, error) {
 	p, err := r.acquire(ctx, session)
 	if err != nil {
@@ -522,6 +576,9 @@ func (r *Registry) Acquire(ctx context.Context, session string) (*Lease, error) 
 // again when Wait returns. Errors: those of Acquire and of the driver's Exec
 // (ErrInvalid for a missing req.Dir, ...); when Exec fails in a sandbox that this
 // call created, the sandbox is removed again and the store is left unchanged.
+// Expiry and Lease.Recreated are as for Acquire. Until Wait returns, the exec holds
+// a shared flock on STATE/locks/SANDBOX.busy, so no berth process counts the
+// sandbox as idle; call Wait for every started exec.
 func (r *Registry) Exec(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *Lease, error) {
 	p, err := r.acquire(ctx, session)
 	if err != nil {
@@ -529,42 +586,61 @@ func (r *Registry) Exec(ctx context.Context, session string, req backend.ExecReq
 	}
 	req.Env = withDefaultEnv(p.lease.Rule, req.Env)
 	req.Session = session
-	proc, err := p.lease.Backend.Exec(ctx, p.lease.Sandbox, req)
+	// The busy marker is taken under the sandbox's lock, so Prune, which checks it
+	// under the same lock, never sees a started exec as idle.
+	busy, madeBusy, err := holdBusy(r.busyPath(p.lease.Sandbox))
 	if err != nil {
 		r.undo(p)
 		r.release(p, true)
-		return nil, nil, fmt.Errorf("session %q: exec in sandbox %s: %w", session, p.lease.Sandbox, err)
+		return nil, nil, fmt.Errorf("session %q: %w", session, err)
 	}
-	p.rec.LastUsed = time.Now().UTC()
+	proc, err := p.lease.Backend.Exec(ctx, p.lease.Sandbox, req)
+	if err != nil {
+		busy.unlock(madeBusy)
+		r.undo(p)
+		r.release(p, true)
+		return nil, nil, fmt.Errorf("session %q: exec in sandbox %s: %w", session, p.lease.Sandbox, r.crashed(p.lease.Driver, err))
+	}
+	p.rec.LastUsed = r.now()
 	if err := r.store.put(p.rec); err != nil {
 		proc.Signal(9)
 		proc.Wait()
+		busy.unlock(madeBusy)
 		r.undo(p)
 		r.release(p, true)
 		return nil, nil, fmt.Errorf("session %q: recording sandbox %s: %w", session, p.lease.Sandbox, err)
 	}
 	r.release(p, false)
-	return &touchProcess{Process: proc, r: r, session: session, sandbox: p.lease.Sandbox}, p.lease, nil
+	return &touchProcess{Process: proc, r: r, session: session, sandbox: p.lease.Sandbox, driver: p.lease.Driver, busy: busy}, p.lease, nil
 }
 
-// touchProcess records the session's last use when Wait returns.
+// touchProcess records the session's last use when Wait returns, and holds the
+// sandbox's busy marker until then.
 type touchProcess struct {
 	backend.Process
 	r       *Registry
 	session string
 	sandbox string
+	driver  string
+	busy    *fileLock
 	once    sync.Once
 }
 
-// Wait waits for the exec (see backend.Process) and then records the session's last
-// use; a failure to record is logged, not returned.
+// Wait waits for the exec (see backend.Process), records the session's last use
+// and releases the sandbox's busy marker (so the sandbox counts as idle from now
+// on); a failure to record is logged, not returned. When the driver's plugin
+// crashed during the exec, the error (ErrUnavailable) says so.
 func (t *touchProcess) Wait() (backend.ExecResult, error) {
 	res, err := t.Process.Wait()
 	t.once.Do(func() {
-		if terr := t.r.store.touch(t.session, t.sandbox, time.Now()); terr != nil {
+		if terr := t.r.store.touch(t.session, t.sandbox, t.r.now()); terr != nil {
 			t.r.log.Warn("recording last use", "session", t.session, "error", terr)
 		}
+		t.busy.unlock(false)
 	})
+	if err != nil {
+		err = t.r.crashed(t.driver, err)
+	}
 	return res, err
 }
 
@@ -674,6 +750,7 @@ func (r *Registry) removeSession(ctx context.Context, session string) error {
 	if err := os.RemoveAll(r.sandboxDir(rec.Sandbox)); err != nil {
 		r.log.Warn("deleting sandbox dir", "dir", r.sandboxDir(rec.Sandbox), "error", err)
 	}
+	os.Remove(r.busyPath(rec.Sandbox))
 	removed = true
 	return nil
 }
@@ -685,10 +762,13 @@ type SessionInfo struct {
 	Driver  string
 	Sandbox string
 	Scope   string
-	// State is the driver's state (created, running, stopped), "missing" when the
-	// driver no longer has the sandbox, or "unknown" when it could not be asked (see
-	// Error).
+	// State is the driver's state (created, running, stopped), "removed" when
+	// retention removed the sandbox (RemovedReason says why; the next exec creates a
+	// new one and says so), "missing" when the driver no longer has it for another
+	// reason, or "unknown" when it could not be asked (see Error).
 	State string
+	// RemovedReason is why retention removed the sandbox (State "removed"), or "".
+	RemovedReason string
 	// Created is the sandbox's creation time; LastUsed the session's last use (UTC).
 	Created  time.Time
 	LastUsed time.Time
@@ -703,6 +783,7 @@ type SessionInfo struct {
 // Session states that Sessions reports beside backend.State values.
 const (
 	StateMissing = "missing"
+	StateRemoved = "removed"
 	StateUnknown = "unknown"
 )
 
@@ -731,6 +812,9 @@ func (r *Registry) Sessions(ctx context.Context) ([]SessionInfo, error) {
 			si.Error = err.Error()
 		} else if sb, err := b.Inspect(ctx, rec.Sandbox); errors.Is(err, backend.ErrNotFound) {
 			si.State = StateMissing
+			if !rec.Removed.IsZero() {
+				si.State, si.RemovedReason = StateRemoved, rec.RemovedReason
+			}
 		} else if err != nil {
 			si.Error = err.Error()
 		} else {

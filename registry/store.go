@@ -45,6 +45,12 @@ type record struct {
 	SpecHash string    `json:"spec_hash"`
 	Created  time.Time `json:"created"`
 	LastUsed time.Time `json:"last_used"`
+	// Removed is when retention (idle_ttl with idle_action "remove", max_age)
+	// removed the sandbox while keeping the record, so the session's next exec can
+	// say that its sandbox is new (Lease.Recreated); zero otherwise. RemovedReason
+	// says why.
+	Removed       time.Time `json:"removed,omitzero"`
+	RemovedReason string    `json:"removed_reason,omitempty"`
 }
 
 // store is the bbolt state store, opened for each transaction so that concurrent
@@ -279,7 +285,52 @@ func (s *store) put(r record) error {
 
 func (r record) equal(o record) bool {
 	return r.Session == o.Session && r.Driver == o.Driver && r.Sandbox == o.Sandbox && r.Scope == o.Scope &&
-		r.SpecHash == o.SpecHash && r.Created.Equal(o.Created) && r.LastUsed.Equal(o.LastUsed)
+		r.SpecHash == o.SpecHash && r.Created.Equal(o.Created) && r.LastUsed.Equal(o.LastUsed) &&
+		r.Removed.Equal(o.Removed) && r.RemovedReason == o.RemovedReason
+}
+
+// markRemoved sets Removed and RemovedReason on every record that points at sandbox
+// on driver (and is not marked yet), and returns their sessions.
+func (s *store) markRemoved(driver, sandbox string, t time.Time, reason string) ([]string, error) {
+	var marked []string
+	err := s.update(func(tx *bolt.Tx) error {
+		marked = nil
+		b := tx.Bucket(bucketSessions)
+		var recs []record
+		err := b.ForEach(func(k, v []byte) error {
+			var r record
+			if json.Unmarshal(v, &r) == nil && r.Driver == driver && r.Sandbox == sandbox && r.Removed.IsZero() {
+				recs = append(recs, r)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, r := range recs {
+			r.Removed, r.RemovedReason = t.UTC(), reason
+			if err := putRecord(tx, r); err != nil {
+				return err
+			}
+			marked = append(marked, r.Session)
+		}
+		return nil
+	})
+	return marked, err
+}
+
+// putIfAbsent writes r unless session r.Session already has a record; it reports
+// whether it wrote.
+func (s *store) putIfAbsent(r record) (bool, error) {
+	wrote := false
+	err := s.update(func(tx *bolt.Tx) error {
+		if _, ok, err := getRecord(tx, r.Session); err != nil || ok {
+			return err
+		}
+		wrote = true
+		return putRecord(tx, r)
+	})
+	return wrote, err
 }
 
 // forgetSandbox deletes every record that points at sandbox on driver and returns

@@ -50,3 +50,13 @@ func defaultPrepareAgent(stateDir, src string) PrepareAgentFunc {
 		return agent.PrepareSandbox(sandboxDir, b)
 	}
 }
+
+// currentAgentHash returns the content hash under which Install keeps the agent
+// binary src in stateDir (installing it if missing), or "\x00" when it cannot.
+func currentAgentHash(stateDir, src string) string {
+	b, err := agent.Install(stateDir, src)
+	if err != nil {
+		return "\x00"
+	}
+	return b.Hash
+}

@@ -63,6 +63,7 @@ type env struct {
 	state  string
 	xdg    string
 	config string
+	extra  []string // more KEY=VALUE for every berth run
 }
 
 func newEnv(t *testing.T) *env {
@@ -112,7 +113,7 @@ func (e *env) environ() []string {
 	if e.config != "" {
 		out = append(out, "BERTH_CONFIG="+e.config)
 	}
-	return out
+	return append(out, e.extra...)
 }
 
 type result struct {
@@ -551,7 +552,7 @@ func TestExecExitCodes(t *testing.T) {
 }
 
 // execJSONKeys are the keys of `berth exec --json`, and no others.
-var execJSONKeys = []string{"driver", "duration_ms", "exit_code", "oom_killed", "sandbox", "session", "signal",
+var execJSONKeys = []string{"driver", "duration_ms", "exit_code", "oom_killed", "recreated", "sandbox", "session", "signal",
 	"stderr", "stderr_truncated_bytes", "stdout", "stdout_truncated_bytes", "timed_out"}
 
 var sandboxName = regexp.MustCompile(`^b-[0-9a-f]{8}-[0-9a-f]{16}$`)
@@ -625,7 +626,7 @@ func TestExecJSON(t *testing.T) {
 		want := map[string]any{
 			"exit_code": 5.0, "signal": 0.0, "timed_out": false, "oom_killed": false, "session": "main",
 			"driver": "local", "stdout": "out\uFFFD\n", "stderr": "err\n",
-			"stdout_truncated_bytes": 0.0, "stderr_truncated_bytes": 0.0,
+			"stdout_truncated_bytes": 0.0, "stderr_truncated_bytes": 0.0, "recreated": false,
 		}
 		for k, v := range want {
 			if m[k] != v {
@@ -1476,6 +1477,32 @@ func TestConcurrentExecs(t *testing.T) {
 	}
 	if len(rows) != sessions || len(sandboxes) != sessions {
 		t.Errorf("sessions: %d rows over %d sandboxes; want %d and %d: %+v", len(rows), len(sandboxes), sessions, sessions, rows)
+	}
+	// The driver itself holds exactly one sandbox per session, each recorded (no
+	// sandbox that a lost record left unrecorded), and no exec is still marked in
+	// flight.
+	rep := decodePrune(t, e.must("prune", "--dry-run", "--json"))
+	if len(rep.Drivers) != 1 || rep.Drivers[0].Sandboxes != sessions {
+		t.Errorf("prune lists %+v, want %d sandboxes on local", rep.Drivers, sessions)
+	}
+	for _, a := range rep.Actions {
+		if a.Sandbox != "" && (a.Action != "keep" || a.Cause != "recorded" || len(a.Sessions) != 1 || !sandboxes[a.Sandbox]) {
+			t.Errorf("after concurrent execs, prune says: %+v", a)
+		}
+	}
+	busy, _ := filepath.Glob(filepath.Join(e.state, "locks", "*.busy"))
+	if len(busy) != sessions {
+		t.Errorf("busy markers %v, want one per sandbox", busy)
+	}
+	for _, p := range busy {
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			t.Errorf("busy marker %s is still held after every berth exec ended: %v", p, err)
+		}
+		f.Close()
 	}
 }
 

@@ -63,6 +63,7 @@ func newConfigCmd(g *globals) *cobra.Command {
 			}
 			if d := ex.Rule.Retention.IdleTTL; d > 0 {
 				out.Retention.IdleTTL = d.String()
+				out.Retention.IdleAction = string(ex.Rule.Retention.IdleAction)
 			}
 			if d := ex.Rule.Retention.MaxAge; d > 0 {
 				out.Retention.MaxAge = d.String()
@@ -76,7 +77,11 @@ func newConfigCmd(g *globals) *cobra.Command {
 			fmt.Fprintf(w, "driver:    %s\n", out.Driver)
 			fmt.Fprintf(w, "isolation: %s\n", out.Isolation)
 			fmt.Fprintf(w, "sandbox:   %s\n", out.Sandbox)
-			fmt.Fprintf(w, "retention: on_close=%s idle_ttl=%s max_age=%s\n", out.Retention.OnClose, orNone(out.Retention.IdleTTL), orNone(out.Retention.MaxAge))
+			idle := orNone(out.Retention.IdleTTL)
+			if out.Retention.IdleAction != "" {
+				idle += " idle_action=" + out.Retention.IdleAction
+			}
+			fmt.Fprintf(w, "retention: on_close=%s idle_ttl=%s max_age=%s\n", out.Retention.OnClose, idle, orNone(out.Retention.MaxAge))
 			fmt.Fprintln(w, "spec:")
 			b, _ := json.MarshalIndent(out.Spec, "  ", "  ")
 			fmt.Fprintf(w, "  %s\n", b)
@@ -128,9 +133,10 @@ type explainJSON struct {
 }
 
 type retentionJSON struct {
-	OnClose string `json:"on_close"`
-	IdleTTL string `json:"idle_ttl,omitempty"`
-	MaxAge  string `json:"max_age,omitempty"`
+	OnClose    string `json:"on_close"`
+	IdleTTL    string `json:"idle_ttl,omitempty"`
+	IdleAction string `json:"idle_action,omitempty"`
+	MaxAge     string `json:"max_age,omitempty"`
 }
 
 func orNone(s string) string {

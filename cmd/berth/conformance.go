@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
 	"regexp"
 	"strings"
@@ -26,6 +27,7 @@ type conformanceFlags struct {
 	json   bool
 	junit  string
 	image  string
+	hook   string
 }
 
 func newConformanceCmd(g *globals) *cobra.Command {
@@ -56,6 +58,7 @@ Exit status: 0 when no case failed, 1 when any failed, 125 when the suite could 
 	fl.BoolVar(&f.list, "list", false, "list the cases (after --run/--skip) and exit")
 	fl.BoolVar(&f.json, "json", false, "print the report as JSON on stdout")
 	fl.StringVar(&f.junit, "junit", "", "also write the report as JUnit XML to FILE")
+	fl.StringVar(&f.hook, "restart-hook", "", "shell command that restarts the driver's runtime (e.g. 'systemctl restart docker'); recovery/runtime-restart runs only with it")
 	fl.StringVar(&f.image, "image", "", "image for drivers with their own filesystem (default: import berth's busybox test image, built from the host's static busybox)")
 	fl.BoolVar(&g.inProcess, "in-process", false, "run a built-in driver inside this process instead of through its plugin")
 	return cmd
@@ -124,15 +127,28 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 		return failure(err)
 	}
 	defer os.RemoveAll(tmp)
+	var restart func(context.Context) error
 	regOpts := registry.Options{BerthBinary: self, Logger: g.logger()}
 	if g.inProcess {
 		regOpts.InProcess = builtinDrivers()
 	}
+	if f.hook != "" {
+		hook := f.hook
+		restart = func(ctx context.Context) error {
+			out, err := exec.CommandContext(ctx, "sh", "-c", hook).CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("--restart-hook %q: %v; output: %s", hook, err, strings.TrimSpace(string(out)))
+			}
+			return nil
+		}
+	}
 	opts := conformance.Options{
-		AgentBinary:  self,
-		StateDir:     tmp,
-		Image:        image,
-		OpenRegistry: conformance.RegistryOpener(regOpts),
+		RestartRuntime: restart,
+		AgentBinary:    self,
+		StateDir:       tmp,
+		Image:          image,
+		OpenRegistry:   conformance.RegistryOpener(regOpts),
+		BerthEnv:       berthEnv(g),
 		OnCase: func(c conformance.CaseReport) {
 			line := fmt.Sprintf("%-4s %s (%d ms)", c.Status, c.FullName(), c.DurationMS)
 			if c.Reason != "" {
@@ -215,4 +231,13 @@ func conformanceImage(ctx context.Context, b backend.TerminalBackend, flag strin
 func firstLine(s string) string {
 	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
 	return s
+}
+
+// berthEnv is what the berth processes that the recovery cases start need of this
+// one's flags: the log level (state dir and config come from the case's registry).
+func berthEnv(g *globals) []string {
+	if g.logLevel != "" {
+		return []string{registry.EnvLog + "=" + g.logLevel}
+	}
+	return nil
 }

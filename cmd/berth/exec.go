@@ -15,6 +15,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/output"
+	"github.com/berth-sh/berth/registry"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 )
@@ -101,6 +102,8 @@ type execJSON struct {
 	Session              string `json:"session"`
 	Driver               string `json:"driver"`
 	Sandbox              string `json:"sandbox"`
+	Recreated            bool   `json:"recreated"`
+	RecreatedReason      string `json:"recreated_reason,omitempty"`
 	Stdout               string `json:"stdout"`
 	Stderr               string `json:"stderr"`
 	StdoutTruncatedBytes int64  `json:"stdout_truncated_bytes"`
@@ -193,6 +196,9 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 	if err != nil {
 		return failure(err)
 	}
+	if lease.Recreated && !f.json {
+		reportRecreated(f.session, lease)
+	}
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
@@ -241,6 +247,7 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 		out := execJSON{
 			ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
 			DurationMS: res.Duration.Milliseconds(), Session: f.session, Driver: lease.Driver, Sandbox: lease.Sandbox,
+			Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason,
 		}
 		out.Stdout, out.StdoutTruncatedBytes = outCap.Text()
 		out.Stderr, out.StderrTruncatedBytes = errCap.Text()
@@ -322,4 +329,10 @@ func errorsIsAny(err error, kinds ...error) bool {
 		}
 	}
 	return false
+}
+
+// reportRecreated says on stderr, in one line, that session's sandbox is new: the
+// files of the old one are gone (never silently).
+func reportRecreated(session string, lease *registry.Lease) {
+	fmt.Fprintf(os.Stderr, "berth: session %s: %s\n", session, lease.RecreatedReason)
 }

@@ -7,7 +7,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/docker"
@@ -88,12 +90,17 @@ Without a config file every session runs on the local driver.`,
 	pf.MarkHidden("in-process")
 
 	root.AddCommand(
-		newExecCmd(g), newShellCmd(g), newSessionsCmd(g), newCloseCmd(g), newRmCmd(g),
+		newExecCmd(g), newShellCmd(g), newSessionsCmd(g), newCloseCmd(g), newRmCmd(g), newPruneCmd(g),
 		newDriversCmd(g), newConfigCmd(g), newConformanceCmd(g), newVersionCmd(),
 		newDriverCmd(g), newImageCmd(g), newJobCmd(g),
 	)
 	return root
 }
+
+// envClockOffset shifts berth's clock for retention by a duration (7d, 36h, -1h):
+// `BERTH_CLOCK_OFFSET=7d berth prune --dry-run` shows what will have expired in a
+// week. Tests use it instead of waiting.
+const envClockOffset = "BERTH_CLOCK_OFFSET"
 
 // open opens the registry with the global flags.
 func (g *globals) open(ctx context.Context) (*registry.Registry, error) {
@@ -111,6 +118,16 @@ func (g *globals) open(ctx context.Context) (*registry.Registry, error) {
 	}
 	if g.inProcess {
 		opts.InProcess = builtinDrivers()
+	}
+	if v := os.Getenv(envClockOffset); v != "" {
+		off, err := registry.ParseDuration(strings.TrimPrefix(v, "-"))
+		if err != nil {
+			return nil, backend.Errorf(backend.ErrInvalid, "%s=%q: %v; use a duration such as 7d or 36h (a leading - goes back)", envClockOffset, v, err)
+		}
+		if strings.HasPrefix(v, "-") {
+			off = -off
+		}
+		opts.Now = func() time.Time { return time.Now().Add(off) }
 	}
 	r, err := registry.Open(ctx, opts)
 	if err != nil {

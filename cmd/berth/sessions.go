@@ -35,6 +35,7 @@ func newSessionsCmd(g *globals) *cobra.Command {
 					rows = append(rows, sessionJSON{
 						Session: s.Session, Driver: s.Driver, Sandbox: s.Sandbox, Scope: s.Scope, State: s.State,
 						Created: s.Created, LastUsed: s.LastUsed, Drift: s.Drift, DriftReason: s.DriftReason, Error: s.Error,
+						RemovedReason: s.RemovedReason,
 					})
 				}
 				return printJSON(rows)
@@ -68,6 +69,8 @@ type sessionJSON struct {
 	Drift       bool      `json:"drift"`
 	DriftReason string    `json:"drift_reason,omitempty"`
 	Error       string    `json:"error,omitempty"`
+	// RemovedReason is why retention removed the sandbox (state "removed").
+	RemovedReason string `json:"removed_reason,omitempty"`
 }
 
 func ago(t time.Time) string {

@@ -56,9 +56,12 @@ func runShell(ctx context.Context, g *globals, session string) error {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	p, _, err := reg.Exec(ctx, session, backend.ExecRequest{Argv: shellArgv, TTY: true, Size: size, Stdin: true, Stdout: os.Stdout})
+	p, lease, err := reg.Exec(ctx, session, backend.ExecRequest{Argv: shellArgv, TTY: true, Size: size, Stdin: true, Stdout: os.Stdout})
 	if err != nil {
 		return failure(err)
+	}
+	if lease.Recreated {
+		reportRecreated(session, lease)
 	}
 	state, err := term.MakeRaw(in)
 	if err != nil {

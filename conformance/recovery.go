@@ -1,0 +1,248 @@
+package conformance
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/registry"
+)
+
+func recoveryCases() []Case {
+	g := "recovery"
+	return []Case{
+		{Group: g, Name: "host-sigkill", Requires: "a registry (Options.OpenRegistry) and the berth binary (Options.AgentBinary)", Run: caseHostSIGKILL},
+		{Group: g, Name: "plugin-sigkill", Requires: "a registry whose driver runs as a plugin", Run: casePluginSIGKILL},
+		{Group: g, Name: "runtime-restart", Requires: "a registry, and a way to restart the runtime (Options.RestartRuntime, berth conformance --restart-hook)", Serial: true, Run: caseRuntimeRestart},
+	}
+}
+
+// alive reports whether the process whose pid the sandbox file pidFile holds is
+// still running, asked in the sandbox through the registry.
+func alive(t T, r *registry.Registry, session, pidFile string) bool {
+	t.Helper()
+	out, _ := regExec(t, r, session, `if kill -0 "$(cat "$1")" 2>/dev/null; then echo alive; else echo gone; fi`, pidFile)
+	return strings.TrimSpace(out) == "alive"
+}
+
+// hostAlive reports whether pid runs on this host (a zombie counts as gone).
+func hostAlive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	ps := parseStat(string(b))
+	return len(ps) == 1 && ps[0].live()
+}
+
+// children returns the pids of this host's processes whose parent is pid.
+func children(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		for _, p := range parseStat(string(b)) {
+			if p.PPID == pid && p.live() {
+				out = append(out, p.PID)
+			}
+		}
+	}
+	return out
+}
+
+// berthEnv is the environment of a berth process that shares r's state and config.
+func (h *Harness) berthEnv(r *registry.Registry) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "BERTH_") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env, registry.EnvStateDir+"="+r.StateDir(), registry.EnvConfig+"="+r.ConfigPath())
+	return append(env, h.Options.BerthEnv...)
+}
+
+// kill -9 of a berth process during an exec: no plugin process of it survives, the
+// exec's foreground tree is gone within 2 s, a background process that the session
+// started earlier lives on, and the next call finds the session in the same sandbox.
+func caseHostSIGKILL(t T, h *Harness) {
+	if h.Options.AgentBinary == "" {
+		t.Skip("needs the berth binary (Options.AgentBinary) to run a berth process to kill")
+	}
+	id := randHex(4)
+	r, _ := h.retentionRegistry(t, id)
+	s := "conf-keep-" + id + ":host"
+	lease := startSession(t, r, s)
+	// A background process that an earlier exec of the session left running.
+	regExec(t, r, s, `sleep 600 > /dev/null 2>&1 & echo $! > bg.pid`)
+	cmd := exec.Command(h.Options.AgentBinary, "exec", "-s", s, "--", "sh", "-c",
+		`echo $$ > fg.pid; echo started; exec sleep 600`)
+	cmd.Env = h.berthEnv(r)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting %s exec: %v", h.Options.AgentBinary, err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	started := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		ok := sc.Scan() && sc.Text() == "started"
+		started <- ok
+		for sc.Scan() {
+		}
+	}()
+	select {
+	case ok := <-started:
+		if !ok {
+			cmd.Wait()
+			t.Fatalf("berth exec did not start the command; stderr %q", stderr.String())
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("berth exec did not start the command within 2 minutes; stderr %q", stderr.String())
+	}
+	plugins := children(cmd.Process.Pid)
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	killed := time.Now()
+	if !poll(t.Context(), 2*time.Second, 50*time.Millisecond, func() bool { return !alive(t, r, s, "fg.pid") }) {
+		t.Errorf("the foreground exec of a berth killed with SIGKILL still runs %s later", time.Since(killed).Round(time.Millisecond))
+	}
+	if !poll(t.Context(), 5*time.Second, 50*time.Millisecond, func() bool {
+		for _, p := range plugins {
+			if hostAlive(p) {
+				return false
+			}
+		}
+		return true
+	}) {
+		var left []int
+		for _, p := range plugins {
+			if hostAlive(p) {
+				left = append(left, p)
+			}
+		}
+		t.Errorf("child processes (driver plugins) of the killed berth still run 5s later: %v", left)
+	}
+	if !alive(t, r, s, "bg.pid") {
+		t.Error("the background process that the killed berth's exec started is gone")
+	}
+	readBack(t, r, s, lease)
+}
+
+// pider is the part of a plugin client that says which process serves it.
+type pider interface{ Pid() int }
+
+// kill -9 of the driver's plugin during an exec in a long-lived registry: the exec
+// returns promptly with an error saying the driver crashed, the exec's tree is
+// gone, the registry starts the plugin again, and the next exec of the session
+// works in the same sandbox.
+func casePluginSIGKILL(t T, h *Harness) {
+	id := randHex(4)
+	r, _ := h.retentionRegistry(t, id)
+	s := "conf-keep-" + id + ":plugin"
+	lease := startSession(t, r, s)
+	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
+	defer cancel()
+	b, err := r.Backend(ctx, h.Info.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, ok := b.(pider)
+	if !ok {
+		t.Skipf("the registry runs driver %s in process: there is no plugin to kill (run the suite with a plugin registry)", h.Info.Name)
+	}
+	pid := p.Pid()
+	proc, _, err := r.Exec(t.Context(), s, backend.ExecRequest{Argv: []string{"sh", "-c", `echo $$ > fg.pid; exec sleep 600`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		res backend.ExecResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := proc.Wait()
+		done <- result{res, err}
+	}()
+	// The exec has started once its pid file is there.
+	if !poll(t.Context(), time.Minute, 20*time.Millisecond, func() bool {
+		out, _ := regExec(t, r, s, `test -s fg.pid && echo yes || true`)
+		return out == "yes\n"
+	}) {
+		t.Fatal("the exec did not start within a minute")
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing the plugin (pid %d): %v", pid, err)
+	}
+	killed := time.Now()
+	select {
+	case got := <-done:
+		if got.err == nil || !errors.Is(got.err, backend.ErrUnavailable) || !strings.Contains(got.err.Error(), "crashed") {
+			t.Errorf("Wait after the plugin was killed: %+v, %v; want an ErrUnavailable saying the driver crashed", got.res, got.err)
+		}
+		if d := time.Since(killed); d > 5*time.Second {
+			t.Errorf("Wait returned %s after the plugin was killed, want promptly", d.Round(time.Millisecond))
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Wait did not return within 30s of the plugin being killed")
+	}
+	if !poll(t.Context(), 5*time.Second, 50*time.Millisecond, func() bool { return !alive(t, r, s, "fg.pid") }) {
+		t.Error("the exec's process still runs 5s after its plugin was killed")
+	}
+	readBack(t, r, s, lease)
+	b2, err := r.Backend(ctx, h.Info.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p2, ok := b2.(pider); !ok || p2.Pid() == pid {
+		t.Errorf("the registry did not start the plugin again (pid %d before and after)", pid)
+	}
+}
+
+// After the runtime restarts, sessions come back: the next exec starts the sandbox
+// if it is stopped, and its files are there where the driver keeps them.
+func caseRuntimeRestart(t T, h *Harness) {
+	if h.Options.RestartRuntime == nil {
+		t.Skip("no way to restart the runtime was given (Options.RestartRuntime, berth conformance --restart-hook); restarting a shared daemon is never done without one")
+	}
+	id := randHex(4)
+	r, _ := h.retentionRegistry(t, id)
+	s := "conf-keep-" + id + ":restart"
+	lease := startSession(t, r, s)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	if err := h.Options.RestartRuntime(ctx); err != nil {
+		t.Fatalf("restarting the runtime: %v", err)
+	}
+	t.Logf("after the runtime restart the sandbox is %s", sandboxState(t, lease.Backend, lease.Sandbox))
+	if h.Info.Capabilities.StopStart {
+		readBack(t, r, s, lease)
+		return
+	}
+	out, again := regExec(t, r, s, "echo back")
+	if out != "back\n" || again.Sandbox != lease.Sandbox {
+		t.Errorf("exec after the runtime restart: %q in %s, want it in %s", out, again.Sandbox, lease.Sandbox)
+	}
+	t.Logf("the driver does not keep files across a stop (StopStart false); checked only that the session works (recreated: %v)", again.Recreated)
+}

@@ -1,0 +1,565 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/berth-sh/berth/backend"
+)
+
+// Prune actions (PruneAction.Action).
+const (
+	// PruneKeep leaves the sandbox or file as it is (Cause says why).
+	PruneKeep = "keep"
+	// PruneAdopt records an unrecorded sandbox of ours again.
+	PruneAdopt = "adopt"
+	// PruneStop stops the sandbox; its files stay and its next exec starts it.
+	PruneStop = "stop"
+	// PruneRemove removes the sandbox with its files.
+	PruneRemove = "remove"
+	// PruneDelete deletes a file or directory of the state dir that nothing
+	// references (PruneAction.Path).
+	PruneDelete = "delete"
+)
+
+// PruneOptions configure Prune.
+type PruneOptions struct {
+	// DryRun reports what Prune would do and changes nothing.
+	DryRun bool
+	// Owner, when set and not this state dir's owner id, makes Prune clean up after
+	// a lost state dir: every sandbox labelled with that owner, past the grace
+	// period, is removed (CauseOwner), and nothing else is touched. Empty means this
+	// state dir's owner (Registry.Owner).
+	Owner string
+}
+
+// PruneAction is one thing Prune did (or, in a dry run, would do) and why.
+type PruneAction struct {
+	// Driver and Sandbox name the sandbox; empty for file actions.
+	Driver  string `json:"driver,omitempty"`
+	Sandbox string `json:"sandbox,omitempty"`
+	// Sessions are the sessions recorded on the sandbox.
+	Sessions []string `json:"sessions,omitempty"`
+	// State is the sandbox's state before the action (created, running, stopped).
+	State string `json:"state,omitempty"`
+	// Path is the state dir file or directory of a PruneDelete (or kept file).
+	Path string `json:"path,omitempty"`
+	// Action is PruneKeep, PruneAdopt, PruneStop, PruneRemove or PruneDelete.
+	Action string `json:"action"`
+	// Cause is the reason's kind: CauseAge, CauseIdle, CauseInUse, CauseOrphan,
+	// CauseAdopt, CauseGrace, CauseDrift, CauseRecorded or CauseOwner.
+	Cause string `json:"cause"`
+	// Reason says why in words, with the times and settings involved.
+	Reason string `json:"reason"`
+	// Created is the sandbox's creation time; IdleSince its last use (zero when
+	// unknown), both UTC.
+	Created   time.Time `json:"created,omitzero"`
+	IdleSince time.Time `json:"idle_since,omitzero"`
+	// Done is set when the action was carried out (never in a dry run; not for
+	// PruneKeep).
+	Done bool `json:"done"`
+	// Error is why the action failed, or "".
+	Error string `json:"error,omitempty"`
+}
+
+// PruneDriver is one driver's line in a PruneReport.
+type PruneDriver struct {
+	// Name is the driver's name.
+	Name string `json:"name"`
+	// Sandboxes is how many sandboxes of the owner the driver listed.
+	Sandboxes int `json:"sandboxes"`
+	// Error is why the driver could not be started or listed (its runtime is
+	// down, ...); its sandboxes were skipped. Empty when it was reconciled.
+	Error string `json:"error,omitempty"`
+}
+
+// PruneReport is what Prune did.
+type PruneReport struct {
+	// Owner is the owner id whose sandboxes were reconciled.
+	Owner string `json:"owner"`
+	// DryRun is PruneOptions.DryRun.
+	DryRun bool `json:"dry_run"`
+	// At is the registry clock's time of the run (UTC).
+	At time.Time `json:"at"`
+	// Drivers are the configured drivers, sorted by name.
+	Drivers []PruneDriver `json:"drivers"`
+	// Actions are the sandboxes (by driver and name) and then the files, each with
+	// what was done and why.
+	Actions []PruneAction `json:"actions"`
+}
+
+// Failed reports whether a driver could not be reconciled or an action failed.
+func (p *PruneReport) Failed() bool {
+	for _, d := range p.Drivers {
+		if d.Error != "" {
+			return true
+		}
+	}
+	for _, a := range p.Actions {
+		if a.Error != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// validOwner checks a PruneOptions.Owner.
+func validOwner(owner string) error {
+	ok := owner != "" && len(owner) <= 128
+	for i := 0; ok && i < len(owner); i++ {
+		c := owner[i]
+		ok = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.'
+	}
+	if !ok {
+		return backend.Errorf(backend.ErrInvalid, "owner id %s is not valid: an owner id is 1 to 128 characters of A-Z a-z 0-9 - _ . (a state dir's own id is 32 hex digits: see the owner of berth prune --dry-run --json, or the berth.owner label of the sandboxes left behind)", quoteInput(owner))
+	}
+	return nil
+}
+
+// Prune reconciles every configured driver (the drivers of the scope rules, of the
+// recorded sessions and of driver blocks) with the state store and applies
+// retention now:
+//
+//   - sandboxes of ours that the store records get their rule's max_age and
+//     idle_ttl/idle_action (an exec in flight, in any berth process, makes a sandbox
+//     not idle; max_age removes it anyway). Drift is reported, not acted on.
+//   - sandboxes of ours that it does not record (a crash between create and record)
+//     are adopted when a scope rule still maps to them and removed otherwise, but
+//     never while younger than the grace period (Options.OrphanGrace), measured from
+//     LabelCreated.
+//   - sandboxes without our owner label are never listed, stopped or removed.
+//   - per-sandbox directories (STATE/sandboxes/NAME), lock files and agent copies
+//     that nothing references, older than the grace period, are deleted; not when a
+//     driver could not be listed, as its sandboxes may still use them.
+//
+// A driver that cannot be started or listed is reported in PruneReport.Drivers and
+// skipped; the rest go on. Each action holds the sandbox's lock and decides again
+// under it, so it never races an exec starting in another process. Errors: an
+// invalid PruneOptions.Owner (ErrInvalid), or a state dir or store that cannot be
+// used; everything else is reported per driver and action.
+func (r *Registry) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, error) {
+	if err := r.ensure(); err != nil {
+		return nil, err
+	}
+	owner := r.owner
+	foreign := false
+	if opts.Owner != "" {
+		if err := validOwner(opts.Owner); err != nil {
+			return nil, err
+		}
+		owner, foreign = opts.Owner, opts.Owner != r.owner
+	}
+	now := r.now()
+	rep := &PruneReport{Owner: owner, DryRun: opts.DryRun, At: now, Drivers: []PruneDriver{}, Actions: []PruneAction{}}
+	recs, err := r.store.all()
+	if err != nil {
+		return nil, err
+	}
+	listed := map[string]bool{}
+	allListed := true
+	for _, name := range r.configuredDrivers(recs) {
+		pd := PruneDriver{Name: name}
+		b, err := r.driver(ctx, name)
+		var sbs []backend.Sandbox
+		if err == nil {
+			sbs, err = b.List(ctx, map[string]string{backend.LabelOwner: owner})
+			if err != nil {
+				err = fmt.Errorf("listing sandboxes of driver %s: %w", name, r.crashed(name, err))
+			}
+		}
+		if err != nil {
+			pd.Error = err.Error()
+			allListed = false
+			rep.Drivers = append(rep.Drivers, pd)
+			r.log.Warn("prune: driver skipped", "driver", name, "error", err)
+			continue
+		}
+		sort.Slice(sbs, func(i, j int) bool { return sbs[i].Name < sbs[j].Name })
+		for _, sb := range sbs {
+			if sb.Labels[backend.LabelOwner] != owner {
+				continue // never touch what is not labelled ours, whatever List returned
+			}
+			pd.Sandboxes++
+			listed[sb.Name] = true
+			act := r.pruneSandbox(ctx, b, name, sb, foreign, opts.DryRun, now)
+			if act.Action != PruneKeep {
+				r.log.Info("prune", "driver", name, "sandbox", sb.Name, "action", act.Action, "reason", act.Reason, "dry_run", opts.DryRun, "error", act.Error)
+			}
+			rep.Actions = append(rep.Actions, act)
+		}
+		rep.Drivers = append(rep.Drivers, pd)
+	}
+	if !foreign {
+		rep.Actions = append(rep.Actions, r.pruneFiles(listed, allListed, opts.DryRun)...)
+	}
+	return rep, nil
+}
+
+// configuredDrivers returns, sorted, the drivers of the rules, of recs and of the
+// config's driver blocks.
+func (r *Registry) configuredDrivers(recs []record) []string {
+	set := map[string]bool{}
+	for _, rule := range r.cfg.Rules {
+		set[rule.Driver] = true
+	}
+	for _, rec := range recs {
+		set[rec.Driver] = true
+	}
+	for name := range r.cfg.Drivers {
+		set[name] = true
+	}
+	out := make([]string, 0, len(set))
+	for name := range set {
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// sandboxCreated returns a sandbox's creation time: LabelCreated, else the
+// runtime's CreatedAt.
+func sandboxCreated(sb backend.Sandbox) time.Time {
+	if t, err := time.Parse(time.RFC3339, sb.Labels[backend.LabelCreated]); err == nil {
+		return t.UTC()
+	}
+	return sb.CreatedAt.UTC()
+}
+
+// pruneSandbox decides about one listed sandbox of the owner and, unless dry, acts.
+// Outside a dry run it holds the sandbox's lock and decides on a fresh Inspect and
+// store read.
+func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, driver string, sb backend.Sandbox, foreign, dry bool, now time.Time) PruneAction {
+	act := PruneAction{Driver: driver, Sandbox: sb.Name, State: string(sb.State), Action: PruneKeep}
+	failed := func(err error) PruneAction {
+		act.Error = err.Error()
+		return act
+	}
+	removed := false
+	if !dry && !foreign {
+		lock, err := lockFile(ctx, r.lockPath(sb.Name))
+		if err != nil {
+			return failed(err)
+		}
+		defer func() { lock.unlock(removed) }()
+		fresh, err := b.Inspect(ctx, sb.Name)
+		if errors.Is(err, backend.ErrNotFound) {
+			act.Cause, act.Reason = CauseRecorded, "removed meanwhile by another berth process"
+			return act
+		} else if err != nil {
+			return failed(fmt.Errorf("inspecting sandbox %s: %w", sb.Name, err))
+		}
+		if fresh.Labels[backend.LabelOwner] != sb.Labels[backend.LabelOwner] {
+			act.Cause, act.Reason = CauseRecorded, "replaced meanwhile by a sandbox of another owner; left alone"
+			return act
+		}
+		sb = fresh
+		act.State = string(sb.State)
+	}
+	recs, err := r.store.all()
+	if err != nil {
+		return failed(err)
+	}
+	created := sandboxCreated(sb)
+	act.Created = created
+	young := now.Sub(created) < r.grace
+	graceReason := fmt.Sprintf("created %s ago (%s), within the grace period %s: it may be in the middle of a create",
+		FormatDuration(now.Sub(created)), created.Format(time.RFC3339), FormatDuration(r.grace))
+	var rule *Rule
+	switch last, sessions := sandboxUse(recs, driver, sb.Name); {
+	case foreign:
+		if young {
+			act.Cause, act.Reason = CauseGrace, "unrecorded sandbox of owner "+sb.Labels[backend.LabelOwner]+" "+graceReason
+		} else {
+			act.Action, act.Cause = PruneRemove, CauseOwner
+			act.Reason = fmt.Sprintf("carries owner %s, not this state dir's (%s): left behind by a lost state dir (--owner)", sb.Labels[backend.LabelOwner], r.owner)
+		}
+	case len(sessions) > 0:
+		act.Sessions, act.IdleSince = sessions, last
+		var drift string
+		rule, drift = r.ruleOf(driver, sb, sessions)
+		if rule == nil {
+			act.Cause, act.Reason = CauseDrift, drift
+			break
+		}
+		busy, err := isBusy(r.busyPath(sb.Name))
+		if err != nil {
+			return failed(err)
+		}
+		v := retentionVerdict(rule, created, last, sb.State, busy, now)
+		act.Action, act.Cause, act.Reason = v.action, v.cause, v.reason
+		if v.action == PruneKeep && drift != "" && v.cause == CauseRecorded {
+			act.Cause, act.Reason = CauseDrift, drift
+		} else if v.cause == CauseRecorded {
+			act.Reason = fmt.Sprintf("recorded for %s, last used %s; within its retention", strings.Join(sessions, ", "), last.Format(time.RFC3339))
+		}
+	case young:
+		act.Cause, act.Reason = CauseGrace, "unrecorded; "+graceReason
+	default:
+		if rule = r.ruleMapping(driver, sb); rule != nil {
+			act.Action, act.Cause = PruneAdopt, CauseAdopt
+			act.Reason = fmt.Sprintf("ours but unrecorded (a crash between create and record?), and rule %s still maps %q to it", rule.Pos(), sb.Labels[backend.LabelSession])
+			if v := retentionVerdict(rule, created, time.Time{}, sb.State, false, now); v.action == PruneRemove {
+				act.Action, act.Cause, act.Reason = v.action, v.cause, v.reason
+			}
+		} else {
+			act.Action, act.Cause = PruneRemove, CauseOrphan
+			act.Reason = fmt.Sprintf("ours but unrecorded, and no scope rule maps %q to it any more", sb.Labels[backend.LabelSession])
+		}
+	}
+	if dry || act.Action == PruneKeep {
+		return act
+	}
+	switch act.Action {
+	case PruneStop:
+		if err := b.Stop(ctx, sb.Name, 0); err != nil {
+			return failed(fmt.Errorf("stopping sandbox %s: %w", sb.Name, r.crashed(driver, err)))
+		}
+	case PruneRemove:
+		if err := b.Remove(ctx, sb.Name); err != nil {
+			return failed(fmt.Errorf("removing sandbox %s: %w", sb.Name, r.crashed(driver, err)))
+		}
+		removed = !foreign
+		if !foreign {
+			// Records stay, marked, so the sessions' next exec says its sandbox is new.
+			if _, err := r.store.markRemoved(driver, sb.Name, now, act.Reason); err != nil {
+				return failed(fmt.Errorf("sandbox %s is removed, but recording that failed: %w", sb.Name, err))
+			}
+			os.Remove(r.busyPath(sb.Name))
+			if err := os.RemoveAll(r.sandboxDir(sb.Name)); err != nil {
+				r.log.Warn("deleting sandbox dir", "dir", r.sandboxDir(sb.Name), "error", err)
+			}
+		}
+	case PruneAdopt:
+		if rule.Isolation == IsolationSession {
+			key := sb.Labels[backend.LabelSession]
+			rec := record{Session: key, Driver: driver, Sandbox: sb.Name, Scope: rule.Glob,
+				SpecHash: sb.Labels[backend.LabelSpecHash], Created: created, LastUsed: now}
+			if _, err := r.store.putIfAbsent(rec); err != nil {
+				return failed(fmt.Errorf("recording adopted sandbox %s: %w", sb.Name, err))
+			}
+			act.Sessions = []string{key}
+		}
+	}
+	act.Done = true
+	return act
+}
+
+// ruleOf returns the rule that maps one of sessions (recorded on sb) to sb on
+// driver, with a drift note when sb's spec differs from it. When no rule maps them
+// there any more it returns the rule whose glob is sb's LabelScope (if it still
+// exists) and says so in drift; nil when there is none.
+func (r *Registry) ruleOf(driver string, sb backend.Sandbox, sessions []string) (*Rule, string) {
+	for _, s := range sessions {
+		rule, _, err := r.cfg.Match(s)
+		if err != nil || rule.Driver != driver || rule.sandboxName(r.owner, s) != sb.Name {
+			continue
+		}
+		if h := sb.Labels[backend.LabelSpecHash]; h != "" && h != rule.Spec(r.owner, s).Labels[backend.LabelSpecHash] {
+			return rule, fmt.Sprintf("its spec differs from rule %s's (the config changed since it was created); berth rm %s rebuilds it on the next exec", rule.Pos(), s)
+		}
+		return rule, ""
+	}
+	drift := fmt.Sprintf("no scope rule maps %s to this sandbox on driver %s any more; their next exec moves to a new sandbox and this one is then removed as an orphan", strings.Join(sessions, ", "), driver)
+	for i := range r.cfg.Rules {
+		if r.cfg.Rules[i].Glob == sb.Labels[backend.LabelScope] {
+			return &r.cfg.Rules[i], drift
+		}
+	}
+	return nil, drift
+}
+
+// ruleMapping returns the rule that still maps sb's LabelSession to sb on driver,
+// or nil.
+func (r *Registry) ruleMapping(driver string, sb backend.Sandbox) *Rule {
+	key := sb.Labels[backend.LabelSession]
+	if key == "" {
+		return nil
+	}
+	for i := range r.cfg.Rules {
+		rule := &r.cfg.Rules[i]
+		if rule.Isolation == IsolationShared && rule.Driver == driver && rule.Name == key && SharedSandboxName(r.owner, key) == sb.Name {
+			return rule
+		}
+	}
+	if rule, _, err := r.cfg.Match(key); err == nil && rule.Isolation == IsolationSession && rule.Driver == driver && SandboxName(r.owner, key) == sb.Name {
+		return rule
+	}
+	return nil
+}
+
+// pruneFiles deletes per-sandbox dirs, lock files and agent copies that nothing
+// references and that were last modified longer ago than the grace period (real
+// time: Options.Now does not date files). listed holds every sandbox
+// the drivers listed; when allListed is false (a driver was down) sandbox dirs and
+// lock files are kept, as that driver's sandboxes may use them.
+func (r *Registry) pruneFiles(listed map[string]bool, allListed, dry bool) []PruneAction {
+	var out []PruneAction
+	recs, err := r.store.all()
+	if err != nil {
+		return []PruneAction{{Action: PruneKeep, Path: r.stateDir, Cause: CauseRecorded, Error: err.Error()}}
+	}
+	used := map[string]bool{}
+	for name := range listed {
+		used[name] = true
+	}
+	for _, rec := range recs {
+		if rec.Removed.IsZero() {
+			used[rec.Sandbox] = true
+		}
+	}
+	// Files are dated by the file system, in real time, whatever the registry's
+	// clock says: a shifted clock must not make a file being written look old.
+	old := func(fi os.FileInfo) bool { return time.Since(fi.ModTime()) >= r.grace }
+	if !allListed {
+		out = append(out, PruneAction{Path: filepath.Join(r.stateDir, "sandboxes"), Action: PruneKeep, Cause: CauseInUse,
+			Reason: "per-sandbox dirs and lock files are not cleaned while a driver cannot be listed: its sandboxes may use them"})
+	} else {
+		dirs, _ := os.ReadDir(filepath.Join(r.stateDir, "sandboxes"))
+		locks, _ := os.ReadDir(filepath.Join(r.stateDir, "locks"))
+		names := map[string]bool{}
+		for _, d := range dirs {
+			names[d.Name()] = true
+		}
+		for _, l := range locks {
+			if n, ok := strings.CutSuffix(l.Name(), ".lock"); ok {
+				names[n] = true
+			} else if n, ok := strings.CutSuffix(l.Name(), ".busy"); ok {
+				names[n] = true
+			}
+		}
+		sorted := make([]string, 0, len(names))
+		for n := range names {
+			sorted = append(sorted, n)
+		}
+		sort.Strings(sorted)
+		for _, name := range sorted {
+			if used[name] || backend.ValidateSandboxName(name) != nil {
+				continue
+			}
+			out = append(out, r.pruneSandboxFiles(name, old, dry)...)
+		}
+	}
+	out = append(out, r.pruneAgentCopies(old, dry)...)
+	return out
+}
+
+// pruneSandboxFiles deletes the dir, lock and busy marker of sandbox name, which
+// nothing references, under its lock.
+func (r *Registry) pruneSandboxFiles(name string, old func(os.FileInfo) bool, dry bool) []PruneAction {
+	paths := []string{r.sandboxDir(name), r.busyPath(name), r.lockPath(name)}
+	var present []string
+	for _, p := range paths {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			continue
+		}
+		if !old(fi) {
+			return []PruneAction{{Path: p, Action: PruneKeep, Cause: CauseGrace,
+				Reason: fmt.Sprintf("unreferenced, but younger than the grace period %s: a sandbox may be in the middle of a create", FormatDuration(r.grace))}}
+		}
+		present = append(present, p)
+	}
+	mk := func(p string) PruneAction {
+		return PruneAction{Path: p, Action: PruneDelete, Cause: CauseOrphan, Reason: fmt.Sprintf("no session record or sandbox of ours is named %s", name)}
+	}
+	if dry {
+		var out []PruneAction
+		for _, p := range present {
+			out = append(out, mk(p))
+		}
+		return out
+	}
+	lock, ok, err := tryLockFile(r.lockPath(name))
+	if err != nil || !ok {
+		return nil // in use right now: next time
+	}
+	// Decide again under the lock: a create may have recorded it meanwhile.
+	if recs, err := r.store.all(); err != nil || slices.ContainsFunc(recs, func(rec record) bool { return rec.Sandbox == name && rec.Removed.IsZero() }) {
+		lock.unlock(false)
+		return nil
+	}
+	if busy, err := isBusy(r.busyPath(name)); err != nil || busy {
+		lock.unlock(false)
+		return nil
+	}
+	var out []PruneAction
+	for _, p := range present {
+		a := mk(p)
+		var err error
+		if p == r.lockPath(name) {
+			continue // removed by unlock below
+		}
+		if err = os.RemoveAll(p); err != nil {
+			a.Error = err.Error()
+		}
+		a.Done = err == nil
+		out = append(out, a)
+	}
+	lock.unlock(true)
+	if slices.Contains(present, r.lockPath(name)) {
+		a := mk(r.lockPath(name))
+		a.Done = true
+		out = append(out, a)
+	}
+	return out
+}
+
+// isHash reports whether name is a lowercase hex SHA-256, the name of an agent copy.
+func isHash(name string) bool {
+	if len(name) != 64 {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// pruneAgentCopies deletes agent copies (STATE/agent/bin/HASH) that no sandbox
+// dir links to any more and that are not this registry's current agent binary.
+func (r *Registry) pruneAgentCopies(old func(os.FileInfo) bool, dry bool) []PruneAction {
+	dir := filepath.Join(r.stateDir, "agent", "bin")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	current := ""
+	var out []PruneAction
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		fi, err := os.Lstat(p)
+		if err != nil || !fi.Mode().IsRegular() || !old(fi) || !isHash(e.Name()) {
+			continue // temporary files of an Install in progress are not copies yet
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok || st.Nlink > 1 {
+			continue // a sandbox dir still links it
+		}
+		if current == "" {
+			current = currentAgentHash(r.stateDir, r.agentSrc)
+		}
+		if e.Name() == current {
+			continue
+		}
+		a := PruneAction{Path: p, Action: PruneDelete, Cause: CauseOrphan, Reason: "agent copy that no sandbox links to and that is not the current agent binary"}
+		if !dry {
+			if err := os.Remove(p); err != nil {
+				a.Error = err.Error()
+			} else {
+				a.Done = true
+			}
+		}
+		out = append(out, a)
+	}
+	return out
+}

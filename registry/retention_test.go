@@ -1,0 +1,604 @@
+package registry
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berth-sh/berth/backend"
+)
+
+// fakeClock is an Options.Now that moves only when told.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *fakeClock { return &fakeClock{t: time.Now().UTC().Truncate(time.Second)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+const retentionRules = `
+scope "idle-stop:*" {
+  retention {
+    idle_ttl = "1h"
+  }
+}
+scope "idle-rm:*" {
+  retention {
+    idle_ttl    = "1h"
+    idle_action = "remove"
+  }
+}
+scope "old:*" {
+  retention {
+    max_age = "2h"
+  }
+}
+scope "pool:*" {
+  isolation = "shared"
+  name      = "pool"
+  retention {
+    idle_ttl    = "1h"
+    idle_action = "remove"
+  }
+}
+scope "*" {
+}
+`
+
+// openClock opens a registry of e with clock c.
+func (e *env) openClock(c *fakeClock) *Registry {
+	e.t.Helper()
+	opts := e.options()
+	opts.Now = c.Now
+	r, err := Open(context.Background(), opts)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// driver returns the fixture driver the registry r started (the last one made).
+func (e *env) lastDriver() *hostDriver {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.drivers) == 0 {
+		e.t.Fatal("no driver started")
+	}
+	return e.drivers[len(e.drivers)-1]
+}
+
+// longExec starts `cat` with stdin open in session: an exec that runs until the
+// returned function closes its stdin (and waits for it).
+func longExec(t *testing.T, r *Registry, session string) func() {
+	t.Helper()
+	p, _, err := r.Exec(context.Background(), session, backend.ExecRequest{Argv: []string{"cat"}, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		p.CloseStdin()
+		if _, err := p.Wait(); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func prune(t *testing.T, r *Registry, dry bool) *PruneReport {
+	t.Helper()
+	rep, err := r.Prune(context.Background(), PruneOptions{DryRun: dry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// actionFor returns the report's action about sandbox, failing when there is none.
+func actionFor(t *testing.T, rep *PruneReport, sandbox string) PruneAction {
+	t.Helper()
+	for _, a := range rep.Actions {
+		if a.Sandbox == sandbox {
+			return a
+		}
+	}
+	t.Fatalf("prune report has no action for sandbox %s: %+v", sandbox, rep.Actions)
+	return PruneAction{}
+}
+
+func TestIdleStopOnExec(t *testing.T) {
+	e := newEnv(t, retentionRules)
+	clk := newClock()
+	r := e.openClock(clk)
+	run(t, r, "idle-stop:1", "sh", "-c", "echo kept > file")
+	d := e.lastDriver()
+	clk.Advance(59 * time.Minute)
+	run(t, r, "idle-stop:1", "true")
+	if n := d.stops.Load(); n != 0 {
+		t.Fatalf("a sandbox used 59 minutes ago (idle_ttl 1h) was stopped %d times", n)
+	}
+	clk.Advance(61 * time.Minute)
+	out, lease := run(t, r, "idle-stop:1", "cat", "file")
+	if d.stops.Load() != 1 {
+		t.Errorf("an exec after 61 idle minutes (idle_ttl 1h, idle_action stop) stopped the sandbox %d times, want 1", d.stops.Load())
+	}
+	if out != "kept\n" || lease.Recreated || lease.Created {
+		t.Errorf("after an idle stop: output %q, recreated %v, created %v; want the file intact in the same sandbox", out, lease.Recreated, lease.Created)
+	}
+}
+
+func TestIdleRemoveRecreates(t *testing.T) {
+	e := newEnv(t, retentionRules)
+	clk := newClock()
+	r := e.openClock(clk)
+	_, first := run(t, r, "idle-rm:1", "sh", "-c", "echo gone > file")
+	if first.Recreated {
+		t.Error("the first exec of a session says recreated")
+	}
+	clk.Advance(2 * time.Hour)
+	var out bytes.Buffer
+	p, lease, err := r.Exec(context.Background(), "idle-rm:1", backend.ExecRequest{Argv: []string{"sh", "-c", "cat file 2>/dev/null || echo none"}, Stdout: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Wait()
+	if !lease.Recreated || !lease.Created || !strings.Contains(lease.RecreatedReason, "idle since") {
+		t.Errorf("exec after idle removal: recreated %v created %v reason %q; want recreated with the idle reason", lease.Recreated, lease.Created, lease.RecreatedReason)
+	}
+	if out.String() != "none\n" {
+		t.Errorf("the recreated sandbox still has the old file: %q", out.String())
+	}
+	if lease.Sandbox != first.Sandbox {
+		t.Errorf("recreated sandbox is named %s, was %s", lease.Sandbox, first.Sandbox)
+	}
+	rec := records(t, r)["idle-rm:1"]
+	if !rec.Removed.IsZero() || rec.RemovedReason != "" {
+		t.Errorf("the record still says removed after the recreate: %+v", rec)
+	}
+	// Used just now: not recreated again.
+	if _, again := run(t, r, "idle-rm:1", "true"); again.Recreated {
+		t.Error("a second exec right after the recreate says recreated")
+	}
+}
+
+func TestPruneIdleRemoveAndNextExec(t *testing.T) {
+	e := newEnv(t, retentionRules)
+	clk := newClock()
+	r := e.openClock(clk)
+	_, lease := run(t, r, "idle-rm:1", "true")
+	run(t, r, "idle-stop:1", "true")
+	stopName := SandboxName(mustOwner(t, r), "idle-stop:1")
+
+	clk.Advance(30 * time.Minute)
+	rep := prune(t, r, false)
+	if a := actionFor(t, rep, lease.Sandbox); a.Action != PruneKeep || a.Cause != CauseRecorded {
+		t.Errorf("prune 30 minutes after use: %+v, want keep/recorded", a)
+	}
+	clk.Advance(time.Hour)
+	before := e.storeHash()
+	dry := prune(t, r, true)
+	if a := actionFor(t, dry, lease.Sandbox); a.Action != PruneRemove || a.Cause != CauseIdle || a.Done || !strings.Contains(a.Reason, "idle since") {
+		t.Errorf("dry run: %+v, want remove/idle, not done, reason with idle since", a)
+	}
+	if a := actionFor(t, dry, stopName); a.Action != PruneStop || a.Cause != CauseIdle {
+		t.Errorf("dry run for the idle_action stop sandbox: %+v", a)
+	}
+	if e.storeHash() != before || !slices.Contains(e.sandboxes(), lease.Sandbox) {
+		t.Fatal("a dry run changed the store or removed the sandbox")
+	}
+	rep = prune(t, r, false)
+	if a := actionFor(t, rep, lease.Sandbox); a.Action != PruneRemove || !a.Done || a.Error != "" {
+		t.Errorf("prune: %+v, want remove done", a)
+	}
+	if a := actionFor(t, rep, stopName); a.Action != PruneStop || !a.Done {
+		t.Errorf("prune of the idle_action stop sandbox: %+v", a)
+	}
+	if slices.Contains(e.sandboxes(), lease.Sandbox) {
+		t.Fatal("prune reported remove but the sandbox is still there")
+	}
+	infos, err := r.Sessions(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range infos {
+		if in.Session == "idle-rm:1" && (in.State != StateRemoved || !strings.Contains(in.RemovedReason, "idle since")) {
+			t.Errorf("sessions after the idle removal: %+v, want state removed with the reason", in)
+		}
+		if in.Session == "idle-stop:1" && in.State != string(backend.StateStopped) {
+			t.Errorf("sessions after the idle stop: %+v", in)
+		}
+	}
+	// A second prune finds nothing more to do about the stopped one.
+	if a := actionFor(t, prune(t, r, false), stopName); a.Action != PruneKeep {
+		t.Errorf("second prune of a stopped idle sandbox: %+v, want keep", a)
+	}
+	_, again := run(t, r, "idle-rm:1", "true")
+	if !again.Recreated || !strings.Contains(again.RecreatedReason, "idle since") {
+		t.Errorf("next exec after prune removed the sandbox: recreated %v (%q)", again.Recreated, again.RecreatedReason)
+	}
+}
+
+func mustOwner(t *testing.T, r *Registry) string {
+	t.Helper()
+	o, err := r.Owner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// An exec in flight, in this registry or another one on the same state dir, keeps
+// a sandbox from being idle however old its last use; once it ends, the idle time
+// counts from its end.
+func TestRunningExecIsNotIdle(t *testing.T) {
+	e := newEnv(t, retentionRules)
+	clk := newClock()
+	r := e.openClock(clk)
+	other := e.openClock(clk) // stands for another berth process: flocks are per open file
+	stop := longExec(t, r, "idle-rm:1")
+	name := SandboxName(mustOwner(t, r), "idle-rm:1")
+	clk.Advance(3 * time.Hour)
+	for i, reg := range []*Registry{r, other} {
+		if a := actionFor(t, prune(t, reg, false), name); a.Action != PruneKeep || a.Cause != CauseInUse {
+			t.Errorf("registry %d: prune with an exec in flight: %+v, want keep/in-use", i, a)
+		}
+	}
+	// An ordinary exec in the session does not expire it either.
+	if _, l := run(t, other, "idle-rm:1", "true"); l.Recreated {
+		t.Error("an exec beside a running one recreated the sandbox")
+	}
+	stop()
+	clk.Advance(30 * time.Minute)
+	if a := actionFor(t, prune(t, other, false), name); a.Action != PruneKeep {
+		t.Errorf("prune 30 minutes after the long exec ended: %+v, want keep", a)
+	}
+	clk.Advance(31 * time.Minute)
+	if a := actionFor(t, prune(t, other, false), name); a.Action != PruneRemove || !a.Done {
+		t.Errorf("prune 61 minutes after the long exec ended: %+v, want remove", a)
+	}
+}
+
+func TestMaxAgeRemovesInUse(t *testing.T) {
+	e := newEnv(t, retentionRules)
+	clk := newClock()
+	r := e.openClock(clk)
+	stop := longExec(t, r, "old:1")
+	defer stop()
+	name := SandboxName(mustOwner(t, r), "old:1")
+	clk.Advance(119 * time.Minute)
+	if a := actionFor(t, prune(t, r, false), name); a.Action != PruneKeep {
+		t.Errorf("prune at 119 minutes (max_age 2h): %+v", a)
+	}
+	clk.Advance(time.Minute)
+	a := actionFor(t, prune(t, r, false), name)
+	if a.Action != PruneRemove || a.Cause != CauseAge || !a.Done || !strings.Contains(a.Reason, "max_age 2h") {
+		t.Errorf("prune at 2h (max_age 2h) with an exec in flight: %+v, want remove/age done", a)
+	}
+	if slices.Contains(e.sandboxes(), name) {
+		t.Error("max_age left the sandbox")
+	}
+}
+
+func TestMaxAgeOnExec(t *testing.T) {
+	e := newEnv(t, retentionRules)
+	clk := newClock()
+	r := e.openClock(clk)
+	run(t, r, "old:1", "true")
+	clk.Advance(90 * time.Minute)
+	run(t, r, "old:1", "true") // use does not reset the age
+	clk.Advance(31 * time.Minute)
+	_, l := run(t, r, "old:1", "true")
+	if !l.Recreated || !strings.Contains(l.RecreatedReason, "max_age") {
+		t.Errorf("exec past max_age: recreated %v %q", l.Recreated, l.RecreatedReason)
+	}
+	if d := e.lastDriver(); d.removes.Load() != 1 {
+		t.Errorf("%d removes, want 1", d.removes.Load())
+	}
+}
+
+// A shared sandbox is idle only when every session on it is.
+func TestSharedIdle(t *testing.T) {
+	e := newEnv(t, retentionRules)
+	clk := newClock()
+	r := e.openClock(clk)
+	_, l := run(t, r, "pool:1", "true")
+	clk.Advance(50 * time.Minute)
+	run(t, r, "pool:2", "true")
+	clk.Advance(20 * time.Minute) // pool:1 idle 70m, pool:2 idle 20m
+	if a := actionFor(t, prune(t, r, false), l.Sandbox); a.Action != PruneKeep {
+		t.Errorf("a shared sandbox one of whose sessions was used 20 minutes ago: %+v, want keep", a)
+	}
+	if _, l1 := run(t, r, "pool:1", "true"); l1.Recreated {
+		t.Error("exec in pool:1 recreated the shared sandbox that pool:2 used recently")
+	}
+}
+
+// reconcileRules has a rule for "keep:*" only: sandboxes of other sessions are
+// orphans.
+const reconcileRules = `
+scope "keep:*" {
+}
+`
+
+// plant creates a sandbox directly on the registry's driver, as a crash between
+// create and record would leave it, with labels edited by edit.
+func plant(t *testing.T, r *Registry, session string, created time.Time, edit func(*backend.SandboxSpec)) string {
+	t.Helper()
+	ctx := context.Background()
+	owner := mustOwner(t, r)
+	rule := &Rule{Glob: "keep:*", Driver: "local", Isolation: IsolationSession}
+	spec := rule.Spec(owner, session)
+	spec.Labels[backend.LabelCreated] = created.Format(time.RFC3339)
+	if edit != nil {
+		edit(&spec)
+	}
+	b, err := r.Backend(ctx, "local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Create(ctx, backend.CreateRequest{Spec: spec}); err != nil {
+		t.Fatal(err)
+	}
+	return spec.Name
+}
+
+func TestReconcile(t *testing.T) {
+	e := newEnv(t, reconcileRules)
+	clk := newClock()
+	opts := e.options()
+	opts.Now = clk.Now
+	opts.OrphanGrace = 10 * time.Minute
+	r, err := Open(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	now := clk.Now()
+	lost := plant(t, r, "keep:lost", now, nil) // a rule maps it: adopt
+	orphan := plant(t, r, "gone:1", now, nil)  // no rule: remove
+	young := plant(t, r, "gone:2", now, nil)   // created later: grace
+	foreign := plant(t, r, "keep:x", now, func(s *backend.SandboxSpec) {
+		s.Labels[backend.LabelOwner] = "someone-else"
+		s.Name = SandboxName("someone-else", "keep:x")
+	})
+	unlabelled := plant(t, r, "keep:bare", now, func(s *backend.SandboxSpec) {
+		s.Labels = nil
+		s.Name = SandboxName(mustOwner(t, r), "keep:unlabelled") // a name like ours
+	})
+
+	rep := prune(t, r, false)
+	for _, n := range []string{lost, orphan, young} {
+		if a := actionFor(t, rep, n); a.Action != PruneKeep || a.Cause != CauseGrace {
+			t.Errorf("prune of a new unrecorded sandbox: %+v, want keep/grace", a)
+		}
+	}
+	clk.Advance(11 * time.Minute)
+	// Re-date the young one: it is "created" now.
+	b, _ := r.Backend(context.Background(), "local")
+	d := b.(*hostDriver)
+	m, _ := d.read(young)
+	m.Labels[backend.LabelCreated] = clk.Now().Format(time.RFC3339)
+	d.write(young, m)
+
+	dry := prune(t, r, true)
+	if a := actionFor(t, dry, lost); a.Action != PruneAdopt || a.Done {
+		t.Errorf("dry run, lost sandbox: %+v", a)
+	}
+	if len(records(t, r)) != 0 {
+		t.Fatal("a dry run wrote records")
+	}
+	rep = prune(t, r, false)
+	if a := actionFor(t, rep, lost); a.Action != PruneAdopt || a.Cause != CauseAdopt || !a.Done {
+		t.Errorf("lost sandbox: %+v, want adopt done", a)
+	}
+	if a := actionFor(t, rep, orphan); a.Action != PruneRemove || a.Cause != CauseOrphan || !a.Done {
+		t.Errorf("orphan: %+v, want remove/orphan done", a)
+	}
+	if a := actionFor(t, rep, young); a.Action != PruneKeep || a.Cause != CauseGrace {
+		t.Errorf("young orphan: %+v, want keep/grace", a)
+	}
+	for _, a := range rep.Actions {
+		if a.Sandbox == foreign || a.Sandbox == unlabelled {
+			t.Errorf("prune acted on a sandbox that is not ours: %+v", a)
+		}
+	}
+	sbs := e.sandboxes()
+	for _, n := range []string{lost, young, foreign, unlabelled} {
+		if !slices.Contains(sbs, n) {
+			t.Errorf("sandbox %s is gone after prune", n)
+		}
+	}
+	if slices.Contains(sbs, orphan) {
+		t.Error("the orphan is still there")
+	}
+	if rec, ok := records(t, r)["keep:lost"]; !ok || rec.Sandbox != lost {
+		t.Errorf("adopted sandbox not recorded: %+v", records(t, r))
+	}
+	// The adopted session goes on in the same sandbox.
+	if _, l := run(t, r, "keep:lost", "true"); l.Created || l.Recreated || l.Sandbox != lost {
+		t.Errorf("exec in the adopted session: %+v", l)
+	}
+
+	// --owner cleans up after a lost state dir, and nothing else.
+	rep, err = r.Prune(context.Background(), PruneOptions{Owner: "someone-else"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := actionFor(t, rep, foreign); a.Action != PruneRemove || a.Cause != CauseOwner || !a.Done {
+		t.Errorf("prune --owner: %+v", a)
+	}
+	if len(rep.Actions) != 1 {
+		t.Errorf("prune --owner acted on more than the other owner's sandbox: %+v", rep.Actions)
+	}
+	sbs = e.sandboxes()
+	if slices.Contains(sbs, foreign) || !slices.Contains(sbs, unlabelled) || !slices.Contains(sbs, lost) {
+		t.Errorf("after prune --owner: %v", sbs)
+	}
+	if _, err := r.Prune(context.Background(), PruneOptions{Owner: "bad owner!"}); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), `"bad owner!"`) {
+		t.Errorf("bad --owner: %v", err)
+	}
+}
+
+// downDriver is a driver whose runtime is down.
+type downDriver struct{ hostDriver }
+
+func (d *downDriver) List(context.Context, map[string]string) ([]backend.Sandbox, error) {
+	return nil, backend.Errorf(backend.ErrUnavailable, "runtime is down")
+}
+
+func TestPruneDriverDownAndFiles(t *testing.T) {
+	e := newEnv(t, reconcileRules+`
+scope "docker:*" {
+  driver = "down"
+}
+`)
+	clk := newClock()
+	opts := e.options()
+	opts.KnownDrivers = []string{"local", "down"}
+	opts.InProcess["down"] = func() backend.TerminalBackend { return &downDriver{} }
+	opts.Now = clk.Now
+	r, err := Open(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	_, l := run(t, r, "keep:1", "true")
+	// Files nothing references: a sandbox dir and a lock from a lost sandbox.
+	stray := SandboxName(mustOwner(t, r), "keep:stray")
+	os.MkdirAll(filepath.Join(e.stateDir, "sandboxes", stray, "agent"), 0o700)
+	os.WriteFile(filepath.Join(e.stateDir, "locks", stray+".lock"), nil, 0o600)
+
+	rep := prune(t, r, false)
+	if len(rep.Drivers) != 2 || rep.Drivers[0].Name != "down" || !strings.Contains(rep.Drivers[0].Error, "runtime is down") ||
+		rep.Drivers[1].Name != "local" || rep.Drivers[1].Error != "" || rep.Drivers[1].Sandboxes != 1 {
+		t.Errorf("drivers: %+v", rep.Drivers)
+	}
+	if !rep.Failed() {
+		t.Error("a report with a driver down is not Failed")
+	}
+	if a := actionFor(t, rep, l.Sandbox); a.Action != PruneKeep {
+		t.Errorf("the healthy driver's sandbox: %+v", a)
+	}
+	if _, err := os.Stat(filepath.Join(e.stateDir, "sandboxes", stray)); err != nil {
+		t.Error("prune deleted sandbox files while a driver was down")
+	}
+
+	// With the down driver out of the config, the stray files go once old enough.
+	e.writeConfig(reconcileRules)
+	opts.KnownDrivers = []string{"local"}
+	delete(opts.InProcess, "down")
+	r2, err := Open(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	rep = prune(t, r2, false)
+	if rep.Failed() {
+		t.Errorf("prune: %+v", rep)
+	}
+	if _, err := os.Stat(filepath.Join(e.stateDir, "sandboxes", stray)); err != nil {
+		t.Error("prune deleted young stray files (grace)")
+	}
+	// Files are dated in real time: a clock ahead does not age them...
+	clk.Advance(DefaultOrphanGrace + time.Minute)
+	prune(t, r2, false)
+	if _, err := os.Stat(filepath.Join(e.stateDir, "sandboxes", stray)); err != nil {
+		t.Error("prune deleted stray files that are young in real time because its clock is ahead")
+	}
+	// ... their modification time does.
+	past := time.Now().Add(-DefaultOrphanGrace - time.Minute)
+	for _, p := range []string{filepath.Join(e.stateDir, "sandboxes", stray), filepath.Join(e.stateDir, "locks", stray+".lock"),
+		filepath.Join(e.stateDir, "sandboxes", l.Sandbox), filepath.Join(e.stateDir, "locks", l.Sandbox+".lock")} {
+		if err := os.Chtimes(p, past, past); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep = prune(t, r2, false)
+	deleted := 0
+	for _, a := range rep.Actions {
+		if a.Action == PruneDelete && a.Done && strings.Contains(a.Path, stray) {
+			deleted++
+		}
+	}
+	if deleted != 2 {
+		t.Errorf("deleted %d stray paths, want 2 (dir and lock): %+v", deleted, rep.Actions)
+	}
+	for _, p := range []string{filepath.Join(e.stateDir, "sandboxes", stray), filepath.Join(e.stateDir, "locks", stray+".lock")} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s still exists", p)
+		}
+	}
+	// The live session's files stay.
+	for _, p := range []string{filepath.Join(e.stateDir, "sandboxes", l.Sandbox), filepath.Join(e.stateDir, "locks", l.Sandbox+".lock")} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("prune deleted %s of a live session: %v", p, err)
+		}
+	}
+}
+
+// A failed exec leaves no busy marker, and a finished one leaves the sandbox idle.
+func TestBusyMarker(t *testing.T) {
+	e := newEnv(t, retentionRules)
+	r := e.open()
+	run(t, r, "idle-rm:1", "true")
+	name := SandboxName(mustOwner(t, r), "idle-rm:1")
+	if busy, err := isBusy(r.busyPath(name)); err != nil || busy {
+		t.Errorf("after the exec ended: busy %v, %v", busy, err)
+	}
+	stop := longExec(t, r, "idle-rm:1")
+	if busy, err := isBusy(r.busyPath(name)); err != nil || !busy {
+		t.Errorf("during an exec: busy %v, %v", busy, err)
+	}
+	stop()
+	if busy, _ := isBusy(r.busyPath(name)); busy {
+		t.Error("busy after Wait")
+	}
+}
+
+// A session that a config change moves to another sandbox leaves the old one
+// unrecorded; prune removes it as an orphan once past the grace period, and keeps
+// the new one.
+func TestPruneRemovesMovedFrom(t *testing.T) {
+	e := newEnv(t, `scope "x:*" {}`)
+	clk := newClock()
+	r := e.openClock(clk)
+	_, before := run(t, r, "x:1", "true")
+	e.writeConfig(`scope "x:*" {
+  isolation = "shared"
+  name      = "pool"
+}`)
+	r2 := e.openClock(clk)
+	_, after := run(t, r2, "x:1", "true")
+	if after.Sandbox == before.Sandbox {
+		t.Fatal("the config change did not move the session")
+	}
+	if a := actionFor(t, prune(t, r2, false), before.Sandbox); a.Action != PruneKeep || a.Cause != CauseGrace {
+		t.Errorf("prune right after the move: %+v, want keep (grace)", a)
+	}
+	clk.Advance(DefaultOrphanGrace)
+	rep := prune(t, r2, false)
+	if a := actionFor(t, rep, before.Sandbox); a.Action != PruneRemove || a.Cause != CauseOrphan || !a.Done {
+		t.Errorf("prune past the grace period: %+v, want remove (orphan)", a)
+	}
+	if a := actionFor(t, rep, after.Sandbox); a.Action != PruneKeep || a.Cause != CauseRecorded {
+		t.Errorf("prune of the session's new sandbox: %+v", a)
+	}
+}
