@@ -259,6 +259,11 @@ const (
 	JobKill JobOp = "kill"
 )
 
+// AllSessions, as the ExecRequest.Session of a JobList, lists the jobs of every
+// session in the sandbox (retention uses it to tell whether a sandbox is idle). It is
+// not a valid session name.
+const AllSessions = "*"
+
 // JobLogMax is how many bytes of a job's output its log keeps (the newest).
 const JobLogMax = 1 << 20
 

@@ -23,6 +23,7 @@ func retentionCases() []Case {
 		{Group: g, Name: "idle-remove-recreates", Requires: reg, Run: caseIdleRemove},
 		{Group: g, Name: "idle-stop-keeps-files", Requires: reg + ", Capabilities.StopStart", Needs: needsStopStart, Run: caseIdleStop},
 		{Group: g, Name: "running-exec-not-idle", Requires: reg, Run: caseRunningNotIdle},
+		{Group: g, Name: "running-job-not-idle", Requires: reg + ", Capabilities.Jobs", Needs: needJobs, Run: caseJobNotIdle},
 		{Group: g, Name: "max-age-removes-in-use", Requires: reg, Run: caseMaxAgeInUse},
 		{Group: g, Name: "reconcile-leaves-others", Requires: reg, Run: caseReconcileOthers},
 		{Group: g, Name: "reconcile-adopts-lost", Requires: reg, Run: caseReconcileAdopts},
@@ -359,6 +360,32 @@ func caseRunningNotIdle(t T, h *Harness) {
 		t.Errorf("prune 30 minutes after the exec ended: %+v, want keep", a)
 	}
 	readBack(t, r, s, lease)
+}
+
+// A sandbox with a background job running is not idle: prune keeps it (in use)
+// however long ago the last exec was; once the job has ended, idle_ttl applies again.
+func caseJobNotIdle(t T, h *Harness) {
+	id := randHex(4)
+	r, clk := h.retentionRegistry(t, id)
+	s := "conf-idle-" + id + ":1"
+	lease := startSession(t, r, s)
+	ctx, cancel := context.WithTimeout(t.Context(), execTimeout)
+	defer cancel()
+	j, err := r.JobStart(ctx, s, registry.JobStartRequest{Argv: []string{"sleep", "3600"}})
+	if err != nil {
+		t.Fatalf("JobStart: %v", err)
+	}
+	clk.Advance(3 * time.Hour)
+	if a := prune(t, r, lease.Sandbox); a.Action != registry.PruneKeep || a.Cause != registry.CauseInUse {
+		t.Errorf("prune 3 hours after the last exec with a job running (idle_ttl 1h): %+v, want keep (in use)", a)
+	}
+	if err := r.JobKill(ctx, s, j.ID); err != nil {
+		t.Fatalf("JobKill: %v", err)
+	}
+	clk.Advance(3 * time.Hour)
+	if a := prune(t, r, lease.Sandbox); a.Cause != registry.CauseIdle || a.Action == registry.PruneKeep {
+		t.Errorf("prune 3 hours after the job ended: %+v, want the idle action", a)
+	}
 }
 
 // max_age removes a sandbox that is in use: prune removes it with an exec in

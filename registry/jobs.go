@@ -68,6 +68,33 @@ func (r *Registry) jobExec(ctx context.Context, session string, req backend.Exec
 	return out.String(), res, nil
 }
 
+// jobsRunning reports whether any job runs in sandbox (of any session), asking its
+// agent; a driver without jobs, a sandbox that is not running, or an agent that does
+// not answer count as none.
+func (r *Registry) jobsRunning(ctx context.Context, b backend.TerminalBackend, sandbox string) bool {
+	if caps, err := r.capabilities(ctx, b); err != nil || !caps.Jobs {
+		return false
+	}
+	var out bytes.Buffer
+	p, err := b.Exec(ctx, sandbox, backend.ExecRequest{Session: backend.AllSessions, Job: &backend.JobRequest{Op: backend.JobList}, Stdout: &out, Stderr: io.Discard})
+	if err != nil {
+		return false
+	}
+	if _, err := p.Wait(); err != nil {
+		return false
+	}
+	return strings.Contains(out.String(), `"running":true`)
+}
+
+// notIdleIfJobs turns a verdict that sandbox is idle into "in use" when a background
+// job runs in it.
+func (r *Registry) notIdleIfJobs(ctx context.Context, b backend.TerminalBackend, sandbox string, v verdict) verdict {
+	if v.cause != CauseIdle || v.action == PruneKeep || !r.jobsRunning(ctx, b, sandbox) {
+		return v
+	}
+	return verdict{PruneKeep, CauseInUse, "a background job is running in it, so it is not idle"}
+}
+
 // JobStart starts req as a background job of session, creating the session's sandbox
 // when needed, and returns the job. The job outlives the call; its output (stdout and
 // stderr together, the newest backend.JobLogMax bytes) stays in the sandbox's agent;

@@ -294,6 +294,9 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 			return failed(err)
 		}
 		v := retentionVerdict(rule, created, last, sb.State, busy, now)
+		if sb.State == backend.StateRunning {
+			v = r.notIdleIfJobs(ctx, b, sb.Name, v)
+		}
 		act.Action, act.Cause, act.Reason = v.action, v.cause, v.reason
 		if v.action == PruneKeep && drift != "" && v.cause == CauseRecorded {
 			act.Cause, act.Reason = CauseDrift, drift
@@ -448,6 +451,41 @@ func (r *Registry) pruneFiles(listed map[string]bool, allListed, dry bool) []Pru
 		}
 	}
 	out = append(out, r.pruneAgentCopies(old, dry)...)
+	out = append(out, r.pruneOutputs(recs, old, dry)...)
+	return out
+}
+
+// pruneOutputs deletes the full-output files (STATE/output/SESSION-HASH/) of
+// sessions that no longer have a sandbox: no live record names them.
+func (r *Registry) pruneOutputs(recs []record, old func(os.FileInfo) bool, dry bool) []PruneAction {
+	live := map[string]bool{}
+	for _, rec := range recs {
+		if rec.Removed.IsZero() {
+			live[filepath.Base(filepath.Dir(r.outputPath(rec.Session, "x")))] = true
+		}
+	}
+	dir := filepath.Join(r.stateDir, "output")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var out []PruneAction
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		fi, err := os.Lstat(p)
+		if err != nil || !fi.IsDir() || live[e.Name()] || !old(fi) {
+			continue
+		}
+		a := PruneAction{Path: p, Action: PruneDelete, Cause: CauseOrphan, Reason: "full-output files of a session that no longer has a sandbox"}
+		if !dry {
+			if err := os.RemoveAll(p); err != nil {
+				a.Error = err.Error()
+			} else {
+				a.Done = true
+			}
+		}
+		out = append(out, a)
+	}
 	return out
 }
 

@@ -602,3 +602,42 @@ func TestPruneRemovesMovedFrom(t *testing.T) {
 		t.Errorf("prune of the session's new sandbox: %+v", a)
 	}
 }
+
+// Full-output files go with their session: prune deletes the output dir of a session
+// that has no sandbox any more (once old enough), and keeps a live session's.
+func TestPruneOutputs(t *testing.T) {
+	e := newEnv(t, reconcileRules)
+	r := e.open()
+	run(t, r, "keep:1", "true")
+	live := filepath.Dir(r.outputPath("keep:1", "stdout"))
+	gone := filepath.Dir(r.outputPath("keep:gone", "stdout"))
+	past := time.Now().Add(-DefaultOrphanGrace - time.Minute)
+	for _, d := range []string{live, gone} {
+		os.MkdirAll(d, 0o700)
+		os.WriteFile(filepath.Join(d, "x.stdout"), []byte("out"), 0o600)
+		os.Chtimes(d, past, past)
+	}
+	young := filepath.Dir(r.outputPath("keep:young", "stdout"))
+	os.MkdirAll(young, 0o700)
+
+	dry := prune(t, r, true)
+	if _, err := os.Stat(gone); err != nil {
+		t.Fatal("a dry run deleted output files")
+	}
+	found := false
+	for _, a := range dry.Actions {
+		found = found || a.Path == gone && a.Action == PruneDelete && !a.Done
+	}
+	if !found {
+		t.Errorf("dry run does not list %s for deletion: %+v", gone, dry.Actions)
+	}
+	prune(t, r, false)
+	if _, err := os.Stat(gone); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the output dir of a session without sandbox is still there: %v", err)
+	}
+	for _, d := range []string{live, young} {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("prune deleted %s (a live session's, or too young): %v", d, err)
+		}
+	}
+}

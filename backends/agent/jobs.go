@@ -109,12 +109,13 @@ func (t *jobTable) get(session, id string) (*job, error) {
 	return nil, status.Errorf(codes.NotFound, "session %q has no job %q (berth job ls lists its jobs)", session, id)
 }
 
+// list returns session's jobs, oldest first; session AllSessions lists every job.
 func (t *jobTable) list(session string) []*job {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var out []*job
 	for _, j := range t.order {
-		if j.session == session {
+		if j.session == session || session == backend.AllSessions {
 			out = append(out, j)
 		}
 	}
