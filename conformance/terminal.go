@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"fmt"
@@ -35,6 +36,115 @@ func terminalCases() []Case {
 		{Group: g, Name: "shell-output-capped", Requires: "Capabilities.Shell, a registry", Needs: needShell, Run: caseShellOutputCapped},
 		{Group: g, Name: "shell-sessions-parallel", Requires: "Capabilities.Shell, a registry", Needs: needShell, Run: caseShellSessionsParallel},
 		{Group: g, Name: "job-lifecycle", Requires: "Capabilities.Jobs", Needs: needJobs, Run: caseJobLifecycle},
+		{Group: g, Name: "copy-round-trip", Requires: "Capabilities.Copy", Needs: needCopy, Run: caseCopyRoundTrip},
+		{Group: g, Name: "copy-symlink-contained", Requires: "Capabilities.Copy", Needs: needCopy, Run: caseCopySymlinkContained},
+	}
+}
+
+// needCopy is Case.Needs for the copy cases.
+func needCopy(c backend.Capabilities) (bool, string) {
+	if !c.Copy {
+		return false, "driver does not claim Capabilities.Copy"
+	}
+	return true, ""
+}
+
+// tarEntry is one entry of a tar stream that a copy case builds.
+type tarEntry struct {
+	name, link, body string
+	dir              bool
+	mode             int64
+	mtime            time.Time
+}
+
+func makeTar(t T, entries []tarEntry) []byte {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		h := &tar.Header{Name: e.name, Mode: e.mode, Typeflag: tar.TypeReg, Size: int64(len(e.body)), ModTime: e.mtime, Format: tar.FormatPAX}
+		switch {
+		case e.dir:
+			h.Typeflag, h.Size = tar.TypeDir, 0
+		case e.link != "":
+			h.Typeflag, h.Linkname, h.Size = tar.TypeSymlink, e.link, 0
+		}
+		if h.Mode == 0 {
+			h.Mode = 0o644
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatalf("building a tar stream: %v", err)
+		}
+		tw.Write([]byte(e.body))
+	}
+	tw.Close()
+	return buf.Bytes()
+}
+
+// A tree copied in (a directory, a file with mode 0640 and an old mtime, a symlink)
+// comes back out the same.
+func caseCopyRoundTrip(t T, h *Harness) {
+	sb := h.NewSandbox(t)
+	dir := "/tmp/berth-cp-" + randHex(4)
+	h.sh(t, sb, `mkdir -p "$1"`, dir)
+	copier := h.Backend.(backend.Copier)
+	mtime := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	in := []tarEntry{
+		{name: "tree/", dir: true, mode: 0o750, mtime: mtime},
+		{name: "tree/f.txt", body: "hello\n", mode: 0o640, mtime: mtime},
+		{name: "tree/link", link: "f.txt", mtime: mtime},
+	}
+	ctx, cancel := h.ctx(t)
+	defer cancel()
+	if err := copier.CopyIn(ctx, sb, dir, bytes.NewReader(makeTar(t, in))); err != nil {
+		t.Fatalf("CopyIn: %v", err)
+	}
+	var out bytes.Buffer
+	if err := copier.CopyOut(ctx, sb, dir+"/tree", &out); err != nil {
+		t.Fatalf("CopyOut: %v", err)
+	}
+	got := map[string]*tar.Header{}
+	tr := tar.NewReader(&out)
+	for {
+		hdr, err := tr.Next()
+		if err != nil {
+			break
+		}
+		got[strings.TrimSuffix(hdr.Name, "/")] = hdr
+	}
+	for _, want := range in {
+		hdr := got[strings.TrimSuffix(want.name, "/")]
+		switch {
+		case hdr == nil:
+			t.Errorf("%s is missing from CopyOut (got %v)", want.name, got)
+		case want.link != "" && (hdr.Typeflag != tar.TypeSymlink || hdr.Linkname != want.link):
+			t.Errorf("%s: type %c link %q, want a symlink to %q", want.name, hdr.Typeflag, hdr.Linkname, want.link)
+		case want.link == "" && (hdr.Mode&0o7777 != want.mode || !hdr.ModTime.Equal(want.mtime)):
+			t.Errorf("%s: mode %o mtime %v, want %o %v", want.name, hdr.Mode&0o7777, hdr.ModTime, want.mode, want.mtime)
+		}
+	}
+}
+
+// A tar stream whose symlink points out of the destination, followed by an entry
+// through that link, writes nothing outside the destination.
+func caseCopySymlinkContained(t T, h *Harness) {
+	sb := h.NewSandbox(t)
+	id := randHex(4)
+	dst, outside := "/tmp/berth-cpdst-"+id, "/tmp/berth-cpout-"+id
+	h.sh(t, sb, `mkdir -p "$1" "$2"`, dst, outside)
+	evil := makeTar(t, []tarEntry{
+		{name: "t/", dir: true},
+		{name: "t/link", link: outside},
+		{name: "t/link/evil", body: "x"},
+		{name: "../escape", body: "x"},
+	})
+	ctx, cancel := h.ctx(t)
+	defer cancel()
+	err := h.Backend.(backend.Copier).CopyIn(ctx, sb, dst, bytes.NewReader(evil))
+	if err == nil {
+		t.Errorf("CopyIn of a stream that writes through a link succeeded")
+	}
+	if out := h.sh(t, sb, `ls -A "$1"; test -e "$2/../escape" && echo escaped; true`, outside, dst); strings.TrimSpace(out.Stdout) != "" {
+		t.Errorf("CopyIn wrote outside the destination: %q", out.Stdout)
 	}
 }
 

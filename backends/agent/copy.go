@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -63,24 +64,66 @@ func (s *server) CopyIn(stream agentpb.Agent_CopyInServer) error {
 	}
 	defer root.Close()
 	r := &copyInReader{stream: stream}
-	tr := tar.NewReader(r)
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return status.Errorf(codes.InvalidArgument, "copy in: reading tar stream: %v", err)
-		}
-		if err := extractEntry(root, tr, hdr); err != nil {
-			return status.Errorf(codes.InvalidArgument, "copy in: %s: %v", hdr.Name, err)
-		}
+	if err := extractAll(root, r, nil); err != nil {
+		return status.Errorf(codes.InvalidArgument, "copy in: %v", err)
 	}
 	// Swallow the tar padding and wait for the client's end of stream.
 	if _, err := io.Copy(io.Discard, r); err != nil && err != io.EOF {
 		return err
 	}
 	return stream.SendAndClose(&agentpb.CopyInResponse{})
+}
+
+// ExtractTar extracts the tar stream r into the existing directory dir, as the
+// agent's CopyIn does: through an os.Root, so no entry and no link (planted in dir
+// before or by the stream itself) is followed out of dir; entries that would leave it
+// are refused; modes, mtimes and (as root) owners are kept; symlinks are created as
+// symlinks; devices and FIFOs are skipped. rename, when set, maps each cleaned entry
+// name (slash-separated, relative) to the name to create. Errors name the entry.
+func ExtractTar(r io.Reader, dir string, rename func(string) string) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	return extractAll(root, r, rename)
+}
+
+// extractAll extracts every entry of the tar stream r under root. Directories get
+// their modification times at the end, deepest first: creating their entries would
+// change them.
+func extractAll(root *os.Root, r io.Reader, rename func(string) string) error {
+	tr := tar.NewReader(r)
+	type dirTime struct {
+		name string
+		t    time.Time
+	}
+	var dirs []dirTime
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			for i := len(dirs) - 1; i >= 0; i-- {
+				root.Chtimes(dirs[i].name, dirs[i].t, dirs[i].t)
+			}
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading tar stream: %v", err)
+		}
+		if rename != nil {
+			n, err := cleanName(hdr.Name)
+			if err != nil {
+				return fmt.Errorf("%s: %v", hdr.Name, err)
+			}
+			hdr.Name = rename(n)
+		}
+		if err := extractEntry(root, tr, hdr); err != nil {
+			return fmt.Errorf("%s: %v", hdr.Name, err)
+		}
+		if n, err := cleanName(hdr.Name); err == nil && hdr.Typeflag == tar.TypeDir && !hdr.ModTime.IsZero() {
+			dirs = append(dirs, dirTime{n, hdr.ModTime})
+		}
+	}
 }
 
 // cleanName makes a tar entry name relative and refuses one that leaves the root.
@@ -210,9 +253,26 @@ func (s *server) CopyOut(req *agentpb.CopyOutRequest, stream agentpb.Agent_CopyO
 		}
 		return status.Errorf(codes.InvalidArgument, "copy out: %v", err)
 	}
-	tw := tar.NewWriter(copyOutWriter{stream})
-	base := filepath.Dir(p)
-	err := filepath.WalkDir(p, func(fp string, d fs.DirEntry, err error) error {
+	err := WriteTar(copyOutWriter{stream}, p, "")
+	if err != nil {
+		if _, ok := status.FromError(err); ok {
+			return err
+		}
+		return status.Errorf(codes.Internal, "copy out %q: %v", p, err)
+	}
+	return nil
+}
+
+// WriteTar writes the file or directory at path to w as a tar stream, as the agent's
+// CopyOut does: the top entry is named name (path's base name when empty), the others
+// name/REL; symlinks are stored as symlinks and never followed; sockets are skipped.
+func WriteTar(w io.Writer, path, name string) error {
+	path = filepath.Clean(path)
+	if name == "" {
+		name = filepath.Base(path)
+	}
+	tw := tar.NewWriter(w)
+	err := filepath.WalkDir(path, func(fp string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -220,7 +280,7 @@ func (s *server) CopyOut(req *agentpb.CopyOutRequest, stream agentpb.Agent_CopyO
 		if err != nil {
 			return err
 		}
-		rel, err := filepath.Rel(base, fp)
+		rel, err := filepath.Rel(path, fp)
 		if err != nil {
 			return err
 		}
@@ -234,7 +294,7 @@ func (s *server) CopyOut(req *agentpb.CopyOutRequest, stream agentpb.Agent_CopyO
 		if err != nil {
 			return nil // a socket or the like: skip
 		}
-		hdr.Name = filepath.ToSlash(rel)
+		hdr.Name = filepath.ToSlash(filepath.Join(name, rel))
 		if fi.IsDir() {
 			hdr.Name += "/"
 		}
@@ -252,14 +312,8 @@ func (s *server) CopyOut(req *agentpb.CopyOutRequest, stream agentpb.Agent_CopyO
 		_, err = io.CopyN(tw, f, hdr.Size)
 		return err
 	})
-	if err == nil {
-		err = tw.Close()
-	}
 	if err != nil {
-		if _, ok := status.FromError(err); ok {
-			return err
-		}
-		return status.Errorf(codes.Internal, "copy out %q: %v", p, err)
+		return err
 	}
-	return nil
+	return tw.Close()
 }

@@ -1688,3 +1688,63 @@ func TestJobs(t *testing.T) {
 		t.Errorf("a job outlived its removed session: %s", describe(marked(mark)))
 	}
 }
+
+// TestCp: berth cp uploads and downloads trees with modes, mtimes and symlinks kept,
+// renames by DEST, copies into a DEST ending in "/", and never extracts through a link
+// out of the destination.
+func TestCp(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	src := filepath.Join(t.TempDir(), "tree")
+	os.MkdirAll(filepath.Join(src, "sub"), 0o750)
+	os.WriteFile(filepath.Join(src, "sub", "f.txt"), []byte("hello\n"), 0o640)
+	os.Symlink("/etc/passwd", filepath.Join(src, "link"))
+	mtime := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	os.Chtimes(filepath.Join(src, "sub", "f.txt"), mtime, mtime)
+
+	e.must("exec", "-s", "cp:1", "--", "mkdir", "-p", "in")
+	e.must("cp", "-s", "cp:1", src, ":in/copy")
+	if r := e.must("exec", "-s", "cp:1", "--", "sh", "-c", "cat in/copy/sub/f.txt; readlink in/copy/link; stat -c '%a %Y' in/copy/sub/f.txt in/copy/sub"); r.stdout != fmt.Sprintf("hello\n/etc/passwd\n640 %d\n750 ", mtime.Unix()) && !strings.HasPrefix(r.stdout, fmt.Sprintf("hello\n/etc/passwd\n640 %d\n750 ", mtime.Unix())) {
+		t.Errorf("uploaded tree: want content, link, mode and mtime kept\n%v", r)
+	}
+	e.must("cp", "-s", "cp:1", filepath.Join(src, "sub", "f.txt"), ":in/")
+	if r := e.must("exec", "-s", "cp:1", "--", "cat", "in/f.txt"); r.stdout != "hello\n" {
+		t.Errorf("upload into a dir ending in /\n%v", r)
+	}
+
+	out := t.TempDir()
+	e.must("cp", "-s", "cp:1", ":in/copy", filepath.Join(out, "back"))
+	if b, err := os.ReadFile(filepath.Join(out, "back", "sub", "f.txt")); err != nil || string(b) != "hello\n" {
+		t.Errorf("downloaded file: %q %v", b, err)
+	}
+	if l, err := os.Readlink(filepath.Join(out, "back", "link")); err != nil || l != "/etc/passwd" {
+		t.Errorf("downloaded link: %q %v, want the symlink kept", l, err)
+	}
+	if fi, err := os.Stat(filepath.Join(out, "back", "sub", "f.txt")); err != nil || fi.Mode().Perm() != 0o640 || !fi.ModTime().Equal(mtime) {
+		t.Errorf("downloaded file mode/mtime: %v", fi)
+	}
+	e.must("cp", "-s", "cp:1", ":in/copy", out+"/")
+	if _, err := os.Stat(filepath.Join(out, "copy", "sub", "f.txt")); err != nil {
+		t.Errorf("download into an existing dir: %v", err)
+	}
+
+	// A destination that holds a link out of it: extraction replaces the link and
+	// never writes through it.
+	outside := t.TempDir()
+	dst := t.TempDir()
+	os.Symlink(outside, filepath.Join(dst, "copy"))
+	e.must("cp", "-s", "cp:1", ":in/copy", dst+"/")
+	if ents, _ := os.ReadDir(outside); len(ents) != 0 {
+		t.Errorf("extraction wrote outside the destination: %v", ents)
+	}
+	if fi, err := os.Lstat(filepath.Join(dst, "copy", "sub", "f.txt")); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("the planted link was not replaced by the copied tree: %v", err)
+	}
+
+	if r := e.run("cp", "-s", "cp:1", "a", "b"); r.code != 125 || !strings.Contains(r.stderr, "leading colon") {
+		t.Errorf("no side marked: want 125\n%v", r)
+	}
+	if r := e.run("cp", "-s", "cp:none", ":x", out+"/"); r.code != 125 || !strings.Contains(r.stderr, "no sandbox") {
+		t.Errorf("download from a session without sandbox: want 125\n%v", r)
+	}
+}

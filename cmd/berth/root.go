@@ -92,7 +92,7 @@ Without a config file every session runs on the local driver.`,
 	root.AddCommand(
 		newExecCmd(g), newShellCmd(g), newSessionsCmd(g), newCloseCmd(g), newRmCmd(g), newPruneCmd(g),
 		newDriversCmd(g), newConfigCmd(g), newConformanceCmd(g), newVersionCmd(),
-		newDriverCmd(g), newImageCmd(g), newJobCmd(g),
+		newDriverCmd(g), newImageCmd(g), newJobCmd(g), newCpCmd(g),
 	)
 	return root
 }
