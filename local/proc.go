@@ -221,12 +221,16 @@ func (d *Driver) stop(ctx context.Context, m *meta, grace time.Duration) error {
 // BERTH_SANDBOX=name: what is left of a sandbox whose agent died.
 func sweep(name string) {
 	marker := []byte("BERTH_SANDBOX=" + name + "\x00")
-	for round := 0; round < 10; round++ {
+	// Killing is asynchronous: look again until no marked process is left (a dying
+	// process's environment stays readable until it has released its memory), so
+	// that nothing of the old agent, its socket included, outlives the sweep.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		found := false
 		ents, err := os.ReadDir("/proc")
 		if err != nil {
 			return
 		}
-		found := false
 		for _, e := range ents {
 			pid, err := strconv.Atoi(e.Name())
 			if err != nil || pid == os.Getpid() {
@@ -240,8 +244,9 @@ func sweep(name string) {
 				found = true
 			}
 		}
-		if !found {
+		if !found || time.Now().After(deadline) {
 			return
 		}
+		time.Sleep(5 * time.Millisecond) // let the kills land before looking again
 	}
 }
