@@ -16,7 +16,16 @@ const (
 	FSIsolationNone FSIsolation = "none"
 	// FSIsolationImage: the sandbox has its own root filesystem from an image.
 	FSIsolationImage FSIsolation = "image"
+	// FSIsolationPrivate: the sandbox has its own root filesystem, assembled by the
+	// driver without an image (host directories mounted read-only beside private
+	// writable ones, as bubblewrap does). Nothing it writes is seen by the host or
+	// by other sandboxes at the same path; SandboxSpec.Image does not apply.
+	FSIsolationPrivate FSIsolation = "private"
 )
+
+// OwnRoot reports whether sandboxes have their own root filesystem (image or
+// private): a path written in one is not the host's nor another sandbox's.
+func (f FSIsolation) OwnRoot() bool { return f == FSIsolationImage || f == FSIsolationPrivate }
 
 // Info describes a driver.
 type Info struct {
@@ -35,7 +44,8 @@ type Info struct {
 // Capabilities is what a driver can do. A call or spec field that a capability does not
 // claim returns ErrUnsupported.
 type Capabilities struct {
-	// FSIsolation: none (host filesystem) or image (own root filesystem).
+	// FSIsolation: none (host filesystem), image (own root filesystem from an
+	// image) or private (own root filesystem without an image).
 	FSIsolation FSIsolation `json:"fs_isolation"`
 	// PIDIsolation: the sandbox has its own PID namespace.
 	PIDIsolation bool `json:"pid_isolation"`

@@ -47,6 +47,15 @@ type LaunchOptions struct {
 	// StartTimeout bounds the wait for the handshake; zero means
 	// DefaultStartTimeout.
 	StartTimeout time.Duration
+	// SHA256, when set, is the pinned hex SHA-256 of the file at Path (the
+	// driver block's sha256 key): Launch hashes the file first and refuses to
+	// start it when the sums differ (VerifySHA256).
+	SHA256 string
+	// HashCacheDir, when set with SHA256, is a directory (created if missing)
+	// where the file's sum is cached under its device, inode, size, mtime and
+	// ctime, so an unchanged plugin is hashed once instead of at every start
+	// (see CachedFileSHA256).
+	HashCacheDir string
 }
 
 // Client is a host's connection to one driver plugin process. It implements
@@ -59,6 +68,7 @@ type LaunchOptions struct {
 // says the driver crashed. A Client is safe for concurrent use.
 type Client struct {
 	path   string
+	env    []string // LaunchOptions.Env
 	logger hclog.Logger
 	pc     *plugin.Client
 	runner *procRunner
@@ -98,6 +108,11 @@ func Launch(ctx context.Context, opts LaunchOptions) (*Client, error) {
 	if err := checkExecutable(opts.Path); err != nil {
 		return nil, err
 	}
+	if opts.SHA256 != "" {
+		if err := verifySHA256(opts.Path, opts.SHA256, opts.HashCacheDir); err != nil {
+			return nil, err
+		}
+	}
 	logger := opts.Logger
 	if logger == nil {
 		logger = hclog.NewNullLogger()
@@ -113,7 +128,7 @@ func Launch(ctx context.Context, opts LaunchOptions) (*Client, error) {
 		env = append(env, envLogLevel+"="+lvl.String())
 	}
 
-	c := &Client{path: opts.Path, logger: logger, stderr: &tailRecorder{max: 2048}}
+	c := &Client{path: opts.Path, env: opts.Env, logger: logger, stderr: &tailRecorder{max: 2048}}
 	var runnerErr error
 	cfg := &plugin.ClientConfig{
 		HandshakeConfig:  Handshake,
@@ -180,7 +195,7 @@ func Launch(ctx context.Context, opts LaunchOptions) (*Client, error) {
 		if runnerErr != nil {
 			return nil, backend.Errorf(backend.ErrUnavailable, "driver plugin %s: cannot start it: %v", opts.Path, runnerErr)
 		}
-		return nil, c.startError(res.err, time.Since(began), timeout)
+		return nil, c.startError(ctx, res.err, time.Since(began), timeout)
 	}
 	d, ok := res.raw.(*dispensed)
 	if !ok {
@@ -210,7 +225,7 @@ func checkExecutable(path string) error {
 var handshakeLine = regexp.MustCompile(`^\d+\|\d+\|`)
 
 // startError explains a failed start. The process is gone when it runs.
-func (c *Client) startError(err error, elapsed, timeout time.Duration) error {
+func (c *Client) startError(ctx context.Context, err error, elapsed, timeout time.Duration) error {
 	r := c.runner
 	head := ""
 	if r != nil {
@@ -227,6 +242,19 @@ func (c *Client) startError(err error, elapsed, timeout time.Duration) error {
 	case r != nil && r.pid == 0:
 		return backend.Errorf(backend.ErrUnavailable,
 			"driver plugin %s: cannot run it: %v; check that it is an executable for this machine", c.path, err)
+	case head != "" && handshakeLine.MatchString(firstLine) && strings.Contains(err.Error(), "incompatible API version"):
+		// The plugin answered with a version we do not speak; go-plugin names
+		// only the one it picked, describe lists them all.
+		versions := []int{}
+		if v, perr := strconv.Atoi(strings.Split(firstLine, "|")[1]); perr == nil {
+			versions = []int{v}
+		}
+		if desc, derr := describe(ctx, c.path, c.env); derr == nil {
+			if _, common := CommonVersion(HostProtocolVersions(), desc.ProtocolVersions); !common {
+				versions = desc.ProtocolVersions
+			}
+		}
+		return versionError(c.path, versions)
 	case head != "" && !handshakeLine.MatchString(firstLine):
 		return backend.Errorf(backend.ErrUnavailable,
 			"driver plugin %s wrote %q to stdout instead of the plugin handshake and was stopped; a driver plugin must call backends.Serve before anything else and never write to stdout (log to stderr with go-hclog)%s",
@@ -244,7 +272,18 @@ func (c *Client) startError(err error, elapsed, timeout time.Duration) error {
 			"driver plugin %s did not complete the plugin handshake within %s and was killed; it must call backends.Serve at start%s",
 			c.path, timeout, stderrNote)
 	}
-	return backend.Errorf(backend.ErrUnavailable, "driver plugin %s: %v%s", c.path, err, stderrNote)
+	return backend.Errorf(backend.ErrUnavailable, "driver plugin %s: %s%s", c.path, oneLine(err.Error()), stderrNote)
+}
+
+// oneLine joins the lines of s with "; ", so that an error stays one line.
+func oneLine(s string) string {
+	var parts []string
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			parts = append(parts, strings.TrimSuffix(l, ":"))
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 func (r *procRunner) selfExited() bool {

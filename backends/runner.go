@@ -41,6 +41,9 @@ type procRunner struct {
 
 	pid    int
 	exited chan struct{} // closed once the process has exited (not yet reaped)
+	// stdoutEOF is closed when the plugin's stdout reaches EOF: a plugin that closes
+	// it before the handshake is exiting, and Kill gives it a moment to do so.
+	stdoutEOF chan struct{}
 
 	mu       sync.Mutex
 	killSent bool   // Kill signalled the group before the process exited
@@ -72,8 +75,10 @@ func newProcRunner(ctx context.Context, logger hclog.Logger, path string, args, 
 		stderr:    stderr,
 		head:      &headRecorder{max: 512},
 		exited:    make(chan struct{}),
+		stdoutEOF: make(chan struct{}),
 	}
-	r.stdout = &teeReadCloser{r: stdout, w: r.head}
+	var eofOnce sync.Once
+	r.stdout = &teeReadCloser{r: stdout, w: r.head, onEOF: func() { eofOnce.Do(func() { close(r.stdoutEOF) }) }}
 	return r, nil
 }
 
@@ -128,8 +133,15 @@ func (r *procRunner) Wait(context.Context) error {
 	return err
 }
 
-// Kill implements runner.Runner: SIGKILL to the plugin's process group.
+// Kill implements runner.Runner: SIGKILL to the plugin's process group. When the
+// plugin has closed its stdout it is exiting already: it gets up to crashGrace to
+// do so first, so that its own exit status (and not our kill) says how it ended.
 func (r *procRunner) Kill(context.Context) error {
+	select {
+	case <-r.stdoutEOF:
+		r.hasExited(crashGrace)
+	default:
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.pid == 0 || r.reaping {
@@ -293,16 +305,20 @@ func (t *tailRecorder) String() string {
 	return string(t.buf)
 }
 
-// teeReadCloser copies what is read to w.
+// teeReadCloser copies what is read to w and calls onEOF (when set) at io.EOF.
 type teeReadCloser struct {
-	r io.ReadCloser
-	w io.Writer
+	r     io.ReadCloser
+	w     io.Writer
+	onEOF func()
 }
 
 func (t *teeReadCloser) Read(p []byte) (int, error) {
 	n, err := t.r.Read(p)
 	if n > 0 {
 		_, _ = t.w.Write(p[:n])
+	}
+	if err == io.EOF && t.onEOF != nil {
+		t.onEOF()
 	}
 	return n, err
 }

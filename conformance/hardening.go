@@ -22,8 +22,8 @@ import (
 // dropped capabilities, resource limits. Each is gated on the capability it tests.
 
 func needImageFS(c backend.Capabilities) (bool, string) {
-	if c.FSIsolation != backend.FSIsolationImage {
-		return false, "driver does not claim Capabilities.FSIsolation image (sandboxes see the host's filesystem)"
+	if !c.FSIsolation.OwnRoot() {
+		return false, "driver does not claim Capabilities.FSIsolation image or private (sandboxes see the host's filesystem)"
 	}
 	return true, ""
 }
@@ -73,7 +73,7 @@ func needMountsUser(c backend.Capabilities) (bool, string) {
 func hardeningIsolationCases() []Case {
 	g := "isolation"
 	return []Case{
-		{Group: g, Name: "files-not-shared-nor-on-host", Requires: "Capabilities.FSIsolation image", Needs: needImageFS, Run: caseFilesNotOnHost},
+		{Group: g, Name: "files-not-shared-nor-on-host", Requires: "Capabilities.FSIsolation image or private", Needs: needImageFS, Run: caseFilesNotOnHost},
 		{Group: g, Name: "processes-invisible", Requires: "Capabilities.PIDIsolation", Needs: needPIDIsolation, Run: caseProcessesInvisible},
 		{Group: g, Name: "network-none-only-lo", Requires: "network mode none", Needs: needNetworkNone, Run: caseNetworkNone},
 		{Group: g, Name: "capabilities-dropped", Requires: "Capabilities.DropCapabilities", Needs: needDropCaps, Run: caseCapabilitiesDropped},

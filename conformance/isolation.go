@@ -34,7 +34,8 @@ func caseFilesPrivate(t T, h *Harness) {
 	}
 }
 
-// imageFS reports whether the driver's sandboxes have their own root filesystem.
+// imageFS reports whether the driver's sandboxes have their own root filesystem
+// (FSIsolation image or private).
 func (h *Harness) imageFS() bool {
-	return h.Info.Capabilities.FSIsolation == "image"
+	return h.Info.Capabilities.FSIsolation.OwnRoot()
 }

@@ -121,9 +121,9 @@ func caseInfoValid(t T, h *Harness) {
 		t.Errorf("Info: protocol versions %v lack %d", info.ProtocolVersions, backend.ProtocolVersion)
 	}
 	switch info.Capabilities.FSIsolation {
-	case backend.FSIsolationNone, backend.FSIsolationImage:
+	case backend.FSIsolationNone, backend.FSIsolationImage, backend.FSIsolationPrivate:
 	default:
-		t.Errorf("Info: FSIsolation %q, want %q or %q", info.Capabilities.FSIsolation, backend.FSIsolationNone, backend.FSIsolationImage)
+		t.Errorf("Info: FSIsolation %q, want %q, %q or %q", info.Capabilities.FSIsolation, backend.FSIsolationNone, backend.FSIsolationImage, backend.FSIsolationPrivate)
 	}
 	if info.Name != h.Info.Name || info.Capabilities.TTY != h.Info.Capabilities.TTY || info.Capabilities.StopStart != h.Info.Capabilities.StopStart {
 		t.Errorf("Info changed during the run: %+v, then %+v", h.Info, info)

@@ -19,6 +19,7 @@ import (
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/docker"
 	"github.com/berth-sh/berth/internal/benchutil"
+	"github.com/berth-sh/berth/internal/shellbench"
 	"github.com/berth-sh/berth/internal/testimage"
 	"github.com/berth-sh/berth/registry"
 )
@@ -295,5 +296,5 @@ func BenchmarkShellMode(b *testing.B) {
 		b.Skipf("no Docker Engine at %s: %v; %s", host, err, testimage.StartHint)
 	}
 	cfg := "driver \"docker\" {\n  host = \"" + host + "\"\n}\nscope \"*\" {\n  driver = \"docker\"\n  image  = \"" + testimage.Ref + "\"\n}\n"
-	benchutil.ShellVsExec(b, registry.Options{BerthBinary: berthBin}, cfg, "bench:shell")
+	shellbench.ShellVsExec(b, registry.Options{BerthBinary: berthBin}, cfg, "bench:shell")
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/benchutil"
+	"github.com/berth-sh/berth/internal/shellbench"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
 )
@@ -94,5 +95,5 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 //
 //	go test ./local -run '^$' -bench ShellMode -benchtime 50x
 func BenchmarkShellMode(b *testing.B) {
-	benchutil.ShellVsExec(b, registry.Options{BerthBinary: berthBin}, "scope \"*\" {\n  driver = \"local\"\n}\n", "bench:shell")
+	shellbench.ShellVsExec(b, registry.Options{BerthBinary: berthBin}, "scope \"*\" {\n  driver = \"local\"\n}\n", "bench:shell")
 }

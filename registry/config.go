@@ -177,15 +177,26 @@ func (r *Rule) Spec(owner, session string) backend.SandboxSpec {
 	return spec
 }
 
-// DriverBlock is one driver "NAME" {} block, kept undecoded until the driver's
-// schema is known (Config.DriverConfig).
+// DriverBlock is one driver "NAME" {} block. The host's own keys (plugin,
+// sha256, start_timeout) are decoded at load; the rest of the body is kept
+// undecoded until the driver's schema is known (Config.DriverConfig).
 type DriverBlock struct {
 	// Name is the block's label.
 	Name string
-	// Body is the block's body.
+	// Body is the block's body without the host keys.
 	Body hcl.Body
 	// Range is where the block is defined.
 	Range hcl.Range
+	// Plugin is the plugin key of a third-party driver: an absolute path (a
+	// relative one in the file is made absolute against the config file's
+	// directory) or an executable name searched in the plugin search path;
+	// "" when unset (berth-driver-NAME is searched).
+	Plugin string
+	// SHA256 is the sha256 pin of the plugin executable, lowercase hex, or "".
+	SHA256 string
+	// StartTimeout is start_timeout, the bound on the plugin's start and
+	// handshake; 0 when unset (the default of package backends, 10s).
+	StartTimeout time.Duration
 }
 
 // Config is a loaded config file (or DefaultConfig). Empty strings and nil slices mean
@@ -317,7 +328,23 @@ func posString(r hcl.Range) string {
 type LoadOption func(*loadOptions)
 
 type loadOptions struct {
-	known []string
+	known  []string
+	finder PluginFinder
+}
+
+// PluginFinder lists the third-party drivers that a config may use besides
+// the known ones: the berth-driver-NAME executables in the plugin search path
+// made of pluginDirs (the config's plugin_dirs) and the places the finder
+// adds ($BERTH_PLUGIN_PATH, the berth binary's directory). It returns the
+// driver names.
+type PluginFinder func(pluginDirs []string) []string
+
+// WithPluginFinder sets how third-party drivers are discovered (default: the
+// discovery of package backends with the running executable as the berth
+// binary). nil turns discovery off: only known drivers and driver blocks
+// with a plugin key are accepted.
+func WithPluginFinder(f PluginFinder) LoadOption {
+	return func(o *loadOptions) { o.finder = f }
 }
 
 // WithKnownDrivers sets the driver names that scope rules and driver blocks may use
@@ -346,7 +373,7 @@ func LoadConfig(path string, opts ...LoadOption) (*Config, error) {
 // ParseConfig checks config source src as LoadConfig does; filename is used in
 // positions and as Config.Path.
 func ParseConfig(src []byte, filename string, opts ...LoadOption) (*Config, error) {
-	o := loadOptions{known: DefaultKnownDrivers}
+	o := loadOptions{known: DefaultKnownDrivers, finder: defaultPluginFinder("")}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -354,13 +381,13 @@ func ParseConfig(src []byte, filename string, opts ...LoadOption) (*Config, erro
 	if diags.HasErrors() {
 		return nil, &ConfigError{Diagnostics: diags}
 	}
-	d := &decoder{known: o.known}
+	d := &decoder{known: slices.Clone(o.known), finder: o.finder, dir: filepath.Dir(filename)}
 	cfg := d.config(file.Body)
 	if d.diags.HasErrors() {
 		return nil, &ConfigError{Diagnostics: d.diags}
 	}
 	cfg.Path = filename
-	cfg.KnownDrivers = slices.Clone(o.known)
+	cfg.KnownDrivers = d.known
 	return cfg, nil
 }
 
@@ -368,6 +395,9 @@ func ParseConfig(src []byte, filename string, opts ...LoadOption) (*Config, erro
 type decoder struct {
 	known []string
 	diags hcl.Diagnostics
+	// finder and dir (the config file's directory) serve third-party drivers.
+	finder PluginFinder
+	dir    string
 }
 
 func (d *decoder) errf(rng hcl.Range, summary, format string, args ...any) {
@@ -533,9 +563,62 @@ func (d *decoder) driverName(rng hcl.Range, name string) bool {
 	if slices.Contains(d.known, name) {
 		return true
 	}
-	d.errf(rng, "Unknown driver", "driver %q is not known; known drivers: %s. Use one of them (or install the driver and list it).",
-		name, strings.Join(d.known, ", "))
+	d.errf(rng, "Unknown driver", "driver %q is not known; known drivers: %s. Use one of them, or install the third-party driver as an executable berth-driver-%s in $BERTH_PLUGIN_PATH, plugin_dirs or beside berth, or name it in driver %q { plugin = \"/path/to/berth-driver-%s\" }.",
+		name, strings.Join(d.known, ", "), name, name, name)
 	return false
+}
+
+var driverHostSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{{Name: "plugin"}, {Name: "sha256"}, {Name: "start_timeout"}},
+}
+
+// driverBlock decodes a driver block's host keys and keeps the rest of it.
+func (d *decoder) driverBlock(b *hcl.Block) *DriverBlock {
+	name := b.Labels[0]
+	blk := &DriverBlock{Name: name, Body: b.Body, Range: b.DefRange}
+	c, remain, diags := b.Body.PartialContent(driverHostSchema)
+	d.diags = append(d.diags, diags...)
+	if c == nil {
+		return blk
+	}
+	blk.Body = remain
+	builtin := slices.Contains(builtinDrivers(), name)
+	if a := c.Attributes["plugin"]; a != nil {
+		if s, ok := d.str(a); ok {
+			switch {
+			case builtin:
+				d.errf(a.NameRange, "Plugin for a built-in driver", "driver %q is built into berth; plugin applies only to third-party drivers. Remove it.", name)
+			case s == "":
+				d.errf(a.Expr.Range(), "Invalid plugin", "plugin must be a path or an executable name, e.g. \"berth-driver-%s\".", name)
+			case strings.Contains(s, "/") && !filepath.IsAbs(s):
+				blk.Plugin = filepath.Join(d.dir, s)
+			default:
+				blk.Plugin = s
+			}
+		}
+	}
+	if a := c.Attributes["sha256"]; a != nil {
+		if s, ok := d.str(a); ok {
+			switch {
+			case builtin:
+				d.errf(a.NameRange, "Checksum for a built-in driver", "driver %q is built into berth, which is its own binary; sha256 applies only to third-party drivers. Remove it.", name)
+			case len(s) != 64 || strings.Trim(strings.ToLower(s), "0123456789abcdef") != "":
+				d.errf(a.Expr.Range(), "Invalid sha256", "sha256 must be 64 hex digits (the output of sha256sum on the plugin executable); got %q.", s)
+			default:
+				blk.SHA256 = strings.ToLower(s)
+			}
+		}
+	}
+	if a := c.Attributes["start_timeout"]; a != nil {
+		if v, ok := d.duration(a); ok {
+			if v <= 0 {
+				d.errf(a.Expr.Range(), "Invalid start_timeout", "start_timeout must be positive, e.g. \"10s\".")
+			} else {
+				blk.StartTimeout = v
+			}
+		}
+	}
+	return blk
 }
 
 var rootSchema = &hcl.BodySchema{
@@ -606,21 +689,38 @@ func (d *decoder) config(body hcl.Body) *Config {
 			}
 		}
 	}
+	// Third-party drivers: those in the plugin search path, and those whose
+	// block names their plugin, become known before any name is checked.
+	if d.finder != nil {
+		for _, name := range d.finder(cfg.PluginDirs) {
+			if !slices.Contains(d.known, name) {
+				d.known = append(d.known, name)
+			}
+		}
+	}
+	for _, b := range c.Blocks {
+		if b.Type != "driver" {
+			continue
+		}
+		name := b.Labels[0]
+		if prev, dup := cfg.Drivers[name]; dup {
+			d.errf(b.LabelRanges[0], "Duplicate driver block", "driver %q is already configured at %s; merge the two blocks.", name, posString(prev.Range))
+			continue
+		}
+		blk := d.driverBlock(b)
+		if blk.Plugin != "" && !slices.Contains(d.known, name) {
+			d.known = append(d.known, name)
+		}
+		if !d.driverName(b.LabelRanges[0], name) {
+			continue
+		}
+		cfg.Drivers[name] = blk
+	}
 	firstShared := map[string]*Rule{}
 	globAt := map[string]hcl.Range{}
 	var catchAll *hcl.Range
 	for _, b := range c.Blocks {
 		switch b.Type {
-		case "driver":
-			name := b.Labels[0]
-			if prev, dup := cfg.Drivers[name]; dup {
-				d.errf(b.LabelRanges[0], "Duplicate driver block", "driver %q is already configured at %s; merge the two blocks.", name, posString(prev.Range))
-				continue
-			}
-			if !d.driverName(b.LabelRanges[0], name) {
-				continue
-			}
-			cfg.Drivers[name] = &DriverBlock{Name: name, Body: b.Body, Range: b.DefRange}
 		case "scope":
 			glob := b.Labels[0]
 			if err := ValidateGlob(glob); err != nil {

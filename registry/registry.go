@@ -48,8 +48,14 @@ type Options struct {
 	// drivers (package backends' catalog). InProcess keys are always added.
 	KnownDrivers []string
 	// Launch starts out-of-process drivers; nil means the go-plugin launcher of
-	// package backends for built-in drivers.
+	// package backends: built-in drivers from BerthBinary, third-party drivers
+	// from Plugins, the driver block's plugin key, or discovery
+	// (berth-driver-NAME in $BERTH_PLUGIN_PATH, plugin_dirs, beside BerthBinary).
 	Launch LaunchFunc
+	// Plugins maps third-party driver names to their executables (the CLI's
+	// --plugin), overriding the config's plugin key and discovery; the config's
+	// sha256 pin and start_timeout still apply. Its keys count as known drivers.
+	Plugins map[string]string
 	// PrepareAgent prepares a sandbox's agent files; nil means package
 	// backends/agent's Install (once per Registry) and PrepareSandbox.
 	PrepareAgent PrepareAgentFunc
@@ -131,6 +137,11 @@ func Open(ctx context.Context, opts Options) (*Registry, error) {
 		known = builtinDrivers()
 	}
 	known = slices.Clone(known)
+	for name := range opts.Plugins {
+		if !slices.Contains(known, name) {
+			known = append(known, name)
+		}
+	}
 	for name := range opts.InProcess {
 		if !slices.Contains(known, name) {
 			known = append(known, name)
@@ -142,13 +153,20 @@ func Open(ctx context.Context, opts Options) (*Registry, error) {
 	if err != nil {
 		return nil, err
 	}
+	bin := opts.BerthBinary
+	if bin == "" {
+		if bin, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("finding the berth binary: %w; set Options.BerthBinary", err)
+		}
+	}
 	var cfg *Config
 	if !explicit && !fileExists(path) {
 		cfg, path = DefaultConfig(), ""
-		cfg.KnownDrivers = known
-	} else if cfg, err = LoadConfig(path, WithKnownDrivers(known...)); err != nil {
+		cfg.KnownDrivers = withDiscovered(known, bin)
+	} else if cfg, err = LoadConfig(path, WithKnownDrivers(known...), WithPluginFinder(defaultPluginFinder(bin))); err != nil {
 		return nil, err
 	}
+	known = slices.Sorted(slices.Values(cfg.KnownDrivers)) // with the third-party drivers the config may use
 
 	level, src := opts.LogLevel, "--log-level"
 	if level == "" {
@@ -183,12 +201,6 @@ func Open(ctx context.Context, opts Options) (*Registry, error) {
 		return nil, err
 	}
 
-	bin := opts.BerthBinary
-	if bin == "" {
-		if bin, err = os.Executable(); err != nil {
-			return nil, fmt.Errorf("finding the berth binary: %w; set Options.BerthBinary", err)
-		}
-	}
 	agentSrc := cfg.AgentPath
 	if agentSrc == "" {
 		agentSrc = bin
@@ -217,7 +229,7 @@ func Open(ctx context.Context, opts Options) (*Registry, error) {
 		r.grace = DefaultOrphanGrace
 	}
 	if r.launch == nil {
-		r.launch = defaultLaunch(bin, log)
+		r.launch = defaultLaunch(bin, stateDir, cfg, opts.Plugins, log)
 	}
 	if r.prepare == nil {
 		r.prepare = defaultPrepareAgent(stateDir, agentSrc)

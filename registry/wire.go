@@ -2,7 +2,10 @@ package registry
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"slices"
+	"sort"
 	"sync"
 
 	"github.com/hashicorp/go-hclog"
@@ -18,13 +21,73 @@ import (
 
 func builtinDrivers() []string { return slices.Clone(backends.Builtins) }
 
-func defaultLaunch(berthBinary string, logger hclog.Logger) LaunchFunc {
-	return func(ctx context.Context, driver string) (backend.TerminalBackend, error) {
-		if !slices.Contains(backends.Builtins, driver) {
-			return nil, backend.Errorf(backend.ErrUnsupported, "driver %q is not built in, and third-party drivers (berth-driver-NAME) are not supported yet", driver)
+// defaultPluginFinder discovers third-party drivers in the plugin search path:
+// $BERTH_PLUGIN_PATH, the config's plugin_dirs, the directory of berthBinary
+// (the running executable when "").
+func defaultPluginFinder(berthBinary string) PluginFinder {
+	return func(pluginDirs []string) []string {
+		var names []string
+		for _, p := range backends.Discover(backends.SearchPath(pluginDirs, berthBinaryOrSelf(berthBinary))) {
+			if !backends.IsBuiltin(p.Name) {
+				names = append(names, p.Name)
+			}
 		}
-		path, args := backends.BuiltinCommand(berthBinary, driver)
-		c, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args, Logger: logger.Named(driver)})
+		return names
+	}
+}
+
+func berthBinaryOrSelf(bin string) string {
+	if bin == "" {
+		bin, _ = os.Executable()
+	}
+	return bin
+}
+
+// withDiscovered adds the third-party drivers found with no config file
+// ($BERTH_PLUGIN_PATH, beside berthBinary) to known, sorted.
+func withDiscovered(known []string, berthBinary string) []string {
+	out := slices.Clone(known)
+	for _, n := range defaultPluginFinder(berthBinary)(nil) {
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// defaultLaunch starts the drivers named in plugins from those executables,
+// built-in drivers as `berthBinary driver serve NAME`, and other third-party
+// drivers from the executable that discovery finds for them (the driver
+// block's plugin key, or berth-driver-NAME in the search path); each checked
+// against its block's sha256 pin and started within its start_timeout.
+func defaultLaunch(berthBinary, stateDir string, cfg *Config, plugins map[string]string, logger hclog.Logger) LaunchFunc {
+	return func(ctx context.Context, driver string) (backend.TerminalBackend, error) {
+		// Pinned plugins are hashed once per file version: STATE/plugin-sums.
+		opts := backends.LaunchOptions{Logger: logger.Named(driver), HashCacheDir: filepath.Join(stateDir, "plugin-sums")}
+		blk := cfg.Drivers[driver]
+		if blk != nil {
+			opts.StartTimeout = blk.StartTimeout
+		}
+		if p := plugins[driver]; p != "" {
+			opts.Path = p
+			if blk != nil {
+				opts.SHA256 = blk.SHA256
+			}
+		} else if backends.IsBuiltin(driver) {
+			opts.Path, opts.Args = backends.BuiltinCommand(berthBinary, driver)
+		} else {
+			var plugin string
+			if blk != nil {
+				plugin, opts.SHA256 = blk.Plugin, blk.SHA256
+			}
+			path, err := backends.FindPlugin(driver, plugin, backends.SearchPath(cfg.PluginDirs, berthBinary))
+			if err != nil {
+				return nil, err
+			}
+			opts.Path = path
+		}
+		c, err := backends.Launch(ctx, opts)
 		if err != nil {
 			return nil, err
 		}

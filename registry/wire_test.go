@@ -101,13 +101,17 @@ func TestDefaultWiringConfigErrors(t *testing.T) {
 		}
 		r.Close()
 	}
-	// A driver that is known but not built in cannot be launched yet.
+	// A third-party driver that is known but has no executable in the search
+	// path is not found, and the error names the search path and the fixes.
 	e := newEnv(t, "")
 	o := e.options()
 	o.InProcess, o.KnownDrivers, o.BerthBinary = nil, []string{"local", "thirdparty"}, plugin
+	t.Setenv("BERTH_PLUGIN_PATH", "")
 	r, _ := Open(context.Background(), o)
 	defer r.Close()
-	if _, err := r.Backend(context.Background(), "thirdparty"); !errors.Is(err, backend.ErrUnsupported) {
+	_, err := r.Backend(context.Background(), "thirdparty")
+	if !errors.Is(err, backend.ErrNotFound) || !strings.Contains(err.Error(), "berth-driver-thirdparty") ||
+		!strings.Contains(err.Error(), filepath.Dir(plugin)) || !strings.Contains(err.Error(), "plugin_dirs") {
 		t.Errorf("third-party driver: %v", err)
 	}
 }

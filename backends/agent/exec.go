@@ -502,6 +502,7 @@ func (s *server) prepare(st *agentpb.ExecStart) (*execPlan, error) {
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "user %q: %v", st.User, err)
 	}
+	keepOwnGroups(cred)
 	if _, own := envGet(st.Env, "HOME"); cred != nil && !own {
 		// Another user's HOME is theirs (from the sandbox's /etc/passwd), not the
 		// agent's: "/" for a uid the sandbox does not know, as Docker does.
@@ -732,6 +733,33 @@ func envGet(env []string, key string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// keepOwnGroups makes an exec as the agent's own uid and gid keep the agent's
+// supplementary groups when the agent may not change them (no CAP_SETGID, as in a
+// sandbox that dropped every capability): setgroups would fail with EPERM there,
+// although the exec changes no identity at all.
+func keepOwnGroups(cred *syscall.Credential) {
+	if cred == nil || int(cred.Uid) != os.Getuid() || int(cred.Gid) != os.Getgid() || hasCapSetgid() {
+		return
+	}
+	cred.Groups = nil
+	cred.NoSetGroups = true
+}
+
+// hasCapSetgid reports whether CAP_SETGID (6) is in the agent's effective set.
+func hasCapSetgid() bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return true
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err != nil || n&(1<<6) != 0
+		}
+	}
+	return true
 }
 
 // lookupCredential parses "UID", "UID:GID", "NAME" or "NAME:GROUP"; "" means the

@@ -7,12 +7,14 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/internal/testimage"
 	"github.com/berth-sh/berth/registry"
@@ -21,6 +23,7 @@ import (
 
 type conformanceFlags struct {
 	driver string
+	plugin string
 	run    string
 	skip   string
 	list   bool
@@ -33,11 +36,13 @@ type conformanceFlags struct {
 func newConformanceCmd(g *globals) *cobra.Command {
 	f := &conformanceFlags{}
 	cmd := &cobra.Command{
-		Use:   "conformance --driver NAME",
+		Use:   "conformance --driver NAME | --plugin PATH",
 		Short: "Run the shared conformance suite against a driver",
 		Long: `Run berth's conformance suite against a driver, as configured in the config file,
-through its plugin (or inside this process with --in-process). Cases whose capability the
-driver does not claim are skipped with the reason. The suite's sandboxes carry their own
+through its plugin (or inside this process with --in-process), or against the driver
+plugin executable --plugin PATH (a berth-driver-NAME binary; its name comes from its
+'describe' output, and the config's driver "NAME" {} block, if any, configures it).
+Cases whose capability the driver does not claim are skipped with the reason. The suite's sandboxes carry their own
 owner id and their agent files live in a temporary directory, so your sessions'
 sandboxes are never touched. SIGINT or SIGTERM stops the run after cleaning up.
 
@@ -45,14 +50,16 @@ Exit status: 0 when no case failed, 1 when any failed, 125 when the suite could 
 130 when interrupted.`,
 		Example: `  berth conformance --driver local
   berth conformance --driver local --run '^exec/' --skip 'output-20mib'
-  berth conformance --driver local --json --junit report.xml`,
+  berth conformance --driver local --json --junit report.xml
+  berth conformance --plugin ./berth-driver-bwrap --junit report.xml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runConformance(cmd.Context(), g, f)
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.driver, "driver", "", "driver to test (required unless --list)")
+	fl.StringVar(&f.driver, "driver", "", "driver to test (required unless --plugin or --list)")
+	fl.StringVar(&f.plugin, "plugin", "", "driver plugin executable to test (berth-driver-NAME); instead of --driver")
 	fl.StringVar(&f.run, "run", "", "run only cases whose group/name matches this regular expression")
 	fl.StringVar(&f.skip, "skip", "", "skip cases whose group/name matches this regular expression")
 	fl.BoolVar(&f.list, "list", false, "list the cases (after --run/--skip) and exit")
@@ -92,8 +99,29 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 		}
 		return tw.Flush()
 	}
+	if f.plugin != "" {
+		if g.inProcess {
+			return usageError("--plugin and --in-process exclude each other: a plugin always runs out of process")
+		}
+		abs, err := filepath.Abs(f.plugin)
+		if err != nil {
+			return usageError("--plugin %s: %v", f.plugin, err)
+		}
+		desc, err := backends.Describe(ctx, abs)
+		if err != nil {
+			return usageError("--plugin: %v", err)
+		}
+		if f.driver != "" && f.driver != desc.Name {
+			return usageError("--driver %s and --plugin %s disagree: the plugin serves driver %q; drop --driver", f.driver, f.plugin, desc.Name)
+		}
+		if backends.IsBuiltin(desc.Name) {
+			return usageError("--plugin %s serves driver %q, which is built into berth; test it with --driver %s, or give the plugin a name of its own", f.plugin, desc.Name, desc.Name)
+		}
+		f.driver = desc.Name
+		g.plugins = map[string]string{desc.Name: abs}
+	}
 	if f.driver == "" {
-		return usageError("--driver is required: name the driver to test, e.g. --driver local (see 'berth drivers')")
+		return usageError("--driver or --plugin is required: name the driver to test, e.g. --driver local (see 'berth drivers'), or give a plugin executable, e.g. --plugin ./berth-driver-NAME")
 	}
 	if len(conformance.List(filter)) == 0 {
 		return usageError("no conformance case matches --run %q --skip %q; see 'berth conformance --list'", f.run, f.skip)
@@ -128,7 +156,7 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 	}
 	defer os.RemoveAll(tmp)
 	var restart func(context.Context) error
-	regOpts := registry.Options{BerthBinary: self, Logger: g.logger()}
+	regOpts := registry.Options{BerthBinary: self, Logger: g.logger(), Plugins: g.plugins}
 	if g.inProcess {
 		regOpts.InProcess = builtinDrivers()
 	}

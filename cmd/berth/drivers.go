@@ -18,17 +18,42 @@ func newDriversCmd(g *globals) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "drivers",
-		Short: "List drivers with version, negotiated protocol, capabilities and health",
-		Args:  cobra.NoArgs,
+		Short: "List drivers with version, negotiated protocol, capabilities, health and executable",
+		Long: `List the built-in drivers and the third-party drivers berth can find (berth-driver-NAME
+executables in $BERTH_PLUGIN_PATH, the config's plugin_dirs and beside berth, and
+those named by a driver block's plugin key). Each is started to report its version, the
+plugin protocol version negotiated with it, its capabilities and the executable that
+serves it; one that cannot start shows why under HEALTH.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			list, err := query(cmd.Context(), g, (*registry.Registry).Drivers)
+			var list []registry.DriverStatus
+			paths := map[string]string{}
+			err := g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
+				var err error
+				if list, err = reg.Drivers(cmd.Context()); err != nil {
+					return err
+				}
+				for _, d := range list {
+					if d.Err != nil {
+						continue
+					}
+					// The plugin is running already: this only reads its path.
+					if b, err := reg.Backend(cmd.Context(), d.Name); err == nil {
+						if p, ok := b.(interface{ Path() string }); ok {
+							paths[d.Name] = p.Path()
+						}
+					}
+				}
+				return nil
+			})
 			if err != nil {
 				return err
 			}
 			rows := make([]driverJSON, 0, len(list))
 			for _, d := range list {
 				row := driverJSON{Name: d.Name, Version: d.Info.Version, Protocol: d.Info.Protocol,
-					ProtocolVersions: d.Info.ProtocolVersions, Served: "plugin", Capabilities: d.Info.Capabilities, Health: "ok"}
+					ProtocolVersions: d.Info.ProtocolVersions, Served: "plugin", Capabilities: d.Info.Capabilities, Health: "ok",
+					Path: paths[d.Name]}
 				if g.inProcess {
 					row.Served = "in-process"
 				}
@@ -41,9 +66,13 @@ func newDriversCmd(g *globals) *cobra.Command {
 				return printJSON(rows)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tVERSION\tPROTOCOL\tSERVED\tHEALTH\tCAPABILITIES")
+			fmt.Fprintln(tw, "NAME\tVERSION\tPROTOCOL\tSERVED\tHEALTH\tCAPABILITIES\tEXECUTABLE")
 			for _, d := range rows {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", d.Name, d.Version, d.Protocol, d.Served, d.Health, capsSummary(d.Capabilities))
+				path := d.Path
+				if path == "" {
+					path = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.Name, d.Version, d.Protocol, d.Served, d.Health, capsSummary(d.Capabilities), path)
 			}
 			return tw.Flush()
 		},
@@ -61,6 +90,9 @@ type driverJSON struct {
 	Served           string               `json:"served"`
 	Health           string               `json:"health"`
 	Capabilities     backend.Capabilities `json:"capabilities"`
+	// Path is the executable serving the driver's plugin (the berth binary for
+	// built-in drivers); empty in process or when it could not start.
+	Path string `json:"path,omitempty"`
 }
 
 // capsSummary renders capabilities as a short comma-separated list.

@@ -32,6 +32,9 @@ type globals struct {
 	// onPull shows image pull progress for the calls that may create a sandbox
 	// (exec, shell); nil elsewhere.
 	onPull func(registry.PullEvent)
+	// plugins maps driver names to plugin executables given on the command line
+	// (conformance --plugin); nil elsewhere.
+	plugins map[string]string
 }
 
 // exitError carries an exit code out of a command. err, when set, is printed.
@@ -115,6 +118,7 @@ func (g *globals) open(ctx context.Context) (*registry.Registry, error) {
 		BerthBinary: self,
 		Logger:      g.logger(),
 		OnPull:      g.onPull,
+		Plugins:     g.plugins,
 	}
 	if g.inProcess {
 		opts.InProcess = builtinDrivers()

@@ -2,7 +2,8 @@
 // (backends.Serve) whose small driver runs real host processes with os/exec,
 // each in its own process group. BERTH_TESTPLUGIN_MODE changes it: "garbage"
 // writes text to stdout, then hangs; "exit" exits 3 at once; "hang" never
-// completes the handshake and starts a child in its process group; "full"
+// completes the handshake and starts a child in its process group; "future"
+// speaks only protocol versions 98 and 99 (and says so in describe); "full"
 // serves a driver that also implements backend.Copier, backend.ImagePuller and
 // backend.ImageImporter. BERTH_TESTPLUGIN_PIDFILE, when set, receives one pid
 // per line of every process it starts. "testplugin write N FILE" writes N bytes
@@ -25,6 +26,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
@@ -43,6 +46,9 @@ func main() {
 	case "exit":
 		fmt.Fprintln(os.Stderr, "fatal: frobnicator missing")
 		os.Exit(3)
+	case "future":
+		serveFuture()
+		return
 	case "hang":
 		recordPid(os.Getpid())
 		child := exec.Command("sleep", "300")
@@ -58,11 +64,42 @@ func main() {
 	}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "testdriver", Output: os.Stderr, JSONFormat: true, Level: level})
 	d := &driver{logger: logger, sandboxes: map[string]backend.Sandbox{}}
+	if len(os.Args) == 2 && os.Args[1] == backends.DescribeCommand {
+		// As a third-party driver's main answers it. (Other arguments are ignored:
+		// the registry's tests run this plugin as "BINARY driver serve local".)
+		os.Exit(backends.Main(d))
+	}
 	if os.Getenv("BERTH_TESTPLUGIN_MODE") == "full" {
 		backends.Serve(&fullDriver{driver: d, files: map[string][]byte{}}, logger)
 		return
 	}
 	backends.Serve(d, logger)
+}
+
+// futurePlugin is the go-plugin plugin of a driver from the future: it speaks
+// only protocol versions 98 and 99, which no berth speaks.
+type futurePlugin struct{ plugin.NetRPCUnsupportedPlugin }
+
+func (futurePlugin) GRPCServer(*plugin.GRPCBroker, *grpc.Server) error { return nil }
+func (futurePlugin) GRPCClient(context.Context, *plugin.GRPCBroker, *grpc.ClientConn) (any, error) {
+	return nil, errors.New("not a host")
+}
+
+// serveFuture serves futurePlugin with berth's handshake and answers describe.
+func serveFuture() {
+	if len(os.Args) > 1 && os.Args[1] == "describe" {
+		fmt.Println(`{"name":"future","version":"9.0.0","protocol_versions":[98,99],"capabilities":{},"config_schema":[]}`)
+		return
+	}
+	recordPid(os.Getpid())
+	plugin.Serve(&plugin.ServeConfig{
+		HandshakeConfig: backends.Handshake,
+		VersionedPlugins: map[int]plugin.PluginSet{
+			98: {backends.PluginName: futurePlugin{}},
+			99: {backends.PluginName: futurePlugin{}},
+		},
+		GRPCServer: plugin.DefaultGRPCServer,
+	})
 }
 
 // fullDriver adds the optional interfaces: CopyIn stores the stream under

@@ -1,4 +1,7 @@
-package benchutil
+// Package shellbench compares shell-mode calls with plain execs through a registry,
+// for the drivers' benchmarks. It is apart from benchutil, which package backends'
+// own benchmarks import and which therefore must not import the registry.
+package shellbench
 
 import (
 	"context"
@@ -8,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/registry"
 )
 
@@ -53,5 +57,5 @@ func ShellVsExec(b *testing.B, opts registry.Options, configHCL, session string)
 	if err := plain(); err != nil { // creates the sandbox
 		b.Fatal(err)
 	}
-	Interleave(b, []Way{{Name: "plain-exec", Run: plain}, {Name: "shell-mode", Run: shell}})
+	benchutil.Interleave(b, []benchutil.Way{{Name: "plain-exec", Run: plain}, {Name: "shell-mode", Run: shell}})
 }
