@@ -176,7 +176,7 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 		StateDir:       tmp,
 		Image:          image,
 		OpenRegistry:   conformance.RegistryOpener(regOpts),
-		BerthEnv:       berthEnv(g),
+		BerthEnv:       berthEnv(g, tmp),
 		OnCase: func(c conformance.CaseReport) {
 			line := fmt.Sprintf("%-4s %s (%d ms)", c.Status, c.FullName(), c.DurationMS)
 			if c.Reason != "" {
@@ -263,9 +263,26 @@ func firstLine(s string) string {
 
 // berthEnv is what the berth processes that the recovery cases start need of this
 // one's flags: the log level (state dir and config come from the case's registry).
-func berthEnv(g *globals) []string {
+// berthEnv is the environment that the recovery cases add for the berth processes
+// they start: the log level, and for --plugin a BERTH_PLUGIN_PATH directory (under
+// tmp) in which the plugin is berth-driver-NAME, so those processes find it too.
+func berthEnv(g *globals, tmp string) []string {
+	var env []string
 	if g.logLevel != "" {
-		return []string{registry.EnvLog + "=" + g.logLevel}
+		env = append(env, registry.EnvLog+"="+g.logLevel)
 	}
-	return nil
+	if len(g.plugins) > 0 {
+		dir := filepath.Join(tmp, "plugins")
+		if err := os.MkdirAll(dir, 0o700); err == nil {
+			for name, path := range g.plugins {
+				os.Symlink(path, filepath.Join(dir, "berth-driver-"+name))
+			}
+			pp := dir
+			if old := os.Getenv("BERTH_PLUGIN_PATH"); old != "" {
+				pp += ":" + old
+			}
+			env = append(env, "BERTH_PLUGIN_PATH="+pp)
+		}
+	}
+	return env
 }
