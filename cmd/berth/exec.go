@@ -116,10 +116,8 @@ type execJSON struct {
 }
 
 func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error {
-	for _, kv := range f.env {
-		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
-			return usageError("-e %q: want KEY=VALUE", kv)
-		}
+	if err := checkEnvFlags(f.env); err != nil {
+		return err
 	}
 	if f.timeout < 0 {
 		return usageError("--timeout %v: must not be negative", f.timeout)
@@ -335,4 +333,14 @@ func errorsIsAny(err error, kinds ...error) bool {
 // files of the old one are gone (never silently).
 func reportRecreated(session string, lease *registry.Lease) {
 	fmt.Fprintf(os.Stderr, "berth: session %s: %s\n", session, lease.RecreatedReason)
+}
+
+// checkEnvFlags checks -e values: each must be KEY=VALUE with a non-empty KEY.
+func checkEnvFlags(env []string) error {
+	for _, kv := range env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return usageError("-e %q: want KEY=VALUE", kv)
+		}
+	}
+	return nil
 }

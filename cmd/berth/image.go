@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -32,17 +33,9 @@ the references it holds, one a line. FILE "-" reads the archive from stdin.`,
 				r = f
 			}
 			return g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
-				b, err := reg.Backend(cmd.Context(), driver)
+				imp, err := imageDriver[backend.ImageImporter](cmd.Context(), reg, driver, "import", func(c backend.Capabilities) bool { return c.ImageImport })
 				if err != nil {
 					return err
-				}
-				info, err := b.Info(cmd.Context())
-				if err != nil {
-					return err
-				}
-				imp, ok := b.(backend.ImageImporter)
-				if !ok || !info.Capabilities.ImageImport {
-					return fmt.Errorf("driver %s cannot import images (it has no image store); choose one with --driver, e.g. docker", driver)
 				}
 				refs, err := imp.ImportImage(cmd.Context(), r)
 				if err != nil {
@@ -58,4 +51,24 @@ the references it holds, one a line. FILE "-" reads the archive from stdin.`,
 	imp.Flags().StringVar(&driver, "driver", "docker", "driver whose image store receives the image")
 	img.AddCommand(imp, newImagePullCmd(g))
 	return img
+}
+
+// imageDriver returns driver as I (backend.ImagePuller or ImageImporter) when it
+// implements it and its capabilities say so (has), else an error that says the
+// driver cannot verb images.
+func imageDriver[I any](ctx context.Context, reg *registry.Registry, driver, verb string, has func(backend.Capabilities) bool) (I, error) {
+	var none I
+	b, err := reg.Backend(ctx, driver)
+	if err != nil {
+		return none, err
+	}
+	info, err := b.Info(ctx)
+	if err != nil {
+		return none, err
+	}
+	d, ok := b.(I)
+	if !ok || !has(info.Capabilities) {
+		return none, fmt.Errorf("driver %s cannot %s images (it has no image store); choose one with --driver, e.g. docker", driver, verb)
+	}
+	return d, nil
 }

@@ -34,10 +34,8 @@ or the sandbox stops. The host reads that output only through the agent.`,
 		Example: `  berth job start -s chat:1 -- sh -c 'while :; do date; sleep 1; done'`,
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			for _, kv := range env {
-				if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
-					return usageError("-e %q: want KEY=VALUE", kv)
-				}
+			if err := checkEnvFlags(env); err != nil {
+				return err
 			}
 			return g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
 				j, err := reg.JobStart(cmd.Context(), session, registry.JobStartRequest{Argv: args, Env: env, Dir: workdir})

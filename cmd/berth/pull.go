@@ -157,17 +157,9 @@ from the user's Docker config file (docker login).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
-				b, err := reg.Backend(cmd.Context(), driver)
+				pl, err := imageDriver[backend.ImagePuller](cmd.Context(), reg, driver, "pull", func(c backend.Capabilities) bool { return c.ImagePull })
 				if err != nil {
 					return err
-				}
-				info, err := b.Info(cmd.Context())
-				if err != nil {
-					return err
-				}
-				pl, ok := b.(backend.ImagePuller)
-				if !ok || !info.Capabilities.ImagePull {
-					return fmt.Errorf("driver %s cannot pull images (it has no image store); choose one with --driver, e.g. docker", driver)
 				}
 				disp := newPullDisplay(asJSON)
 				err = pl.PullImage(cmd.Context(), args[0], backend.PullAlways, func(p backend.PullProgress) {

@@ -16,10 +16,8 @@ import (
 // runShellMode is `berth exec --shell COMMAND`: Registry.Shell, then the capped
 // output (or one JSON object) once the call has ended.
 func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
-	for _, kv := range f.env {
-		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
-			return usageError("-e %q: want KEY=VALUE", kv)
-		}
+	if err := checkEnvFlags(f.env); err != nil {
+		return err
 	}
 	switch {
 	case f.timeout < 0:
