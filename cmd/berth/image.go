@@ -19,7 +19,8 @@ func newImageCmd(g *globals) *cobra.Command {
 		Long: `Load an image archive into a driver's image store, as 'docker load' does, and print
 the references it holds, one a line. FILE "-" reads the archive from stdin.`,
 		Example: `  berth image import busybox.tar
-  docker save alpine:3 | berth image import --driver docker -`,
+  docker save alpine:3 | berth image import --driver docker -
+  berth image import --driver containerd busybox.tar`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var r io.Reader = os.Stdin
@@ -42,7 +43,7 @@ the references it holds, one a line. FILE "-" reads the archive from stdin.`,
 				}
 				imp, ok := b.(backend.ImageImporter)
 				if !ok || !info.Capabilities.ImageImport {
-					return fmt.Errorf("driver %s cannot import images (it has no image store); choose one with --driver, e.g. docker", driver)
+					return fmt.Errorf("driver %s cannot import images (it has no image store); choose one with --driver, e.g. docker or containerd", driver)
 				}
 				refs, err := imp.ImportImage(cmd.Context(), r)
 				if err != nil {
