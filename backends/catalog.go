@@ -1,8 +1,8 @@
 package backends
 
 // Builtins lists the drivers that the berth binary serves itself, by config
-// name. Containerd joins it in a later issue.
-var Builtins = []string{"local", "docker"}
+// name.
+var Builtins = []string{"local", "docker", "containerd"}
 
 // IsBuiltin reports whether name is in Builtins.
 func IsBuiltin(name string) bool {

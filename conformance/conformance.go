@@ -117,6 +117,14 @@ type Options struct {
 	// test's own environment without BERTH_* and the registry's BERTH_STATE_DIR and
 	// BERTH_CONFIG.
 	BerthEnv []string
+	// RemoveUnowned, when set, removes the sandbox name with the runtime's own tools
+	// although it carries no owner label. retention/reconcile-leaves-others plants
+	// such a sandbox (an empty owner id) to check that reconcile leaves it alone, and
+	// removes it with the driver when the runtime kept the empty label (docker); a
+	// runtime that drops empty labels (containerd) leaves a sandbox that the driver,
+	// rightly, refuses to remove, and the case then calls this. Without it such a
+	// runtime's run reports the sandbox it could not remove as a cleanup error.
+	RemoveUnowned func(ctx context.Context, name string) error
 	// CaseTimeout bounds one case under RunAll (its context is cancelled then, and the
 	// case fails). Default 5 minutes. Run leaves timing to go test -timeout.
 	CaseTimeout time.Duration

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/containerutil"
 )
 
 // agentStartTimeout bounds how long Create waits for the agent of a started container
@@ -49,7 +49,7 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 	if err := backend.ValidateSandboxName(spec.Name); err != nil {
 		return backend.Sandbox{}, err
 	}
-	if err := checkAgent(spec.Name, req.Agent); err != nil {
+	if err := containerutil.CheckAgent(Name, spec.Name, req.Agent); err != nil {
 		return backend.Sandbox{}, err
 	}
 	cfg, hcfg, user, err := d.containerConfig(spec, req.Agent)
@@ -111,20 +111,6 @@ func remoteEngine(name, host string, a backend.AgentFiles, err error) error {
 		if strings.Contains(msg, dir) {
 			return backend.Errorf(backend.ErrInvalid, "docker sandbox %s: the Docker Engine at %s cannot see %s, which exists on this host: it runs on another machine or in a VM (a forwarded socket, a tcp or ssh tunnel), and berth's agent needs an engine on this host that shares its filesystem; point host (or DOCKER_HOST) at a local engine's socket", name, host, dir)
 		}
-	}
-	return nil
-}
-
-// checkAgent refuses agent files that cannot run in a container.
-func checkAgent(name string, a backend.AgentFiles) error {
-	if a.Binary == "" || a.Dir == "" || a.SocketDir == "" {
-		return backend.Errorf(backend.ErrInvalid, "docker sandbox %s: no agent binary, agent dir or socket dir given", name)
-	}
-	if filepath.Base(a.Binary) != backend.AgentBinaryName || filepath.Dir(a.Binary) != filepath.Clean(a.Dir) {
-		return backend.Errorf(backend.ErrInvalid, "docker sandbox %s: agent binary %s must be %s inside the agent dir %s", name, a.Binary, backend.AgentBinaryName, a.Dir)
-	}
-	if !a.Static {
-		return backend.Errorf(backend.ErrInvalid, "docker sandbox %s: the agent binary %s is dynamically linked and cannot run inside a container's own filesystem; build a static berth with `CGO_ENABLED=0 go build -o berth ./cmd/berth` and use that (or point agent_path at a static build)", name, a.Binary)
 	}
 	return nil
 }
@@ -218,7 +204,7 @@ func (d *Driver) start(ctx context.Context, name, id, user string) (backend.Sand
 		c.Close()
 		return backend.Sandbox{}, d.wrap("inspect container "+name, err)
 	}
-	sc := &sandboxConn{id: id, started: info.State.StartedAt, client: c, user: user, oom: oomCounterPath(info.State.Pid)}
+	sc := &sandboxConn{id: id, started: info.State.StartedAt, client: c, user: user, oom: containerutil.OOMCounterPath(info.State.Pid)}
 	if user != "" {
 		// The agent resolves the user at each exec; make a name unknown in the image an
 		// error of Create, not of every exec.
@@ -348,10 +334,10 @@ func (d *Driver) containerConfig(spec backend.SandboxSpec, a backend.AgentFiles)
 	if r.CPUs < 0 || r.MemoryBytes < 0 || r.Pids < 0 {
 		return bad("resources must not be negative (cpus %v, memory %d, pids %d)", r.CPUs, r.MemoryBytes, r.Pids)
 	}
-	if r.MemoryBytes > 0 && r.MemoryBytes < 6<<20 {
+	if r.MemoryBytes > 0 && r.MemoryBytes < containerutil.MinMemoryBytes {
 		return bad("memory %d bytes is below Docker's minimum of 6 MiB", r.MemoryBytes)
 	}
-	user, err := resolveUser(spec.User)
+	user, err := containerutil.ResolveUser(spec.User)
 	if err != nil {
 		return bad("%v", err)
 	}
@@ -386,7 +372,7 @@ func (d *Driver) containerConfig(spec backend.SandboxSpec, a backend.AgentFiles)
 		NetworkMode: container.NetworkMode(network),
 		Mounts:      mounts,
 		CapDrop:     []string{"ALL"},
-		CapAdd:      append([]string(nil), DefaultCapabilities...),
+		CapAdd:      append([]string(nil), containerutil.DefaultCapabilities...),
 		SecurityOpt: []string{"no-new-privileges"},
 		LogConfig:   container.LogConfig{Type: "json-file", Config: map[string]string{"max-size": "1m", "max-file": "1"}},
 		Resources: container.Resources{
@@ -401,73 +387,18 @@ func (d *Driver) containerConfig(spec backend.SandboxSpec, a backend.AgentFiles)
 	return cfg, hcfg, user, nil
 }
 
-// resolveUser checks a spec user: "", "UID", "UID:GID", a name (resolved in the image
-// by the agent), or "host": the invoking user's ids (SUDO_UID/SUDO_GID under sudo).
-func resolveUser(u string) (string, error) {
-	if u != "host" {
-		if strings.ContainsAny(u, " \t\n\x00") || strings.Count(u, ":") > 1 || strings.HasPrefix(u, ":") || strings.HasSuffix(u, ":") {
-			return "", fmt.Errorf("user %q: want \"UID\", \"UID:GID\", a user name of the image, or \"host\"", u)
-		}
-		return u, nil
-	}
-	uid, gid := os.Getuid(), os.Getgid()
-	if s := os.Getenv("SUDO_UID"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 0 {
-			return "", fmt.Errorf("user \"host\": SUDO_UID=%q is not a uid", s)
-		}
-		uid = n
-		gid = n
-		if g := os.Getenv("SUDO_GID"); g != "" {
-			if gid, err = strconv.Atoi(g); err != nil || gid < 0 {
-				return "", fmt.Errorf("user \"host\": SUDO_GID=%q is not a gid", g)
-			}
-		}
-	}
-	return fmt.Sprintf("%d:%d", uid, gid), nil
-}
-
-// checkMount applies the host-path policy: absolute paths, an existing source, and
-// neither / nor the Docker socket (nor a directory holding it) unless allowHost.
+// checkMount applies the host-path policy (containerutil.CheckMount): neither / nor
+// the Docker socket (nor a directory holding it) unless allowHost.
 func (d *Driver) checkMount(m backend.Mount, allowHost bool) error {
-	if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Target) {
-		return fmt.Errorf("mount %s -> %s: both paths must be absolute", m.Source, m.Target)
-	}
-	if t := filepath.Clean(m.Target); t == "/" || t == "/.berth" || strings.HasPrefix(t, "/.berth/") {
-		return fmt.Errorf("mount target %s is reserved (berth's agent lives under /.berth)", m.Target)
-	}
-	src, err := filepath.EvalSymlinks(m.Source)
-	if err != nil {
-		return fmt.Errorf("mount source %s does not exist on the host (%v); create it or fix the path", m.Source, err)
-	}
-	if allowHost {
-		return nil
-	}
-	if src == "/" {
-		return fmt.Errorf("mount source %s is the host's root directory; set allow_host_paths = true in the rule if you mean it", m.Source)
-	}
-	for _, sock := range d.dockerSockets() {
-		if sock == src || strings.HasPrefix(sock, src+"/") {
-			return fmt.Errorf("mount source %s exposes the Docker socket %s (root on the host); set allow_host_paths = true in the rule if you mean it", m.Source, sock)
-		}
-	}
-	return nil
-}
-
-// dockerSockets lists the engine sockets a mount must not expose, links resolved.
-func (d *Driver) dockerSockets() []string {
+	var socks []containerutil.Socket
 	cands := []string{"/var/run/docker.sock", "/run/docker.sock"}
 	if p, err := checkHost(d.engineHost()); err == nil {
 		cands = append(cands, p)
 	}
-	var out []string
 	for _, c := range cands {
-		out = append(out, c)
-		if r, err := filepath.EvalSymlinks(c); err == nil && r != c {
-			out = append(out, r)
-		}
+		socks = append(socks, containerutil.Socket{Path: c, What: "Docker socket"})
 	}
-	return out
+	return containerutil.CheckMount(m, allowHost, socks)
 }
 
 // forget drops the cached connection of sandbox name.

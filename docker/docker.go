@@ -28,6 +28,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/containerutil"
 )
 
 // Name is the driver's name in config.
@@ -40,17 +41,14 @@ const Version = "0.1.0"
 const DefaultHost = "unix:///var/run/docker.sock"
 
 // DefaultCapabilities are the Linux capabilities a sandbox keeps; every other one is
-// dropped. The agent runs as root in the container and needs SETUID, SETGID (execs as
-// another user, setgroups) and KILL (ending process trees of execs that run as another
-// user); CHOWN, DAC_OVERRIDE and FOWNER let root in the sandbox manage the files of the
-// sandbox's own filesystem as root expects (copying in files with their owners,
-// package installs, writing into directories of other users).
-var DefaultCapabilities = []string{"CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"}
+// dropped. It is containerutil.DefaultCapabilities, shared with the containerd
+// driver, where the reason for each is documented (docs/docker.md too).
+var DefaultCapabilities = containerutil.DefaultCapabilities
 
 // AgentStateDir is where the agent keeps, inside the container's own filesystem (so
 // it survives Stop and goes with Remove), the state that outlives it: the shell-mode
-// state of each session, readable by root only.
-const AgentStateDir = "/.berth/state"
+// state of each session, readable by root only (containerutil.AgentStateDir).
+const AgentStateDir = containerutil.AgentStateDir
 
 // NetworkModes are the SandboxSpec.Network values the driver accepts; "" means "none".
 var NetworkModes = []string{"none", "bridge", "host"}

@@ -1,14 +1,11 @@
 package docker
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -18,6 +15,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/containerutil"
 )
 
 // DefaultStopGrace is Stop's grace when the caller passes 0.
@@ -231,7 +229,7 @@ func (d *Driver) conn(ctx context.Context, name string) (*sandboxConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("docker sandbox %s: %w", name, err)
 	}
-	sc = &sandboxConn{id: info.ID, started: info.State.StartedAt, client: c, user: info.Config.Labels[LabelUser], oom: oomCounterPath(info.State.Pid)}
+	sc = &sandboxConn{id: info.ID, started: info.State.StartedAt, client: c, user: info.Config.Labels[LabelUser], oom: containerutil.OOMCounterPath(info.State.Pid)}
 	d.mu.Lock()
 	if old := d.clients[name]; old != nil {
 		d.mu.Unlock()
@@ -272,7 +270,7 @@ func (d *Driver) Exec(ctx context.Context, name string, req backend.ExecRequest)
 		if r.User == "" {
 			r.User = sc.user
 		}
-		before = readOOMCount(sc.oom)
+		before = containerutil.ReadOOMCount(sc.oom)
 		p, err = sc.client.Exec(ctx, r)
 		if err == nil || !errors.Is(err, backend.ErrUnavailable) || attempt > 0 {
 			break
@@ -293,83 +291,7 @@ func (d *Driver) Exec(ctx context.Context, name string, req backend.ExecRequest)
 	if err != nil {
 		return nil, err
 	}
-	if sc.oom == "" || before < 0 {
-		return p, nil
-	}
-	return &oomProcess{Process: p, path: sc.oom, before: before}, nil
-}
-
-// oomProcess sets ExecResult.OOMKilled from the memory cgroup's oom_kill counter.
-type oomProcess struct {
-	backend.Process
-	path   string
-	before int64
-}
-
-func (p *oomProcess) Wait() (backend.ExecResult, error) {
-	res, err := p.Process.Wait()
-	if after := readOOMCount(p.path); after > p.before {
-		res.OOMKilled = true
-	}
-	return res, err
-}
-
-// oomCounterPath finds the file on this host that counts OOM kills in the cgroup of
-// process pid (the container's PID 1): memory.oom_control of the cgroup v1 memory
-// controller, or memory.events on cgroup v2; "" when it cannot be read (the driver
-// runs in another cgroup namespace, or the kernel has no counter).
-func oomCounterPath(pid int) string {
-	if pid <= 0 {
-		return ""
-	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
-	if err != nil {
-		return ""
-	}
-	var path string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.SplitN(line, ":", 3)
-		if len(f) != 3 {
-			continue
-		}
-		if f[0] == "0" && f[1] == "" {
-			if path == "" {
-				path = "/sys/fs/cgroup" + f[2] + "/memory.events"
-			}
-			continue
-		}
-		for _, ctl := range strings.Split(f[1], ",") {
-			if ctl == "memory" {
-				path = "/sys/fs/cgroup/memory" + f[2] + "/memory.oom_control"
-			}
-		}
-	}
-	if path == "" || readOOMCount(path) < 0 {
-		return ""
-	}
-	return path
-}
-
-// readOOMCount returns the "oom_kill N" value of path, or -1.
-func readOOMCount(path string) int64 {
-	if path == "" {
-		return -1
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return -1
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if v, ok := strings.CutPrefix(s.Text(), "oom_kill "); ok {
-			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			if err == nil {
-				return n
-			}
-		}
-	}
-	return -1
+	return containerutil.WatchOOM(p, sc.oom, before), nil
 }
 
 // CopyIn extracts the tar stream r into dir in the sandbox through the agent, never

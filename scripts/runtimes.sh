@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Start the container runtimes that berth's docker (and later containerd) tests use:
-# containerd and dockerd on private sockets and directories, for development and CI.
+# Start the container runtimes that berth's docker and containerd tests use: Debian's
+# containerd 1.6, a containerd 2.x built from its Go module, and dockerd, each on
+# private sockets and directories, for development and CI.
 #
 #   sudo scripts/runtimes.sh              # start (or reuse) them; prints export lines
 #   eval "$(sudo scripts/runtimes.sh)"    # ... and use them in this shell
@@ -9,11 +10,19 @@
 # As root on Debian it installs docker.io, containerd, runc, busybox-static and
 # docker-registry (for pull tests) when they are missing. Everything lives under $BERTH_RUNTIMES_DIR (default /tmp/berth-runtimes):
 #
-#   containerd.sock  dockerd.sock          the sockets
-#   containerd/{root,state}  docker/{data,exec}   the daemons' directories
-#   containerd.log   dockerd.log           the daemons' logs
-#   containerd.pid   dockerd.pid           their pids
+#   containerd.sock  containerd2.sock  dockerd.sock   the sockets
+#   containerd/{root,state}  containerd2/{root,state}  docker/{data,exec}
+#                                          the daemons' directories
+#   containerd.log   containerd2.log   dockerd.log    the daemons' logs
+#   containerd.pid   containerd2.pid   dockerd.pid    their pids
+#   containerd2-bin/                       containerd 2.x and its runc shim
 #   env                                    the export lines below, for `. DIR/env`
+#
+# containerd 2.x (version $BERTH_CONTAINERD2_VERSION, default v2.4.2) is built with
+# `go install` (CGO disabled, tags no_btrfs no_devmapper no_zfs; about 3 minutes, once)
+# into containerd2-bin when its binaries are missing or of another version; it runs
+# with that directory first on its PATH, so it starts its own shim (which uses the
+# host's runc). Its exports: CONTAINERD2_ADDRESS.
 #
 # dockerd runs with --bridge=none --iptables=false --ip-masq=false: no host network
 # changes; berth's test sandboxes use network "none". A second run reuses daemons that
@@ -25,6 +34,9 @@ set -euo pipefail
 DIR=${BERTH_RUNTIMES_DIR:-/tmp/berth-runtimes}
 TIMEOUT=${BERTH_RUNTIMES_TIMEOUT:-60}
 CSOCK=$DIR/containerd.sock
+C2SOCK=$DIR/containerd2.sock
+C2BIN=$DIR/containerd2-bin
+C2VERSION=${BERTH_CONTAINERD2_VERSION:-v2.4.2}
 DSOCK=$DIR/dockerd.sock
 
 say() { printf 'runtimes: %s\n' "$*" >&2; }
@@ -49,6 +61,7 @@ stop_one() { # name
 if [ "${1:-}" = stop ]; then
   stop_one dockerd
   stop_one containerd
+  stop_one containerd2
   exit 0
 fi
 [ $# -eq 0 ] || die "usage: $0 [stop]"
@@ -78,7 +91,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 [ "$(id -u)" = 0 ] || die "containerd and dockerd need root: run sudo $0"
 
-mkdir -p "$DIR"/containerd/root "$DIR"/containerd/state "$DIR"/docker/data "$DIR"/docker/exec
+mkdir -p "$DIR"/containerd/root "$DIR"/containerd/state "$DIR"/containerd2/root "$DIR"/containerd2/state \
+  "$DIR"/docker/data "$DIR"/docker/exec
 chmod 711 "$DIR"
 
 wait_for() { # name check-command...
@@ -112,6 +126,43 @@ else
   say "containerd up"
 fi
 
+# --- containerd 2.x, built from its Go module ------------------------------------------
+c2_built() {
+  [ -x "$C2BIN/containerd" ] && [ -x "$C2BIN/containerd-shim-runc-v2" ] &&
+    "$C2BIN/containerd" --version 2>/dev/null | grep -qF " ${C2VERSION#v}"
+}
+if ! c2_built; then
+  if ! command -v go >/dev/null; then
+    for g in /usr/local/go/bin /usr/lib/go/bin; do [ -x "$g/go" ] && PATH=$PATH:$g; done
+  fi
+  command -v go >/dev/null || die "building containerd $C2VERSION needs Go (https://go.dev/dl/) on PATH"
+  say "building containerd $C2VERSION into $C2BIN (go install, about 3 minutes)"
+  mkdir -p "$C2BIN"
+  (cd "$DIR" && GOBIN=$C2BIN CGO_ENABLED=0 GOFLAGS= go install -tags "no_btrfs no_devmapper no_zfs" \
+    "github.com/containerd/containerd/v2/cmd/containerd@$C2VERSION" \
+    "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$C2VERSION") >&2 ||
+    die "go install of containerd $C2VERSION failed (output above)"
+  c2_built || die "$C2BIN/containerd is not version $C2VERSION after the build"
+fi
+if alive "$DIR/containerd2.pid" && ctr --address "$C2SOCK" version >/dev/null 2>&1; then
+  say "containerd 2 already running (pid $(cat "$DIR/containerd2.pid"))"
+else
+  stop_one containerd2
+  rm -f "$C2SOCK"
+  say "starting containerd $C2VERSION on $C2SOCK"
+  # Its own config: no CRI (berth does not use it, and it would look for CNI).
+  cat >"$DIR/containerd2.toml" <<'TOML'
+version = 3
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images", "io.containerd.podsandbox.controller.v1.podsandbox", "io.containerd.sandbox.controller.v1.shim"]
+TOML
+  PATH=$C2BIN:$PATH setsid "$C2BIN/containerd" --config "$DIR/containerd2.toml" --address "$C2SOCK" \
+    --root "$DIR/containerd2/root" --state "$DIR/containerd2/state" \
+    </dev/null >>"$DIR/containerd2.log" 2>&1 &
+  echo $! >"$DIR/containerd2.pid"
+  wait_for containerd2 ctr --address "$C2SOCK" version
+  say "containerd 2 up: $("$C2BIN/containerd" --version)"
+fi
+
 # --- dockerd ----------------------------------------------------------------------
 if alive "$DIR/dockerd.pid" && docker -H "unix://$DSOCK" version >/dev/null 2>&1; then
   say "dockerd already running (pid $(cat "$DIR/dockerd.pid"))"
@@ -135,5 +186,6 @@ fi
 {
   echo "export DOCKER_HOST=unix://$DSOCK"
   echo "export CONTAINERD_ADDRESS=$CSOCK"
+  echo "export CONTAINERD2_ADDRESS=$C2SOCK"
 } >"$DIR/env"
 cat "$DIR/env"

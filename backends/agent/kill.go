@@ -47,8 +47,10 @@ func parseStat(pid int, b []byte) (procInfo, bool) {
 	return p, true
 }
 
-// scanProcs lists every live (not zombie) process but the agent itself.
-func (s *server) scanProcs() []procInfo {
+// scanProcs lists every live (not zombie) process but the agent itself, and with
+// zombies also the zombies (state Z), which still count against a pids limit until
+// they are reaped.
+func (s *server) scanProcs(zombies bool) []procInfo {
 	s.blk.enter()
 	defer s.blk.leave()
 	d, err := os.Open("/proc")
@@ -65,7 +67,7 @@ func (s *server) scanProcs() []procInfo {
 			continue
 		}
 		p, ok := readStat(pid)
-		if !ok || p.state == 'Z' || p.state == 'X' {
+		if !ok || p.state == 'X' || p.state == 'Z' && !zombies {
 			continue
 		}
 		out = append(out, p)
@@ -112,20 +114,36 @@ const killGiveUp = 30 * time.Second
 
 // killTree sends SIGTERM to every process that selectFn picks, waits up to grace for
 // them to go (woken by the reaper, rescanning /proc), then sends SIGKILL repeatedly
-// until selectFn picks none. It returns when no selected process is left (or after
-// killGiveUp of SIGKILLs, logging the survivors).
+// until selectFn picks none. It returns when no selected process is left, not even as
+// a zombie of the agent awaiting its reaper (a zombie still holds a pid of the
+// sandbox's pids limit, so the next exec could not fork), or after killGiveUp of
+// SIGKILLs, logging the survivors.
 func (s *server) killTree(selectFn func([]procInfo) []procInfo, grace time.Duration) {
 	deadline := time.Now().Add(grace)
 	giveUp := deadline.Add(killGiveUp)
 	termed := map[int]bool{}
+	self := os.Getpid()
 	for {
 		changed := s.reaper.notify()
-		procs := selectFn(s.scanProcs())
-		if len(procs) == 0 {
+		var procs []procInfo
+		reaping := 0
+		for _, p := range selectFn(s.scanProcs(true)) {
+			switch {
+			case p.state != 'Z':
+				procs = append(procs, p)
+			case p.ppid == self:
+				reaping++ // the reaper's; other zombies go with their parent
+			}
+		}
+		if len(procs) == 0 && reaping == 0 {
 			return
 		}
 		if time.Now().After(giveUp) {
-			s.log.Printf("giving up killing %d processes (first: pid %d state %c)", len(procs), procs[0].pid, procs[0].state)
+			if len(procs) > 0 {
+				s.log.Printf("giving up killing %d processes (first: pid %d state %c)", len(procs), procs[0].pid, procs[0].state)
+			} else {
+				s.log.Printf("giving up waiting for %d zombies to be reaped", reaping)
+			}
 			return
 		}
 		kill := !time.Now().Before(deadline)
@@ -206,7 +224,7 @@ func (s *server) pruneSessions() {
 	}
 	s.mu.Unlock()
 	live := map[int]bool{}
-	for _, p := range s.scanProcs() {
+	for _, p := range s.scanProcs(false) {
 		live[p.sid] = true
 	}
 	s.mu.Lock()

@@ -3,12 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -170,13 +172,22 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 			return nil
 		}
 	}
+	// The registry cases write their own config: it carries the tested driver's block
+	// of the user's config, so that they reach the same daemon (address, namespace).
+	block, err := driverBlockHCL(ctx, reg, b, f.driver)
+	if err != nil {
+		return failure(err)
+	}
+	opener := conformance.RegistryOpener(regOpts)
 	opts := conformance.Options{
 		RestartRuntime: restart,
 		AgentBinary:    self,
 		StateDir:       tmp,
 		Image:          image,
-		OpenRegistry:   conformance.RegistryOpener(regOpts),
-		BerthEnv:       berthEnv(g, tmp),
+		OpenRegistry: func(t conformance.T, cfg string) (*registry.Registry, error) {
+			return opener(t, block+cfg)
+		},
+		BerthEnv: berthEnv(g, tmp),
 		OnCase: func(c conformance.CaseReport) {
 			line := fmt.Sprintf("%-4s %s (%d ms)", c.Status, c.FullName(), c.DurationMS)
 			if c.Reason != "" {
@@ -254,6 +265,42 @@ func conformanceImage(ctx context.Context, b backend.TerminalBackend, flag strin
 		}
 	}
 	return "", fmt.Errorf("driver %s imported the test image as %v, not %s; pass --image IMAGE", info.Name, refs, testimage.Ref)
+}
+
+// driverBlockHCL returns the config's driver "NAME" {} block for driver, decoded
+// against the driver's schema and written again as HCL ("" when the driver takes no
+// config or the config has no block for it).
+func driverBlockHCL(ctx context.Context, reg *registry.Registry, b backend.TerminalBackend, driver string) (string, error) {
+	c, ok := b.(backend.Configurer)
+	if !ok || reg.Config().Drivers[driver] == nil {
+		return "", nil
+	}
+	schema, err := c.ConfigSchema(ctx)
+	if err != nil {
+		return "", err
+	}
+	raw, err := reg.Config().DriverConfig(driver, schema)
+	if err != nil {
+		return "", err
+	}
+	var attrs map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &attrs); err != nil {
+		return "", err
+	}
+	keys := make([]string, 0, len(attrs))
+	for k := range attrs {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "driver %q {\n", driver)
+	for _, k := range keys {
+		// A JSON value is HCL, but for template sequences in strings.
+		v := strings.NewReplacer("${", "$${", "%{", "%%{").Replace(string(attrs[k]))
+		fmt.Fprintf(&sb, "  %s = %s\n", k, v)
+	}
+	sb.WriteString("}\n\n")
+	return sb.String(), nil
 }
 
 func firstLine(s string) string {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
+	"github.com/berth-sh/berth/containerd"
 	"github.com/berth-sh/berth/docker"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
@@ -133,6 +134,8 @@ func newDriverCmd(g *globals) *cobra.Command {
 				d = local.New()
 			case docker.Name:
 				d = docker.New()
+			case containerd.Name:
+				d = containerd.New()
 			default:
 				return usageError("no built-in driver %q (built-in: %s)", args[0], strings.Join(backends.Builtins, ", "))
 			}

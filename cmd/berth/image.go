@@ -20,7 +20,8 @@ func newImageCmd(g *globals) *cobra.Command {
 		Long: `Load an image archive into a driver's image store, as 'docker load' does, and print
 the references it holds, one a line. FILE "-" reads the archive from stdin.`,
 		Example: `  berth image import busybox.tar
-  docker save alpine:3 | berth image import --driver docker -`,
+  docker save alpine:3 | berth image import --driver docker -
+  berth image import --driver containerd busybox.tar`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var r io.Reader = os.Stdin
@@ -68,7 +69,7 @@ func imageDriver[I any](ctx context.Context, reg *registry.Registry, driver, ver
 	}
 	d, ok := b.(I)
 	if !ok || !has(info.Capabilities) {
-		return none, fmt.Errorf("driver %s cannot %s images (it has no image store); choose one with --driver, e.g. docker", driver, verb)
+		return none, fmt.Errorf("driver %s cannot %s images (it has no image store); choose one with --driver, e.g. docker or containerd", driver, verb)
 	}
 	return d, nil
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/containerd"
 	"github.com/berth-sh/berth/docker"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
@@ -166,8 +167,9 @@ func query[T any](ctx context.Context, g *globals, f func(*registry.Registry, co
 // builtinDrivers are the drivers compiled into berth, for --in-process use.
 func builtinDrivers() map[string]func() backend.TerminalBackend {
 	return map[string]func() backend.TerminalBackend{
-		local.Name:  func() backend.TerminalBackend { return local.New() },
-		docker.Name: func() backend.TerminalBackend { return docker.New() },
+		local.Name:      func() backend.TerminalBackend { return local.New() },
+		docker.Name:     func() backend.TerminalBackend { return docker.New() },
+		containerd.Name: func() backend.TerminalBackend { return containerd.New() },
 	}
 }
 

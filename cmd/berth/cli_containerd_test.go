@@ -1,0 +1,156 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-sh/berth/internal/testimage"
+)
+
+// containerdCLINamespace is the containerd namespace of the CLI tests: not the
+// default "berth", so that they never see the user's sandboxes.
+const containerdCLINamespace = "berth-cli-test"
+
+// containerdConfig is a config whose "job:*" sessions run on the containerd at addr.
+func containerdConfig(addr string) string {
+	return fmt.Sprintf(`driver "containerd" {
+  address   = %q
+  namespace = %q
+}
+
+scope "job:*" {
+  driver = "containerd"
+  image  = %q
+}
+`, addr, containerdCLINamespace, testimage.Ref)
+}
+
+// TestContainerdCLI: with a rule that selects containerd, on each containerd version,
+// `berth image import --driver containerd` loads the test image, `berth exec -s job:1`
+// and `berth shell -s job:1` run in the containerd sandbox, and `berth conformance
+// --driver containerd --in-process` imports its own image and passes, its registry
+// cases included (their config carries the driver block, so they reach the same
+// daemon and namespace).
+func TestContainerdCLI(t *testing.T) {
+	for _, env := range testimage.ContainerdEnvs {
+		t.Run(env, func(t *testing.T) {
+			addr := testimage.RequireContainerd(t, env)
+			t.Parallel()
+			e := newEnv(t)
+			e.config = e.writeFile("config.hcl", containerdConfig(addr))
+			archive, err := testimage.Archive()
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := e.writeFile("busybox.tar", string(archive))
+			if r := e.run("image", "import", "--driver", "containerd", path); r.code != 0 || strings.TrimSpace(r.stdout) != testimage.Ref {
+				t.Fatalf("image import: want exit 0 and %s on stdout\n%v", testimage.Ref, r)
+			}
+
+			host, _ := os.Hostname()
+			r := e.run("exec", "-s", "job:1", "--", "sh", "-c", "echo in-sandbox; hostname; id -u; cat /proc/1/cmdline | tr '\\0' ' '")
+			lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+			if r.code != 0 || len(lines) != 4 || lines[0] != "in-sandbox" || lines[1] == host || lines[2] != "0" || !strings.Contains(lines[3], "berth-agent serve") {
+				t.Errorf("exec -s job:1: want the sandbox's hostname (not %s), uid 0 and the agent as PID 1\n%v", host, r)
+			}
+
+			out, code := runShellPTY(t, e, "job:1", "echo shell-$((6*7)); exit 3\n")
+			if code != 3 || !strings.Contains(out, "shell-42") {
+				t.Errorf("shell -s job:1: exit %d, output %q; want exit 3 and shell-42", code, out)
+			}
+
+			r = e.run("sessions", "--json")
+			var rows []sessionRow
+			if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil || len(rows) != 1 {
+				t.Errorf("sessions --json: %v\n%v", err, r)
+			} else if b, _ := json.Marshal(rows[0]); !strings.Contains(string(b), "containerd") {
+				t.Errorf("sessions --json: the job:1 row does not name containerd: %s", b)
+			}
+
+			r = e.run("conformance", "--driver", "containerd", "--in-process", "--run", "^(exec/exit-code-43|isolation/network-none-only-lo|lifecycle/stop-create-adopts|isolation/sessions-isolated)$", "--json")
+			var rep struct {
+				Driver                  string
+				Passed, Failed, Skipped int
+			}
+			if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+				t.Fatalf("conformance report: %v\n%v", err, r)
+			}
+			if r.code != 0 || rep.Driver != "containerd" || rep.Passed != 4 || rep.Failed != 0 || rep.Skipped != 0 {
+				t.Errorf("conformance --driver containerd: report %+v, want containerd with every case passed\n%v", rep, r)
+			}
+		})
+	}
+}
+
+// runShellPTY runs `berth shell -s session` on a new pseudo-terminal, types input, and
+// returns what the terminal showed and the exit code.
+func runShellPTY(t *testing.T, e *env, session, input string) (string, int) {
+	t.Helper()
+	ptmx, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Skipf("no pseudo-terminals: %v", err)
+	}
+	defer ptmx.Close()
+	if err := unix.IoctlSetPointerInt(int(ptmx.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(ptmx.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tty, err := os.OpenFile("/dev/pts/"+strconv.Itoa(n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := e.command("shell", "-s", session)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tty.Close()
+	var mu sync.Mutex
+	var out bytes.Buffer
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		buf := make([]byte, 4096)
+		for {
+			n, err := ptmx.Read(buf)
+			mu.Lock()
+			out.Write(buf[:n])
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	io.WriteString(ptmx, input)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		cmd.Process.Kill()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("berth shell did not exit within a minute; terminal: %q", out.String())
+	}
+	ptmx.Close()
+	<-read
+	mu.Lock()
+	defer mu.Unlock()
+	return out.String(), cmd.ProcessState.ExitCode()
+}

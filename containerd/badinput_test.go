@@ -1,0 +1,298 @@
+package containerd_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	cerrdefs "github.com/containerd/errdefs"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/conformance"
+	"github.com/berth-sh/berth/containerd"
+	"github.com/berth-sh/berth/internal/testimage"
+)
+
+func TestConfigRefused(t *testing.T) {
+	for _, c := range []struct{ cfg, words string }{
+		{`{"address":"tcp://127.0.0.1:2375"}`, "unix socket"},
+		{`{"address":"relative.sock"}`, "absolute path"},
+		{`{"namespace":"no spaces"}`, "namespace"},
+		{`{"namespace":"-dash"}`, "namespace"},
+		{`{"snapshotter":"a/b"}`, "snapshotter"},
+		{`{"runtime":"io containerd"}`, "runtime"},
+		{`{"address":1}`, "config"},
+	} {
+		d := containerd.New()
+		err := d.Configure(context.Background(), backend.DriverSetup{Config: []byte(c.cfg)})
+		if !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), c.words) {
+			t.Errorf("config %s: %v, want ErrInvalid mentioning %q", c.cfg, err, c.words)
+		}
+	}
+	d := containerd.New(containerd.WithAddress("tcp://127.0.0.1:1"))
+	if _, err := d.List(context.Background(), nil); !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf("WithAddress(tcp://...): List: %v, want ErrInvalid", err)
+	}
+	schema, err := containerd.New().ConfigSchema(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, f := range schema {
+		keys = append(keys, f.Name)
+	}
+	if strings.Join(keys, ",") != "address,namespace,snapshotter,runtime" {
+		t.Errorf("config keys %v, want address, namespace, snapshotter, runtime", keys)
+	}
+}
+
+func TestDaemonDown(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "nothing.sock")
+	for _, addr := range []string{sock, "unix://" + sock} {
+		d := containerd.New(containerd.WithAddress(addr))
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		start := time.Now()
+		_, err := d.Inspect(ctx, "b-some-sandbox")
+		cancel()
+		d.Close()
+		if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), sock) || !strings.Contains(err.Error(), "runtimes.sh") {
+			t.Errorf("Inspect with no daemon at %s: %v, want ErrUnavailable naming %s and how to start one", addr, err, sock)
+		}
+		if time.Since(start) > 15*time.Second {
+			t.Errorf("Inspect with no daemon took %s", time.Since(start))
+		}
+	}
+}
+
+// fixture is a driver on one daemon with agent files for new sandboxes, and a raw
+// client on the test namespace to look behind the driver's back.
+type fixture struct {
+	t     *testing.T
+	addr  string
+	d     *containerd.Driver
+	cli   *client.Client
+	ctx   context.Context // in testNamespace
+	state string
+	bin   agent.Binary
+	owner string
+}
+
+func newFixture(t *testing.T, addr string) *fixture {
+	f := &fixture{t: t, addr: addr, d: newDriver(addr), state: t.TempDir(), owner: "badinput-" + filepath.Base(t.TempDir())}
+	t.Cleanup(func() { f.d.Close() })
+	var err error
+	if f.cli, err = client.New(addr); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.cli.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	f.ctx = namespaces.WithNamespace(ctx, testNamespace)
+	if f.bin, err = agent.Install(f.state, berthBin); err != nil {
+		t.Fatal(err)
+	}
+	before := takeInventory(t, addr)
+	t.Cleanup(func() { checkNoLeaks(t, addr, before) })
+	return f
+}
+
+func (f *fixture) request(name string) backend.CreateRequest {
+	files, err := agent.PrepareSandbox(filepath.Join(f.state, "sandboxes", name), f.bin)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := f.d.Remove(ctx, name); err != nil && !errors.Is(err, backend.ErrConflict) {
+			f.t.Errorf("cleanup: Remove(%s): %v", name, err)
+		}
+	})
+	return backend.CreateRequest{
+		Spec:  backend.SandboxSpec{Name: name, Image: testimage.Ref, Labels: map[string]string{backend.LabelOwner: f.owner}},
+		Agent: files,
+	}
+}
+
+// absent fails the test when a container, task or snapshot called name exists.
+func (f *fixture) absent(name string) {
+	f.t.Helper()
+	if _, err := f.cli.LoadContainer(f.ctx, name); !cerrdefs.IsNotFound(err) {
+		f.t.Errorf("container %s: %v after a refused Create, want not found", name, err)
+	}
+	if _, err := f.cli.TaskService().Get(f.ctx, &tasksapi.GetRequest{ContainerID: name}); err == nil {
+		f.t.Errorf("task %s exists after a refused Create", name)
+	}
+	if _, err := f.cli.SnapshotService(containerd.DefaultSnapshotter).Stat(f.ctx, name); !cerrdefs.IsNotFound(err) {
+		f.t.Errorf("snapshot %s: %v after a refused Create, want not found", name, err)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	forEachDaemon(t, func(t *testing.T, addr string) {
+		f := newFixture(t, addr)
+		sock := strings.TrimPrefix(addr, "unix://")
+		cases := []struct {
+			name  string
+			edit  func(*backend.CreateRequest)
+			kind  error
+			words string
+		}{
+			{"missing-image", func(r *backend.CreateRequest) { r.Spec.Image = "berth-test/no-such-image:1" }, backend.ErrNotFound, "berth-test/no-such-image:1"},
+			{"no-image", func(r *backend.CreateRequest) { r.Spec.Image = "" }, backend.ErrInvalid, "image"},
+			{"bad-image-ref", func(r *backend.CreateRequest) { r.Spec.Image = "UPPER/Case::x" }, backend.ErrInvalid, "UPPER/Case::x"},
+			{"dynamic-agent", func(r *backend.CreateRequest) { r.Agent.Static = false }, backend.ErrInvalid, "CGO_ENABLED=0"},
+			{"no-agent", func(r *backend.CreateRequest) { r.Agent = backend.AgentFiles{} }, backend.ErrInvalid, "agent"},
+			{"mount-missing", func(r *backend.CreateRequest) {
+				r.Spec.Mounts = []backend.Mount{{Source: "/nonexistent/berth-src", Target: "/mnt"}}
+			}, backend.ErrInvalid, "/nonexistent/berth-src"},
+			{"mount-relative", func(r *backend.CreateRequest) { r.Spec.Mounts = []backend.Mount{{Source: "/tmp", Target: "mnt"}} }, backend.ErrInvalid, "absolute"},
+			{"mount-reserved", func(r *backend.CreateRequest) {
+				r.Spec.Mounts = []backend.Mount{{Source: "/tmp", Target: "/.berth/run"}}
+			}, backend.ErrInvalid, "reserved"},
+			{"mount-root", func(r *backend.CreateRequest) { r.Spec.Mounts = []backend.Mount{{Source: "/", Target: "/host"}} }, backend.ErrInvalid, "allow_host_paths"},
+			{"mount-socket", func(r *backend.CreateRequest) {
+				r.Spec.Mounts = []backend.Mount{{Source: sock, Target: "/run/containerd.sock"}}
+			}, backend.ErrInvalid, "containerd socket"},
+			{"mount-socket-dir", func(r *backend.CreateRequest) {
+				r.Spec.Mounts = []backend.Mount{{Source: filepath.Dir(sock), Target: "/sock"}}
+			}, backend.ErrInvalid, "containerd socket"},
+			{"unknown-user", func(r *backend.CreateRequest) { r.Spec.User = "nosuchuser" }, backend.ErrInvalid, "nosuchuser"},
+			{"bad-user", func(r *backend.CreateRequest) { r.Spec.User = "1:2:3" }, backend.ErrInvalid, "1:2:3"},
+			{"bad-memory", func(r *backend.CreateRequest) { r.Spec.Resources.MemoryBytes = 1024 }, backend.ErrInvalid, "memory"},
+			{"negative-pids", func(r *backend.CreateRequest) { r.Spec.Resources.Pids = -1 }, backend.ErrInvalid, "negative"},
+			{"bad-env", func(r *backend.CreateRequest) { r.Spec.Env = []string{"NOEQUALS"} }, backend.ErrInvalid, "NOEQUALS"},
+			{"relative-workdir", func(r *backend.CreateRequest) { r.Spec.Workdir = "work" }, backend.ErrInvalid, "workdir"},
+			{"bad-network", func(r *backend.CreateRequest) { r.Spec.Network = "bridge" }, backend.ErrUnsupported, "bridge"},
+			{"bad-name", func(r *backend.CreateRequest) { r.Spec.Name = "Bad Name" }, backend.ErrInvalid, "Bad Name"},
+		}
+		for _, c := range cases {
+			t.Run(c.name, func(t *testing.T) {
+				name := conformance.SandboxName()
+				req := f.request(name)
+				c.edit(&req)
+				_, err := f.d.Create(f.ctx, req)
+				if !errors.Is(err, c.kind) || !strings.Contains(err.Error(), c.words) {
+					t.Errorf("Create: %v, want %v mentioning %q", err, c.kind, c.words)
+				}
+				f.absent(name)
+			})
+		}
+		// allow_host_paths lets the socket's directory through.
+		name := conformance.SandboxName()
+		req := f.request(name)
+		req.Spec.AllowHostPaths = true
+		req.Spec.Mounts = []backend.Mount{{Source: filepath.Dir(sock), Target: "/sock", ReadOnly: true}}
+		if _, err := f.d.Create(f.ctx, req); err != nil {
+			t.Errorf("Create with allow_host_paths: %v", err)
+		}
+		if err := f.d.Remove(f.ctx, name); err != nil {
+			t.Errorf("Remove: %v", err)
+		}
+		f.absent(name)
+	})
+}
+
+// A container id held by a container that is not berth's is ErrConflict, and Create,
+// Stop, Remove and Exec leave it alone; so is another owner's sandbox.
+func TestForeignContainerUntouched(t *testing.T) {
+	forEachDaemon(t, func(t *testing.T, addr string) {
+		f := newFixture(t, addr)
+		name := conformance.SandboxName()
+		req := f.request(name)
+		img, err := f.cli.GetImage(f.ctx, "docker.io/"+testimage.Ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := f.cli.NewContainer(f.ctx, name, client.WithNewSnapshot(name, img), client.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs("sleep", "300")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		task, err := c.NewTask(f.ctx, cio.NullIO)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx := namespaces.WithNamespace(context.Background(), testNamespace)
+			task.Delete(ctx, client.WithProcessKill)
+			c.Delete(ctx, client.WithSnapshotCleanup)
+		})
+		if err := task.Start(f.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.d.Create(f.ctx, req); !errors.Is(err, backend.ErrConflict) {
+			t.Errorf("Create over a foreign container: %v, want ErrConflict", err)
+		}
+		if err := f.d.Stop(f.ctx, name, 0); !errors.Is(err, backend.ErrConflict) {
+			t.Errorf("Stop of a foreign container: %v, want ErrConflict", err)
+		}
+		if err := f.d.Remove(f.ctx, name); !errors.Is(err, backend.ErrConflict) {
+			t.Errorf("Remove of a foreign container: %v, want ErrConflict", err)
+		}
+		if _, err := f.d.Exec(f.ctx, name, backend.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, backend.ErrConflict) {
+			t.Errorf("Exec in a foreign container: %v, want ErrConflict", err)
+		}
+		st, err := task.Status(f.ctx)
+		if err != nil || st.Status != client.Running {
+			t.Errorf("the foreign task after berth's calls: %v %v, want running", st.Status, err)
+		}
+		if sbs, err := f.d.List(f.ctx, nil); err != nil {
+			t.Error(err)
+		} else {
+			for _, sb := range sbs {
+				if sb.Name == name {
+					t.Errorf("List shows the foreign container %s", name)
+				}
+			}
+		}
+		// Another owner's berth container: conflict too.
+		other := conformance.SandboxName()
+		oreq := f.request(other)
+		if _, err := f.d.Create(f.ctx, oreq); err != nil {
+			t.Fatal(err)
+		}
+		oreq.Spec.Labels = map[string]string{backend.LabelOwner: "someone-else"}
+		if _, err := f.d.Create(f.ctx, oreq); !errors.Is(err, backend.ErrConflict) || !strings.Contains(err.Error(), "someone-else") {
+			t.Errorf("Create with another owner: %v, want ErrConflict naming the owners", err)
+		}
+		if err := f.d.Remove(f.ctx, other); err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+// A task whose agent cannot start is reported at once, and removed with its
+// container and snapshot.
+func TestAgentExitReported(t *testing.T) {
+	forEachDaemon(t, func(t *testing.T, addr string) {
+		f := newFixture(t, addr)
+		name := conformance.SandboxName()
+		req := f.request(name)
+		// An agent "binary" the kernel cannot run (Static stays set: the driver does not
+		// re-read the file).
+		os.Remove(req.Agent.Binary)
+		if err := os.WriteFile(req.Agent.Binary, []byte("not a program"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, err := f.d.Create(f.ctx, req)
+		if err == nil {
+			t.Fatal("Create with a broken agent binary succeeded")
+		}
+		if time.Since(start) > 20*time.Second {
+			t.Errorf("Create took %s to report a dead agent", time.Since(start))
+		}
+		t.Logf("error: %v", err)
+		f.absent(name)
+	})
+}

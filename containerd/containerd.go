@@ -1,0 +1,365 @@
+// Package containerd is berth's containerd driver: a sandbox is one container made
+// through containerd's v2 Go client (github.com/containerd/containerd/v2/client, which
+// drives containerd 1.6 and 2.x daemons alike), with its own snapshot and a long-lived
+// task whose PID 1 is berth's agent. Every exec, copy and stop request goes through
+// that agent over a unix socket in the sandbox's socket directory, which the container
+// bind-mounts; the driver does lifecycle and placement only.
+//
+// A sandbox's container id and snapshot key are its name, in the driver's namespace
+// (default DefaultNamespace). Stop kills and deletes the task and keeps the container
+// and its snapshot, so the next Create starts a new task on the same filesystem;
+// Remove deletes task, container and snapshot.
+//
+// Defaults (see docs/containerd.md for the reasons): network none (a new network
+// namespace holding only lo), every Linux capability dropped except
+// containerutil.DefaultCapabilities, no-new-privileges, containerd's default seccomp
+// profile, a pids limit of backend.DefaultPidsLimit, swap equal to memory, the task's
+// own stdio to null IO (the agent logs to a size-capped file in the socket dir).
+//
+// The agent socket must be on this host's filesystem, so only local unix socket
+// addresses are accepted.
+package containerd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/containerutil"
+)
+
+// Name is the driver's name in config.
+const Name = "containerd"
+
+// Version is the driver's version string reported by Info.
+const Version = "0.1.0"
+
+// Defaults of the config keys.
+const (
+	// DefaultAddress is the daemon's socket when neither config, WithAddress nor
+	// CONTAINERD_ADDRESS names one: containerd's standard socket.
+	DefaultAddress = "/run/containerd/containerd.sock"
+	// DefaultNamespace is the containerd namespace of berth's containers, images and
+	// snapshots: its own, so that berth never lists or touches Docker's ("moby") or
+	// Kubernetes' ("k8s.io").
+	DefaultNamespace = "berth"
+	// DefaultSnapshotter is the snapshotter of the sandboxes' root filesystems.
+	DefaultSnapshotter = "overlayfs"
+	// DefaultRuntime is the runtime (shim) that runs the tasks.
+	DefaultRuntime = "io.containerd.runc.v2"
+)
+
+// DefaultCapabilities are the Linux capabilities a sandbox keeps; every other one is
+// dropped. They are the Docker driver's (containerutil.DefaultCapabilities, where
+// each is explained).
+var DefaultCapabilities = containerutil.DefaultCapabilities
+
+// NetworkModes are the SandboxSpec.Network values the driver accepts; "" means
+// "none". There is no "bridge": containerd alone has no network set-up (that is CNI's
+// job, which berth does not drive).
+var NetworkModes = []string{"none", "host"}
+
+// Labels the driver puts on its containers besides the spec's.
+const (
+	// LabelUser holds SandboxSpec.User as resolved at Create: the default user of
+	// every exec (the agent itself runs as root).
+	LabelUser = "berth.containerd.user"
+)
+
+// Driver is the containerd driver. It is safe for concurrent use.
+type Driver struct {
+	mu          sync.Mutex
+	address     string
+	namespace   string
+	snapshotter string
+	runtime     string
+	owner       string
+	stateDir    string
+	cli         *client.Client
+	clients     map[string]*sandboxConn
+	creating    map[string]*sync.Mutex
+}
+
+// Option configures a Driver built with New.
+type Option func(*Driver)
+
+// WithAddress sets the daemon's socket: an absolute path, optionally with unix://.
+func WithAddress(address string) Option { return func(d *Driver) { d.address = address } }
+
+// WithNamespace sets the containerd namespace (default DefaultNamespace).
+func WithNamespace(ns string) Option { return func(d *Driver) { d.namespace = ns } }
+
+// WithSnapshotter sets the snapshotter (default DefaultSnapshotter).
+func WithSnapshotter(name string) Option { return func(d *Driver) { d.snapshotter = name } }
+
+// WithRuntime sets the task runtime (default DefaultRuntime).
+func WithRuntime(name string) Option { return func(d *Driver) { d.runtime = name } }
+
+// New returns a containerd driver. The daemon address is WithAddress, else the
+// config's address (Configure), else CONTAINERD_ADDRESS, else DefaultAddress. No
+// connection is made until the first call that needs one.
+func New(opts ...Option) *Driver {
+	d := &Driver{clients: map[string]*sandboxConn{}, creating: map[string]*sync.Mutex{}}
+	for _, o := range opts {
+		o(d)
+	}
+	return d
+}
+
+var (
+	_ backend.TerminalBackend = (*Driver)(nil)
+	_ backend.Configurer      = (*Driver)(nil)
+	_ backend.Copier          = (*Driver)(nil)
+	_ backend.ImageImporter   = (*Driver)(nil)
+	_ backend.ImagePuller     = (*Driver)(nil)
+)
+
+// Info reports the driver's capabilities.
+func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
+	return backend.Info{
+		Name:             Name,
+		Version:          Version,
+		ProtocolVersions: []int{backend.ProtocolVersion},
+		Capabilities: backend.Capabilities{
+			FSIsolation:      backend.FSIsolationImage,
+			PIDIsolation:     true,
+			NetworkModes:     append([]string(nil), NetworkModes...),
+			TTY:              true,
+			CPULimit:         true,
+			MemoryLimit:      true,
+			PidsLimit:        true,
+			DropCapabilities: true,
+			Copy:             true,
+			StopStart:        true,
+			ExecUser:         true,
+			ImagePull:        true,
+			ImageImport:      true,
+			Config:           true,
+			Shell:            true, // shell mode and jobs come with berth's agent
+			Jobs:             true,
+		},
+	}, nil
+}
+
+// ConfigSchema declares the `driver "containerd" {}` block.
+func (d *Driver) ConfigSchema(ctx context.Context) ([]backend.ConfigField, error) {
+	return []backend.ConfigField{
+		{Name: "address", Type: "string", Description: "containerd's socket, an absolute path (default $CONTAINERD_ADDRESS, then " + DefaultAddress + "); the daemon must share this host's filesystem"},
+		{Name: "namespace", Type: "string", Description: "containerd namespace of berth's containers, images and snapshots (default " + DefaultNamespace + ")"},
+		{Name: "snapshotter", Type: "string", Description: "snapshotter of the sandboxes' root filesystems (default " + DefaultSnapshotter + ")"},
+		{Name: "runtime", Type: "string", Description: "task runtime (default " + DefaultRuntime + ")"},
+	}, nil
+}
+
+// config is the decoded `driver "containerd" {}` block.
+type config struct {
+	Address     string `json:"address"`
+	Namespace   string `json:"namespace"`
+	Snapshotter string `json:"snapshotter"`
+	Runtime     string `json:"runtime"`
+}
+
+// Configure applies the config block and the owner. Values set with options in New
+// are overridden by the block's. Errors wrap backend.ErrInvalid and name the key.
+func (d *Driver) Configure(ctx context.Context, setup backend.DriverSetup) error {
+	var cfg config
+	if len(setup.Config) > 0 {
+		if err := json.Unmarshal(setup.Config, &cfg); err != nil {
+			return backend.Errorf(backend.ErrInvalid, "driver \"containerd\" config: %v", err)
+		}
+	}
+	if cfg.Address != "" {
+		if _, err := socketPath(cfg.Address); err != nil {
+			return err
+		}
+	}
+	if cfg.Namespace != "" {
+		if err := checkIdentifier("namespace", cfg.Namespace); err != nil {
+			return err
+		}
+	}
+	for _, kv := range [][2]string{{"snapshotter", cfg.Snapshotter}, {"runtime", cfg.Runtime}} {
+		if strings.ContainsAny(kv[1], " \t\n/\x00") {
+			return backend.Errorf(backend.ErrInvalid, "driver \"containerd\": %s %q is not a plugin name (e.g. %q)", kv[0], kv[1], map[string]string{"snapshotter": DefaultSnapshotter, "runtime": DefaultRuntime}[kv[0]])
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	before := d.settingsLocked()
+	if cfg.Address != "" {
+		d.address = cfg.Address
+	}
+	if cfg.Namespace != "" {
+		d.namespace = cfg.Namespace
+	}
+	if cfg.Snapshotter != "" {
+		d.snapshotter = cfg.Snapshotter
+	}
+	if cfg.Runtime != "" {
+		d.runtime = cfg.Runtime
+	}
+	// The client carries the address, default namespace and runtime: a new one is made
+	// on the next call when they changed.
+	if after := d.settingsLocked(); after != before && d.cli != nil {
+		d.cli.Close()
+		d.cli = nil
+	}
+	d.owner = setup.Owner
+	d.stateDir = setup.StateDir
+	return nil
+}
+
+// checkIdentifier accepts containerd identifiers: letters, digits, '.', '_' and '-',
+// starting with a letter or digit, at most 76 characters.
+func checkIdentifier(key, v string) error {
+	ok := len(v) > 0 && len(v) <= 76
+	for i, r := range v {
+		alnum := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
+		if !alnum && (i == 0 || !strings.ContainsRune("._-", r)) {
+			ok = false
+		}
+	}
+	if !ok {
+		return backend.Errorf(backend.ErrInvalid, "driver \"containerd\": %s %q: want 1–76 letters, digits, '.', '_' or '-', starting with a letter or digit", key, v)
+	}
+	return nil
+}
+
+// socketPath accepts "/path" and "unix:///path" and returns the path.
+func socketPath(address string) (string, error) {
+	p := strings.TrimPrefix(address, "unix://")
+	if strings.HasPrefix(p, "/") {
+		return p, nil
+	}
+	return "", backend.Errorf(backend.ErrInvalid, "driver \"containerd\": address %q: want the absolute path of containerd's local unix socket (e.g. %s); berth reaches its agent in each container through a socket on this host's filesystem, so a remote daemon cannot be used", address, DefaultAddress)
+}
+
+// settings are the driver's effective settings.
+type settings struct {
+	address, namespace, snapshotter, runtime string
+}
+
+func (d *Driver) settings() settings {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.settingsLocked()
+}
+
+func (d *Driver) settingsLocked() settings {
+	s := settings{address: d.address, namespace: d.namespace, snapshotter: d.snapshotter, runtime: d.runtime}
+	if s.address == "" {
+		s.address = os.Getenv("CONTAINERD_ADDRESS")
+	}
+	if s.address == "" {
+		s.address = DefaultAddress
+	}
+	if s.namespace == "" {
+		s.namespace = DefaultNamespace
+	}
+	if s.snapshotter == "" {
+		s.snapshotter = DefaultSnapshotter
+	}
+	if s.runtime == "" {
+		s.runtime = DefaultRuntime
+	}
+	return s
+}
+
+// api returns the client and a context in the driver's namespace, making the client
+// on first use. The client connects lazily: a daemon that is down shows in the first
+// call (wrap makes it ErrUnavailable).
+func (d *Driver) api(ctx context.Context) (*client.Client, context.Context, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.settingsLocked()
+	ctx = namespaces.WithNamespace(ctx, s.namespace)
+	if d.cli != nil {
+		return d.cli, ctx, nil
+	}
+	path, err := socketPath(s.address)
+	if err != nil {
+		return nil, ctx, err
+	}
+	if err := checkIdentifier("namespace", s.namespace); err != nil {
+		return nil, ctx, err
+	}
+	// containerd's dialer waits for a missing socket to appear (up to the client's
+	// 10 s timeout, on every call): a daemon that is not there is reported at once.
+	if _, err := os.Stat(path); err != nil {
+		return nil, ctx, d.unavailable("connect", s.address, err)
+	}
+	c, err := client.New(path, client.WithDefaultNamespace(s.namespace), client.WithDefaultRuntime(s.runtime))
+	if err != nil {
+		return nil, ctx, backend.Errorf(backend.ErrInvalid, "driver \"containerd\": address %q: %v", s.address, err)
+	}
+	d.cli = c
+	return c, ctx, nil
+}
+
+// Close closes the agent connections and the client; containers keep running.
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for n, c := range d.clients {
+		c.client.Close()
+		delete(d.clients, n)
+	}
+	if d.cli != nil {
+		d.cli.Close()
+		d.cli = nil
+	}
+	return nil
+}
+
+// wrap maps a containerd error to a backend error kind with op as context; the one
+// place where containerd's error classes become berth's.
+func (d *Driver) wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if backend.KindOf(err) != nil {
+		return err
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("containerd: %s: %w", op, err)
+	}
+	switch {
+	case cerrdefs.IsUnavailable(err), status.Code(err) == codes.Unavailable:
+		return d.unavailable(op, d.settings().address, err)
+	case cerrdefs.IsNotFound(err):
+		return backend.Errorf(backend.ErrNotFound, "containerd: %s: %v", op, err)
+	case cerrdefs.IsConflict(err), cerrdefs.IsAlreadyExists(err), cerrdefs.IsFailedPrecondition(err):
+		return backend.Errorf(backend.ErrConflict, "containerd: %s: %v", op, err)
+	case cerrdefs.IsInvalidArgument(err):
+		return backend.Errorf(backend.ErrInvalid, "containerd: %s: %v", op, err)
+	case cerrdefs.IsNotImplemented(err):
+		return backend.Errorf(backend.ErrUnsupported, "containerd: %s: %v", op, err)
+	}
+	return fmt.Errorf("containerd: %s: %w", op, err)
+}
+
+// unavailable is the ErrUnavailable of a daemon at address that does not answer.
+func (d *Driver) unavailable(op, address string, err error) error {
+	return backend.Errorf(backend.ErrUnavailable, "containerd: %s: containerd at %s does not answer (%v); start it (systemctl start containerd, or sudo scripts/runtimes.sh and export the CONTAINERD_ADDRESS it prints) or set address in driver \"containerd\" {}", op, address, err)
+}
+
+// sandboxConn is a cached agent connection of one running task.
+type sandboxConn struct {
+	pid    uint32 // the task's PID 1 on the host: a new task has another
+	client *agent.Client
+	user   string // default exec user (LabelUser)
+	oom    string // the memory cgroup's OOM counter file on the host, "" when unknown
+}

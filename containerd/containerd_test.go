@@ -1,0 +1,275 @@
+package containerd_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends"
+	"github.com/berth-sh/berth/conformance"
+	"github.com/berth-sh/berth/containerd"
+	"github.com/berth-sh/berth/internal/testbin"
+	"github.com/berth-sh/berth/internal/testimage"
+	"github.com/berth-sh/berth/registry"
+)
+
+var berthBin string
+
+func TestMain(m *testing.M) { os.Exit(testbin.Main(m, &berthBin)) }
+
+// testNamespace is the containerd namespace of this package's tests: its own, so that
+// the leak checks see only what these tests made.
+const testNamespace = "berth-test"
+
+// daemon is one containerd the tests run against.
+type daemon struct {
+	name  string // subtest name
+	env   string // the variable holding its socket
+	major string // the major version it must report ("1", "2")
+}
+
+// daemons are Debian's containerd 1.6 and containerd 2.x built from its module, as
+// scripts/runtimes.sh starts them.
+var daemons = []daemon{
+	{name: "containerd-1.6", env: "CONTAINERD_ADDRESS", major: "1"},
+	{name: "containerd-2", env: "CONTAINERD2_ADDRESS", major: "2"},
+}
+
+// requireDaemon returns the socket of dm when a containerd of the right major version
+// answers there; otherwise it fails the test under CI=true and skips it elsewhere,
+// naming scripts/runtimes.sh (testimage.RequireContainerd). It also makes sure the
+// test image is in testNamespace.
+func requireDaemon(t testing.TB, dm daemon) string {
+	t.Helper()
+	addr := testimage.RequireContainerd(t, dm.env)
+	cli, err := client.New(addr)
+	if err != nil {
+		t.Fatalf("%s=%s: %v", dm.env, addr, err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	v, err := cli.Version(ctx)
+	if err != nil {
+		t.Fatalf("containerd at %s=%s accepts connections but does not answer: %v", dm.env, addr, err)
+	}
+	if !strings.HasPrefix(strings.TrimPrefix(v.Version, "v"), dm.major+".") {
+		t.Fatalf("%s=%s is containerd %s, want major version %s", dm.env, addr, v.Version, dm.major)
+	}
+	t.Logf("%s: containerd %s at %s", dm.name, v.Version, addr)
+	ensureImage(t, addr)
+	return addr
+}
+
+// forEachDaemon runs f as a subtest per daemon.
+func forEachDaemon(t *testing.T, f func(t *testing.T, addr string)) {
+	for _, dm := range daemons {
+		t.Run(dm.name, func(t *testing.T) { f(t, requireDaemon(t, dm)) })
+	}
+}
+
+func newDriver(addr string) *containerd.Driver {
+	return containerd.New(containerd.WithAddress(addr), containerd.WithNamespace(testNamespace))
+}
+
+func ensureImage(t testing.TB, addr string) {
+	t.Helper()
+	d := newDriver(addr)
+	defer d.Close()
+	importImage(t, d)
+}
+
+// importImage loads the test image archive through imp (the driver in-process, or
+// its plugin) and checks that it returned testimage.Ref.
+func importImage(t testing.TB, imp backend.ImageImporter) {
+	t.Helper()
+	archive, err := testimage.Archive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	refs, err := imp.ImportImage(ctx, bytes.NewReader(archive))
+	if err != nil {
+		t.Fatalf("importing the test image: %v", err)
+	}
+	if !slices.Contains(refs, testimage.Ref) {
+		t.Fatalf("ImportImage returned %v, want it to name %s", refs, testimage.Ref)
+	}
+}
+
+// driverBlock is the config block that points a registry's containerd driver at addr
+// and the test namespace.
+func driverBlock(addr string) string {
+	return fmt.Sprintf("driver \"containerd\" {\n  address   = %s\n  namespace = %s\n}\n\n", strconv.Quote(addr), strconv.Quote(testNamespace))
+}
+
+func options(state, addr string, base registry.Options) conformance.Options {
+	opener := conformance.RegistryOpener(base)
+	return conformance.Options{
+		AgentBinary:  berthBin,
+		StateDir:     state,
+		Owner:        "conformance-" + filepath.Base(state),
+		Image:        testimage.Ref,
+		Capabilities: containerd.DefaultCapabilities,
+		OpenRegistry: func(t conformance.T, cfg string) (*registry.Registry, error) {
+			return opener(t, driverBlock(addr)+cfg)
+		},
+		RemoveUnowned: func(ctx context.Context, name string) error { return removeRaw(ctx, addr, name) },
+	}
+}
+
+// removeRaw deletes container name of the test namespace with its task and snapshot,
+// with containerd's client: the cleanup of a sandbox without an owner label, which
+// the driver refuses to touch.
+func removeRaw(ctx context.Context, addr, name string) error {
+	cli, err := client.New(addr)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx = namespaces.WithNamespace(ctx, testNamespace)
+	c, err := cli.LoadContainer(ctx, name)
+	if err != nil {
+		return err
+	}
+	if task, err := c.Task(ctx, nil); err == nil {
+		if _, err := task.Delete(ctx, client.WithProcessKill); err != nil {
+			return err
+		}
+	}
+	return c.Delete(ctx, client.WithSnapshotCleanup)
+}
+
+// inventory is what the test namespace holds of one kind: container ids, task ids,
+// active snapshot keys.
+type inventory struct {
+	containers, tasks, snapshots []string
+}
+
+// takeInventory lists the containers, tasks and active (not committed: those are
+// image layers) snapshots of the test namespace at addr.
+func takeInventory(t testing.TB, addr string) inventory {
+	t.Helper()
+	cli, err := client.New(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ctx = namespaces.WithNamespace(ctx, testNamespace)
+	var inv inventory
+	cs, err := cli.ContainerService().List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cs {
+		inv.containers = append(inv.containers, c.ID)
+	}
+	ts, err := cli.TaskService().List(ctx, &tasksapi.ListTasksRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ts.GetTasks() {
+		inv.tasks = append(inv.tasks, p.GetID())
+	}
+	err = cli.SnapshotService(containerd.DefaultSnapshotter).Walk(ctx, func(ctx context.Context, info snapshots.Info) error {
+		if info.Kind != snapshots.KindCommitted {
+			inv.snapshots = append(inv.snapshots, info.Name)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inv
+}
+
+// checkNoLeaks fails t when the test namespace holds a container, task or active
+// snapshot that was not in before.
+func checkNoLeaks(t testing.TB, addr string, before inventory) {
+	t.Helper()
+	after := takeInventory(t, addr)
+	for _, k := range []struct {
+		what          string
+		before, after []string
+	}{{"containers", before.containers, after.containers}, {"tasks", before.tasks, after.tasks}, {"snapshots", before.snapshots, after.snapshots}} {
+		var left []string
+		for _, x := range k.after {
+			if !slices.Contains(k.before, x) {
+				left = append(left, x)
+			}
+		}
+		if len(left) > 0 {
+			t.Errorf("containerd namespace %s holds %s left behind: %v", testNamespace, k.what, left)
+		}
+	}
+}
+
+// TestConformanceInProcess runs the shared suite against the containerd driver in
+// this process, on each daemon, and checks that nothing of it is left.
+func TestConformanceInProcess(t *testing.T) {
+	forEachDaemon(t, func(t *testing.T, addr string) {
+		before := takeInventory(t, addr)
+		state := t.TempDir()
+		d := newDriver(addr)
+		opts := options(state, addr, registry.Options{
+			BerthBinary: berthBin,
+			InProcess:   map[string]func() backend.TerminalBackend{containerd.Name: func() backend.TerminalBackend { return newDriver(addr) }},
+		})
+		if err := d.Configure(context.Background(), backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "containerd"), Owner: opts.Owner}); err != nil {
+			t.Fatal(err)
+		}
+		t.Run("suite", func(t *testing.T) { conformance.Run(t, d, opts) })
+		d.Close()
+		checkNoLeaks(t, addr, before)
+	})
+}
+
+// TestConformancePlugin runs the shared suite against the containerd driver served by
+// `berth driver serve containerd` through go-plugin, as berth itself uses it, on each
+// daemon, and checks that nothing of it is left.
+func TestConformancePlugin(t *testing.T) {
+	forEachDaemon(t, func(t *testing.T, addr string) {
+		before := takeInventory(t, addr)
+		state := t.TempDir()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		path, args := backends.BuiltinCommand(berthBin, containerd.Name)
+		c, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Kill()
+		opts := options(state, addr, registry.Options{BerthBinary: berthBin})
+		cfg, _ := json.Marshal(map[string]string{"address": addr, "namespace": testNamespace})
+		if err := c.Configure(ctx, backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "containerd"), Owner: opts.Owner, Config: cfg}); err != nil {
+			t.Fatal(err)
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Protocol != backend.ProtocolVersion || info.Name != containerd.Name {
+			t.Fatalf("Info through the plugin = %+v, want containerd on protocol %d", info, backend.ProtocolVersion)
+		}
+		importImage(t, c) // ImportImage through the plugin protocol
+		t.Run("suite", func(t *testing.T) { conformance.Run(t, c, opts) })
+		checkNoLeaks(t, addr, before)
+	})
+}

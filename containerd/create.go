@@ -1,0 +1,696 @@
+package containerd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/contrib/seccomp"
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/distribution/reference"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/containerutil"
+)
+
+// agentStartTimeout bounds how long Create waits for the agent of a started task to
+// answer.
+const agentStartTimeout = 30 * time.Second
+
+// cleanupTimeout bounds the clean-up of a failed Create.
+const cleanupTimeout = 30 * time.Second
+
+// createLease is the expiry of the lease that holds a new container's snapshot until
+// the container record refers to it: a Create that dies in between leaves a snapshot
+// that containerd's garbage collector removes once the lease expires.
+const createLease = 10 * time.Minute
+
+// AgentLogName is the agent's log file in the sandbox's socket directory, capped by
+// the agent at 1 MiB with one rotation. The task's own stdio goes to null IO.
+const AgentLogName = "agent.log"
+
+// nameLock returns the in-process lock of sandbox name. Concurrent Creates in other
+// processes are settled by containerd: container ids are unique, and the loser of a
+// create race adopts the winner's container.
+func (d *Driver) nameLock(name string) *sync.Mutex {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m := d.creating[name]
+	if m == nil {
+		m = &sync.Mutex{}
+		d.creating[name] = m
+	}
+	return m
+}
+
+// Create makes the sandbox's container (id = the sandbox's name) with a new snapshot
+// of the image, and starts its task with the agent as PID 1; or adopts the container
+// of that id when it carries the same owner label (starting a new task on its
+// snapshot when it is stopped). A container of that id that is not ours is
+// ErrConflict and is never touched. A failed Create of a new container deletes its
+// task, container and snapshot. An image missing from the namespace is ErrNotFound
+// (import or pull it first).
+func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend.Sandbox, error) {
+	spec := req.Spec
+	if err := backend.ValidateSandboxName(spec.Name); err != nil {
+		return backend.Sandbox{}, err
+	}
+	if err := containerutil.CheckAgent(Name, spec.Name, req.Agent); err != nil {
+		return backend.Sandbox{}, err
+	}
+	build, user, err := d.specOpts(spec, req.Agent)
+	if err != nil {
+		return backend.Sandbox{}, err
+	}
+	cli, nctx, err := d.api(ctx)
+	if err != nil {
+		return backend.Sandbox{}, err
+	}
+	s := d.settings()
+	lk := d.nameLock(spec.Name)
+	lk.Lock()
+	defer lk.Unlock()
+	// containerd does not make two tasks of one container safely at once (the loser's
+	// clean-up removes the winner's bundle): Creates in other processes wait too.
+	unlock, err := d.lockFile(ctx, spec.Name, req.Agent)
+	if err != nil {
+		return backend.Sandbox{}, err
+	}
+	defer unlock()
+
+	unpacked := false
+	for attempt := 0; ; attempt++ {
+		c, err := cli.LoadContainer(nctx, spec.Name)
+		if err == nil {
+			return d.adopt(nctx, spec, c)
+		}
+		if err = d.wrap("load container "+spec.Name, err); !errors.Is(err, backend.ErrNotFound) {
+			return backend.Sandbox{}, err
+		}
+		img, err := d.image(nctx, cli, spec.Name, spec.Image)
+		if err != nil {
+			return backend.Sandbox{}, err
+		}
+		labels := copyLabels(spec.Labels)
+		if user != "" {
+			labels[LabelUser] = user
+		}
+		lctx, done, err := cli.WithLease(nctx, leases.WithRandomID(), leases.WithExpiration(createLease))
+		if err != nil {
+			return backend.Sandbox{}, d.wrap("create lease", err)
+		}
+		c, err = cli.NewContainer(lctx, spec.Name,
+			client.WithImage(img),
+			client.WithSnapshotter(s.snapshotter),
+			client.WithNewSnapshot(spec.Name, img),
+			client.WithContainerLabels(labels),
+			client.WithRuntime(s.runtime, nil),
+			client.WithNewSpec(build(img)...),
+		)
+		if err != nil {
+			done(context.WithoutCancel(nctx))
+			if cerrdefs.IsNotFound(err) && !unpacked {
+				// The image's layers are not in the snapshotter yet (first use with
+				// this snapshotter, or an image fetched without unpacking).
+				unpacked = true
+				if uerr := img.Unpack(nctx, s.snapshotter); uerr != nil {
+					return backend.Sandbox{}, d.wrap(fmt.Sprintf("unpack image %s into snapshotter %s", spec.Image, s.snapshotter), uerr)
+				}
+				continue
+			}
+			werr := d.wrap("create container "+spec.Name, err)
+			if errors.Is(werr, backend.ErrConflict) && attempt < 3 {
+				if _, lerr := cli.LoadContainer(nctx, spec.Name); lerr == nil {
+					continue // another process created it meanwhile: adopt it
+				}
+				if _, serr := cli.SnapshotService(s.snapshotter).Stat(nctx, spec.Name); serr == nil {
+					// Another process's Create may be between preparing the snapshot and
+					// recording the container: give it a moment.
+					if d.awaitContainer(nctx, cli, spec.Name) {
+						continue
+					}
+					return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "containerd sandbox %s: a snapshot %q exists in namespace %s without a container (a Create that was interrupted, or another tool's); containerd removes an interrupted Create's snapshot within %s, or remove it now with `ctr -n %s snapshots --snapshotter %s rm %s`", spec.Name, spec.Name, s.namespace, createLease, s.namespace, s.snapshotter, spec.Name)
+				}
+			}
+			if errors.Is(werr, backend.ErrUnavailable) || errors.Is(werr, backend.ErrConflict) {
+				return backend.Sandbox{}, werr
+			}
+			d.removeSnapshot(nctx, cli, spec.Name)
+			return backend.Sandbox{}, backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: containerd refused the container: %v", spec.Name, err)
+		}
+		done(context.WithoutCancel(nctx))
+		info, err := c.Info(nctx, client.WithoutRefreshedMetadata)
+		if err == nil {
+			var sb backend.Sandbox
+			if sb, err = d.start(nctx, c, info, user, true); err == nil {
+				return sb, nil
+			}
+		}
+		d.destroy(nctx, cli, c)
+		d.forget(spec.Name)
+		return backend.Sandbox{}, d.wrap("start container "+spec.Name, err)
+	}
+}
+
+// lockPoll is how often Create tries the cross-process lock of a sandbox.
+const lockPoll = 5 * time.Millisecond
+
+// lockFile takes the cross-process lock of sandbox name: an flock on NAME.lock in the
+// driver's state dir (DriverSetup.StateDir), or, before Configure gave one, on
+// .containerd.lock in the directory that holds the sandbox's agent dir (host-owned,
+// not mounted into the sandbox). It waits while another process holds it, until ctx
+// ends. The returned function releases it.
+func (d *Driver) lockFile(ctx context.Context, name string, a backend.AgentFiles) (func(), error) {
+	d.mu.Lock()
+	dir := d.stateDir
+	d.mu.Unlock()
+	path := filepath.Join(dir, "locks", name+".lock")
+	if dir == "" {
+		path = filepath.Join(filepath.Dir(filepath.Clean(a.Dir)), ".containerd.lock")
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("containerd sandbox %s: lock: %w", name, err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("containerd sandbox %s: lock: %w", name, err)
+	}
+	tick := time.NewTicker(lockPoll)
+	defer tick.Stop()
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil // closing releases the lock
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
+			f.Close()
+			return nil, fmt.Errorf("containerd sandbox %s: lock %s: %w", name, path, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("containerd sandbox %s: waiting for another process's Create of it: %w", name, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// inflightWait bounds how long Create waits for another process's Create of the same
+// name to record its container after preparing its snapshot; inflightPoll is how
+// often it looks.
+const (
+	inflightWait = 5 * time.Second
+	inflightPoll = 10 * time.Millisecond
+)
+
+// awaitContainer reports whether container id appears within inflightWait.
+func (d *Driver) awaitContainer(ctx context.Context, cli *client.Client, id string) bool {
+	deadline := time.Now().Add(inflightWait)
+	tick := time.NewTicker(inflightPoll)
+	defer tick.Stop()
+	for time.Now().Before(deadline) {
+		if _, err := cli.LoadContainer(ctx, id); err == nil {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
+	return false
+}
+
+// destroy deletes container c with its task and snapshot, for a failed Create. It
+// runs even when ctx is cancelled.
+func (d *Driver) destroy(ctx context.Context, cli *client.Client, c client.Container) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if t, err := c.Task(ctx, nil); err == nil {
+		t.Delete(ctx, client.WithProcessKill)
+	}
+	if err := c.Delete(ctx, client.WithSnapshotCleanup); err != nil {
+		d.removeSnapshot(ctx, cli, c.ID())
+	}
+}
+
+// removeSnapshot removes the snapshot key of a container that was not made.
+func (d *Driver) removeSnapshot(ctx context.Context, cli *client.Client, key string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	cli.SnapshotService(d.settings().snapshotter).Remove(ctx, key)
+}
+
+// normalizeRef returns ref as containerd names images ("busybox:1" →
+// "docker.io/library/busybox:1"). Errors wrap backend.ErrInvalid.
+func normalizeRef(ref string) (string, error) {
+	named, err := reference.ParseDockerRef(ref)
+	if err != nil {
+		return "", backend.Errorf(backend.ErrInvalid, "image %q is not an image reference: %v", ref, err)
+	}
+	return named.String(), nil
+}
+
+// familiar returns a containerd image name as users write it
+// ("docker.io/library/busybox:1" → "busybox:1"), or name when it does not parse.
+func familiar(name string) string {
+	named, err := reference.ParseNormalizedNamed(name)
+	if err != nil {
+		return name
+	}
+	return reference.FamiliarString(named)
+}
+
+// image returns the image ref of sandbox name. Whether it is unpacked into the
+// snapshotter is not asked (that costs several calls): Create unpacks it when the
+// container's snapshot finds no parent.
+func (d *Driver) image(ctx context.Context, cli *client.Client, name, ref string) (client.Image, error) {
+	s := d.settings()
+	full, err := normalizeRef(ref)
+	if err != nil {
+		return nil, backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: %v", name, err)
+	}
+	img, err := cli.GetImage(ctx, full)
+	if err != nil {
+		werr := d.wrap("get image "+ref, err)
+		if errors.Is(werr, backend.ErrNotFound) {
+			return nil, backend.Errorf(backend.ErrNotFound, "containerd sandbox %s: image %q is not in containerd namespace %s at %s; import it with `berth image import FILE --driver containerd` or pull it (PullImage) first", name, ref, s.namespace, s.address)
+		}
+		return nil, werr
+	}
+	return img, nil
+}
+
+// adopt takes over an existing container of the spec's name when it is ours.
+func (d *Driver) adopt(ctx context.Context, spec backend.SandboxSpec, c client.Container) (backend.Sandbox, error) {
+	info, err := c.Info(ctx, client.WithoutRefreshedMetadata)
+	if err != nil {
+		return backend.Sandbox{}, d.wrap("container info "+spec.Name, err)
+	}
+	have, ok := info.Labels[backend.LabelOwner]
+	if !ok || have != spec.Labels[backend.LabelOwner] {
+		who := "it has no berth.owner label (not made by berth)"
+		if ok {
+			who = fmt.Sprintf("it belongs to berth owner %q, not %q", have, spec.Labels[backend.LabelOwner])
+		}
+		return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "containerd sandbox %s: a container of that id exists in namespace %s and %s; berth leaves it alone: remove it or use another session", spec.Name, d.settings().namespace, who)
+	}
+	// A running sandbox keeps its agent connection: other calls may be using it (a
+	// shared sandbox's sessions), and start would close it.
+	if t, err := c.Task(ctx, nil); err == nil {
+		if st, err := t.Status(ctx); err == nil && st.Status == client.Running {
+			if _, err := d.conn(ctx, spec.Name); err == nil {
+				sb := toSandbox(info, backend.StateRunning)
+				sb.Adopted = true
+				return sb, nil
+			}
+		}
+	}
+	sb, err := d.start(ctx, c, info, info.Labels[LabelUser], false)
+	if err != nil {
+		return backend.Sandbox{}, err
+	}
+	sb.Adopted = true
+	return sb, nil
+}
+
+// start makes sure container c has a running task whose agent answers, and caches the
+// connection: a running task is connected to; so is a task in created state when its
+// agent answers within connTimeout (another process's Create is starting it); a
+// stopped task, or a created one whose agent never comes, is deleted and a new task is
+// started on the container's snapshot. When the new task exits before its agent
+// answers, the error carries its exit status and the end of the agent's log. fresh
+// says c was just made (it has no task yet).
+func (d *Driver) start(ctx context.Context, c client.Container, info containers.Container, user string, fresh bool) (backend.Sandbox, error) {
+	name := c.ID()
+	d.forget(name)
+	sockDir := socketDir(info)
+	if sockDir == "" {
+		return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "containerd sandbox %s: the container has no %s mount; it was not made by this driver: remove it", name, backend.SocketMountDir)
+	}
+	var t client.Task
+	var err error
+	for round := 0; ; round++ {
+		err = cerrdefs.ErrNotFound
+		if !fresh || round > 0 {
+			t, err = c.Task(ctx, nil)
+		}
+		switch {
+		case err == nil:
+			st, serr := t.Status(ctx)
+			running := serr == nil && (st.Status == client.Running || st.Status == client.Paused || st.Status == client.Pausing)
+			if running || serr == nil && st.Status == client.Created {
+				sc, cerr := d.connect(ctx, name, sockDir, t.Pid(), user, connTimeout)
+				if cerr == nil {
+					if err := d.cacheChecked(ctx, name, sc); err != nil {
+						return backend.Sandbox{}, err
+					}
+					return toSandbox(info, backend.StateRunning), nil
+				}
+				if running || ctx.Err() != nil {
+					return backend.Sandbox{}, cerr
+				}
+			}
+			// A task that has exited (its agent died, an OOM kill of PID 1) or that
+			// was never started: a new one replaces it.
+			if _, err := t.Delete(ctx, client.WithProcessKill); err != nil && !cerrdefs.IsNotFound(err) {
+				return backend.Sandbox{}, d.wrap("delete the old task of "+name, err)
+			}
+		case !cerrdefs.IsNotFound(err):
+			return backend.Sandbox{}, d.wrap("load task "+name, err)
+		}
+		// A socket left by the agent of a previous task would answer nothing; the new
+		// agent replaces it, but a dial must not find the stale one first.
+		os.Remove(filepath.Join(sockDir, backend.AgentSocketName))
+		t, err = c.NewTask(ctx, cio.NullIO)
+		if err == nil {
+			break
+		}
+		if taskExists(err) && round < 2 {
+			continue // another process made the task meanwhile: wait for its agent
+		}
+		werr := d.wrap("create task "+name, err)
+		if !errors.Is(werr, backend.ErrUnavailable) && !errors.Is(werr, backend.ErrNotFound) {
+			hint := ""
+			if strings.Contains(err.Error(), filepath.Dir(sockDir)) {
+				// The bind mount sources exist on this host: a daemon that cannot find
+				// them does not share its filesystem.
+				hint = "; if containerd runs on another machine or in a VM (a forwarded socket), it cannot see berth's agent directories on this host: use a containerd on this host"
+			}
+			werr = backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: containerd cannot create the task: %v%s", name, err, hint)
+		}
+		return backend.Sandbox{}, werr
+	}
+	wctx, cancel := context.WithTimeoutCause(ctx, agentStartTimeout, fmt.Errorf("the agent did not answer within %s", agentStartTimeout))
+	defer cancel()
+	exitC, err := t.Wait(wctx)
+	if err != nil {
+		d.deleteTask(ctx, t)
+		return backend.Sandbox{}, d.wrap("wait for task "+name, err)
+	}
+	if err := t.Start(ctx); err != nil {
+		d.deleteTask(ctx, t)
+		werr := d.wrap("start task "+name, err)
+		if !errors.Is(werr, backend.ErrUnavailable) {
+			werr = backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: containerd cannot start the task: %v", name, err)
+		}
+		return backend.Sandbox{}, werr
+	}
+	exited := make(chan client.ExitStatus, 1)
+	go func() {
+		select {
+		case st := <-exitC:
+			if st.Error() == nil {
+				exited <- st
+				cancel()
+			}
+		case <-wctx.Done():
+		}
+	}()
+	c2, err := waitAgent(wctx, sockDir)
+	if err != nil {
+		select {
+		case st := <-exited:
+			d.deleteTask(ctx, t)
+			return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "containerd sandbox %s: the task exited with status %d before its agent answered (the agent %s did not start or died at once; containerd's log may say why)%s", name, st.ExitCode(), backend.AgentMountDir+"/"+backend.AgentBinaryName, agentLogTail(sockDir))
+		default:
+		}
+		d.deleteTask(ctx, t)
+		if ctx.Err() != nil {
+			return backend.Sandbox{}, fmt.Errorf("containerd sandbox %s: waiting for the agent: %w", name, ctx.Err())
+		}
+		return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "containerd sandbox %s: the agent in the task did not answer on %s within %s (%v); if containerd does not share this host's filesystem, berth cannot reach its agent%s", name, sockDir, agentStartTimeout, err, agentLogTail(sockDir))
+	}
+	sc := &sandboxConn{pid: t.Pid(), client: c2, user: user, oom: containerutil.OOMCounterPath(int(t.Pid()))}
+	if err := d.cacheChecked(ctx, name, sc); err != nil {
+		return backend.Sandbox{}, err
+	}
+	return toSandbox(info, backend.StateRunning), nil
+}
+
+// agentPoll is how often waitAgent looks for a new agent's socket.
+const agentPoll = time.Millisecond
+
+// waitAgent waits for the socket of a just-started agent in sockDir (a stat every
+// agentPoll: the agent needs some 10 ms to start, and agent.WaitReady's back-off alone
+// would add up to as much again), then connects with agent.WaitReady.
+func waitAgent(ctx context.Context, sockDir string) (*agent.Client, error) {
+	sock := filepath.Join(sockDir, backend.AgentSocketName)
+	tick := time.NewTicker(agentPoll)
+	defer tick.Stop()
+	for {
+		if _, err := os.Lstat(sock); err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+			continue
+		}
+		break
+	}
+	return agent.WaitReady(ctx, agent.DialSocketDir(sockDir))
+}
+
+// taskExists reports whether NewTask failed because a task of that id is being made
+// or exists: AlreadyExists from containerd 2.x; containerd 1.6 reports the shim's
+// state directory ("failed to start shim: mkdir .../ID: file exists").
+func taskExists(err error) bool {
+	msg := err.Error()
+	return cerrdefs.IsAlreadyExists(err) || strings.Contains(msg, "already exists") ||
+		strings.Contains(msg, "failed to start shim") && strings.Contains(msg, "file exists")
+}
+
+// cacheChecked checks the sandbox's default user (when set) and caches sc as the
+// sandbox's connection; on error sc is closed.
+func (d *Driver) cacheChecked(ctx context.Context, name string, sc *sandboxConn) error {
+	if sc.user != "" {
+		// The agent resolves the user at each exec; make a name unknown in the image an
+		// error of Create, not of every exec.
+		if err := checkUser(ctx, sc); err != nil {
+			sc.client.Close()
+			return backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: user %q: %v", name, sc.user, err)
+		}
+	}
+	d.mu.Lock()
+	if old := d.clients[name]; old != nil {
+		old.client.Close()
+	}
+	d.clients[name] = sc
+	d.mu.Unlock()
+	return nil
+}
+
+// deleteTask kills and deletes t, for a start that failed. It runs even when ctx is
+// cancelled.
+func (d *Driver) deleteTask(ctx context.Context, t client.Task) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	t.Kill(ctx, syscall.SIGKILL, client.WithKillAll)
+	t.Delete(ctx, client.WithProcessKill)
+}
+
+// checkUser runs `true` as the sandbox's default user.
+func checkUser(ctx context.Context, sc *sandboxConn) error {
+	p, err := sc.client.Exec(ctx, backend.ExecRequest{Argv: []string{"true"}, User: sc.user, Stderr: io.Discard})
+	if err != nil {
+		return err
+	}
+	_, err = p.Wait()
+	return err
+}
+
+// agentLogTail returns "; agent log: " and the end of the agent's log in sockDir, or
+// "". The directory is the sandbox's to write, so the file is opened without following
+// links, must be a regular file, and only its last 2 KiB are read.
+func agentLogTail(sockDir string) string {
+	f, err := os.OpenFile(filepath.Join(sockDir, AgentLogName), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		return ""
+	}
+	const limit = 2048
+	off := max(fi.Size()-limit, 0)
+	b := make([]byte, limit)
+	n, _ := f.ReadAt(b, off)
+	s := strings.TrimSpace(strings.ToValidUTF8(string(b[:n]), "?"))
+	if s == "" {
+		return ""
+	}
+	return "; agent log: " + s
+}
+
+// socketDir returns the host directory bind-mounted at backend.SocketMountDir in the
+// container's spec, or "".
+func socketDir(info containers.Container) string {
+	if info.Spec == nil {
+		return ""
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(info.Spec.GetValue(), &s); err != nil {
+		return ""
+	}
+	for _, m := range s.Mounts {
+		if m.Destination == backend.SocketMountDir && m.Type == "bind" {
+			return m.Source
+		}
+	}
+	return ""
+}
+
+// toSandbox converts a container record.
+func toSandbox(info containers.Container, state backend.State) backend.Sandbox {
+	return backend.Sandbox{Name: info.ID, ID: info.ID, State: state, Labels: copyLabels(info.Labels), CreatedAt: info.CreatedAt.UTC()}
+}
+
+func copyLabels(in map[string]string) map[string]string {
+	out := make(map[string]string, len(in))
+	for k, v := range in {
+		out[k] = v
+	}
+	return out
+}
+
+// specOpts checks a spec and returns a function that makes the container's OCI spec
+// options for its image, and the resolved default exec user. Every check that needs
+// no daemon happens here, before anything is made.
+func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(client.Image) []oci.SpecOpts, string, error) {
+	bad := func(format string, args ...any) (func(client.Image) []oci.SpecOpts, string, error) {
+		return nil, "", backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: "+format, append([]any{spec.Name}, args...)...)
+	}
+	if spec.Image == "" {
+		return bad("no image: set image in the scope rule (e.g. image = \"debian:bookworm\")")
+	}
+	if _, err := normalizeRef(spec.Image); err != nil {
+		return bad("%v", err)
+	}
+	for _, kv := range spec.Env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return bad("env entry %q is not KEY=VALUE", kv)
+		}
+	}
+	if spec.Workdir != "" && !filepath.IsAbs(spec.Workdir) {
+		return bad("workdir %q is not an absolute path", spec.Workdir)
+	}
+	network := spec.Network
+	switch network {
+	case "":
+		network = "none"
+	case "none", "host":
+	default:
+		return nil, "", backend.Errorf(backend.ErrUnsupported, "containerd sandbox %s: network %q: the containerd driver supports %s (containerd has no network set-up of its own)", spec.Name, spec.Network, strings.Join(NetworkModes, ", "))
+	}
+	r := spec.Resources
+	if r.CPUs < 0 || r.MemoryBytes < 0 || r.Pids < 0 {
+		return bad("resources must not be negative (cpus %v, memory %d, pids %d)", r.CPUs, r.MemoryBytes, r.Pids)
+	}
+	if r.MemoryBytes > 0 && r.MemoryBytes < containerutil.MinMemoryBytes {
+		return bad("memory %d bytes is below the minimum of %d MiB", r.MemoryBytes, containerutil.MinMemoryBytes>>20)
+	}
+	if r.CPUs > 0 && r.CPUs < 0.01 {
+		return bad("cpus %v is below the minimum of 0.01", r.CPUs)
+	}
+	user, err := containerutil.ResolveUser(spec.User)
+	if err != nil {
+		return bad("%v", err)
+	}
+	mounts := []specs.Mount{
+		{Type: "bind", Source: a.Dir, Destination: backend.AgentMountDir, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
+		{Type: "bind", Source: a.SocketDir, Destination: backend.SocketMountDir, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
+	}
+	socks := d.runtimeSockets()
+	for _, m := range spec.Mounts {
+		if err := containerutil.CheckMount(m, spec.AllowHostPaths, socks); err != nil {
+			return bad("%v", err)
+		}
+		mode := "rw"
+		if m.ReadOnly {
+			mode = "ro"
+		}
+		mounts = append(mounts, specs.Mount{Type: "bind", Source: m.Source, Destination: m.Target, Options: []string{"rbind", mode}})
+	}
+	pids := r.Pids
+	if pids == 0 {
+		pids = backend.DefaultPidsLimit
+	}
+	caps := make([]string, len(containerutil.DefaultCapabilities))
+	for i, c := range containerutil.DefaultCapabilities {
+		caps[i] = "CAP_" + c
+	}
+	env := append([]string(nil), spec.Env...)
+	build := func(img client.Image) []oci.SpecOpts {
+		opts := []oci.SpecOpts{
+			oci.WithImageConfig(img),
+			// The agent: root, from its read-only mount; execs run as the sandbox's
+			// user (LabelUser).
+			oci.WithProcessArgs(backend.AgentMountDir+"/"+backend.AgentBinaryName, "serve", "--socket-dir", backend.SocketMountDir, "--state-dir", containerutil.AgentStateDir, "--log", backend.SocketMountDir+"/"+AgentLogName),
+			oci.WithUIDGID(0, 0),
+			oci.WithEnv(env),
+			oci.WithHostname(spec.Name),
+			oci.WithMounts(mounts),
+			oci.WithCapabilities(caps),
+			oci.WithNoNewPrivileges,
+			oci.WithPidsLimit(pids),
+		}
+		if spec.Workdir != "" {
+			opts = append(opts, oci.WithProcessCwd(spec.Workdir))
+		}
+		if r.MemoryBytes > 0 {
+			opts = append(opts, oci.WithMemoryLimit(uint64(r.MemoryBytes)), oci.WithMemorySwap(r.MemoryBytes))
+		}
+		if r.CPUs > 0 {
+			const period = 100000 // µs, the kernel's default CFS period
+			opts = append(opts, oci.WithCPUCFS(int64(r.CPUs*period), period))
+		}
+		if network == "host" {
+			opts = append(opts, oci.WithHostNamespace(specs.NetworkNamespace), oci.WithHostHostsFile, oci.WithHostResolvconf)
+		}
+		// Last: the profile allows the syscalls that the capabilities above need.
+		return append(opts, seccomp.WithDefaultProfile())
+	}
+	return build, user, nil
+}
+
+// runtimeSockets lists the runtime sockets a mount must not expose: the daemon in use,
+// containerd's and Docker's standard ones.
+func (d *Driver) runtimeSockets() []containerutil.Socket {
+	socks := []containerutil.Socket{
+		{Path: DefaultAddress, What: "containerd socket"},
+		{Path: "/var/run/docker.sock", What: "Docker socket"},
+		{Path: "/run/docker.sock", What: "Docker socket"},
+	}
+	if p, err := socketPath(d.settings().address); err == nil {
+		socks = append(socks, containerutil.Socket{Path: p, What: "containerd socket"})
+	}
+	return socks
+}
+
+// forget drops the cached connection of sandbox name.
+func (d *Driver) forget(name string) {
+	d.mu.Lock()
+	c := d.clients[name]
+	delete(d.clients, name)
+	d.mu.Unlock()
+	if c != nil {
+		c.client.Close()
+	}
+}

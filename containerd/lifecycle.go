@@ -1,0 +1,372 @@
+package containerd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
+	tasktypes "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/containerutil"
+)
+
+// DefaultStopGrace is Stop's grace when the caller passes 0.
+const DefaultStopGrace = time.Second
+
+// connTimeout bounds connecting to the agent of a running task.
+const connTimeout = 10 * time.Second
+
+// killTimeout bounds waiting for a task to exit after SIGKILL.
+const killTimeout = 10 * time.Second
+
+// load returns the container record of sandbox name.
+func (d *Driver) load(ctx context.Context, name string) (*client.Client, context.Context, client.Container, containers.Container, error) {
+	if err := backend.ValidateSandboxName(name); err != nil {
+		return nil, ctx, nil, containers.Container{}, err
+	}
+	cli, nctx, err := d.api(ctx)
+	if err != nil {
+		return nil, ctx, nil, containers.Container{}, err
+	}
+	c, err := cli.LoadContainer(nctx, name)
+	if err != nil {
+		return cli, nctx, nil, containers.Container{}, d.wrap("load container "+name, err)
+	}
+	info, err := c.Info(nctx, client.WithoutRefreshedMetadata)
+	if err != nil {
+		return cli, nctx, nil, containers.Container{}, d.wrap("load container "+name, err)
+	}
+	return cli, nctx, c, info, nil
+}
+
+// ours reports an error unless the container carries a berth owner label: the driver
+// never stops or removes anything else.
+func (d *Driver) ours(name string, info containers.Container) error {
+	if _, ok := info.Labels[backend.LabelOwner]; ok {
+		return nil
+	}
+	return backend.Errorf(backend.ErrConflict, "containerd sandbox %s: the container of that id in namespace %s has no berth.owner label (not made by berth); berth leaves it alone", name, d.settings().namespace)
+}
+
+// stateOf maps a task status to a sandbox state; no task is stopped.
+func stateOf(p *tasktypes.Process) backend.State {
+	if p == nil {
+		return backend.StateStopped
+	}
+	switch p.Status {
+	case tasktypes.Status_RUNNING, tasktypes.Status_PAUSED, tasktypes.Status_PAUSING:
+		return backend.StateRunning
+	case tasktypes.Status_CREATED:
+		return backend.StateCreated
+	}
+	return backend.StateStopped
+}
+
+// taskOf returns the task of container id, nil when it has none.
+func (d *Driver) taskOf(ctx context.Context, cli *client.Client, id string) (*tasktypes.Process, error) {
+	r, err := cli.TaskService().Get(ctx, &tasksapi.GetRequest{ContainerID: id})
+	if err != nil {
+		if err = errgrpc.ToNative(err); cerrdefs.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, d.wrap("get task "+id, err)
+	}
+	return r.GetProcess(), nil
+}
+
+// Inspect returns the sandbox's state (running while its task runs, stopped when it
+// has none or it exited), or ErrNotFound.
+func (d *Driver) Inspect(ctx context.Context, name string) (backend.Sandbox, error) {
+	cli, nctx, _, info, err := d.load(ctx, name)
+	if err != nil {
+		return backend.Sandbox{}, err
+	}
+	p, err := d.taskOf(nctx, cli, name)
+	if err != nil {
+		return backend.Sandbox{}, err
+	}
+	return toSandbox(info, stateOf(p)), nil
+}
+
+// List returns berth's containers in the namespace (those with a berth.owner label)
+// whose labels contain filter.
+func (d *Driver) List(ctx context.Context, filter map[string]string) ([]backend.Sandbox, error) {
+	cli, nctx, err := d.api(ctx)
+	if err != nil {
+		return nil, err
+	}
+	list, err := cli.ContainerService().List(nctx, `labels."`+backend.LabelOwner+`"`)
+	if err != nil {
+		return nil, d.wrap("list containers", err)
+	}
+	r, err := cli.TaskService().List(nctx, &tasksapi.ListTasksRequest{})
+	if err != nil {
+		return nil, d.wrap("list tasks", errgrpc.ToNative(err))
+	}
+	tasks := map[string]*tasktypes.Process{}
+	for _, p := range r.GetTasks() {
+		// A task's id is its container's; ContainerID is empty in some versions.
+		id := p.GetContainerID()
+		if id == "" {
+			id = p.GetID()
+		}
+		tasks[id] = p
+	}
+	var out []backend.Sandbox
+	for _, c := range list {
+		if !backend.MatchLabels(c.Labels, filter) {
+			continue
+		}
+		out = append(out, toSandbox(c, stateOf(tasks[c.ID])))
+	}
+	return out, nil
+}
+
+// Stop asks the agent to end every process (SIGTERM, SIGKILL after grace) and exit,
+// kills the task if it still runs, and deletes the task. The container and its
+// snapshot stay. A missing or stopped sandbox succeeds.
+func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) error {
+	if grace <= 0 {
+		grace = DefaultStopGrace
+	}
+	_, nctx, c, info, err := d.load(ctx, name)
+	if errors.Is(err, backend.ErrNotFound) {
+		d.forget(name)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := d.ours(name, info); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	sc := d.clients[name]
+	delete(d.clients, name)
+	d.mu.Unlock()
+	t, err := c.Task(nctx, nil)
+	if err != nil {
+		if sc != nil {
+			sc.client.Close()
+		}
+		if cerrdefs.IsNotFound(err) {
+			return nil
+		}
+		return d.wrap("load task "+name, err)
+	}
+	st, err := t.Status(nctx)
+	if err != nil && !cerrdefs.IsNotFound(err) {
+		if sc != nil {
+			sc.client.Close()
+		}
+		return d.wrap("task status "+name, err)
+	}
+	if st.Status == client.Running || st.Status == client.Paused || st.Status == client.Pausing {
+		sctx, cancel := context.WithTimeout(nctx, grace+3*time.Second)
+		exitC, werr := t.Wait(sctx)
+		var ac *agent.Client
+		if sc != nil && sc.pid == t.Pid() {
+			ac = sc.client
+			sc = nil
+		} else if dir := socketDir(info); dir != "" {
+			ac, _ = agent.NewClient(sctx, agent.DialSocketDir(dir))
+		}
+		if ac != nil {
+			if ac.Shutdown(sctx, grace) == nil && werr == nil {
+				// The agent exits after answering: wait for the task to end.
+				select {
+				case <-exitC:
+				case <-sctx.Done():
+				}
+			}
+			ac.Close()
+		}
+		cancel()
+	}
+	if sc != nil {
+		sc.client.Close()
+	}
+	// Whatever still runs (an agent that did not answer) is killed; then the task is
+	// deleted, which keeps the container and its snapshot.
+	return d.killDelete(nctx, name, t)
+}
+
+// killDelete kills every process of task t, waits for it to exit and deletes it. A
+// task already gone succeeds.
+func (d *Driver) killDelete(ctx context.Context, name string, t client.Task) error {
+	kctx, cancel := context.WithTimeout(ctx, killTimeout)
+	defer cancel()
+	if _, err := t.Delete(kctx, client.WithProcessKill); err != nil && !cerrdefs.IsNotFound(err) {
+		if ctx.Err() == nil && kctx.Err() != nil {
+			return backend.Errorf(backend.ErrTimeout, "containerd sandbox %s: the task did not end within %s of SIGKILL", name, killTimeout)
+		}
+		return d.wrap("delete task "+name, err)
+	}
+	return nil
+}
+
+// Remove kills and deletes the sandbox's task, then deletes its container and
+// snapshot. A missing sandbox succeeds.
+func (d *Driver) Remove(ctx context.Context, name string) error {
+	_, nctx, c, info, err := d.load(ctx, name)
+	d.forget(name)
+	if errors.Is(err, backend.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := d.ours(name, info); err != nil {
+		return err
+	}
+	t, err := c.Task(nctx, nil)
+	switch {
+	case err == nil:
+		if err := d.killDelete(nctx, name, t); err != nil {
+			return err
+		}
+	case !cerrdefs.IsNotFound(err):
+		return d.wrap("load task "+name, err)
+	}
+	if err := c.Delete(nctx, client.WithSnapshotCleanup); err != nil && !cerrdefs.IsNotFound(err) {
+		return d.wrap("delete container "+name, err)
+	}
+	return nil
+}
+
+// connect dials the agent in sockDir of the task with PID 1 pid.
+func (d *Driver) connect(ctx context.Context, name, sockDir string, pid uint32, user string, timeout time.Duration) (*sandboxConn, error) {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	c, err := agent.WaitReady(cctx, agent.DialSocketDir(sockDir))
+	if err != nil {
+		return nil, fmt.Errorf("containerd sandbox %s: %w", name, err)
+	}
+	return &sandboxConn{pid: pid, client: c, user: user, oom: containerutil.OOMCounterPath(int(pid))}, nil
+}
+
+// conn returns the agent connection of running sandbox name, connecting on first use.
+func (d *Driver) conn(ctx context.Context, name string) (*sandboxConn, error) {
+	d.mu.Lock()
+	sc := d.clients[name]
+	d.mu.Unlock()
+	if sc != nil {
+		return sc, nil
+	}
+	cli, nctx, _, info, err := d.load(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.ours(name, info); err != nil {
+		return nil, err
+	}
+	p, err := d.taskOf(nctx, cli, name)
+	if err != nil {
+		return nil, err
+	}
+	if st := stateOf(p); st != backend.StateRunning {
+		return nil, backend.Errorf(backend.ErrConflict, "containerd sandbox %s is %s; start it with Create", name, st)
+	}
+	dir := socketDir(info)
+	if dir == "" {
+		return nil, backend.Errorf(backend.ErrConflict, "containerd sandbox %s: the container has no %s mount; it was not made by this driver", name, backend.SocketMountDir)
+	}
+	sc, err = d.connect(ctx, name, dir, p.GetPid(), info.Labels[LabelUser], connTimeout)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	if old := d.clients[name]; old != nil {
+		d.mu.Unlock()
+		sc.client.Close()
+		return old, nil
+	}
+	d.clients[name] = sc
+	d.mu.Unlock()
+	return sc, nil
+}
+
+// dropConn forgets sc if it is still the cached connection of name.
+func (d *Driver) dropConn(name string, sc *sandboxConn) {
+	d.mu.Lock()
+	if d.clients[name] == sc {
+		delete(d.clients, name)
+	}
+	d.mu.Unlock()
+	sc.client.Close()
+}
+
+// Exec runs req through the sandbox's agent, as the sandbox's user unless req.User
+// says otherwise. A stopped sandbox is ErrConflict. The result's OOMKilled is set when
+// the task's memory cgroup counted an OOM kill during the exec.
+func (d *Driver) Exec(ctx context.Context, name string, req backend.ExecRequest) (backend.Process, error) {
+	if req.Shell == "" && (req.Job == nil || req.Job.Op == backend.JobStart) && (len(req.Argv) == 0 || req.Argv[0] == "") {
+		return nil, backend.Errorf(backend.ErrInvalid, "exec: empty argv")
+	}
+	var p backend.Process
+	var sc *sandboxConn
+	var before int64
+	var err error
+	for attempt := 0; attempt < 2; attempt++ {
+		if sc, err = d.conn(ctx, name); err != nil {
+			return nil, err
+		}
+		r := req
+		if r.User == "" {
+			r.User = sc.user
+		}
+		before = containerutil.ReadOOMCount(sc.oom)
+		p, err = sc.client.Exec(ctx, r)
+		if err == nil || !errors.Is(err, backend.ErrUnavailable) || attempt > 0 {
+			break
+		}
+		// Unavailable is either the connection (the task was stopped or replaced) or
+		// the agent's own answer (it cannot fork under pids exhaustion). Only the first
+		// is a reason to drop the connection, which other execs share.
+		cli, nctx, err2 := d.api(ctx)
+		if err2 != nil {
+			return nil, err2
+		}
+		t, ierr := d.taskOf(nctx, cli, name)
+		if ierr != nil {
+			d.dropConn(name, sc)
+			return nil, ierr
+		}
+		if stateOf(t) == backend.StateRunning && t.GetPid() == sc.pid {
+			break
+		}
+		d.dropConn(name, sc)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return containerutil.WatchOOM(p, sc.oom, before), nil
+}
+
+// CopyIn extracts the tar stream r into dir in the sandbox through the agent, never
+// following links out of dir.
+func (d *Driver) CopyIn(ctx context.Context, name, dir string, r io.Reader) error {
+	sc, err := d.conn(ctx, name)
+	if err != nil {
+		return err
+	}
+	return sc.client.CopyIn(ctx, dir, r)
+}
+
+// CopyOut writes path in the sandbox to w as a tar stream, through the agent.
+func (d *Driver) CopyOut(ctx context.Context, name, path string, w io.Writer) error {
+	sc, err := d.conn(ctx, name)
+	if err != nil {
+		return err
+	}
+	return sc.client.CopyOut(ctx, path, w)
+}

@@ -1,0 +1,218 @@
+// Package containerutil holds what berth's container drivers (docker, containerd)
+// share: the Linux capabilities a sandbox keeps, the checks of agent files, users and
+// host mounts, and the memory cgroup's OOM-kill counter. It is internal: drivers
+// outside this module get the same behaviour from the conformance suite, not from
+// this code.
+package containerutil
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/berth-sh/berth/backend"
+)
+
+// AgentStateDir is where the agent of a container sandbox keeps, inside the
+// container's own filesystem (so it survives Stop and goes with Remove), the state
+// that outlives it: the shell-mode state of each session, readable by root only.
+const AgentStateDir = "/.berth/state"
+
+// DefaultCapabilities are the Linux capabilities (names without CAP_) that a
+// container sandbox keeps; every other one is dropped. The agent runs as root in the
+// container and needs SETUID, SETGID (execs as another user, setgroups) and KILL
+// (ending process trees of execs that run as another user); CHOWN, DAC_OVERRIDE and
+// FOWNER let root in the sandbox manage the files of the sandbox's own filesystem as
+// root expects (copying in files with their owners, package installs, writing into
+// directories of other users). Callers must not modify the slice.
+var DefaultCapabilities = []string{"CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"}
+
+// MinMemoryBytes is the smallest memory limit a container sandbox accepts (6 MiB,
+// Docker's minimum): below it the agent cannot even start.
+const MinMemoryBytes = 6 << 20
+
+// CheckAgent refuses agent files that cannot run as PID 1 of a container with its own
+// root filesystem: all three paths must be set, Binary must be
+// backend.AgentBinaryName inside Dir, and it must be static. driver names the driver
+// in messages ("docker", "containerd"). Errors wrap backend.ErrInvalid.
+func CheckAgent(driver, name string, a backend.AgentFiles) error {
+	if a.Binary == "" || a.Dir == "" || a.SocketDir == "" {
+		return backend.Errorf(backend.ErrInvalid, "%s sandbox %s: no agent binary, agent dir or socket dir given", driver, name)
+	}
+	if filepath.Base(a.Binary) != backend.AgentBinaryName || filepath.Dir(a.Binary) != filepath.Clean(a.Dir) {
+		return backend.Errorf(backend.ErrInvalid, "%s sandbox %s: agent binary %s must be %s inside the agent dir %s", driver, name, a.Binary, backend.AgentBinaryName, a.Dir)
+	}
+	if !a.Static {
+		return backend.Errorf(backend.ErrInvalid, "%s sandbox %s: the agent binary %s is dynamically linked and cannot run inside a container's own filesystem; build a static berth with `CGO_ENABLED=0 go build -o berth ./cmd/berth` and use that (or point agent_path at a static build)", driver, name, a.Binary)
+	}
+	return nil
+}
+
+// ResolveUser checks a spec user and returns the default exec user to store: "" (the
+// image's default, root for berth's agent), "UID", "UID:GID", a name (resolved in the
+// image by the agent at each exec), or "host", which becomes the invoking user's
+// "UID:GID" (SUDO_UID and SUDO_GID under sudo, else the process's own ids). The error
+// says which forms are accepted.
+func ResolveUser(u string) (string, error) {
+	if u != "host" {
+		if strings.ContainsAny(u, " \t\n\x00") || strings.Count(u, ":") > 1 || strings.HasPrefix(u, ":") || strings.HasSuffix(u, ":") {
+			return "", fmt.Errorf("user %q: want \"UID\", \"UID:GID\", a user name of the image, or \"host\"", u)
+		}
+		return u, nil
+	}
+	uid, gid := os.Getuid(), os.Getgid()
+	if s := os.Getenv("SUDO_UID"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return "", fmt.Errorf("user \"host\": SUDO_UID=%q is not a uid", s)
+		}
+		uid = n
+		gid = n
+		if g := os.Getenv("SUDO_GID"); g != "" {
+			if gid, err = strconv.Atoi(g); err != nil || gid < 0 {
+				return "", fmt.Errorf("user \"host\": SUDO_GID=%q is not a gid", g)
+			}
+		}
+	}
+	return fmt.Sprintf("%d:%d", uid, gid), nil
+}
+
+// Socket is a host socket that gives root on the host to whoever can connect to it
+// (a container runtime's API), which mounts must not expose.
+type Socket struct {
+	// Path is the socket's path on the host.
+	Path string
+	// What names it in errors: "Docker socket", "containerd socket".
+	What string
+}
+
+// CheckMount applies the host-path policy to one bind mount: both paths absolute,
+// a target outside /.berth (the agent's), a source that exists, and, unless
+// allowHost, a source that is neither the host's / nor one of sockets (nor a
+// directory holding one; links resolved on both sides). The error (plain, for the
+// caller to wrap with backend.ErrInvalid) names the path and what to do.
+func CheckMount(m backend.Mount, allowHost bool, sockets []Socket) error {
+	if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Target) {
+		return fmt.Errorf("mount %s -> %s: both paths must be absolute", m.Source, m.Target)
+	}
+	if t := filepath.Clean(m.Target); t == "/" || t == "/.berth" || strings.HasPrefix(t, "/.berth/") {
+		return fmt.Errorf("mount target %s is reserved (berth's agent lives under /.berth)", m.Target)
+	}
+	src, err := filepath.EvalSymlinks(m.Source)
+	if err != nil {
+		return fmt.Errorf("mount source %s does not exist on the host (%v); create it or fix the path", m.Source, err)
+	}
+	if allowHost {
+		return nil
+	}
+	if src == "/" {
+		return fmt.Errorf("mount source %s is the host's root directory; set allow_host_paths = true in the rule if you mean it", m.Source)
+	}
+	for _, s := range sockets {
+		for _, p := range resolved(s.Path) {
+			if p == src || strings.HasPrefix(p, src+"/") {
+				return fmt.Errorf("mount source %s exposes the %s %s (root on the host); set allow_host_paths = true in the rule if you mean it", m.Source, s.What, s.Path)
+			}
+		}
+	}
+	return nil
+}
+
+// resolved returns path and, when it differs, path with links resolved.
+func resolved(path string) []string {
+	out := []string{path}
+	if r, err := filepath.EvalSymlinks(path); err == nil && r != path {
+		out = append(out, r)
+	}
+	return out
+}
+
+// OOMCounterPath finds the file on this host that counts OOM kills in the cgroup of
+// process pid (a container's PID 1): memory.oom_control of the cgroup v1 memory
+// controller, or memory.events on cgroup v2. It returns "" when it cannot be read
+// (the caller runs in another cgroup namespace, or the kernel has no counter).
+func OOMCounterPath(pid int) string {
+	if pid <= 0 {
+		return ""
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		return ""
+	}
+	var path string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		if f[0] == "0" && f[1] == "" {
+			if path == "" {
+				path = "/sys/fs/cgroup" + f[2] + "/memory.events"
+			}
+			continue
+		}
+		for _, ctl := range strings.Split(f[1], ",") {
+			if ctl == "memory" {
+				path = "/sys/fs/cgroup/memory" + f[2] + "/memory.oom_control"
+			}
+		}
+	}
+	if path == "" || ReadOOMCount(path) < 0 {
+		return ""
+	}
+	return path
+}
+
+// ReadOOMCount returns the "oom_kill N" value of the counter file path (see
+// OOMCounterPath), or -1 when path is empty or holds no such line.
+func ReadOOMCount(path string) int64 {
+	if path == "" {
+		return -1
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return -1
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if v, ok := strings.CutPrefix(s.Text(), "oom_kill "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err == nil {
+				return n
+			}
+		}
+	}
+	return -1
+}
+
+// OOMProcess wraps an exec's Process so that Wait sets ExecResult.OOMKilled when the
+// counter at Path grew past Before (read just before the exec started).
+type OOMProcess struct {
+	backend.Process
+	// Path is the counter file (OOMCounterPath).
+	Path string
+	// Before is ReadOOMCount(Path) before the exec.
+	Before int64
+}
+
+// Wait waits for the process and compares the OOM counter.
+func (p *OOMProcess) Wait() (backend.ExecResult, error) {
+	res, err := p.Process.Wait()
+	if after := ReadOOMCount(p.Path); after > p.Before {
+		res.OOMKilled = true
+	}
+	return res, err
+}
+
+// WatchOOM returns p wrapped in an OOMProcess when path is a readable counter and
+// before is a count, else p itself.
+func WatchOOM(p backend.Process, path string, before int64) backend.Process {
+	if path == "" || before < 0 {
+		return p
+	}
+	return &OOMProcess{Process: p, Path: path, Before: before}
+}
