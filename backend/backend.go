@@ -2,9 +2,11 @@ package backend
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"time"
+	"unicode/utf8"
 )
 
 // TerminalBackend is the contract every driver implements. All calls take a context
@@ -333,4 +335,32 @@ type ExecResult struct {
 	// (where the command left the shell, or the previous one when the command ended
 	// without its state being recorded: killed, `exec`); empty otherwise.
 	Cwd string `json:"cwd,omitempty"`
+}
+
+// CheckExecText returns an ErrInvalid error naming the first of req's argv, env, dir,
+// user, shell command and session that is not valid UTF-8, or nil. The wire
+// protocols (gRPC) carry these as text, so such a value cannot reach a sandbox.
+func CheckExecText(req ExecRequest) error {
+	check := func(what, v string) error {
+		if !utf8.ValidString(v) {
+			return Errorf(ErrInvalid, "%s %q is not valid UTF-8; berth passes commands, variables and paths as text", what, v)
+		}
+		return nil
+	}
+	for i, a := range req.Argv {
+		if err := check(fmt.Sprintf("argument %d", i), a); err != nil {
+			return err
+		}
+	}
+	for _, kv := range req.Env {
+		if err := check("environment variable", kv); err != nil {
+			return err
+		}
+	}
+	for what, v := range map[string]string{"working directory": req.Dir, "user": req.User, "shell command": req.Shell, "session": req.Session} {
+		if err := check(what, v); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -592,6 +592,9 @@ func (r *Registry) Acquire(ctx context.Context, session string) (*Lease, error) 
 // a shared flock on STATE/locks/SANDBOX.busy, so no berth process counts the
 // sandbox as idle; call Wait for every started exec.
 func (r *Registry) Exec(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *Lease, error) {
+	if err := backend.CheckExecText(req); err != nil {
+		return nil, nil, fmt.Errorf("session %q: %w", session, err)
+	}
 	p, err := r.acquire(ctx, session)
 	if err != nil {
 		return nil, nil, err
@@ -763,6 +766,7 @@ func (r *Registry) removeSession(ctx context.Context, session string) error {
 		r.log.Warn("deleting sandbox dir", "dir", r.sandboxDir(rec.Sandbox), "error", err)
 	}
 	os.Remove(r.busyPath(rec.Sandbox))
+	os.RemoveAll(filepath.Dir(r.outputPath(session, "x"))) // its full-output files
 	removed = true
 	return nil
 }

@@ -81,8 +81,13 @@ type ShellResult struct {
 	// ExecResult is the exec's result; its Cwd is the session's directory for the
 	// next call.
 	backend.ExecResult
-	// Session, Driver and Sandbox say where the call ran; Lease is the sandbox used.
+	// Session, Driver and Sandbox say where the call ran.
 	Session, Driver, Sandbox string
+	// Recreated and RecreatedReason are the Lease's: the session's previous sandbox
+	// was gone (retention, or removed behind berth's back) and this call ran in a new,
+	// empty one, with a fresh shell state. Callers should tell the user.
+	Recreated       bool
+	RecreatedReason string
 	// Stdout and Stderr are the output as UTF-8 text (invalid bytes replaced), each
 	// within the cap: when a stream did not fit it is its head, the line
 	// "[... N bytes truncated ...]" and its tail, and StdoutTruncatedBytes /
@@ -192,7 +197,8 @@ func (r *Registry) Shell(ctx context.Context, session string, req ShellRequest) 
 		}()
 	}
 	res, err := p.Wait()
-	out := ShellResult{ExecResult: res, Session: session, Driver: lease.Driver, Sandbox: lease.Sandbox}
+	out := ShellResult{ExecResult: res, Session: session, Driver: lease.Driver, Sandbox: lease.Sandbox,
+		Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason}
 	out.Stdout, out.StdoutTruncatedBytes = streams[0].capture.Text()
 	out.Stderr, out.StderrTruncatedBytes = streams[1].capture.Text()
 	for i, st := range streams {

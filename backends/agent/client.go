@@ -190,6 +190,9 @@ func (c *Client) Exec(ctx context.Context, req backend.ExecRequest) (backend.Pro
 	if err := checkShell(req, c.protocol); err != nil {
 		return nil, err
 	}
+	if err := backend.CheckExecText(req); err != nil {
+		return nil, err
+	}
 	if req.Shell == "" && (req.Job == nil || req.Job.Op == backend.JobStart) && (len(req.Argv) == 0 || req.Argv[0] == "") {
 		return nil, backend.Errorf(backend.ErrInvalid, "exec: empty argv")
 	}

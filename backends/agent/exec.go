@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -66,8 +67,6 @@ type execPlan struct {
 	dir  string
 	cred *syscall.Credential
 	fail *execFailure
-	// stateFile, for shell mode, becomes the child's descriptor shellStateFD.
-	stateFile *os.File
 }
 
 // execSender serialises Send on an Exec stream and refuses sends once the handler
@@ -223,26 +222,53 @@ func (s *server) Exec(stream agentpb.Agent_ExecServer) error {
 		return s.jobExec(stream, st)
 	}
 	var shk *shellKey
-	var stateFile *os.File
+	var stateFile *shellFile
 	shellKey := st.Session
 	if st.Shell != "" {
 		if st.Session == "" || len(st.Argv) > 0 {
 			return status.Error(codes.InvalidArgument, "exec: shell mode needs a session and no argv")
 		}
-		if shk, err = s.shells.acquire(stream.Context(), st.Session); err != nil {
+		// The call's timeout covers its wait for the session's previous call.
+		actx, acancel := stream.Context(), context.CancelFunc(func() {})
+		if st.TimeoutNs > 0 {
+			actx, acancel = context.WithTimeout(actx, time.Duration(st.TimeoutNs))
+		}
+		shk, err = s.shells.acquire(actx, st.Session)
+		queuedOut := err != nil && stream.Context().Err() == nil && actx.Err() != nil
+		acancel()
+		if queuedOut {
+			snd := &execSender{stream: stream}
+			defer snd.close()
+			id := s.nextID.Add(1)
+			for _, m := range []*agentpb.ExecOutput{
+				{Msg: &agentpb.ExecOutput_Started{Started: &agentpb.ExecStarted{ExecId: id}}},
+				{Msg: &agentpb.ExecOutput_Stderr{Stderr: fmt.Appendf(nil, "berth: shell: the session's previous call still ran when this call's timeout (%s) passed; nothing was run\n", time.Duration(st.TimeoutNs))}},
+				{Msg: &agentpb.ExecOutput_Result{Result: &agentpb.ExecResult{ExitCode: 124, TimedOut: true, DurationNs: st.TimeoutNs}}},
+			} {
+				if err := snd.send(m); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		if err != nil {
 			return err
 		}
 		defer s.shells.release(shk)
 		if st, stateFile, err = s.shellStart(st, shk.state); err != nil {
 			return err
 		}
-		defer stateFile.Close()
 	}
 	plan, err := s.prepare(st)
 	if err != nil {
 		return err
 	}
-	plan.stateFile = stateFile
+	if stateFile != nil && plan.fail == nil {
+		if err := stateFile.create(plan.cred); err != nil {
+			return status.Errorf(codes.Unavailable, "shell mode: state file: %v", err)
+		}
+		defer os.Remove(stateFile.path)
+	}
 	snd := &execSender{stream: stream}
 	defer snd.close()
 	id := s.nextID.Add(1)
@@ -346,7 +372,12 @@ func (s *server) Exec(stream agentpb.Agent_ExecServer) error {
 		// A call killed at its timeout or on cancel records nothing, whatever its
 		// shell's traps managed to write: the next call starts from the last state
 		// of a call that ended by itself.
-		if ns, ok := readShellState(stateFile); ok && !timedOut && !canceled {
+		if ns, ok := stateFile.read(); ok && !timedOut && !canceled {
+			if !utf8.ValidString(ns.cwd) {
+				// The wire carries text: a directory whose name is not UTF-8 cannot
+				// be reported, so the session stays where it was.
+				ns.cwd = shk.state.cwd
+			}
 			if err := s.shells.save(shk, shellKey, ns); err != nil {
 				s.log.Printf("exec %d: recording the shell state of %q: %v", id, shellKey, err)
 			}
@@ -582,12 +613,6 @@ func (s *server) spawn(plan *execPlan, st *agentpb.ExecStart, snd *execSender) (
 		}
 	}
 	files := []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])}
-	if plan.stateFile != nil {
-		for len(files) < shellStateFD {
-			files = append(files, ^uintptr(0)) // -1: closed in the child
-		}
-		files = append(files, plan.stateFile.Fd())
-	}
 	attr := &syscall.ProcAttr{
 		Dir:   plan.dir,
 		Env:   plan.env,

@@ -87,9 +87,27 @@ type jobTable struct {
 	order []*job
 }
 
+// maxEndedJobs is how many ended jobs (with their logs) the agent keeps; older ended
+// jobs are forgotten when a new one starts.
+const maxEndedJobs = 32
+
 func (t *jobTable) add(j *job) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	ended := 0
+	for i := len(t.order) - 1; i >= 0; i-- {
+		o := t.order[i]
+		o.mu.Lock()
+		running := o.running
+		o.mu.Unlock()
+		if running {
+			continue
+		}
+		if ended++; ended >= maxEndedJobs {
+			delete(t.byID, o.id)
+			t.order = append(t.order[:i], t.order[i+1:]...)
+		}
+	}
 	t.next++
 	j.id = strconv.Itoa(t.next)
 	if t.byID == nil {

@@ -145,3 +145,19 @@ func TestJobsEndWithAgent(t *testing.T) {
 		t.Errorf("job processes %v outlived the agent", pids)
 	}
 }
+
+// Ended jobs are kept up to maxEndedJobs: the oldest go when new ones start.
+func TestEndedJobsCapped(t *testing.T) {
+	a := startAgent(t)
+	for i := 0; i < maxEndedJobs+5; i++ {
+		out, _, err := jobCall(t, a.c, "s", backend.JobRequest{Op: backend.JobStart}, "true")
+		if err != nil {
+			t.Fatal(err)
+		}
+		jobCall(t, a.c, "s", backend.JobRequest{Op: backend.JobLogs, ID: strings.TrimSpace(out), Follow: true})
+	}
+	jobs := jobList(t, a.c, "s")
+	if len(jobs) > maxEndedJobs || len(jobs) < maxEndedJobs-1 || jobs[0].ID == "1" {
+		t.Errorf("%d jobs kept (first %s), want about %d, the oldest dropped", len(jobs), jobs[0].ID, maxEndedJobs)
+	}
+}

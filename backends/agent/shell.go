@@ -3,16 +3,18 @@ package agent
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"log"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -23,19 +25,19 @@ import (
 // Shell mode (ExecStart.shell): the agent runs the command string with bash (when the
 // exec's PATH has it) or sh, as
 //
-//	SHELL -c shellWrapper berth-shell RESTORE COMMAND
+//	SHELL -c shellWrapper berth-shell STATEFILE COMMAND
 //
-// where RESTORE is the `export -p` text that the previous call of the key left plus
-// the call's own variables, and the process starts in the directory that call left.
-// The wrapper evaluates RESTORE, sets an EXIT trap that writes the new state to fd
-// shellStateFD (a memfd the agent reads once the shell has exited), and evaluates
-// COMMAND. So `exit N`, `set -e` failures and syntax errors still record the state;
-// `exec CMD`, a kill, or a command that replaces the trap record nothing, and the
-// next call starts from the last recorded state.
-
-// shellStateFD is the descriptor on which the wrapper reports its state. It is a
-// single digit because dash's redirections take one digit only.
-const shellStateFD = 9
+// STATEFILE is a file that only the agent and the exec's user can reach (a random
+// name in a directory others cannot list), holding the restore script: the `export -p`
+// text that the session's previous call left, plus the call's own variables. The
+// process starts in the directory that call left. The wrapper sources the file, sets
+// an EXIT trap that writes the new state over it, and evaluates COMMAND; the agent
+// reads the file once the shell has exited and deletes it. So `exit N`, `set -e`
+// failures and syntax errors still record the state; `exec CMD`, a kill, or a command
+// that replaces the trap record nothing, and the next call starts from the last
+// recorded state. Nothing of the state is on a command line (ps shows only COMMAND),
+// no descriptor of the user's is taken, and the state's size is not bound by the
+// kernel's argument limit.
 
 // shellStateMagic starts a state report; shellStateEnd ends a complete one.
 const (
@@ -43,18 +45,19 @@ const (
 	shellStateEnd   = "\n#berth-shell-end\n"
 )
 
-// maxShellState caps a state report, in bytes; a larger one is ignored.
-const maxShellState = 1 << 20
+// maxShellState caps a state report, in bytes; a larger one is not recorded.
+const maxShellState = 4 << 20
 
-const shellWrapper = `__berth_pwd=$PWD
-eval "$1" >/dev/null 2>&1
+const shellWrapper = `__berth_state=$1
+__berth_pwd=$PWD
+. "$__berth_state" >/dev/null 2>&1
 PWD=$__berth_pwd
 __berth_cmd=$2
 shift 2
 __berth_save() {
   __berth_rc=$?
   trap - EXIT
-  { printf 'berth-shell-state 1\n%s\n' "${PWD:-$(pwd)}"; export -p; printf '\n#berth-shell-end\n'; } >&9 2>/dev/null
+  { printf 'berth-shell-state 1\n%s\n' "${PWD:-$(pwd)}"; export -p; printf '\n#berth-shell-end\n'; } >"$__berth_state" 2>/dev/null
   exit "$__berth_rc"
 }
 trap __berth_save EXIT
@@ -80,6 +83,7 @@ type shellKey struct {
 type shells struct {
 	mu   sync.Mutex
 	dir  string
+	run  string // runDir, once made
 	log  *log.Logger
 	keys map[string]*shellKey
 }
@@ -119,6 +123,33 @@ func (s *shells) acquire(ctx context.Context, key string) (*shellKey, error) {
 }
 
 func (s *shells) release(k *shellKey) { k.turn <- struct{}{} }
+
+// runDir returns the directory of the calls' state files: DIR/run under the state
+// dir (or a directory of this agent's under the system's temporary directory), mode
+// 0711, so that a user can reach a file whose random name the agent gave it but
+// cannot list the others.
+func (s *shells) runDir() (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.run != "" {
+		return s.run, nil
+	}
+	dir := filepath.Join(s.dir, "run")
+	if s.dir == "" {
+		dir = filepath.Join(os.TempDir(), fmt.Sprintf("berth-agent-%d-shell", os.Getpid()))
+	}
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return "", err
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return "", err
+	}
+	if s.dir != "" {
+		os.Chmod(s.dir, 0o711) // the run dir below it must be reachable
+	}
+	s.run = dir
+	return dir, nil
+}
 
 func (s *shells) path(key string) string {
 	sum := sha256.Sum256([]byte(key))
@@ -184,9 +215,9 @@ func shellQuote(s string) string {
 
 // shellStart turns a shell-mode start into a plain one that runs the wrapper with
 // bash (when the exec's PATH has it) or sh, in the directory that state recorded
-// (unless the start names one, or that directory is gone), and returns the memfd for
-// the state report, which the caller closes.
-func (s *server) shellStart(st *agentpb.ExecStart, state shellState) (*agentpb.ExecStart, *os.File, error) {
+// (unless the start names one, or that directory is gone), and returns the call's
+// state file (not created yet: see shellFile.create).
+func (s *server) shellStart(st *agentpb.ExecStart, state shellState) (*agentpb.ExecStart, *shellFile, error) {
 	out := proto.Clone(st).(*agentpb.ExecStart)
 	env, err := mergeEnv(os.Environ(), st.Env)
 	if err != nil {
@@ -215,23 +246,58 @@ func (s *server) shellStart(st *agentpb.ExecStart, state shellState) (*agentpb.E
 			fmt.Fprintf(&restore, "\nexport %s=%s", k, shellQuote(v))
 		}
 	}
-	fd, err := unix.MemfdCreate("berth-shell-state", unix.MFD_CLOEXEC)
+	restore.WriteString("\n")
+	dir, err := s.shells.runDir()
 	if err != nil {
-		return nil, nil, status.Errorf(codes.Unavailable, "shell mode: memfd: %v", err)
+		return nil, nil, status.Errorf(codes.Unavailable, "shell mode: %v", err)
 	}
-	out.Argv = []string{shell, "-c", shellWrapper, "berth-shell", restore.String(), st.Shell}
+	var rnd [12]byte
+	rand.Read(rnd[:])
+	sf := &shellFile{path: filepath.Join(dir, hex.EncodeToString(rnd[:])), restore: restore.String()}
+	out.Argv = []string{shell, "-c", shellWrapper, "berth-shell", sf.path, st.Shell}
 	out.Shell = ""
-	return out, os.NewFile(uintptr(fd), "berth-shell-state"), nil
+	return out, sf, nil
 }
 
-// readShellState reads the wrapper's report from memfd.
-func readShellState(memfd *os.File) (shellState, bool) {
-	b := make([]byte, maxShellState+1)
-	n, _ := memfd.ReadAt(b, 0)
-	if n > maxShellState {
+// shellFile is one shell-mode call's state file.
+type shellFile struct {
+	path    string
+	restore string
+}
+
+// create writes the restore script, readable and writable by the exec's user (cred;
+// nil means the agent's own) only.
+func (f *shellFile) create(cred *syscall.Credential) error {
+	fd, err := os.OpenFile(f.path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = fd.WriteString(f.restore)
+	if err == nil && cred != nil {
+		err = fd.Chown(int(cred.Uid), int(cred.Gid))
+	}
+	if cerr := fd.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(f.path)
+	}
+	return err
+}
+
+// read returns the state the wrapper reported, and removes the file.
+func (f *shellFile) read() (shellState, bool) {
+	defer os.Remove(f.path)
+	fd, err := os.OpenFile(f.path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
 		return shellState{}, false
 	}
-	return parseShellState(b[:n])
+	defer fd.Close()
+	b, _ := io.ReadAll(io.LimitReader(fd, maxShellState+1))
+	if len(b) > maxShellState {
+		return shellState{}, false
+	}
+	return parseShellState(b)
 }
 
 // validName reports whether k is a shell variable name.

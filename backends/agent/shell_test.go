@@ -184,9 +184,16 @@ func TestShellModeStateOutlivesAgent(t *testing.T) {
 	}
 	ents, _ := os.ReadDir(state)
 	for _, e := range ents {
-		if fi, err := e.Info(); err != nil || fi.Mode().Perm() != 0o600 {
-			t.Errorf("state file %s: mode %v, want 0600", e.Name(), fi.Mode())
+		want := os.FileMode(0o600)
+		if e.Name() == "run" {
+			want = 0o711 | os.ModeDir // per-call files, reachable by name only
 		}
+		if fi, err := e.Info(); err != nil || fi.Mode() != want {
+			t.Errorf("state file %s: mode %v, want %v", e.Name(), fi.Mode(), want)
+		}
+	}
+	if left, _ := os.ReadDir(filepath.Join(state, "run")); len(left) != 0 {
+		t.Errorf("per-call state files left behind: %v", left)
 	}
 }
 
@@ -232,5 +239,93 @@ func TestShellModeSerialised(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(logf); string(b) != "first-end\nsecond-start\n" {
 		t.Errorf("order %q, want first-end then second-start", b)
+	}
+}
+
+// TestShellModeBigAndSecretState: a recorded variable larger than the kernel's limit
+// for one argument leaves the session working (a real shell's external commands fail
+// with such a variable exported, as they would anywhere, but berth's own wrapper does
+// not, so unset works), recorded values are not on any command line, and a command
+// that takes descriptor 9 for itself (the flock idiom) neither loses the state nor
+// gets it written into its file.
+func TestShellModeBigAndSecretState(t *testing.T) {
+	a := startAgent(t)
+	dir := t.TempDir()
+	if _, _, res := shellCall(t, a.c, "s", "", `export BIG=$(head -c 300000 /dev/zero | tr '\0' x)`); res.ExitCode != 0 {
+		t.Fatalf("export of a 300 kB variable: %+v", res)
+	}
+	if out, _, res := shellCall(t, a.c, "s", "", `echo ${#BIG}; unset BIG`); out != "300000\n" || res.ExitCode != 0 {
+		t.Fatalf("the call after the big export: %q %+v, want it to run", out, res)
+	}
+	if out, _, _ := shellCall(t, a.c, "s", "", `echo "[${BIG-}]"`); out != "[]\n" {
+		t.Fatalf("unset was not recorded: %q", out)
+	}
+
+	shellCall(t, a.c, "s", "", "export TOKEN=sk-secret-42")
+	var seen string
+	p, err := a.c.Exec(testCtx(t), backend.ExecRequest{Session: "s", Shell: `touch ` + dir + `/running; while [ ! -e ` + dir + `/go ]; do sleep 0.01; done; echo "$TOKEN"`, Stdout: writerFunc(func(b []byte) { seen += string(b) })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !waitUntil(10*time.Second, func() bool { _, err := os.Stat(dir + "/running"); return err == nil }) {
+		res, err := p.Wait()
+		t.Fatalf("the call did not run: %+v %v %q", res, err, seen)
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && strings.Contains(string(b), "sk-secret-42") {
+			t.Errorf("process %s shows the recorded secret on its command line", e.Name())
+		}
+	}
+	os.WriteFile(dir+"/go", nil, 0o644)
+	if res, err := p.Wait(); err != nil || res.ExitCode != 0 || seen != "sk-secret-42\n" {
+		t.Fatalf("the call: %+v %v %q", res, err, seen)
+	}
+
+	lock := dir + "/lock"
+	if _, _, res := shellCall(t, a.c, "s", "", "cd "+dir+"; exec 9>"+lock+"; export AFTER=1"); res.ExitCode != 0 || res.Cwd != dir {
+		t.Errorf("a call that takes fd 9: %+v, want its cd recorded", res)
+	}
+	if b, _ := os.ReadFile(lock); len(b) != 0 {
+		t.Errorf("the state was written into the command's own fd-9 file: %q", b[:min(len(b), 60)])
+	}
+	if out, _, _ := shellCall(t, a.c, "s", "", `echo "$AFTER $TOKEN"`); out != "1 sk-secret-42\n" {
+		t.Errorf("after the fd-9 call: %q", out)
+	}
+}
+
+type writerFunc func([]byte)
+
+func (f writerFunc) Write(b []byte) (int, error) { f(b); return len(b), nil }
+
+// waitUntil polls cond every 10 ms until it holds or timeout passes.
+func waitUntil(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+// TestShellModeTimeoutCoversQueue: a call whose timeout passes while the session's
+// previous call still runs times out without running.
+func TestShellModeTimeoutCoversQueue(t *testing.T) {
+	a := startAgent(t)
+	dir := t.TempDir()
+	first, err := a.c.Exec(testCtx(t), backend.ExecRequest{Session: "q", Shell: "while [ ! -e " + dir + "/go ]; do sleep 0.01; done"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, res := run(t, a.c, backend.ExecRequest{Session: "q", Shell: "touch " + dir + "/ran", Timeout: 200 * time.Millisecond})
+	if !res.TimedOut || res.ExitCode != 124 || !strings.Contains(errOut, "nothing was run") {
+		t.Errorf("a queued call past its timeout: %+v %q %q, want timed out, 124", res, out, errOut)
+	}
+	os.WriteFile(dir+"/go", nil, 0o644)
+	first.Wait()
+	if _, err := os.Stat(dir + "/ran"); err == nil {
+		t.Error("the timed-out queued call ran")
 	}
 }

@@ -1636,6 +1636,10 @@ func TestExecShellMode(t *testing.T) {
 	if r := e.run("exec", "-s", "sh:1", "--shell", "true", "--", "extra"); r.code != 125 || !strings.Contains(r.stderr, "--shell takes the whole command") {
 		t.Errorf("--shell with arguments: want 125\n%v", r)
 	}
+	e.must("rm", "sh:1")
+	if _, err := os.Stat(filepath.Dir(out.StdoutFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("berth rm left the session's full-output files: %v", err)
+	}
 }
 
 // TestJobs: berth job start/ls/logs/kill on the local driver; a job outlives the call
@@ -1746,5 +1750,30 @@ func TestCp(t *testing.T) {
 	}
 	if r := e.run("cp", "-s", "cp:none", ":x", out+"/"); r.code != 125 || !strings.Contains(r.stderr, "no sandbox") {
 		t.Errorf("download from a session without sandbox: want 125\n%v", r)
+	}
+}
+
+// TestShellModeRecreated: a --shell call whose session's sandbox retention removed
+// says so (a line on stderr; recreated in --json), as plain exec does.
+func TestShellModeRecreated(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.config = e.writeFile("config.hcl", "scope \"ret:*\" {\n  retention {\n    idle_ttl    = \"1h\"\n    idle_action = \"remove\"\n  }\n}\n")
+	e.must("exec", "-s", "ret:1", "--shell", "cd /tmp; echo x > $HOME/f")
+	r := e.at("2h").run("exec", "-s", "ret:1", "--shell", "ls $HOME")
+	if r.code != 0 || !strings.Contains(r.stderr, "berth: session ret:1: its previous sandbox was removed by retention") || strings.Contains(r.stdout, "f") {
+		t.Errorf("--shell after retention removed the sandbox: want the recreated line and an empty home\n%v", r)
+	}
+	e.must("exec", "-s", "ret:2", "--shell", "true")
+	r = e.at("2h").run("exec", "-s", "ret:2", "--json", "--shell", "true")
+	var out struct {
+		Recreated       bool   `json:"recreated"`
+		RecreatedReason string `json:"recreated_reason"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &out) != nil || !out.Recreated || out.RecreatedReason == "" {
+		t.Errorf("--json --shell after retention: want recreated true with a reason\n%v", r)
+	}
+	if r := e.run("exec", "--", "printf", "a\xffb"); r.code != 125 || !strings.Contains(r.stderr, "argument 1") || !strings.Contains(r.stderr, "UTF-8") {
+		t.Errorf("an argument that is not UTF-8: want 125 naming it\n%v", r)
 	}
 }

@@ -12,7 +12,7 @@ import (
 )
 
 func newConfigCmd(g *globals) *cobra.Command {
-	cfg := &cobra.Command{Use: "config", Short: "Check a config file or explain how a session is placed"}
+	cfg := group(&cobra.Command{Use: "config", Short: "Check a config file or explain how a session is placed"})
 	cfg.AddCommand(&cobra.Command{
 		Use:   "check [FILE]",
 		Short: "Check a config file (default: the one berth would load) and report errors with file:line:col",

@@ -12,7 +12,7 @@ import (
 )
 
 func newImageCmd(g *globals) *cobra.Command {
-	img := &cobra.Command{Use: "image", Short: "Manage the images of drivers with their own filesystem"}
+	img := group(&cobra.Command{Use: "image", Short: "Manage the images of drivers with their own filesystem"})
 	var driver string
 	imp := &cobra.Command{
 		Use:   "import FILE",

@@ -17,13 +17,13 @@ import (
 
 func newJobCmd(g *globals) *cobra.Command {
 	var session string
-	job := &cobra.Command{
+	job := group(&cobra.Command{
 		Use:   "job",
 		Short: "Run and watch background jobs in a session's sandbox",
 		Long: `Background jobs outlive the call that starts them: berth's agent in the sandbox keeps
 them, with their output (stdout and stderr together, the newest 1 MiB), until they end
 or the sandbox stops. The host reads that output only through the agent.`,
-	}
+	})
 	job.PersistentFlags().StringVarP(&session, "session", "s", defaultSession(), "session name ($BERTH_SESSION sets the default)")
 
 	var env []string
@@ -89,18 +89,32 @@ or the sandbox stops. The host reads that output only through the agent.`,
 		Short: "Print a job's output; with --follow, until it ends (exit with its exit code)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			sigs := make(chan os.Signal, 2)
+			signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+			defer signal.Stop(sigs)
+			got := make(chan os.Signal, 1)
+			go func() {
+				select {
+				case s := <-sigs:
+					got <- s
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
 			var res backend.ExecResult
 			err := g.withRegistry(ctx, func(reg *registry.Registry) error {
 				var err error
 				res, err = reg.JobLogs(ctx, session, args[0], follow, os.Stdout)
 				return err
 			})
+			select {
+			case s := <-got: // interrupted while following: the job runs on
+				return exitCode(128 + int(s.(syscall.Signal)))
+			default:
+			}
 			if err != nil {
-				if ctx.Err() != nil && cmd.Context().Err() == nil {
-					return nil // interrupted while following: the job runs on
-				}
 				return err
 			}
 			if follow && res.Signal != 0 {

@@ -266,3 +266,18 @@ func failure(err error) error {
 	}
 	return &exitError{code: exitInternal, err: err}
 }
+
+// group makes c a command that only groups subcommands: an unknown or missing
+// subcommand is a usage error (exit 125), not a help text with exit 0.
+func group(c *cobra.Command) *cobra.Command {
+	c.Args = func(cmd *cobra.Command, args []string) error {
+		if len(args) > 0 {
+			return usageError("unknown command %q for %q; see '%s --help'", args[0], cmd.CommandPath(), cmd.CommandPath())
+		}
+		return nil
+	}
+	c.RunE = func(cmd *cobra.Command, args []string) error {
+		return usageError("%s needs a subcommand; see '%s --help'", cmd.CommandPath(), cmd.CommandPath())
+	}
+	return c
+}

@@ -59,6 +59,11 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 
 	res, err := reg.Shell(callCtx, f.session, req)
 	if err != nil {
+		select {
+		case s := <-got: // interrupted before the call ran (waiting for the session)
+			return &exitError{code: 128 + int(s.(syscall.Signal)), err: fmt.Errorf("session %s: interrupted before the command ran", f.session)}
+		default:
+		}
 		return failure(err)
 	}
 	if f.json {
@@ -68,6 +73,7 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 			Stdout: res.Stdout, Stderr: res.Stderr,
 			StdoutTruncatedBytes: res.StdoutTruncatedBytes, StderrTruncatedBytes: res.StderrTruncatedBytes,
 			Cwd: res.Cwd, StdoutFile: res.StdoutFile, StderrFile: res.StderrFile,
+			Recreated: res.Recreated, RecreatedReason: res.RecreatedReason,
 		}
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetEscapeHTML(false)
@@ -75,6 +81,9 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 			return failure(err)
 		}
 	} else {
+		if res.Recreated {
+			fmt.Fprintf(os.Stderr, "berth: session %s: %s\n", res.Session, res.RecreatedReason)
+		}
 		if _, err := io.WriteString(os.Stdout, res.Stdout); err != nil {
 			return failure(fmt.Errorf("writing the command's stdout: %v", err))
 		}

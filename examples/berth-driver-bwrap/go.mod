@@ -1,6 +1,6 @@
 module example.com/berth-driver-bwrap
 
-go 1.26.0
+go 1.26.6
 
 require (
 	github.com/berth-sh/berth v0.0.0
