@@ -18,8 +18,8 @@
 // need more than a driver (a registry for session isolation) take it from Options and
 // skip with a reason when it is not given.
 //
-// The groups are lifecycle, idempotence, exec, tty and isolation. Later groups
-// (resources, terminal, retention, recovery) come with later work.
+// The groups are lifecycle, idempotence, exec, tty, isolation, resources, terminal
+// (shell mode, jobs, copy), retention and recovery (over a registry).
 //
 // The suite creates real sandboxes through the driver: each gets a unique name
 // ("bconf-" and random hex), the berth labels (owner Options.Owner) and a

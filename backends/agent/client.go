@@ -245,7 +245,11 @@ func (c *Client) Exec(ctx context.Context, req backend.ExecRequest) (backend.Pro
 	}
 	if f.err != nil {
 		scancel()
-		return nil, mapError(fmt.Sprintf("exec %q", execName(req)), f.err)
+		what := fmt.Sprintf("exec %q", execName(req))
+		if req.Job != nil && req.Job.Op != backend.JobStart {
+			what = execName(req)
+		}
+		return nil, mapError(what, f.err)
 	}
 	started := f.m.GetStarted()
 	if started == nil {

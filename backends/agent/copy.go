@@ -58,14 +58,14 @@ func (s *server) CopyIn(stream agentpb.Agent_CopyInServer) error {
 	root, err := os.OpenRoot(target)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return status.Errorf(codes.NotFound, "copy in: directory %q does not exist", target)
+			return status.Errorf(codes.NotFound, "directory %q does not exist", target)
 		}
-		return status.Errorf(codes.InvalidArgument, "copy in: directory %q: %v", target, err)
+		return status.Errorf(codes.InvalidArgument, "directory %q: %v", target, err)
 	}
 	defer root.Close()
 	r := &copyInReader{stream: stream}
 	if err := extractAll(root, r, nil); err != nil {
-		return status.Errorf(codes.InvalidArgument, "copy in: %v", err)
+		return status.Errorf(codes.InvalidArgument, "%v", err)
 	}
 	// Swallow the tar padding and wait for the client's end of stream.
 	if _, err := io.Copy(io.Discard, r); err != nil && err != io.EOF {
@@ -239,7 +239,7 @@ func (w copyOutWriter) Write(p []byte) (int, error) {
 func (s *server) CopyOut(req *agentpb.CopyOutRequest, stream agentpb.Agent_CopyOutServer) error {
 	p := req.Path
 	if p == "" {
-		return status.Error(codes.InvalidArgument, "copy out: empty path")
+		return status.Error(codes.InvalidArgument, "empty path")
 	}
 	if !filepath.IsAbs(p) {
 		p = filepath.Join(s.cwd, p)
@@ -249,9 +249,9 @@ func (s *server) CopyOut(req *agentpb.CopyOutRequest, stream agentpb.Agent_CopyO
 	defer s.copyGate.leave()
 	if _, err := os.Lstat(p); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return status.Errorf(codes.NotFound, "copy out: %q does not exist", p)
+			return status.Errorf(codes.NotFound, "%q does not exist", p)
 		}
-		return status.Errorf(codes.InvalidArgument, "copy out: %v", err)
+		return status.Errorf(codes.InvalidArgument, "%v", err)
 	}
 	err := WriteTar(copyOutWriter{stream}, p, "")
 	if err != nil {

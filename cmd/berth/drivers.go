@@ -111,7 +111,8 @@ func capsSummary(c backend.Capabilities) string {
 		name string
 	}{{c.TTY, "tty"}, {c.CPULimit, "cpu"}, {c.MemoryLimit, "memory"}, {c.PidsLimit, "pids"},
 		{c.DropCapabilities, "cap-drop"}, {c.Copy, "copy"}, {c.StopStart, "stop-start"},
-		{c.ExecUser, "user"}, {c.ImagePull, "pull"}, {c.ImageImport, "import"}} {
+		{c.ExecUser, "user"}, {c.ImagePull, "pull"}, {c.ImageImport, "import"}, {c.Config, "config"},
+		{c.Shell, "shell"}, {c.Jobs, "jobs"}} {
 		if f.on {
 			s = append(s, f.name)
 		}
