@@ -337,6 +337,21 @@ type ExecResult struct {
 	Cwd string `json:"cwd,omitempty"`
 }
 
+// NeedsArgv reports whether req must carry an argv: a plain exec or a job start does;
+// a shell-mode call and the other job operations do not.
+func NeedsArgv(req ExecRequest) bool {
+	return req.Shell == "" && (req.Job == nil || req.Job.Op == JobStart)
+}
+
+// CheckArgv returns ErrInvalid ("exec: empty argv") when req needs an argv
+// (NeedsArgv) and has none, or an empty program name.
+func CheckArgv(req ExecRequest) error {
+	if NeedsArgv(req) && (len(req.Argv) == 0 || req.Argv[0] == "") {
+		return Errorf(ErrInvalid, "exec: empty argv")
+	}
+	return nil
+}
+
 // CheckExecText returns an ErrInvalid error naming the first of req's argv, env, dir,
 // user, shell command and session that is not valid UTF-8, or nil. The wire
 // protocols (gRPC) carry these as text, so such a value cannot reach a sandbox.

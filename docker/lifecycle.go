@@ -255,8 +255,8 @@ func (d *Driver) dropConn(name string, sc *sandboxConn) {
 // says otherwise. A stopped sandbox is ErrConflict. The result's OOMKilled is set when
 // the container's memory cgroup counted an OOM kill during the exec.
 func (d *Driver) Exec(ctx context.Context, name string, req backend.ExecRequest) (backend.Process, error) {
-	if req.Shell == "" && (req.Job == nil || req.Job.Op == backend.JobStart) && (len(req.Argv) == 0 || req.Argv[0] == "") {
-		return nil, backend.Errorf(backend.ErrInvalid, "exec: empty argv")
+	if err := backend.CheckArgv(req); err != nil {
+		return nil, err
 	}
 	var p backend.Process
 	var sc *sandboxConn

@@ -193,8 +193,8 @@ func (c *Client) Exec(ctx context.Context, req backend.ExecRequest) (backend.Pro
 	if err := backend.CheckExecText(req); err != nil {
 		return nil, err
 	}
-	if req.Shell == "" && (req.Job == nil || req.Job.Op == backend.JobStart) && (len(req.Argv) == 0 || req.Argv[0] == "") {
-		return nil, backend.Errorf(backend.ErrInvalid, "exec: empty argv")
+	if err := backend.CheckArgv(req); err != nil {
+		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
