@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,6 +26,7 @@ type job struct {
 	session string
 	argv    []string
 	pid     int
+	marker  string // jobMarkerVar=AGENTPID.SEQ in the job's environment
 	started time.Time
 
 	mu      sync.Mutex
@@ -76,6 +78,32 @@ func (j *job) info() backend.JobInfo {
 	return backend.JobInfo{
 		ID: j.id, Argv: j.argv, PID: j.pid, Running: j.running, ExitCode: j.code, Signal: j.sig,
 		Started: j.started, Ended: j.ended, LogBytes: j.total, DroppedBytes: j.total - int64(len(j.log)),
+	}
+}
+
+// jobMarkerVar is set in every job's environment (AGENTPID.N, N unique in the agent),
+// so that kill also
+// finds the job's descendants that left its session (setsid) while keeping its
+// environment.
+const jobMarkerVar = "BERTH_JOB"
+
+// jobTree selects the processes of job j: its session, and every process whose
+// environment carries j's marker.
+func jobTree(j *job) func([]procInfo) []procInfo {
+	want := append([]byte(j.marker), 0)
+	return func(all []procInfo) []procInfo {
+		var out []procInfo
+		for _, p := range all {
+			if p.sid == j.pid {
+				out = append(out, p)
+				continue
+			}
+			env, err := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/environ")
+			if err == nil && bytes.Contains(append([]byte{0}, env...), append([]byte{0}, want...)) {
+				out = append(out, p)
+			}
+		}
+		return out
 	}
 }
 
@@ -243,7 +271,7 @@ func (s *server) jobExec(stream agentpb.Agent_ExecServer, st *agentpb.ExecStart)
 		if err := started(j.pid); err != nil {
 			return err
 		}
-		s.killTree(inSession(j.pid), s.grace)
+		s.killTree(jobTree(j), s.grace)
 		return result(0, 0)
 	}
 	return status.Errorf(codes.InvalidArgument, "job operation %q: want start, list, logs or kill", req.GetOp())
@@ -261,9 +289,10 @@ func (s *server) startJob(plan *execPlan, session string) (*job, *execFailure, e
 	if err != nil {
 		return nil, nil, status.Errorf(codes.Unavailable, "job output pipe: %v", err)
 	}
+	marker := fmt.Sprintf("%s=%d.%d", jobMarkerVar, os.Getpid(), s.nextID.Add(1))
 	attr := &syscall.ProcAttr{
 		Dir:   plan.dir,
-		Env:   plan.env,
+		Env:   append(append([]string(nil), plan.env...), marker),
 		Files: []uintptr{uintptr(devnull), uintptr(w), uintptr(w)},
 		Sys:   &syscall.SysProcAttr{Setsid: true, Credential: plan.cred},
 	}
@@ -278,7 +307,7 @@ func (s *server) startJob(plan *execPlan, session string) (*job, *execFailure, e
 		}
 		return nil, nil, status.Errorf(codes.Unavailable, "starting job %s: %v", plan.name, ferr)
 	}
-	j := &job{session: session, argv: plan.argv, pid: pid, started: time.Now().UTC(), running: true, changed: make(chan struct{})}
+	j := &job{session: session, argv: plan.argv, pid: pid, marker: marker, started: time.Now().UTC(), running: true, changed: make(chan struct{})}
 	s.jobs.add(j)
 	s.mu.Lock()
 	if s.trackSessions {

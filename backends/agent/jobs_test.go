@@ -161,3 +161,31 @@ func TestEndedJobsCapped(t *testing.T) {
 		t.Errorf("%d jobs kept (first %s), want about %d, the oldest dropped", len(jobs), jobs[0].ID, maxEndedJobs)
 	}
 }
+
+// Kill also ends a job's descendant that left its session (setsid), and only the
+// killed job's processes.
+func TestJobKillFindsSetsidDescendants(t *testing.T) {
+	a := startAgent(t)
+	escaper := []string{"sleep", "3601"}
+	other := []string{"sleep", "3602"}
+	out, _, err := jobCall(t, a.c, "s", backend.JobRequest{Op: backend.JobStart}, "sh", "-c", "setsid sleep 3601 & exec sleep 3600")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := strings.TrimSpace(out)
+	if _, _, err := jobCall(t, a.c, "s", backend.JobRequest{Op: backend.JobStart}, other...); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "both jobs' processes", func() bool {
+		return len(procsWithArgs(escaper...)) == 1 && len(procsWithArgs(other...)) == 1
+	})
+	if _, _, err := jobCall(t, a.c, "s", backend.JobRequest{Op: backend.JobKill, ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	if pids := procsWithArgs(escaper...); len(pids) != 0 {
+		t.Errorf("the job's setsid descendant %v outlived job kill", pids)
+	}
+	if len(procsWithArgs(other...)) != 1 {
+		t.Error("job kill ended another job's process")
+	}
+}
