@@ -90,7 +90,7 @@ type Driver struct {
 	stateDir    string
 	cli         *client.Client
 	clients     map[string]*sandboxConn
-	creating    map[string]*sync.Mutex
+	creating    containerutil.NameLocks
 }
 
 // Option configures a Driver built with New.
@@ -112,7 +112,7 @@ func WithRuntime(name string) Option { return func(d *Driver) { d.runtime = name
 // config's address (Configure), else CONTAINERD_ADDRESS, else DefaultAddress. No
 // connection is made until the first call that needs one.
 func New(opts ...Option) *Driver {
-	d := &Driver{clients: map[string]*sandboxConn{}, creating: map[string]*sync.Mutex{}}
+	d := &Driver{clients: map[string]*sandboxConn{}}
 	for _, o := range opts {
 		o(d)
 	}

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -44,20 +43,6 @@ const createLease = 10 * time.Minute
 // the agent at 1 MiB with one rotation. The task's own stdio goes to null IO.
 const AgentLogName = "agent.log"
 
-// nameLock returns the in-process lock of sandbox name. Concurrent Creates in other
-// processes are settled by containerd: container ids are unique, and the loser of a
-// create race adopts the winner's container.
-func (d *Driver) nameLock(name string) *sync.Mutex {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	m := d.creating[name]
-	if m == nil {
-		m = &sync.Mutex{}
-		d.creating[name] = m
-	}
-	return m
-}
-
 // Create makes the sandbox's container (id = the sandbox's name) with a new snapshot
 // of the image, and starts its task with the agent as PID 1; or adopts the container
 // of that id when it carries the same owner label (starting a new task on its
@@ -82,7 +67,7 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 		return backend.Sandbox{}, err
 	}
 	s := d.settings()
-	lk := d.nameLock(spec.Name)
+	lk := d.creating.Lock(spec.Name) // other processes: settled by containerd (ids are unique; the loser adopts)
 	lk.Lock()
 	defer lk.Unlock()
 	// containerd does not make two tasks of one container safely at once (the loser's

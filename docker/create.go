@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
@@ -25,20 +24,6 @@ const agentStartTimeout = 30 * time.Second
 
 // removeTimeout bounds the clean-up of a failed Create.
 const removeTimeout = 30 * time.Second
-
-// nameLock returns the in-process lock of sandbox name. Concurrent Creates in other
-// processes are settled by the engine: container names are unique, and the loser of a
-// create race adopts the winner's container.
-func (d *Driver) nameLock(name string) *sync.Mutex {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	m := d.creating[name]
-	if m == nil {
-		m = &sync.Mutex{}
-		d.creating[name] = m
-	}
-	return m
-}
 
 // Create makes the sandbox's container and starts it with the agent as PID 1, or adopts
 // the container of that name when it carries the same owner label (starting it when
@@ -60,7 +45,7 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 	if err != nil {
 		return backend.Sandbox{}, err
 	}
-	lk := d.nameLock(spec.Name)
+	lk := d.creating.Lock(spec.Name) // other processes: settled by the engine (names are unique; the loser adopts)
 	lk.Lock()
 	defer lk.Unlock()
 

@@ -68,7 +68,7 @@ type Driver struct {
 	stateDir string
 	cli      *client.Client
 	clients  map[string]*sandboxConn
-	creating map[string]*sync.Mutex
+	creating containerutil.NameLocks
 }
 
 // Option configures a Driver built with New.
@@ -81,7 +81,7 @@ func WithHost(host string) Option { return func(d *Driver) { d.host = host } }
 // host (Configure), else DOCKER_HOST, else DefaultHost. No connection is made until
 // the first call that needs one.
 func New(opts ...Option) *Driver {
-	d := &Driver{clients: map[string]*sandboxConn{}, creating: map[string]*sync.Mutex{}}
+	d := &Driver{clients: map[string]*sandboxConn{}}
 	for _, o := range opts {
 		o(d)
 	}

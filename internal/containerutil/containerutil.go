@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/berth-sh/berth/backend"
 )
@@ -215,4 +216,26 @@ func WatchOOM(p backend.Process, path string, before int64) backend.Process {
 		return p
 	}
 	return &OOMProcess{Process: p, Path: path, Before: before}
+}
+
+// NameLocks holds one in-process mutex per sandbox name, so that concurrent Creates of
+// one name in a driver run one at a time. The zero value is ready to use.
+type NameLocks struct {
+	mu sync.Mutex
+	m  map[string]*sync.Mutex
+}
+
+// Lock returns the mutex of name, not locked; the caller locks and unlocks it.
+func (l *NameLocks) Lock(name string) *sync.Mutex {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.m == nil {
+		l.m = map[string]*sync.Mutex{}
+	}
+	m := l.m[name]
+	if m == nil {
+		m = &sync.Mutex{}
+		l.m[name] = m
+	}
+	return m
 }
