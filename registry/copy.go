@@ -12,13 +12,8 @@ import (
 // session without a sandbox gets one (uploads) or is ErrNotFound (downloads).
 func (r *Registry) copier(ctx context.Context, session string, create bool) (*Lease, backend.Copier, error) {
 	if !create {
-		if err := r.ensure(); err != nil {
+		if err := r.haveSandbox(session, " to copy from"); err != nil {
 			return nil, nil, err
-		}
-		if _, ok, err := r.store.get(session); err != nil {
-			return nil, nil, err
-		} else if !ok {
-			return nil, nil, backend.Errorf(backend.ErrNotFound, "session %q has no sandbox to copy from", session)
 		}
 	}
 	lease, err := r.Acquire(ctx, session)

@@ -24,28 +24,17 @@ type JobStartRequest struct {
 // jobExec runs one job operation in session's sandbox and returns its stdout and
 // result. Operations other than start need the session to have a sandbox already.
 func (r *Registry) jobExec(ctx context.Context, session string, req backend.ExecRequest, w io.Writer) (string, backend.ExecResult, error) {
-	rule, _, err := r.cfg.Match(session)
-	if err != nil {
-		return "", backend.ExecResult{}, err
+	if _, _, err := r.cfg.Match(session); err != nil {
+		return "", backend.ExecResult{}, err // before the store: the more telling error
 	}
 	if req.Job.Op != backend.JobStart {
-		if err := r.ensure(); err != nil {
+		if err := r.haveSandbox(session, fmt.Sprintf(", so no jobs; start one with berth job start -s %s -- CMD", session)); err != nil {
 			return "", backend.ExecResult{}, err
 		}
-		if _, ok, err := r.store.get(session); err != nil {
-			return "", backend.ExecResult{}, err
-		} else if !ok {
-			return "", backend.ExecResult{}, backend.Errorf(backend.ErrNotFound, "session %q has no sandbox, so no jobs; start one with berth job start -s %s -- CMD", session, session)
-		}
 	}
-	b, err := r.Backend(ctx, rule.Driver)
-	if err != nil {
-		return "", backend.ExecResult{}, fmt.Errorf("session %q: %w", session, err)
-	}
-	if caps, err := r.capabilities(ctx, b); err != nil {
-		return "", backend.ExecResult{}, fmt.Errorf("session %q: driver %s: %w", session, rule.Driver, err)
-	} else if !caps.Jobs {
-		return "", backend.ExecResult{}, backend.Errorf(backend.ErrUnsupported, "session %q: driver %s has no background jobs (it does not run berth's agent); run the command with & in a plain exec instead", session, rule.Driver)
+	if _, err := r.sessionDriver(ctx, session, func(c backend.Capabilities) bool { return c.Jobs },
+		"has no background jobs (it does not run berth's agent); run the command with & in a plain exec instead"); err != nil {
+		return "", backend.ExecResult{}, err
 	}
 	var out bytes.Buffer
 	req.Stdout = &out

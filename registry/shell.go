@@ -117,6 +117,43 @@ func (r *Registry) capabilities(ctx context.Context, b backend.TerminalBackend) 
 	return info.Capabilities, nil
 }
 
+// sessionDriver returns session's rule once its driver is started and claims what has
+// checks; otherwise ErrUnsupported saying the driver lacks (a phrase: "has no shell
+// mode ..."), or the error of Match or of starting the driver.
+func (r *Registry) sessionDriver(ctx context.Context, session string, has func(backend.Capabilities) bool, lacks string) (*Rule, error) {
+	rule, _, err := r.cfg.Match(session)
+	if err != nil {
+		return nil, err
+	}
+	b, err := r.Backend(ctx, rule.Driver)
+	if err != nil {
+		return nil, fmt.Errorf("session %q: %w", session, err)
+	}
+	caps, err := r.capabilities(ctx, b)
+	if err != nil {
+		return nil, fmt.Errorf("session %q: driver %s: %w", session, rule.Driver, err)
+	}
+	if !has(caps) {
+		return nil, backend.Errorf(backend.ErrUnsupported, "session %q: driver %s %s", session, rule.Driver, lacks)
+	}
+	return rule, nil
+}
+
+// haveSandbox returns ErrNotFound ("session S has no sandbox" and then what) when the
+// store records no sandbox for session: the calls that only read a sandbox never
+// create one.
+func (r *Registry) haveSandbox(session, what string) error {
+	if err := r.ensure(); err != nil {
+		return err
+	}
+	if _, ok, err := r.store.get(session); err != nil {
+		return err
+	} else if !ok {
+		return backend.Errorf(backend.ErrNotFound, "session %q has no sandbox%s", session, what)
+	}
+	return nil
+}
+
 // spillSeq makes full-output file names unique within a process.
 var spillSeq atomic.Uint64
 
@@ -139,18 +176,10 @@ func (r *Registry) Shell(ctx context.Context, session string, req ShellRequest) 
 	if strings.TrimSpace(req.Command) == "" {
 		return ShellResult{}, backend.Errorf(backend.ErrInvalid, "session %q: shell mode: empty command", session)
 	}
-	rule, _, err := r.cfg.Match(session)
+	rule, err := r.sessionDriver(ctx, session, func(c backend.Capabilities) bool { return c.Shell },
+		"has no shell mode (it does not run berth's agent); use a plain exec (berth exec -- sh -c ...)")
 	if err != nil {
 		return ShellResult{}, err
-	}
-	b, err := r.Backend(ctx, rule.Driver)
-	if err != nil {
-		return ShellResult{}, fmt.Errorf("session %q: %w", session, err)
-	}
-	if caps, err := r.capabilities(ctx, b); err != nil {
-		return ShellResult{}, fmt.Errorf("session %q: driver %s: %w", session, rule.Driver, err)
-	} else if !caps.Shell {
-		return ShellResult{}, backend.Errorf(backend.ErrUnsupported, "session %q: driver %s has no shell mode (it does not run berth's agent); use a plain exec (berth exec -- sh -c ...)", session, rule.Driver)
 	}
 	limit := req.MaxOutput
 	if limit == 0 {
