@@ -32,6 +32,12 @@ func TestConfigRefused(t *testing.T) {
 		{`{"snapshotter":"a/b"}`, "snapshotter"},
 		{`{"runtime":"io containerd"}`, "runtime"},
 		{`{"address":1}`, "config"},
+		{`{"seccomp":"strict"}`, "neither \"native\", \"docker\", \"unconfined\" nor the absolute path"},
+		{`{"seccomp":"profile.json"}`, "absolute path of a JSON profile"},
+		{`{"seccomp":"/nonexistent/profile.json"}`, "no such file"},
+		{`{"seccomp":"` + badProfile(t, `{"defaultAction": "SCMP_ACT_ERRNO", "syscals": []}`) + `"}`, `unknown field "syscals"`},
+		{`{"seccomp":"` + badProfile(t, `{"syscalls": []}`) + `"}`, "no defaultAction"},
+		{`{"seccomp":"` + badProfile(t, `[1]`) + `"}`, "not an OCI seccomp object"},
 	} {
 		d := containerd.New()
 		err := d.Configure(context.Background(), backend.DriverSetup{Config: []byte(c.cfg)})
@@ -51,9 +57,23 @@ func TestConfigRefused(t *testing.T) {
 	for _, f := range schema {
 		keys = append(keys, f.Name)
 	}
-	if strings.Join(keys, ",") != "address,namespace,snapshotter,runtime" {
-		t.Errorf("config keys %v, want address, namespace, snapshotter, runtime", keys)
+	if strings.Join(keys, ",") != "address,namespace,snapshotter,runtime,seccomp" {
+		t.Errorf("config keys %v, want address, namespace, snapshotter, runtime, seccomp", keys)
 	}
+	// A bad WithSeccomp is refused by Create before anything is made.
+	d = containerd.New(containerd.WithAddress("/nonexistent/containerd.sock"), containerd.WithSeccomp("strict"))
+	if _, err := d.Create(context.Background(), backend.CreateRequest{Spec: backend.SandboxSpec{Name: "x", Image: testimage.Ref}, Agent: backend.AgentFiles{Dir: "/a", SocketDir: "/s", Binary: "/a/" + backend.AgentBinaryName, Static: true}}); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), "seccomp") {
+		t.Errorf("WithSeccomp(strict): Create: %v, want ErrInvalid naming seccomp", err)
+	}
+}
+
+// badProfile writes a seccomp profile file with content and returns its path.
+func badProfile(t *testing.T, content string) string {
+	p := filepath.Join(t.TempDir(), "profile.json")
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 func TestDaemonDown(t *testing.T) {

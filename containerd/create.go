@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/pkg/cio"
@@ -622,6 +621,10 @@ func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(
 		caps[i] = "CAP_" + c
 	}
 	env := append([]string(nil), spec.Env...)
+	filter, err := seccompOpt(d.seccompSetting())
+	if err != nil {
+		return nil, "", err
+	}
 	build := func(img client.Image) []oci.SpecOpts {
 		opts := []oci.SpecOpts{
 			oci.WithImageConfig(img),
@@ -649,8 +652,11 @@ func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(
 		if network == "host" {
 			opts = append(opts, oci.WithHostNamespace(specs.NetworkNamespace), oci.WithHostHostsFile, oci.WithHostResolvconf)
 		}
-		// Last: the profile allows the syscalls that the capabilities above need.
-		return append(opts, seccomp.WithDefaultProfile())
+		// Last: the default profiles allow the syscalls that the capabilities above need.
+		if filter != nil {
+			opts = append(opts, filter)
+		}
+		return opts
 	}
 	return build, user, nil
 }
