@@ -771,6 +771,50 @@ func (r *Registry) removeSession(ctx context.Context, session string) error {
 	return nil
 }
 
+// Recreate removes session's sandbox so that the next Acquire, Exec or Shell of the
+// session creates a new one from its rule's current spec: the remedy for drift (the
+// config changed since the sandbox was made), and the way to start over. The
+// recorded sandbox is removed from the driver that holds it, even when the rule now
+// names another driver; with no record, a sandbox of the rule's name that the rule's
+// driver holds is removed. Files, processes, jobs and shell-mode state in it are gone;
+// for a sandbox that several sessions share (isolation "shared"), every session on it
+// starts over. It reports whether there was a sandbox to remove. Errors: a bad session
+// name or no matching rule (ErrInvalid); a driver that cannot be started, or its
+// Remove error (nothing is forgotten then).
+func (r *Registry) Recreate(ctx context.Context, session string) (bool, error) {
+	if err := ValidateSession(session); err != nil {
+		return false, err
+	}
+	if err := r.ensure(); err != nil {
+		return false, err
+	}
+	err := r.removeSession(ctx, session)
+	if err == nil {
+		return true, nil
+	}
+	if !errors.Is(err, backend.ErrNotFound) {
+		return false, err
+	}
+	rule, _, err := r.cfg.Match(session)
+	if err != nil {
+		return false, err
+	}
+	name := rule.Spec(r.owner, session).Name
+	b, err := r.driver(ctx, rule.Driver)
+	if err != nil {
+		return false, fmt.Errorf("recreating session %q: %w", session, err)
+	}
+	if _, err := b.Inspect(ctx, name); errors.Is(err, backend.ErrNotFound) {
+		return false, nil
+	} else if err != nil {
+		return false, fmt.Errorf("recreating session %q: sandbox %s: %w", session, name, err)
+	}
+	if err := b.Remove(ctx, name); err != nil {
+		return false, fmt.Errorf("recreating session %q: sandbox %s: %w", session, name, err)
+	}
+	return true, nil
+}
+
 // SessionInfo is one row of Sessions.
 type SessionInfo struct {
 	// Session, Driver, Sandbox and Scope (the rule's glob) are as recorded.

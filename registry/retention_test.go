@@ -641,3 +641,43 @@ func TestPruneOutputs(t *testing.T) {
 		}
 	}
 }
+
+// Recreate removes a session's sandbox whether the store records it or not (a crash
+// between create and record leaves one that only the driver knows), and reports
+// whether there was one; the next Acquire creates a new one.
+func TestRecreateUnrecorded(t *testing.T) {
+	e := newEnv(t, reconcileRules)
+	r, err := Open(context.Background(), e.options())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ctx := context.Background()
+	name := plant(t, r, "keep:lost", time.Now(), nil)
+	b, err := r.Backend(ctx, "local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if removed, err := r.Recreate(ctx, "keep:lost"); err != nil || !removed {
+		t.Fatalf("Recreate of an unrecorded sandbox: %v, %v; want removed", removed, err)
+	}
+	if _, err := b.Inspect(ctx, name); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("Inspect after Recreate: %v, want not found", err)
+	}
+	if removed, err := r.Recreate(ctx, "keep:lost"); err != nil || removed {
+		t.Errorf("second Recreate: %v, %v; want nothing to remove", removed, err)
+	}
+	l, err := r.Acquire(ctx, "keep:lost")
+	if err != nil || !l.Created || l.Recreated {
+		t.Fatalf("Acquire after Recreate: %+v, %v; want a new sandbox", l, err)
+	}
+	if removed, err := r.Recreate(ctx, "keep:lost"); err != nil || !removed {
+		t.Errorf("Recreate of a recorded sandbox: %v, %v; want removed", removed, err)
+	}
+	if _, err := b.Inspect(ctx, name); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("Inspect after the second Recreate: %v, want not found", err)
+	}
+	if _, err := r.Recreate(ctx, "no rule matches this"); !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf("Recreate of a bad session name: %v, want ErrInvalid", err)
+	}
+}

@@ -1777,3 +1777,61 @@ func TestShellModeRecreated(t *testing.T) {
 		t.Errorf("an argument that is not UTF-8: want 125 naming it\n%v", r)
 	}
 }
+
+// TestRecreate: `--recreate` is the remedy for drift. After the rule's env changes,
+// the session's sandbox keeps its old settings and `berth sessions` says drift; `exec
+// --recreate` (plain and --shell) removes it and runs in a new one from the current
+// rule: the new env, no files or shell state of the old one, recreated in --json, no
+// drift. On a session without a sandbox it just runs.
+func TestRecreate(t *testing.T) {
+	e := newEnv(t)
+	rule := "scope \"*\" {\n  env = { FLAVOUR = \"%s\" }\n}\n"
+	e.config = e.writeFile("config.hcl", fmt.Sprintf(rule, "old"))
+	home := strings.TrimSpace(e.must("exec", "-s", "r:1", "--", "sh", "-c", "touch kept; pwd").stdout)
+	e.must("exec", "-s", "r:1", "--shell", "cd /; export SHELLVAR=1")
+	e.writeFile("config.hcl", fmt.Sprintf(rule, "new"))
+	if s, ok := findSession(e.sessions(), "r:1"); !ok || !s.Drift {
+		t.Fatalf("after the rule changed: %+v (listed %v), want drift", s, ok)
+	}
+	if got := e.must("exec", "-s", "r:1", "--", "sh", "-c", "echo $FLAVOUR").stdout; got != "old\n" {
+		t.Fatalf("a drifted sandbox keeps its settings until recreated: FLAVOUR %q, want old", got)
+	}
+
+	var out struct {
+		ExitCode        int    `json:"exit_code"`
+		Stdout          string `json:"stdout"`
+		Recreated       bool   `json:"recreated"`
+		RecreatedReason string `json:"recreated_reason"`
+		Cwd             string `json:"cwd"`
+	}
+	r := e.must("exec", "-s", "r:1", "--recreate", "--json", "--", "sh", "-c", "echo $FLAVOUR; ls -A")
+	decodeOne(t, r, &out)
+	if out.Stdout != "new\n" || !out.Recreated || !strings.Contains(out.RecreatedReason, "--recreate") {
+		t.Errorf("exec --recreate --json: %+v, want FLAVOUR new, no old files, recreated because of --recreate", out)
+	}
+	if _, err := os.Stat(filepath.Join(home, "kept")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the old sandbox's file is still there (%v)", err)
+	}
+	if s, ok := findSession(e.sessions(), "r:1"); !ok || s.Drift || s.State != "running" {
+		t.Errorf("after --recreate: %+v (listed %v), want running without drift", s, ok)
+	}
+
+	// Shell mode: the exported variable of the old sandbox's shell state is gone.
+	e.must("exec", "-s", "r:1", "--shell", "export SHELLVAR=2")
+	r = e.must("exec", "-s", "r:1", "--recreate", "--json", "--shell", "echo ${SHELLVAR:-unset}")
+	decodeOne(t, r, &out)
+	if out.Stdout != "unset\n" || !out.Recreated {
+		t.Errorf("exec --recreate --shell: %+v, want SHELLVAR unset and recreated", out)
+	}
+	// Without --json nothing extra is printed: the user asked for it.
+	r = e.must("exec", "-s", "r:1", "--recreate", "--", "echo", "x")
+	if r.stdout != "x\n" || r.stderr != "" {
+		t.Errorf("exec --recreate: %v, want x and an empty stderr", r)
+	}
+	// A session without a sandbox: nothing to remove, not recreated.
+	r = e.must("exec", "-s", "fresh:1", "--recreate", "--json", "--", "true")
+	decodeOne(t, r, &out)
+	if out.Recreated {
+		t.Errorf("exec --recreate of a new session: %+v, want not recreated", out)
+	}
+}

@@ -33,6 +33,7 @@ type execFlags struct {
 	maxOutput int64
 	json      bool
 	shell     string
+	recreate  bool
 }
 
 func newExecCmd(g *globals) *cobra.Command {
@@ -54,7 +55,8 @@ max_output), the full stream kept in a file under the state dir.`,
   berth exec -s chat:4711 --timeout 30s -- make test
   berth exec -s main --json --max-output 65536 -- ls -la
   berth exec -s chat:1 --shell 'cd /src && export CC=clang'
-  berth exec -s chat:1 --shell 'make test' --json`,
+  berth exec -s chat:1 --shell 'make test' --json
+  berth exec -s chat:1 --recreate -- true`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("max-output") && f.maxOutput < 0 {
 				return usageError("--max-output %d: must be 0 or more bytes", f.maxOutput)
@@ -80,6 +82,7 @@ max_output), the full stream kept in a file under the state dir.`,
 	fl.BoolVarP(&f.tty, "tty", "t", false, "allocate a terminal for the command")
 	fl.Int64Var(&f.maxOutput, "max-output", -1, "cap each output stream at BYTES (default: no cap; 1 MiB per stream with --json)")
 	fl.StringVar(&f.shell, "shell", "", "run this command string in shell mode: cd and export carry over to the session's next --shell call; output capped at 50 KiB per stream unless --max-output")
+	fl.BoolVar(&f.recreate, "recreate", false, "remove the session's sandbox first and run in a new one made from its rule's current config (the remedy for drift; files, processes and shell state in the old one are lost)")
 	fl.BoolVar(&f.json, "json", false, "print one JSON object with the result and the output at the end (image pull progress, if any, as JSON lines on stderr)")
 	fl.SetInterspersed(false)
 	return cmd
@@ -176,6 +179,10 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 		return failure(err)
 	}
 	defer reg.Close()
+	recreated, err := recreateFirst(ctx, reg, f.session, f.recreate)
+	if err != nil {
+		return failure(err)
+	}
 
 	execCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -196,6 +203,9 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 	}
 	if lease.Recreated && !f.json {
 		reportRecreated(f.session, lease)
+	}
+	if recreated {
+		lease.Recreated, lease.RecreatedReason = true, recreateReason
 	}
 	done := make(chan struct{})
 	defer close(done)
@@ -331,6 +341,18 @@ func errorsIsAny(err error, kinds ...error) bool {
 
 // reportRecreated says on stderr, in one line, that session's sandbox is new: the
 // files of the old one are gone (never silently).
+// recreateReason is the recreated_reason of a call made with --recreate.
+const recreateReason = "recreated as asked (--recreate)"
+
+// recreateFirst removes session's sandbox when on (--recreate) and reports whether
+// there was one.
+func recreateFirst(ctx context.Context, reg *registry.Registry, session string, on bool) (bool, error) {
+	if !on {
+		return false, nil
+	}
+	return reg.Recreate(ctx, session)
+}
+
 func reportRecreated(session string, lease *registry.Lease) {
 	fmt.Fprintf(os.Stderr, "berth: session %s: %s\n", session, lease.RecreatedReason)
 }

@@ -17,22 +17,24 @@ var shellArgv = []string{"sh", "-c", "if command -v bash >/dev/null 2>&1; then e
 
 func newShellCmd(g *globals) *cobra.Command {
 	var session string
+	var recreate bool
 	cmd := &cobra.Command{
-		Use:   "shell [-s SESSION]",
+		Use:   "shell [-s SESSION] [--recreate]",
 		Short: "Open an interactive shell in a session's sandbox",
 		Long: `Open an interactive shell with a terminal in the sandbox of SESSION (default "main").
 The terminal follows window resizes and is restored on exit; berth exits with the shell's
 exit code.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runShell(cmd.Context(), g, session)
+			return runShell(cmd.Context(), g, session, recreate)
 		},
 	}
 	cmd.Flags().StringVarP(&session, "session", "s", defaultSession(), "session name ($BERTH_SESSION sets the default)")
+	cmd.Flags().BoolVar(&recreate, "recreate", false, "remove the session's sandbox first and open the shell in a new one made from its rule's current config")
 	return cmd
 }
 
-func runShell(ctx context.Context, g *globals, session string) error {
+func runShell(ctx context.Context, g *globals, session string, recreate bool) error {
 	in, out := int(os.Stdin.Fd()), int(os.Stdout.Fd())
 	if !term.IsTerminal(in) {
 		return usageError("berth shell needs a terminal on stdin; use 'berth exec -i -s %s -- sh' to pipe commands", session)
@@ -47,6 +49,9 @@ func runShell(ctx context.Context, g *globals, session string) error {
 		return failure(err)
 	}
 	defer reg.Close()
+	if _, err := recreateFirst(ctx, reg, session, recreate); err != nil {
+		return failure(err)
+	}
 
 	winch := make(chan os.Signal, 4)
 	signal.Notify(winch, syscall.SIGWINCH)

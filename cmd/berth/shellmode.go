@@ -39,6 +39,10 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 		return failure(err)
 	}
 	defer reg.Close()
+	recreated, err := recreateFirst(ctx, reg, f.session, f.recreate)
+	if err != nil {
+		return failure(err)
+	}
 
 	// SIGINT, SIGTERM and SIGHUP end the call: its process tree is killed and berth
 	// exits 128+N.
@@ -74,6 +78,9 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 			StdoutTruncatedBytes: res.StdoutTruncatedBytes, StderrTruncatedBytes: res.StderrTruncatedBytes,
 			Cwd: res.Cwd, StdoutFile: res.StdoutFile, StderrFile: res.StderrFile,
 			Recreated: res.Recreated, RecreatedReason: res.RecreatedReason,
+		}
+		if recreated {
+			out.Recreated, out.RecreatedReason = true, recreateReason
 		}
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetEscapeHTML(false)
