@@ -1148,6 +1148,7 @@ func TestBadInput(t *testing.T) {
 		"bad-duration":   "scope \"*\" {\n  driver = \"local\"\n  retention {\n    idle_ttl = \"7x\"\n  }\n}\n",
 		"unknown-key":    "scope \"*\" {\n  driver = \"local\"\n  colour = \"red\"\n}\n",
 		"driver-setting": "driver \"local\" {\n  bogus = 1\n}\n",
+		"driver-value":   "driver \"containerd\" {\n  seccomp = \"strict\"\n}\n",
 	}
 	path := map[string]string{}
 	for name, src := range cfgs {
@@ -1176,6 +1177,9 @@ func TestBadInput(t *testing.T) {
 			badCase{"check-" + c.name, []string{"config", "check", path[c.name]}, want},
 		)
 	}
+	// A value the driver refuses: config check applies the block to the driver (exec
+	// only starts drivers that a rule selects).
+	cases = append(cases, badCase{"check-driver-value", []string{"config", "check", path["driver-value"]}, []string{path["driver-value"] + ":1:1", `seccomp "strict"`}})
 	cases = append(cases,
 		badCase{"conformance-run-matches-nothing", []string{"conformance", "--driver", "local", "--run", "^zzz$"}, []string{`"^zzz$"`}},
 		badCase{"conformance-junit-unwritable", []string{"conformance", "--driver", "local", "--run", "^exec/exit-code-0$", "--junit", filepath.Join(regular, "r.xml")}, []string{"--junit"}},

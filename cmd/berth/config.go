@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/registry"
@@ -94,7 +95,9 @@ func newConfigCmd(g *globals) *cobra.Command {
 }
 
 // checkDriverBlocks decodes every driver block of c against its driver's schema, for
-// the built-in drivers, whose schema is known without starting them.
+// the built-in drivers, whose schema is known without starting them, and applies it
+// to a fresh driver of that kind (Configure checks values, e.g. containerd's seccomp
+// profile file, and connects to nothing), naming the block's position on error.
 func checkDriverBlocks(ctx context.Context, c *registry.Config) error {
 	builtins := builtinDrivers()
 	for name := range c.Drivers {
@@ -111,7 +114,19 @@ func checkDriverBlocks(ctx context.Context, c *registry.Config) error {
 		if err != nil {
 			return err
 		}
-		if _, err := c.DriverConfig(name, schema); err != nil {
+		raw, err := c.DriverConfig(name, schema)
+		if err != nil {
+			return err
+		}
+		// No state dir is made: Configure only records it.
+		err = cfg.Configure(ctx, backend.DriverSetup{Config: raw, StateDir: filepath.Join(os.TempDir(), "berth-config-check")})
+		if cl, ok := d.(interface{ Close() error }); ok {
+			cl.Close()
+		}
+		if err != nil {
+			if b := c.Drivers[name]; b != nil {
+				return fmt.Errorf("%s:%d:%d: %w", b.Range.Filename, b.Range.Start.Line, b.Range.Start.Column, err)
+			}
 			return err
 		}
 	}
