@@ -268,7 +268,7 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 
 	// No record: whatever still carries this sandbox's marker (an agent whose
 	// directory was deleted by hand, and its processes) is left over; end it first.
-	sweep(spec.Name)
+	sweep(spec.Name, dir)
 	if _, err := os.Lstat(dir); err == nil {
 		// A directory without meta.json: a Create that crashed half-way.
 		if err := removeAll(dir); err != nil {
@@ -397,13 +397,13 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 	}
 	m, err := readMeta(dir)
 	if errors.Is(err, backend.ErrNotFound) {
-		sweep(name) // processes of a sandbox whose directory was deleted by hand
+		sweep(name, dir) // processes of a sandbox whose directory was deleted by hand
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	return d.stop(ctx, m, grace)
+	return d.stop(ctx, dir, m, grace)
 }
 
 // Remove stops the sandbox and deletes its directory. A missing sandbox succeeds, after
@@ -420,11 +420,11 @@ func (d *Driver) Remove(ctx context.Context, name string) error {
 	defer unlock()
 	m, err := readMeta(dir)
 	if err == nil {
-		if err := d.stop(ctx, m, 0); err != nil {
+		if err := d.stop(ctx, dir, m, 0); err != nil {
 			return err
 		}
 	} else if errors.Is(err, backend.ErrNotFound) {
-		sweep(name) // processes of a sandbox whose directory was deleted by hand
+		sweep(name, dir) // processes of a sandbox whose directory was deleted by hand
 	} else {
 		return err
 	}

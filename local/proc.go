@@ -22,7 +22,9 @@ const agentStartTimeout = 10 * time.Second
 
 // agentEnv is the environment the agent (and so every exec) starts from: the allowlisted
 // host variables, then HOME, then the spec's env (each overriding what came before),
-// and BERTH_SANDBOX.
+// and the markers that sweep looks for: BERTH_SANDBOX (the name) and BERTH_SANDBOX_DIR
+// (the sandbox's directory, HOME's parent, which tells apart the sandboxes of one name
+// that two drivers built on this package make in their own state dirs).
 func (d *Driver) agentEnv(m *meta, home string) []string {
 	d.mu.Lock()
 	names := append(append([]string(nil), d.allowlist...), m.Spec.EnvAllowlist...)
@@ -43,8 +45,8 @@ func (d *Driver) agentEnv(m *meta, home string) []string {
 	}
 	env = append(env, "HOME="+home)
 	env = append(env, m.Spec.Env...)
-	// Last, so the spec cannot remove the marker that Stop's sweep looks for.
-	return dedupEnv(append(env, "BERTH_SANDBOX="+m.Name))
+	// Last, so the spec cannot remove the markers that Stop's sweep looks for.
+	return dedupEnv(append(env, "BERTH_SANDBOX="+m.Name, dirMarker+filepath.Dir(home)))
 }
 
 // dedupEnv keeps the last KEY=VALUE of each key, so the spec's env overrides the
@@ -174,10 +176,10 @@ func (d *Driver) alive(m *meta) bool {
 	return err == nil && t == m.AgentTick
 }
 
-// stop ends the agent and everything under it: first through the agent's Shutdown,
-// then, if the agent does not exit in time, by killing it and sweeping the processes
-// that carry the sandbox's BERTH_SANDBOX marker.
-func (d *Driver) stop(ctx context.Context, m *meta, grace time.Duration) error {
+// stop ends the agent of the sandbox in dir and everything under it: first through the
+// agent's Shutdown, then, if the agent does not exit in time, by killing it and
+// sweeping the processes that carry the sandbox's markers.
+func (d *Driver) stop(ctx context.Context, dir string, m *meta, grace time.Duration) error {
 	if grace <= 0 {
 		grace = DefaultStopGrace
 	}
@@ -213,14 +215,23 @@ func (d *Driver) stop(ctx context.Context, m *meta, grace time.Duration) error {
 			syscall.Kill(m.AgentPID, syscall.SIGKILL)
 		}
 	}
-	sweep(m.Name)
+	sweep(m.Name, dir)
 	return nil
 }
 
+// dirMarker starts the environment entry that names a sandbox's directory.
+const dirMarker = "BERTH_SANDBOX_DIR="
+
 // sweep kills every process of this user whose environment carries
-// BERTH_SANDBOX=name: what is left of a sandbox whose agent died.
-func sweep(name string) {
-	marker := []byte("BERTH_SANDBOX=" + name + "\x00")
+// BERTH_SANDBOX=name and BERTH_SANDBOX_DIR=dir, the sandbox's directory: what is left
+// of a sandbox whose agent died. A process with BERTH_SANDBOX=name but no
+// BERTH_SANDBOX_DIR at all was started by an earlier version, which set only the
+// name, and is swept too; one whose BERTH_SANDBOX_DIR names another directory belongs
+// to another driver's sandbox of the same name and is left alone.
+func sweep(name, dir string) {
+	marker := []byte("\x00BERTH_SANDBOX=" + name + "\x00")
+	dirEntry := []byte("\x00" + dirMarker + dir + "\x00")
+	anyDir := []byte("\x00" + dirMarker)
 	// Killing is asynchronous: look again until no marked process is left (a dying
 	// process's environment stays readable until it has released its memory), so
 	// that nothing of the old agent, its socket included, outlives the sweep.
@@ -237,7 +248,11 @@ func sweep(name string) {
 				continue
 			}
 			env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-			if err != nil || !bytes.Contains(append([]byte{0}, env...), append([]byte{0}, marker...)) {
+			if err != nil {
+				continue
+			}
+			env = append([]byte{0}, env...)
+			if !bytes.Contains(env, marker) || (bytes.Contains(env, anyDir) && !bytes.Contains(env, dirEntry)) {
 				continue
 			}
 			if syscall.Kill(pid, syscall.SIGKILL) == nil {

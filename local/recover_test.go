@@ -109,3 +109,94 @@ func TestDeletedDirectory(t *testing.T) {
 	}
 	waitGone(t, mark3)
 }
+
+// TestSameNameOtherDriver: two drivers built on this package, each with its own state
+// dir, may both have a sandbox of one name (the registry names sandboxes by session,
+// not by driver: a session whose rule moved from one driver to the other). Stopping or
+// removing one of them, also after its directory was deleted by hand, never ends the
+// other's processes.
+func TestSameNameOtherDriver(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	state := t.TempDir()
+	bin, err := agent.Install(state, berthBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type drv struct {
+		d    *local.Driver
+		dir  string
+		req  backend.CreateRequest
+		mark string
+	}
+	var ds []*drv
+	for i, name := range []string{"local", "other"} {
+		dir := filepath.Join(state, "drivers", name)
+		files, err := agent.PrepareSandbox(filepath.Join(state, "sandboxes", name, "sb"), bin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := &drv{d: local.New(local.WithStateDir(dir)), dir: dir, mark: "BERTH_LOCAL_SAME" + strconv.Itoa(i) + "_" + strconv.Itoa(os.Getpid()),
+			req: backend.CreateRequest{Spec: backend.SandboxSpec{Name: "sb", Labels: map[string]string{backend.LabelOwner: "o"}}, Agent: files}}
+		defer x.d.Remove(context.Background(), "sb")
+		defer x.d.Close()
+		ds = append(ds, x)
+	}
+	start := func(x *drv) {
+		t.Helper()
+		if _, err := x.d.Create(ctx, x.req); err != nil {
+			t.Fatal(err)
+		}
+		p, err := x.d.Exec(ctx, "sb", backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 300 &"}, Env: []string{x.mark + "=1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res, err := p.Wait(); err != nil || res.ExitCode != 0 {
+			t.Fatalf("exec: %+v %v", res, err)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for len(markedPids(x.mark)) == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("the background sleep is not running")
+			}
+			time.Sleep(10 * time.Millisecond) // polling for an outcome
+		}
+	}
+	alive := func(x *drv, after string) {
+		t.Helper()
+		if len(markedPids(x.mark)) == 0 {
+			t.Fatalf("after %s, the first driver's background process is gone", after)
+		}
+		var out bytes.Buffer
+		p, err := x.d.Exec(ctx, "sb", backend.ExecRequest{Argv: []string{"sh", "-c", "echo $HOME"}, Stdout: &out})
+		if err != nil {
+			t.Fatalf("after %s, exec in the first driver's sandbox: %v", after, err)
+		}
+		if res, err := p.Wait(); err != nil || res.ExitCode != 0 || !strings.HasPrefix(out.String(), x.dir) {
+			t.Fatalf("after %s, exec in the first driver's sandbox: %+v %v %q", after, res, err, out.String())
+		}
+	}
+	start(ds[0])
+	start(ds[1])
+	if err := ds[1].d.Stop(ctx, "sb", 0); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, ds[1].mark)
+	alive(ds[0], "Stop of the other driver's sandbox")
+
+	start(ds[1])
+	if err := os.RemoveAll(filepath.Join(ds[1].dir, "sandboxes", "sb")); err != nil {
+		t.Fatal(err)
+	}
+	ds[1].d.Close()
+	if err := ds[1].d.Remove(ctx, "sb"); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, ds[1].mark)
+	alive(ds[0], "Remove of the other driver's sandbox whose directory was deleted")
+
+	if err := ds[0].d.Remove(ctx, "sb"); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, ds[0].mark)
+}

@@ -19,11 +19,14 @@
 //     included) and ? matches one character; everything else is literal.
 //   - The state dir: state.db (a bbolt file opened per transaction, so concurrent
 //     berth processes share it; it holds the schema version, the owner id and one
-//     record per session), locks/ (per sandbox: SANDBOX.lock, an flock held around
-//     create, close, remove and prune's actions; SANDBOX.busy, a shared flock every
-//     exec holds while it runs, so any process can tell a sandbox is in use),
-//     drivers/NAME/ (each driver's private state) and sandboxes/SANDBOX/ (the agent
-//     files of each sandbox).
+//     record per session), locks/ (SANDBOX.lock, per sandbox name, an flock held
+//     around create, close, remove and prune's actions; SANDBOX.DRIVER.busy, a
+//     shared flock every exec holds while it runs, so any process can tell a
+//     sandbox is in use), drivers/NAME/ (each driver's private state) and
+//     sandboxes/DRIVER/SANDBOX/ (the agent files of each sandbox; a sandbox is a
+//     driver and a name, as two drivers may have a sandbox of one name after a
+//     session's rule changed driver). Sandboxes made by earlier versions keep their
+//     sandboxes/SANDBOX/ until they are removed (see hostdirs.go).
 //   - Registry (Open): Acquire, Exec, Sessions, CloseSession, RemoveSession, Prune,
 //     Drivers, Explain.
 //   - Retention (see docs/retention.md): a sandbox is idle when no exec runs in it and

@@ -124,9 +124,10 @@ func validOwner(owner string) error {
 	return nil
 }
 
-// Prune reconciles every configured driver (the drivers of the scope rules, of the
-// recorded sessions and of driver blocks) with the state store and applies
-// retention now:
+// Prune reconciles every driver that may hold sandboxes of ours (the drivers of the
+// scope rules, of the recorded sessions and of driver blocks, and known drivers with a
+// dir in STATE/sandboxes: one a session moved away from) with the state store and
+// applies retention now:
 //
 //   - sandboxes of ours that the store records get their rule's max_age and
 //     idle_ttl/idle_action (an exec in flight, in any berth process, makes a sandbox
@@ -136,9 +137,12 @@ func validOwner(owner string) error {
 //     never while younger than the grace period (Options.OrphanGrace), measured from
 //     LabelCreated.
 //   - sandboxes without our owner label are never listed, stopped or removed.
-//   - per-sandbox directories (STATE/sandboxes/NAME), lock files and agent copies
-//     that nothing references, older than the grace period, are deleted; not when a
-//     driver could not be listed, as its sandboxes may still use them.
+//   - per-sandbox directories (STATE/sandboxes/DRIVER/SANDBOX, and the old layout's
+//     STATE/sandboxes/SANDBOX), busy markers, lock files and agent copies that
+//     nothing references, older than the grace period, are deleted; a driver's own
+//     files not while it could not be listed, old-layout dirs and lock files not
+//     while any driver could not be listed, as its sandboxes may still use them.
+//     A dir that a live sandbox uses is never deleted.
 //
 // A driver that cannot be started or listed is reported in PruneReport.Drivers and
 // skipped; the rest go on. Each action holds the sandbox's lock and decides again
@@ -163,9 +167,11 @@ func (r *Registry) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, 
 	if err != nil {
 		return nil, err
 	}
-	listed := map[string]bool{}
+	listed := map[sbKey]bool{}    // sandboxes of ours that exist after this run
+	listedOK := map[string]bool{} // drivers that were listed
+	freed := map[string]bool{}    // names whose old-layout dir a sandbox removed here used
 	allListed := true
-	for _, name := range r.configuredDrivers(recs) {
+	for _, name := range r.hostDrivers(recs) {
 		pd := PruneDriver{Name: name}
 		b, err := r.driver(ctx, name)
 		var sbs []backend.Sandbox
@@ -188,41 +194,29 @@ func (r *Registry) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, 
 				continue // never touch what is not labelled ours, whatever List returned
 			}
 			pd.Sandboxes++
-			listed[sb.Name] = true
-			act := r.pruneSandbox(ctx, b, name, sb, foreign, opts.DryRun, now)
+			key := sbKey{name, sb.Name}
+			listed[key] = true
+			act, legacy := r.pruneSandbox(ctx, b, name, sb, foreign, opts.DryRun, now)
+			if act.Action == PruneRemove && act.Done {
+				delete(listed, key)
+				freed[sb.Name] = freed[sb.Name] || legacy
+			}
 			if act.Action != PruneKeep {
 				r.log.Info("prune", "driver", name, "sandbox", sb.Name, "action", act.Action, "reason", act.Reason, "dry_run", opts.DryRun, "error", act.Error)
 			}
 			rep.Actions = append(rep.Actions, act)
 		}
+		listedOK[name] = true
 		rep.Drivers = append(rep.Drivers, pd)
 	}
 	if !foreign {
-		rep.Actions = append(rep.Actions, r.pruneFiles(listed, allListed, opts.DryRun)...)
+		rep.Actions = append(rep.Actions, r.pruneFiles(listed, listedOK, freed, allListed, opts.DryRun)...)
 	}
 	return rep, nil
 }
 
-// configuredDrivers returns, sorted, the drivers of the rules, of recs and of the
-// config's driver blocks.
-func (r *Registry) configuredDrivers(recs []record) []string {
-	set := map[string]bool{}
-	for _, rule := range r.cfg.Rules {
-		set[rule.Driver] = true
-	}
-	for _, rec := range recs {
-		set[rec.Driver] = true
-	}
-	for name := range r.cfg.Drivers {
-		set[name] = true
-	}
-	out := make([]string, 0, len(set))
-	for name := range set {
-		out = append(out, name)
-	}
-	sort.Strings(out)
-	return out
-}
+// sbKey names one sandbox: a driver and a sandbox name.
+type sbKey struct{ driver, name string }
 
 // sandboxCreated returns a sandbox's creation time: LabelCreated, else the
 // runtime's CreatedAt.
@@ -235,12 +229,13 @@ func sandboxCreated(sb backend.Sandbox) time.Time {
 
 // pruneSandbox decides about one listed sandbox of the owner and, unless dry, acts.
 // Outside a dry run it holds the sandbox's lock and decides on a fresh Inspect and
-// store read.
-func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, driver string, sb backend.Sandbox, foreign, dry bool, now time.Time) PruneAction {
+// store read. legacy reports that it removed a sandbox that used an old-layout dir,
+// which it leaves to pruneFiles (another driver's sandbox of the name may use it too).
+func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, driver string, sb backend.Sandbox, foreign, dry bool, now time.Time) (_ PruneAction, legacy bool) {
 	act := PruneAction{Driver: driver, Sandbox: sb.Name, State: string(sb.State), Action: PruneKeep}
-	failed := func(err error) PruneAction {
+	failed := func(err error) (PruneAction, bool) {
 		act.Error = err.Error()
-		return act
+		return act, false
 	}
 	removed := false
 	if !dry && !foreign {
@@ -252,13 +247,13 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 		fresh, err := b.Inspect(ctx, sb.Name)
 		if errors.Is(err, backend.ErrNotFound) {
 			act.Cause, act.Reason = CauseRecorded, "removed meanwhile by another berth process"
-			return act
+			return act, false
 		} else if err != nil {
 			return failed(fmt.Errorf("inspecting sandbox %s: %w", sb.Name, err))
 		}
 		if fresh.Labels[backend.LabelOwner] != sb.Labels[backend.LabelOwner] {
 			act.Cause, act.Reason = CauseRecorded, "replaced meanwhile by a sandbox of another owner; left alone"
-			return act
+			return act, false
 		}
 		sb = fresh
 		act.State = string(sb.State)
@@ -289,7 +284,7 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 			act.Cause, act.Reason = CauseDrift, drift
 			break
 		}
-		busy, err := isBusy(r.busyPath(sb.Name))
+		busy, err := r.sandboxBusy(driver, sb.Name)
 		if err != nil {
 			return failed(err)
 		}
@@ -318,7 +313,7 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 		}
 	}
 	if dry || act.Action == PruneKeep {
-		return act
+		return act, false
 	}
 	switch act.Action {
 	case PruneStop:
@@ -326,6 +321,8 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 			return failed(fmt.Errorf("stopping sandbox %s: %w", sb.Name, r.crashed(driver, err)))
 		}
 	case PruneRemove:
+		var dir string
+		dir, legacy = r.hostDir(driver, sb.Name, true)
 		if err := b.Remove(ctx, sb.Name); err != nil {
 			return failed(fmt.Errorf("removing sandbox %s: %w", sb.Name, r.crashed(driver, err)))
 		}
@@ -335,9 +332,11 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 			if _, err := r.store.markRemoved(driver, sb.Name, now, act.Reason); err != nil {
 				return failed(fmt.Errorf("sandbox %s is removed, but recording that failed: %w", sb.Name, err))
 			}
-			os.Remove(r.busyPath(sb.Name))
-			if err := os.RemoveAll(r.sandboxDir(sb.Name)); err != nil {
-				r.log.Warn("deleting sandbox dir", "dir", r.sandboxDir(sb.Name), "error", err)
+			os.Remove(r.busyPath(driver, sb.Name))
+			if !legacy {
+				if err := os.RemoveAll(dir); err != nil {
+					r.log.Warn("deleting sandbox dir", "dir", dir, "error", err)
+				}
 			}
 		}
 	case PruneAdopt:
@@ -352,7 +351,7 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 		}
 	}
 	act.Done = true
-	return act
+	return act, legacy && !foreign
 }
 
 // ruleOf returns the rule that maps one of sessions (recorded on sb) to sb on
@@ -398,61 +397,186 @@ func (r *Registry) ruleMapping(driver string, sb backend.Sandbox) *Rule {
 	return nil
 }
 
-// pruneFiles deletes per-sandbox dirs, lock files and agent copies that nothing
-// references and that were last modified longer ago than the grace period (real
-// time: Options.Now does not date files). listed holds every sandbox
-// the drivers listed; when allListed is false (a driver was down) sandbox dirs and
-// lock files are kept, as that driver's sandboxes may use them.
-func (r *Registry) pruneFiles(listed map[string]bool, allListed, dry bool) []PruneAction {
+// pruneFiles deletes state dir files that nothing references and that were last
+// modified longer ago than the grace period (real time: Options.Now does not date
+// files): per-sandbox dirs and busy markers of both layouts (see hostdirs.go), lock
+// files, agent copies and full-output files. listed holds the sandboxes of ours that
+// the drivers listed (less those this run removed), listedOK the drivers that could
+// be listed, freed the names whose old-layout dir a sandbox removed in this run used
+// (that dir goes without waiting for the grace period, once nothing else uses it).
+// A driver's own files are kept while it cannot be listed (or is not known); old-layout
+// dirs, old busy markers and lock files, which do not say whose they are, while any
+// driver cannot be listed.
+func (r *Registry) pruneFiles(listed map[sbKey]bool, listedOK, freed map[string]bool, allListed, dry bool) []PruneAction {
 	var out []PruneAction
 	recs, err := r.store.all()
 	if err != nil {
 		return []PruneAction{{Action: PruneKeep, Path: r.stateDir, Cause: CauseRecorded, Error: err.Error()}}
 	}
-	used := map[string]bool{}
-	for name := range listed {
-		used[name] = true
-	}
-	for _, rec := range recs {
-		if rec.Removed.IsZero() {
-			used[rec.Sandbox] = true
-		}
-	}
 	// Files are dated by the file system, in real time, whatever the registry's
 	// clock says: a shifted clock must not make a file being written look old.
 	old := func(fi os.FileInfo) bool { return time.Since(fi.ModTime()) >= r.grace }
-	if !allListed {
-		out = append(out, PruneAction{Path: filepath.Join(r.stateDir, "sandboxes"), Action: PruneKeep, Cause: CauseInUse,
-			Reason: "per-sandbox dirs and lock files are not cleaned while a driver cannot be listed: its sandboxes may use them"})
-	} else {
-		dirs, _ := os.ReadDir(filepath.Join(r.stateDir, "sandboxes"))
-		locks, _ := os.ReadDir(filepath.Join(r.stateDir, "locks"))
-		names := map[string]bool{}
-		for _, d := range dirs {
-			names[d.Name()] = true
+	live := liveSandboxes(recs)
+	byName := map[string][]fileCandidate{}
+	add := func(c fileCandidate) { byName[c.name] = append(byName[c.name], c) }
+
+	// The current layout, per driver: STATE/sandboxes/DRIVER/SANDBOX.
+	for _, d := range r.driverDirs() {
+		root := filepath.Join(r.stateDir, "sandboxes", d)
+		if !listedOK[d] {
+			why := "could not be listed"
+			if !slices.Contains(r.known, d) {
+				why = "is not known (not built in, not found as a plugin)"
+			}
+			out = append(out, PruneAction{Path: root, Action: PruneKeep, Cause: CauseInUse,
+				Reason: fmt.Sprintf("driver %s %s: its sandboxes may use these dirs", d, why)})
+			continue
 		}
-		for _, l := range locks {
-			if n, ok := strings.CutSuffix(l.Name(), ".lock"); ok {
-				names[n] = true
-			} else if n, ok := strings.CutSuffix(l.Name(), ".busy"); ok {
-				names[n] = true
+		ents, _ := os.ReadDir(root)
+		if len(ents) == 0 {
+			out = append(out, r.pruneDriverDir(root, d, listed, old, dry)...)
+		}
+		for _, e := range ents {
+			k := sbKey{d, e.Name()}
+			if !listed[k] && !live[k] && backend.ValidateSandboxName(k.name) == nil {
+				add(fileCandidate{path: r.sandboxDir(d, k.name), name: k.name, driver: d, kind: fileDir})
 			}
 		}
-		sorted := make([]string, 0, len(names))
-		for n := range names {
-			sorted = append(sorted, n)
+	}
+	// STATE/locks: SANDBOX.DRIVER.busy per driver; SANDBOX.lock and the old
+	// SANDBOX.busy per name.
+	locks, _ := os.ReadDir(filepath.Join(r.stateDir, "locks"))
+	for _, l := range locks {
+		p := filepath.Join(r.stateDir, "locks", l.Name())
+		rest, busyFile := strings.CutSuffix(l.Name(), ".busy")
+		if x, d, ok := strings.Cut(rest, "."); busyFile && ok {
+			k := sbKey{d, x}
+			if !listed[k] && !live[k] && (listedOK[d] || allListed) && backend.ValidateSandboxName(x) == nil {
+				add(fileCandidate{path: p, name: x, driver: d, kind: fileBusy})
+			}
+			continue
 		}
-		sort.Strings(sorted)
-		for _, name := range sorted {
-			if used[name] || backend.ValidateSandboxName(name) != nil {
+		if !allListed {
+			continue
+		}
+		kind, x := fileLegacyBusy, rest
+		if !busyFile {
+			var ok bool
+			if x, ok = strings.CutSuffix(l.Name(), ".lock"); !ok {
 				continue
 			}
-			out = append(out, r.pruneSandboxFiles(name, old, dry)...)
+			kind = fileNameLock
 		}
+		if backend.ValidateSandboxName(x) == nil && !nameUsed(x, listed, recs) {
+			add(fileCandidate{path: p, name: x, kind: kind})
+		}
+	}
+	// The old layout: STATE/sandboxes/SANDBOX, used by sandboxes of any driver made
+	// by earlier versions.
+	if !allListed {
+		out = append(out, PruneAction{Path: filepath.Join(r.stateDir, "sandboxes"), Action: PruneKeep, Cause: CauseInUse,
+			Reason: "old-layout per-sandbox dirs (sandboxes/SANDBOX) and lock files are not cleaned while a driver cannot be listed: its sandboxes may use them"})
+	} else {
+		ents, _ := os.ReadDir(filepath.Join(r.stateDir, "sandboxes"))
+		for _, e := range ents {
+			if x := e.Name(); r.isLegacyEntry(x) && !r.legacyUsed(x, listed, recs) {
+				add(fileCandidate{path: r.legacySandboxDir(x), name: x, kind: fileLegacyDir, noGrace: freed[x]})
+			}
+		}
+	}
+	names := make([]string, 0, len(byName))
+	for n := range byName {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		out = append(out, r.pruneNameFiles(name, byName[name], old, dry)...)
 	}
 	out = append(out, r.pruneAgentCopies(old, dry)...)
 	out = append(out, r.pruneOutputs(recs, old, dry)...)
 	return out
+}
+
+// fileCandidate is a state dir file of one sandbox name that pruneFiles found
+// unreferenced.
+type fileCandidate struct {
+	path   string
+	name   string // the sandbox name
+	driver string // for fileDir and fileBusy
+	kind   int
+	// noGrace: the old-layout dir of a sandbox that this run removed; it goes at
+	// once (nothing can be in the middle of creating it).
+	noGrace bool
+}
+
+// Kinds of fileCandidate.
+const (
+	fileDir        = iota // STATE/sandboxes/DRIVER/SANDBOX
+	fileBusy              // STATE/locks/SANDBOX.DRIVER.busy
+	fileLegacyDir         // STATE/sandboxes/SANDBOX
+	fileLegacyBusy        // STATE/locks/SANDBOX.busy
+	fileNameLock          // STATE/locks/SANDBOX.lock
+)
+
+// liveSandboxes returns the sandboxes that recs name and retention has not removed.
+func liveSandboxes(recs []record) map[sbKey]bool {
+	live := map[sbKey]bool{}
+	for _, rec := range recs {
+		if rec.Removed.IsZero() {
+			live[sbKey{rec.Driver, rec.Sandbox}] = true
+		}
+	}
+	return live
+}
+
+// nameUsed reports whether a listed sandbox or a live record, on any driver, has name.
+func nameUsed(name string, listed map[sbKey]bool, recs []record) bool {
+	for k := range listed {
+		if k.name == name {
+			return true
+		}
+	}
+	return slices.ContainsFunc(recs, func(rec record) bool { return rec.Sandbox == name && rec.Removed.IsZero() })
+}
+
+// legacyUsed reports whether a listed sandbox or a live record named name may use the
+// old-layout dir: it has no dir in the current layout.
+func (r *Registry) legacyUsed(name string, listed map[sbKey]bool, recs []record) bool {
+	for k := range listed {
+		if k.name == name && !fileExists(r.sandboxDir(k.driver, name)) {
+			return true
+		}
+	}
+	return slices.ContainsFunc(recs, func(rec record) bool {
+		return rec.Sandbox == name && rec.Removed.IsZero() && !fileExists(r.sandboxDir(rec.Driver, name))
+	})
+}
+
+// pruneDriverDir deletes the empty STATE/sandboxes/DRIVER dir once it is older than
+// the grace period, unless the driver still has sandboxes of ours (the dir may be the
+// mark that makes prune look at that driver: see markDriver).
+func (r *Registry) pruneDriverDir(root, driver string, listed map[sbKey]bool, old func(os.FileInfo) bool, dry bool) []PruneAction {
+	for k := range listed {
+		if k.driver == driver {
+			return nil
+		}
+	}
+	fi, err := os.Lstat(root)
+	if err != nil || !old(fi) {
+		return nil
+	}
+	a := PruneAction{Path: root, Action: PruneDelete, Cause: CauseOrphan, Reason: fmt.Sprintf("empty, and driver %s has no sandboxes of ours", driver)}
+	if !dry {
+		if err := os.Remove(root); err != nil {
+			if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
+				return nil // a sandbox is being made there right now
+			}
+			a.Error = err.Error()
+		} else {
+			a.Done = true
+		}
+	}
+	return []PruneAction{a}
 }
 
 // pruneOutputs deletes the full-output files (STATE/output/SESSION-HASH/) of
@@ -489,64 +613,89 @@ func (r *Registry) pruneOutputs(recs []record, old func(os.FileInfo) bool, dry b
 	return out
 }
 
-// pruneSandboxFiles deletes the dir, lock and busy marker of sandbox name, which
-// nothing references, under its lock.
-func (r *Registry) pruneSandboxFiles(name string, old func(os.FileInfo) bool, dry bool) []PruneAction {
-	paths := []string{r.sandboxDir(name), r.busyPath(name), r.lockPath(name)}
-	var present []string
-	for _, p := range paths {
-		fi, err := os.Lstat(p)
+// pruneNameFiles deletes files of sandbox name that pruneFiles found unreferenced,
+// under the name's lock, after deciding again on a fresh store read and busy check.
+// While one of them is younger than the grace period (a sandbox of the name may be in
+// the middle of a create) all are kept.
+func (r *Registry) pruneNameFiles(name string, cands []fileCandidate, old func(os.FileInfo) bool, dry bool) []PruneAction {
+	var present []fileCandidate
+	for _, c := range cands {
+		fi, err := os.Lstat(c.path)
 		if err != nil {
 			continue
 		}
-		if !old(fi) {
-			return []PruneAction{{Path: p, Action: PruneKeep, Cause: CauseGrace,
+		if !c.noGrace && !old(fi) {
+			return []PruneAction{{Path: c.path, Action: PruneKeep, Cause: CauseGrace,
 				Reason: fmt.Sprintf("unreferenced, but younger than the grace period %s: a sandbox may be in the middle of a create", FormatDuration(r.grace))}}
 		}
-		present = append(present, p)
+		present = append(present, c)
 	}
-	mk := func(p string) PruneAction {
-		return PruneAction{Path: p, Action: PruneDelete, Cause: CauseOrphan, Reason: fmt.Sprintf("no session record or sandbox of ours is named %s", name)}
+	mk := func(c fileCandidate) PruneAction {
+		reason := fmt.Sprintf("no session record or sandbox of ours is named %s", name)
+		switch c.kind {
+		case fileDir, fileBusy:
+			reason = fmt.Sprintf("no session record or sandbox of ours is named %s on driver %s", name, c.driver)
+		case fileLegacyDir:
+			reason = fmt.Sprintf("old-layout dir that no sandbox named %s uses any more", name)
+		}
+		return PruneAction{Path: c.path, Action: PruneDelete, Cause: CauseOrphan, Reason: reason}
+	}
+	if len(present) == 0 {
+		return nil
 	}
 	if dry {
 		var out []PruneAction
-		for _, p := range present {
-			out = append(out, mk(p))
+		for _, c := range present {
+			out = append(out, mk(c))
 		}
 		return out
 	}
+	lockExisted := fileExists(r.lockPath(name))
 	lock, ok, err := tryLockFile(r.lockPath(name))
 	if err != nil || !ok {
 		return nil // in use right now: next time
 	}
-	// Decide again under the lock: a create may have recorded it meanwhile.
-	if recs, err := r.store.all(); err != nil || slices.ContainsFunc(recs, func(rec record) bool { return rec.Sandbox == name && rec.Removed.IsZero() }) {
+	// Decide again under the lock: a create may have recorded a sandbox meanwhile,
+	// or an exec be running in one.
+	recs, err := r.store.all()
+	if err != nil {
 		lock.unlock(false)
 		return nil
 	}
-	if busy, err := isBusy(r.busyPath(name)); err != nil || busy {
+	live := liveSandboxes(recs)
+	legacyBusy, err := isBusy(r.legacyBusyPath(name))
+	if err != nil || legacyBusy {
 		lock.unlock(false)
 		return nil
 	}
+	removeLock := !lockExisted
 	var out []PruneAction
-	for _, p := range present {
-		a := mk(p)
-		var err error
-		if p == r.lockPath(name) {
-			continue // removed by unlock below
+	for _, c := range present {
+		switch c.kind {
+		case fileDir, fileBusy:
+			if busy, err := isBusy(r.busyPath(c.driver, name)); live[sbKey{c.driver, name}] || err != nil || busy {
+				continue
+			}
+		case fileLegacyDir:
+			if r.legacyUsed(name, nil, recs) {
+				continue
+			}
+		case fileLegacyBusy, fileNameLock:
+			if nameUsed(name, nil, recs) {
+				continue
+			}
 		}
-		if err = os.RemoveAll(p); err != nil {
+		a := mk(c)
+		if c.kind == fileNameLock {
+			removeLock, a.Done = true, true // removed by unlock below
+		} else if err := os.RemoveAll(c.path); err != nil {
 			a.Error = err.Error()
+		} else {
+			a.Done = true
 		}
-		a.Done = err == nil
 		out = append(out, a)
 	}
-	lock.unlock(true)
-	if slices.Contains(present, r.lockPath(name)) {
-		a := mk(r.lockPath(name))
-		a.Done = true
-		out = append(out, a)
-	}
+	lock.unlock(removeLock)
 	return out
 }
 

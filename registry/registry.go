@@ -22,8 +22,9 @@ import (
 type LaunchFunc func(ctx context.Context, driver string) (backend.TerminalBackend, error)
 
 // PrepareAgentFunc prepares the agent files of one sandbox in sandboxDir
-// (STATE/sandboxes/SANDBOX; it may not exist yet) and returns their paths for
-// backend.CreateRequest.Agent.
+// (STATE/sandboxes/DRIVER/SANDBOX, or STATE/sandboxes/SANDBOX for a sandbox that an
+// earlier version made) and returns their paths for backend.CreateRequest.Agent.
+// sandboxDir, and its parent, may not exist yet: create them as needed (MkdirAll).
 type PrepareAgentFunc func(sandboxDir string) (backend.AgentFiles, error)
 
 // Options configure Open. Non-empty fields are the CLI's flags and override the
@@ -373,7 +374,9 @@ type Lease struct {
 type pending struct {
 	lease    *Lease
 	spec     backend.SandboxSpec
+	driver   string
 	dir      string
+	legacy   bool // dir is an old-layout dir (see hostdirs.go)
 	madeDir  bool
 	lock     *fileLock
 	rec      record
@@ -382,10 +385,6 @@ type pending struct {
 
 func (r *Registry) lockPath(sandbox string) string {
 	return filepath.Join(r.stateDir, "locks", sandbox+".lock")
-}
-
-func (r *Registry) sandboxDir(sandbox string) string {
-	return filepath.Join(r.stateDir, "sandboxes", sandbox)
 }
 
 // acquire resolves session, takes its sandbox's lock, and creates or adopts the
@@ -404,7 +403,7 @@ func (r *Registry) acquire(ctx context.Context, session string) (*pending, error
 	if err != nil {
 		return nil, fmt.Errorf("session %q: %w", session, err)
 	}
-	p := &pending{spec: spec, lock: lock, dir: r.sandboxDir(name)}
+	p := &pending{spec: spec, lock: lock, driver: rule.Driver}
 	fail := func(err error) (*pending, error) {
 		r.release(p, true)
 		return nil, err
@@ -423,6 +422,11 @@ func (r *Registry) acquire(ctx context.Context, session string) (*pending, error
 			return fail(fmt.Errorf("session %q: %w", session, err))
 		}
 	}
+	moved := recorded && !hadOld && old.Removed.IsZero()
+	if moved && old.Driver != rule.Driver {
+		r.markDriver(old.Driver) // so that prune finds the sandbox left behind
+	}
+	p.dir, p.legacy = r.resolveHostDir(ctx, b, rule.Driver, name)
 	p.madeDir = !fileExists(p.dir)
 	if err := os.MkdirAll(filepath.Dir(p.dir), 0o700); err != nil {
 		return fail(stateDirError(r.stateDir, err.Error()))
@@ -458,9 +462,12 @@ func (r *Registry) acquire(ctx context.Context, session string) (*pending, error
 		Session: session, Driver: rule.Driver, Backend: b, Sandbox: name, Rule: rule,
 		Created: !sb.Adopted, Drift: sb.Adopted && have != want,
 	}
-	if hadOld && !sb.Adopted {
+	switch {
+	case hadOld && !sb.Adopted:
 		p.lease.Recreated, p.lease.RecreatedReason = true, recreatedReason(old, rule.Driver)
 		r.log.Warn("session's sandbox was gone; created a new one", "session", session, "sandbox", name, "reason", p.lease.RecreatedReason)
+	case moved && !sb.Adopted:
+		p.lease.Recreated, p.lease.RecreatedReason = true, movedReason(old, rule, name)
 	}
 	p.rec = record{
 		Session: session, Driver: rule.Driver, Sandbox: name, Scope: rule.Glob,
@@ -503,7 +510,7 @@ func (r *Registry) pull(ctx context.Context, b backend.TerminalBackend, rule *Ru
 
 // dropDir removes the sandbox dir that acquire made, and returns err.
 func (r *Registry) dropDir(p *pending, err error) error {
-	if p.madeDir {
+	if p.madeDir && !p.legacy {
 		os.RemoveAll(p.dir)
 	}
 	return err
@@ -521,37 +528,44 @@ func (r *Registry) undo(p *pending) {
 		r.log.Error("removing a sandbox after a failed call", "sandbox", p.lease.Sandbox, "error", err)
 		return
 	}
-	os.RemoveAll(p.dir)
+	if !p.legacy {
+		os.RemoveAll(p.dir)
+	}
 }
 
-// release drops p's lock; failed releases remove the lock file when no record
-// names the sandbox.
+// release drops p's lock; failed releases remove the busy marker when no record
+// names the sandbox on its driver, and the lock file when no record names a sandbox
+// of its name on any driver.
 func (r *Registry) release(p *pending, failed bool) {
 	if p.released {
 		return
 	}
 	p.released = true
-	remove := false
+	removeLock := false
 	if failed {
-		remove = !r.recorded(p.spec.Name)
+		onDriver, anyDriver := r.recorded(p.driver, p.spec.Name)
+		if !onDriver {
+			os.Remove(r.busyPath(p.driver, p.spec.Name))
+		}
+		removeLock = !anyDriver
 	}
-	if remove {
-		os.Remove(r.busyPath(p.spec.Name))
-	}
-	p.lock.unlock(remove)
+	p.lock.unlock(removeLock)
 }
 
-func (r *Registry) recorded(sandbox string) bool {
+// recorded reports whether a record names sandbox on driver, and on any driver (both
+// true when the store cannot be read).
+func (r *Registry) recorded(driver, sandbox string) (onDriver, anyDriver bool) {
 	recs, err := r.store.all()
 	if err != nil {
-		return true
+		return true, true
 	}
 	for _, rec := range recs {
 		if rec.Sandbox == sandbox {
-			return true
+			anyDriver = true
+			onDriver = onDriver || rec.Driver == driver
 		}
 	}
-	return false
+	return onDriver, anyDriver
 }
 
 // Acquire returns session's sandbox, creating it or adopting it by name, and records
@@ -589,7 +603,7 @@ func (r *Registry) Acquire(ctx context.Context, session string) (*Lease, error) 
 // (ErrInvalid for a missing req.Dir, ...); when Exec fails in a sandbox that this
 // call created, the sandbox is removed again and the store is left unchanged.
 // Expiry and Lease.Recreated are as for Acquire. Until Wait returns, the exec holds
-// a shared flock on STATE/locks/SANDBOX.busy, so no berth process counts the
+// a shared flock on STATE/locks/SANDBOX.DRIVER.busy, so no berth process counts the
 // sandbox as idle; call Wait for every started exec.
 func (r *Registry) Exec(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *Lease, error) {
 	if err := backend.CheckExecText(req); err != nil {
@@ -603,7 +617,7 @@ func (r *Registry) Exec(ctx context.Context, session string, req backend.ExecReq
 	req.Session = session
 	// The busy marker is taken under the sandbox's lock, so Prune, which checks it
 	// under the same lock, never sees a started exec as idle.
-	busy, madeBusy, err := holdBusy(r.busyPath(p.lease.Sandbox))
+	busy, madeBusy, err := holdBusy(r.busyPath(p.lease.Driver, p.lease.Sandbox))
 	if err != nil {
 		r.undo(p)
 		r.release(p, true)
@@ -689,9 +703,9 @@ func noSession(session string) error {
 
 // CloseSession applies the on_close policy of session's rule to its sandbox: keep
 // does nothing, stop stops it, remove removes it, forgets the session and deletes
-// STATE/sandboxes/SANDBOX. Sessions of shared rules ignore a single session's close
-// (nil). Errors: a bad session name or no matching rule (ErrInvalid); no record of
-// the session (ErrNotFound); the driver's error.
+// its host dir (as RemoveSession). Sessions of shared rules ignore a single
+// session's close (nil). Errors: a bad session name or no matching rule
+// (ErrInvalid); no record of the session (ErrNotFound); the driver's error.
 func (r *Registry) CloseSession(ctx context.Context, session string) error {
 	rule, _, err := r.cfg.Match(session)
 	if err != nil {
@@ -729,9 +743,12 @@ func (r *Registry) CloseSession(ctx context.Context, session string) error {
 }
 
 // RemoveSession removes session's sandbox whatever on_close says, forgets every
-// session recorded on it (for a shared sandbox: all of them) and deletes
-// STATE/sandboxes/SANDBOX. Errors: a bad session name (ErrInvalid); no record of the
-// session (ErrNotFound); the driver's Remove error (the store is then unchanged).
+// session recorded on it (for a shared sandbox: all of them) and deletes its host dir,
+// STATE/sandboxes/DRIVER/SANDBOX. A sandbox made by an earlier version has its dir at
+// STATE/sandboxes/SANDBOX, which every driver's sandbox of that name used: that dir is
+// deleted only when no other driver has a sandbox of the name that may still use it,
+// and left to Prune otherwise. Errors: a bad session name (ErrInvalid); no record of
+// the session (ErrNotFound); the driver's Remove error (the store is then unchanged).
 func (r *Registry) RemoveSession(ctx context.Context, session string) error {
 	if err := ValidateSession(session); err != nil {
 		return err
@@ -756,16 +773,14 @@ func (r *Registry) removeSession(ctx context.Context, session string) error {
 	if err != nil {
 		return fmt.Errorf("removing session %q: %w", session, err)
 	}
+	dir, legacy := r.resolveHostDir(ctx, b, rec.Driver, rec.Sandbox) // before it is gone
 	if err := b.Remove(ctx, rec.Sandbox); err != nil {
 		return fmt.Errorf("removing session %q: sandbox %s: %w", session, rec.Sandbox, err)
 	}
 	if _, err := r.store.forgetSandbox(rec.Driver, rec.Sandbox); err != nil {
 		return fmt.Errorf("removing session %q: sandbox %s is removed, but forgetting it failed: %w", session, rec.Sandbox, err)
 	}
-	if err := os.RemoveAll(r.sandboxDir(rec.Sandbox)); err != nil {
-		r.log.Warn("deleting sandbox dir", "dir", r.sandboxDir(rec.Sandbox), "error", err)
-	}
-	os.Remove(r.busyPath(rec.Sandbox))
+	r.removeHostFiles(ctx, rec.Driver, rec.Sandbox, dir, legacy)
 	os.RemoveAll(filepath.Dir(r.outputPath(session, "x"))) // its full-output files
 	removed = true
 	return nil

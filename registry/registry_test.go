@@ -187,8 +187,8 @@ func TestAcquireAndExec(t *testing.T) {
 	if out != "star\n"+e.driverDir(l1.Sandbox)+"\n" || lease.Sandbox != l1.Sandbox {
 		t.Errorf("exec output %q lease %+v", out, lease)
 	}
-	// Agent files were prepared in STATE/sandboxes/SANDBOX.
-	if _, err := os.Stat(filepath.Join(e.stateDir, "sandboxes", l1.Sandbox, "agent", backend.AgentBinaryName)); err != nil {
+	// Agent files were prepared in STATE/sandboxes/DRIVER/SANDBOX.
+	if _, err := os.Stat(filepath.Join(e.stateDir, "sandboxes", "local", l1.Sandbox, "agent", backend.AgentBinaryName)); err != nil {
 		t.Error(err)
 	}
 	// The driver was configured once with its state dir, owner and config.
@@ -526,7 +526,7 @@ func TestLongStateDir(t *testing.T) {
 	if err := r.RemoveSession(context.Background(), "chat:1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(long, "sandboxes", lease.Sandbox)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(long, "sandboxes", "local", lease.Sandbox)); !errors.Is(err, os.ErrNotExist) {
 		t.Error("sandbox dir left behind")
 	}
 }
@@ -574,8 +574,8 @@ func TestCloseSession(t *testing.T) {
 	if _, err := os.Stat(e.driverDir(rmSandbox)); !errors.Is(err, os.ErrNotExist) {
 		t.Error("on_close remove left the sandbox")
 	}
-	if _, err := os.Stat(filepath.Join(e.stateDir, "sandboxes", rmSandbox)); !errors.Is(err, os.ErrNotExist) {
-		t.Error("on_close remove left STATE/sandboxes/SANDBOX")
+	if _, err := os.Stat(filepath.Join(e.stateDir, "sandboxes", "local", rmSandbox)); !errors.Is(err, os.ErrNotExist) {
+		t.Error("on_close remove left STATE/sandboxes/local/SANDBOX")
 	}
 	// A stopped sandbox starts again on the next exec.
 	if out, _ := run(t, r, "stop:1", "echo", "again"); out != "again\n" || state("stop:1") != "running" {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -18,13 +17,6 @@ const DefaultOrphanGrace = 15 * time.Minute
 
 // now returns the registry's clock (Options.Now), in UTC.
 func (r *Registry) now() time.Time { return r.clock().UTC() }
-
-// busyPath is the busy marker of sandbox: STATE/locks/SANDBOX.busy. Every exec
-// started through the registry holds a shared flock on it until its Wait returns (or
-// its process dies), so any berth process can tell that an exec is in flight.
-func (r *Registry) busyPath(sandbox string) string {
-	return filepath.Join(r.stateDir, "locks", sandbox+".busy")
-}
 
 // Causes of prune actions and expiry (PruneAction.Cause).
 const (
@@ -153,7 +145,7 @@ func (r *Registry) expireOwn(ctx context.Context, b backend.TerminalBackend, rul
 	busy := false
 	if ret.IdleTTL > 0 {
 		var err error
-		if busy, err = isBusy(r.busyPath(old.Sandbox)); err != nil {
+		if busy, err = r.sandboxBusy(old.Driver, old.Sandbox); err != nil {
 			return old, err
 		}
 	}
@@ -179,6 +171,17 @@ func (r *Registry) expireOwn(ctx context.Context, b backend.TerminalBackend, rul
 		old.Removed, old.RemovedReason = now, reason
 	}
 	return old, nil
+}
+
+// movedReason says why a session whose rule now maps it to another sandbox (another
+// driver, or another name) got a new, empty one, and what becomes of the old one.
+func movedReason(old record, rule *Rule, sandbox string) string {
+	what := fmt.Sprintf("now uses driver %s instead of %s", rule.Driver, old.Driver)
+	if old.Driver == rule.Driver {
+		what = fmt.Sprintf("now maps it to sandbox %s instead of %s", sandbox, old.Sandbox)
+	}
+	return fmt.Sprintf("its rule (%s) %s, so this sandbox is new and empty; the previous one (%s on driver %s) keeps its files and processes until berth prune removes it",
+		rule.Pos(), what, old.Sandbox, old.Driver)
 }
 
 // recreatedReason says why a session that had a sandbox got a new one.

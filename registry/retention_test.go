@@ -526,7 +526,7 @@ scope "docker:*" {
 	// ... their modification time does.
 	past := time.Now().Add(-DefaultOrphanGrace - time.Minute)
 	for _, p := range []string{filepath.Join(e.stateDir, "sandboxes", stray), filepath.Join(e.stateDir, "locks", stray+".lock"),
-		filepath.Join(e.stateDir, "sandboxes", l.Sandbox), filepath.Join(e.stateDir, "locks", l.Sandbox+".lock")} {
+		filepath.Join(e.stateDir, "sandboxes", "local", l.Sandbox), filepath.Join(e.stateDir, "locks", l.Sandbox+".lock")} {
 		if err := os.Chtimes(p, past, past); err != nil {
 			t.Fatal(err)
 		}
@@ -547,7 +547,7 @@ scope "docker:*" {
 		}
 	}
 	// The live session's files stay.
-	for _, p := range []string{filepath.Join(e.stateDir, "sandboxes", l.Sandbox), filepath.Join(e.stateDir, "locks", l.Sandbox+".lock")} {
+	for _, p := range []string{filepath.Join(e.stateDir, "sandboxes", "local", l.Sandbox), filepath.Join(e.stateDir, "locks", l.Sandbox+".lock")} {
 		if _, err := os.Stat(p); err != nil {
 			t.Errorf("prune deleted %s of a live session: %v", p, err)
 		}
@@ -560,15 +560,15 @@ func TestBusyMarker(t *testing.T) {
 	r := e.open()
 	run(t, r, "idle-rm:1", "true")
 	name := SandboxName(mustOwner(t, r), "idle-rm:1")
-	if busy, err := isBusy(r.busyPath(name)); err != nil || busy {
+	if busy, err := isBusy(r.busyPath("local", name)); err != nil || busy {
 		t.Errorf("after the exec ended: busy %v, %v", busy, err)
 	}
 	stop := longExec(t, r, "idle-rm:1")
-	if busy, err := isBusy(r.busyPath(name)); err != nil || !busy {
+	if busy, err := isBusy(r.busyPath("local", name)); err != nil || !busy {
 		t.Errorf("during an exec: busy %v, %v", busy, err)
 	}
 	stop()
-	if busy, _ := isBusy(r.busyPath(name)); busy {
+	if busy, _ := isBusy(r.busyPath("local", name)); busy {
 		t.Error("busy after Wait")
 	}
 }

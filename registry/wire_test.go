@@ -51,7 +51,7 @@ func TestDefaultWiring(t *testing.T) {
 		t.Fatalf("exec: %+v %v %q", res, err, out.String())
 	}
 	// The agent binary was installed under its hash and hard-linked into the sandbox dir.
-	link := filepath.Join(e.stateDir, "sandboxes", lease.Sandbox, "agent", backend.AgentBinaryName)
+	link := filepath.Join(e.stateDir, "sandboxes", "local", lease.Sandbox, "agent", backend.AgentBinaryName)
 	var st syscall.Stat_t
 	if err := syscall.Stat(link, &st); err != nil || st.Nlink < 2 {
 		t.Errorf("agent link %s: %v (links %d)", link, err, st.Nlink)

@@ -1042,7 +1042,7 @@ func TestConfigScopes(t *testing.T) {
 	if s, ok := findSession(e.sessions(), "gone:1"); ok {
 		t.Errorf("gone:1 is still listed after close with on_close remove: %+v", s)
 	}
-	for _, p := range []string{homeGone, filepath.Join(e.state, "sandboxes", sGone.Sandbox)} {
+	for _, p := range []string{homeGone, filepath.Join(e.state, "sandboxes", "local", sGone.Sandbox)} {
 		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
 			t.Errorf("%s still exists after close with on_close remove (%v)", p, err)
 		}
