@@ -209,7 +209,9 @@ func lock(ctx context.Context, root, name string) (func(), error) {
 	for {
 		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil {
-			return func() { f.Close() }, nil
+			// Unlock before close: a child being forked right now holds a copy of the
+			// descriptor, and with it the lock, until it execs.
+			return func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
 		}
 		if !errors.Is(err, unix.EWOULDBLOCK) {
 			f.Close()

@@ -43,7 +43,7 @@ func lockFile(ctx context.Context, path string) (*fileLock, error) {
 			select {
 			case err = <-done:
 			case <-ctx.Done():
-				go func() { <-done; f.Close() }()
+				go func() { <-done; release(f) }()
 				return nil, fmt.Errorf("waiting for lock %s: %w", path, ctx.Err())
 			}
 		}
@@ -57,7 +57,7 @@ func lockFile(ctx context.Context, path string) (*fileLock, error) {
 			return nil, fmt.Errorf("locking %s: %w", path, err)
 		}
 		if err := unix.Stat(path, &named); err != nil || named.Ino != held.Ino || named.Dev != held.Dev {
-			f.Close() // removed or replaced while we waited: lock the new file
+			release(f) // removed or replaced while we waited: lock the new file
 			continue
 		}
 		return &fileLock{f: f, path: path}, nil
@@ -66,11 +66,22 @@ func lockFile(ctx context.Context, path string) (*fileLock, error) {
 
 // unlock releases the lock; with remove it first deletes the lock file (safe: waiters
 // notice and lock the path afresh).
+//
+// The lock is released with LOCK_UN before the file is closed: a flock belongs to the
+// open file description, and a child that another goroutine is forking at this moment
+// holds a copy of the descriptor until it execs (O_CLOEXEC acts only then), so a
+// close alone could leave the lock held for that long.
 func (l *fileLock) unlock(remove bool) {
 	if remove {
 		os.Remove(l.path)
 	}
-	l.f.Close()
+	release(l.f)
+}
+
+// release unlocks f's flock, if it holds one, and closes f (see fileLock.unlock).
+func release(f *os.File) {
+	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	f.Close()
 }
 
 // holdBusy takes a shared flock on path (creating it) and returns it; it marks a
@@ -118,6 +129,7 @@ func isBusy(path string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("checking busy marker %s: %w", path, err)
 	}
+	unix.Flock(int(f.Fd()), unix.LOCK_UN) // at once, not at close (see fileLock.unlock)
 	return false, nil
 }
 
@@ -138,7 +150,7 @@ func tryLockFile(path string) (l *fileLock, ok bool, err error) {
 	}
 	var held, named unix.Stat_t
 	if unix.Fstat(fd, &held) != nil || unix.Stat(path, &named) != nil || named.Ino != held.Ino || named.Dev != held.Dev {
-		f.Close()
+		release(f)
 		return nil, false, nil
 	}
 	return &fileLock{f: f, path: path}, true, nil
