@@ -129,30 +129,8 @@ func options(state, addr string, base registry.Options) conformance.Options {
 		OpenRegistry: func(t conformance.T, cfg string) (*registry.Registry, error) {
 			return opener(t, driverBlock(addr)+cfg)
 		},
-		RemoveUnowned: func(ctx context.Context, name string) error { return removeRaw(ctx, addr, name) },
+		RemoveUnowned: newDriver(addr).RemoveUnowned,
 	}
-}
-
-// removeRaw deletes container name of the test namespace with its task and snapshot,
-// with containerd's client: the cleanup of a sandbox without an owner label, which
-// the driver refuses to touch.
-func removeRaw(ctx context.Context, addr, name string) error {
-	cli, err := client.New(addr)
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	ctx = namespaces.WithNamespace(ctx, testNamespace)
-	c, err := cli.LoadContainer(ctx, name)
-	if err != nil {
-		return err
-	}
-	if task, err := c.Task(ctx, nil); err == nil {
-		if _, err := task.Delete(ctx, client.WithProcessKill); err != nil {
-			return err
-		}
-	}
-	return c.Delete(ctx, client.WithSnapshotCleanup)
 }
 
 // inventory is what the test namespace holds of one kind: container ids, task ids,

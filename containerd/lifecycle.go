@@ -216,7 +216,20 @@ func (d *Driver) killDelete(ctx context.Context, name string, t client.Task) err
 
 // Remove kills and deletes the sandbox's task, then deletes its container and
 // snapshot. A missing sandbox succeeds.
-func (d *Driver) Remove(ctx context.Context, name string) error {
+func (d *Driver) Remove(ctx context.Context, name string) error { return d.remove(ctx, name, true) }
+
+// RemoveUnowned removes container name of the driver's namespace with its task and
+// snapshot whatever its labels, as Remove does berth's own; a missing container
+// succeeds. berth never calls it: it is for the conformance suite's
+// Options.RemoveUnowned, which cleans up the sandbox without an owner label that
+// retention/reconcile-leaves-others plants (containerd drops empty label values, so
+// that sandbox has no owner label at all, and Remove rightly refuses it).
+func (d *Driver) RemoveUnowned(ctx context.Context, name string) error {
+	return d.remove(ctx, name, false)
+}
+
+// remove is Remove; with owned it refuses a container without our owner label.
+func (d *Driver) remove(ctx context.Context, name string, owned bool) error {
 	_, nctx, c, info, err := d.load(ctx, name)
 	d.forget(name)
 	if errors.Is(err, backend.ErrNotFound) {
@@ -225,8 +238,10 @@ func (d *Driver) Remove(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if err := d.ours(name, info); err != nil {
-		return err
+	if owned {
+		if err := d.ours(name, info); err != nil {
+			return err
+		}
 	}
 	t, err := c.Task(nctx, nil)
 	switch {

@@ -78,7 +78,7 @@ func TestContainerdCLI(t *testing.T) {
 				t.Errorf("sessions --json: the job:1 row does not name containerd: %s", b)
 			}
 
-			r = e.run("conformance", "--driver", "containerd", "--in-process", "--run", "^(exec/exit-code-43|isolation/network-none-only-lo|lifecycle/stop-create-adopts|isolation/sessions-isolated)$", "--json")
+			r = e.run("conformance", "--driver", "containerd", "--in-process", "--run", "^(exec/exit-code-43|isolation/network-none-only-lo|lifecycle/stop-create-adopts|isolation/sessions-isolated|retention/reconcile-leaves-others)$", "--json")
 			var rep struct {
 				Driver                  string
 				Passed, Failed, Skipped int
@@ -86,7 +86,7 @@ func TestContainerdCLI(t *testing.T) {
 			if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 				t.Fatalf("conformance report: %v\n%v", err, r)
 			}
-			if r.code != 0 || rep.Driver != "containerd" || rep.Passed != 4 || rep.Failed != 0 || rep.Skipped != 0 {
+			if r.code != 0 || rep.Driver != "containerd" || rep.Passed != 5 || rep.Failed != 0 || rep.Skipped != 0 {
 				t.Errorf("conformance --driver containerd: report %+v, want containerd with every case passed\n%v", rep, r)
 			}
 		})

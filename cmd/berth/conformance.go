@@ -179,7 +179,13 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 		return failure(err)
 	}
 	opener := conformance.RegistryOpener(regOpts)
+	removeUnowned, closeRemover, err := unownedRemover(ctx, reg, f.driver, tmp)
+	if err != nil {
+		return failure(err)
+	}
+	defer closeRemover()
 	opts := conformance.Options{
+		RemoveUnowned:  removeUnowned,
 		RestartRuntime: restart,
 		AgentBinary:    self,
 		StateDir:       tmp,
@@ -230,6 +236,44 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 		return exitCode(1)
 	}
 	return nil
+}
+
+// unownedRemover returns the suite's Options.RemoveUnowned for a built-in driver that
+// has one (containerd: its runtime drops the empty owner label of the sandbox that
+// retention/reconcile-leaves-others plants, so only a removal that ignores labels
+// cleans it up): a fresh in-process driver configured with the config's block for
+// it, and its Close. For every other driver it returns nil and a no-op.
+func unownedRemover(ctx context.Context, reg *registry.Registry, name, stateDir string) (func(context.Context, string) error, func(), error) {
+	mk := builtinDrivers()[name]
+	if mk == nil {
+		return nil, func() {}, nil
+	}
+	d := mk()
+	closer := func() {
+		if c, ok := d.(interface{ Close() error }); ok {
+			c.Close()
+		}
+	}
+	ru, ok := d.(interface {
+		RemoveUnowned(context.Context, string) error
+	})
+	cfg, ok2 := d.(backend.Configurer)
+	if !ok || !ok2 {
+		closer()
+		return nil, func() {}, nil
+	}
+	schema, err := cfg.ConfigSchema(ctx)
+	if err == nil {
+		var raw []byte
+		if raw, err = reg.Config().DriverConfig(name, schema); err == nil {
+			err = cfg.Configure(ctx, backend.DriverSetup{Config: raw, StateDir: filepath.Join(stateDir, "remover")})
+		}
+	}
+	if err != nil {
+		closer()
+		return nil, nil, err
+	}
+	return ru.RemoveUnowned, closer, nil
 }
 
 // conformanceImage returns the image the suite uses: flag when given; for a driver
