@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -829,4 +830,39 @@ func pipeBytes(pid int) int {
 		return 0
 	}
 	return n
+}
+
+// A plugin whose host died just before it started, and is still a zombie (not yet
+// reaped by its own parent, so kill(pid, 0) still succeeds), exits at once instead of
+// taking its new parent for a wrapper script and living on.
+func TestHostZombieBeforeStart(t *testing.T) {
+	zombie := exec.Command("sleep", "1000")
+	if err := zombie.Start(); err != nil {
+		t.Fatal(err)
+	}
+	zpid := zombie.Process.Pid
+	if err := zombie.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	// Not reaped until the test ends: a zombie, as the host is before its parent waits.
+	t.Cleanup(func() { zombie.Wait() })
+	for alive(zpid) {
+		runtime.Gosched() // the kernel makes it a zombie promptly; alive says Z is not alive
+	}
+	if err := syscall.Kill(zpid, 0); err != nil {
+		t.Fatalf("kill(%d, 0) on the zombie: %v; the case needs a zombie", zpid, err)
+	}
+	plug := exec.Command(pluginBin)
+	plug.Env = append(os.Environ(), Handshake.MagicCookieKey+"="+Handshake.MagicCookieValue, envHostPID+"="+strconv.Itoa(zpid))
+	if err := plug.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { plug.Wait(); close(done) }()
+	t.Cleanup(func() { plug.Process.Kill(); <-done })
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the plugin of a dead (zombie) host still runs after 10 s")
+	}
 }

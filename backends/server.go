@@ -1,6 +1,7 @@
 package backends
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os/signal"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -177,7 +179,9 @@ func (s *server) watchHost() {
 	runtime.LockOSThread()
 	hostPID := os.Getppid()
 	if v, err := strconv.Atoi(os.Getenv(envHostPID)); err == nil && v > 0 && v != hostPID {
-		if errors.Is(unix.Kill(v, 0), unix.ESRCH) {
+		if !liveAncestor(v) {
+			// Gone, a zombie not yet reaped (kill(v, 0) still succeeds then), or a
+			// reused pid: our parent is then init or a subreaper, not a wrapper of v.
 			s.hostGone("the host process exited before the plugin started")
 			return
 		}
@@ -214,6 +218,46 @@ func (s *server) watchHost() {
 			return
 		}
 	}
+}
+
+// maxAncestry bounds the walk up the process tree in liveAncestor: the host, a
+// wrapper script or two, and their shells.
+const maxAncestry = 8
+
+// liveAncestor reports whether pid is a running (not zombie) ancestor of this
+// process, read from /proc/PID/stat.
+func liveAncestor(pid int) bool {
+	p := os.Getppid()
+	for i := 0; i < maxAncestry && p > 1; i++ {
+		state, parent, ok := procStat(p)
+		if !ok {
+			return false
+		}
+		if p == pid {
+			return state != 'Z' && state != 'X'
+		}
+		p = parent
+	}
+	return false
+}
+
+// procStat returns the state and parent pid of process pid from /proc/PID/stat.
+func procStat(pid int) (state byte, ppid int, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b[i+2:]))
+	if len(f) < 2 {
+		return 0, 0, false
+	}
+	ppid, err = strconv.Atoi(f[1])
+	return f[0][0], ppid, err == nil
 }
 
 // hostGone shuts down and stops the gRPC server, which makes plugin.Serve, and
