@@ -113,7 +113,7 @@ type Driver struct {
 	owner       string
 	stateDir    string
 	cli         *client.Client
-	clients     map[string]*sandboxConn
+	conns       *containerutil.Conns
 	creating    containerutil.NameLocks
 }
 
@@ -141,7 +141,8 @@ func WithSeccomp(profile string) Option { return func(d *Driver) { d.seccomp = p
 // config's address (Configure), else CONTAINERD_ADDRESS, else DefaultAddress. No
 // connection is made until the first call that needs one.
 func New(opts ...Option) *Driver {
-	d := &Driver{clients: map[string]*sandboxConn{}}
+	d := &Driver{}
+	d.conns = agent.NewConnCache(d.connect, d.identify)
 	for _, o := range opts {
 		o(d)
 	}
@@ -350,12 +351,9 @@ func (d *Driver) api(ctx context.Context) (*client.Client, context.Context, erro
 
 // Close closes the agent connections and the client; containers keep running.
 func (d *Driver) Close() error {
+	d.conns.Close()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for n, c := range d.clients {
-		c.client.Close()
-		delete(d.clients, n)
-	}
 	if d.cli != nil {
 		d.cli.Close()
 		d.cli = nil
@@ -393,12 +391,4 @@ func (d *Driver) wrap(op string, err error) error {
 // unavailable is the ErrUnavailable of a daemon at address that does not answer.
 func (d *Driver) unavailable(op, address string, err error) error {
 	return backend.Errorf(backend.ErrUnavailable, "containerd: %s: containerd at %s does not answer (%v); start it (systemctl start containerd, or sudo scripts/runtimes.sh and export the CONTAINERD_ADDRESS it prints) or set address in driver \"containerd\" {}", op, address, err)
-}
-
-// sandboxConn is a cached agent connection of one running task.
-type sandboxConn struct {
-	pid    uint32 // the task's PID 1 on the host: a new task has another
-	client *agent.Client
-	user   string // default exec user (LabelUser)
-	oom    string // the memory cgroup's OOM counter file on the host, "" when unknown
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -146,7 +145,7 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 			}
 		}
 		d.destroy(nctx, cli, c)
-		d.forget(spec.Name)
+		d.conns.Forget(spec.Name)
 		return backend.Sandbox{}, d.wrap("start container "+spec.Name, err)
 	}
 }
@@ -298,7 +297,7 @@ func (d *Driver) adopt(ctx context.Context, spec backend.SandboxSpec, c client.C
 	// shared sandbox's sessions), and start would close it.
 	if t, err := c.Task(ctx, nil); err == nil {
 		if st, err := t.Status(ctx); err == nil && st.Status == client.Running {
-			if _, err := d.conn(ctx, spec.Name); err == nil {
+			if _, err := d.conns.Get(ctx, spec.Name); err == nil {
 				sb := toSandbox(info, backend.StateRunning)
 				sb.Adopted = true
 				return sb, nil
@@ -322,7 +321,7 @@ func (d *Driver) adopt(ctx context.Context, spec backend.SandboxSpec, c client.C
 // says c was just made (it has no task yet).
 func (d *Driver) start(ctx context.Context, c client.Container, info containers.Container, user string, fresh bool) (backend.Sandbox, error) {
 	name := c.ID()
-	d.forget(name)
+	d.conns.Forget(name)
 	sockDir := socketDir(info)
 	if sockDir == "" {
 		return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "containerd sandbox %s: the container has no %s mount; it was not made by this driver: remove it", name, backend.SocketMountDir)
@@ -339,9 +338,9 @@ func (d *Driver) start(ctx context.Context, c client.Container, info containers.
 			st, serr := t.Status(ctx)
 			running := serr == nil && (st.Status == client.Running || st.Status == client.Paused || st.Status == client.Pausing)
 			if running || serr == nil && st.Status == client.Created {
-				sc, cerr := d.connect(ctx, name, sockDir, t.Pid(), user, connTimeout)
+				sc, cerr := d.dial(ctx, name, sockDir, t.Pid(), user, connTimeout)
 				if cerr == nil {
-					if err := d.cacheChecked(ctx, name, sc); err != nil {
+					if err := containerutil.Cache(ctx, d.conns, Name, name, sc); err != nil {
 						return backend.Sandbox{}, err
 					}
 					return toSandbox(info, backend.StateRunning), nil
@@ -420,8 +419,8 @@ func (d *Driver) start(ctx context.Context, c client.Container, info containers.
 		}
 		return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "containerd sandbox %s: the agent in the task did not answer on %s within %s (%v); if containerd does not share this host's filesystem, berth cannot reach its agent%s", name, sockDir, agentStartTimeout, err, agentLogTail(sockDir))
 	}
-	sc := &sandboxConn{pid: t.Pid(), client: c2, user: user, oom: containerutil.OOMCounterPath(int(t.Pid()))}
-	if err := d.cacheChecked(ctx, name, sc); err != nil {
+	sc := containerutil.NewConn(c2, taskID(t.Pid()), int(t.Pid()), user)
+	if err := containerutil.Cache(ctx, d.conns, Name, name, sc); err != nil {
 		return backend.Sandbox{}, err
 	}
 	return toSandbox(info, backend.StateRunning), nil
@@ -460,26 +459,6 @@ func taskExists(err error) bool {
 		strings.Contains(msg, "failed to start shim") && strings.Contains(msg, "file exists")
 }
 
-// cacheChecked checks the sandbox's default user (when set) and caches sc as the
-// sandbox's connection; on error sc is closed.
-func (d *Driver) cacheChecked(ctx context.Context, name string, sc *sandboxConn) error {
-	if sc.user != "" {
-		// The agent resolves the user at each exec; make a name unknown in the image an
-		// error of Create, not of every exec.
-		if err := checkUser(ctx, sc); err != nil {
-			sc.client.Close()
-			return backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: user %q: %v", name, sc.user, err)
-		}
-	}
-	d.mu.Lock()
-	if old := d.clients[name]; old != nil {
-		old.client.Close()
-	}
-	d.clients[name] = sc
-	d.mu.Unlock()
-	return nil
-}
-
 // deleteTask kills and deletes t, for a start that failed. It runs even when ctx is
 // cancelled.
 func (d *Driver) deleteTask(ctx context.Context, t client.Task) {
@@ -487,16 +466,6 @@ func (d *Driver) deleteTask(ctx context.Context, t client.Task) {
 	defer cancel()
 	t.Kill(ctx, syscall.SIGKILL, client.WithKillAll)
 	t.Delete(ctx, client.WithProcessKill)
-}
-
-// checkUser runs `true` as the sandbox's default user.
-func checkUser(ctx context.Context, sc *sandboxConn) error {
-	p, err := sc.client.Exec(ctx, backend.ExecRequest{Argv: []string{"true"}, User: sc.user, Stderr: io.Discard})
-	if err != nil {
-		return err
-	}
-	_, err = p.Wait()
-	return err
 }
 
 // agentLogTail returns "; agent log: " and the end of the agent's log in sockDir, or
@@ -673,15 +642,4 @@ func (d *Driver) runtimeSockets() []containerutil.Socket {
 		socks = append(socks, containerutil.Socket{Path: p, What: "containerd socket"})
 	}
 	return socks
-}
-
-// forget drops the cached connection of sandbox name.
-func (d *Driver) forget(name string) {
-	d.mu.Lock()
-	c := d.clients[name]
-	delete(d.clients, name)
-	d.mu.Unlock()
-	if c != nil {
-		c.client.Close()
-	}
 }

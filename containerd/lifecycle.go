@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"time"
 
 	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
@@ -140,7 +141,7 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 	}
 	_, nctx, c, info, err := d.load(ctx, name)
 	if errors.Is(err, backend.ErrNotFound) {
-		d.forget(name)
+		d.conns.Forget(name)
 		return nil
 	}
 	if err != nil {
@@ -149,15 +150,10 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 	if err := d.ours(name, info); err != nil {
 		return err
 	}
-	d.mu.Lock()
-	sc := d.clients[name]
-	delete(d.clients, name)
-	d.mu.Unlock()
+	sc := d.conns.Take(name)
 	t, err := c.Task(nctx, nil)
 	if err != nil {
-		if sc != nil {
-			sc.client.Close()
-		}
+		sc.Close()
 		if cerrdefs.IsNotFound(err) {
 			return nil
 		}
@@ -165,17 +161,15 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 	}
 	st, err := t.Status(nctx)
 	if err != nil && !cerrdefs.IsNotFound(err) {
-		if sc != nil {
-			sc.client.Close()
-		}
+		sc.Close()
 		return d.wrap("task status "+name, err)
 	}
 	if st.Status == client.Running || st.Status == client.Paused || st.Status == client.Pausing {
 		sctx, cancel := context.WithTimeout(nctx, grace+3*time.Second)
 		exitC, werr := t.Wait(sctx)
 		var ac *agent.Client
-		if sc != nil && sc.pid == t.Pid() {
-			ac = sc.client
+		if sc != nil && sc.Identity == taskID(t.Pid()) {
+			ac = sc.Client
 			sc = nil
 		} else if dir := socketDir(info); dir != "" {
 			ac, _ = agent.NewClient(sctx, agent.DialSocketDir(dir))
@@ -192,9 +186,7 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 		}
 		cancel()
 	}
-	if sc != nil {
-		sc.client.Close()
-	}
+	sc.Close()
 	// Whatever still runs (an agent that did not answer) is killed; then the task is
 	// deleted, which keeps the container and its snapshot.
 	return d.killDelete(nctx, name, t)
@@ -231,7 +223,7 @@ func (d *Driver) RemoveUnowned(ctx context.Context, name string) error {
 // remove is Remove; with owned it refuses a container without our owner label.
 func (d *Driver) remove(ctx context.Context, name string, owned bool) error {
 	_, nctx, c, info, err := d.load(ctx, name)
-	d.forget(name)
+	d.conns.Forget(name)
 	if errors.Is(err, backend.ErrNotFound) {
 		return nil
 	}
@@ -258,25 +250,24 @@ func (d *Driver) remove(ctx context.Context, name string, owned bool) error {
 	return nil
 }
 
-// connect dials the agent in sockDir of the task with PID 1 pid.
-func (d *Driver) connect(ctx context.Context, name, sockDir string, pid uint32, user string, timeout time.Duration) (*sandboxConn, error) {
+// taskID names a task by its PID 1 on the host for the connection cache: a new task
+// of the container has another.
+func taskID(pid uint32) string { return strconv.FormatUint(uint64(pid), 10) }
+
+// dial connects to the agent in sockDir of the task with PID 1 pid.
+func (d *Driver) dial(ctx context.Context, name, sockDir string, pid uint32, user string, timeout time.Duration) (*containerutil.Conn, error) {
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	c, err := agent.WaitReady(cctx, agent.DialSocketDir(sockDir))
 	if err != nil {
 		return nil, fmt.Errorf("containerd sandbox %s: %w", name, err)
 	}
-	return &sandboxConn{pid: pid, client: c, user: user, oom: containerutil.OOMCounterPath(int(pid))}, nil
+	return containerutil.NewConn(c, taskID(pid), int(pid), user), nil
 }
 
-// conn returns the agent connection of running sandbox name, connecting on first use.
-func (d *Driver) conn(ctx context.Context, name string) (*sandboxConn, error) {
-	d.mu.Lock()
-	sc := d.clients[name]
-	d.mu.Unlock()
-	if sc != nil {
-		return sc, nil
-	}
+// connect is the connection cache's ConnectFunc: it connects to the agent of the
+// running sandbox name.
+func (d *Driver) connect(ctx context.Context, name string) (*containerutil.Conn, error) {
 	cli, nctx, _, info, err := d.load(ctx, name)
 	if err != nil {
 		return nil, err
@@ -295,93 +286,37 @@ func (d *Driver) conn(ctx context.Context, name string) (*sandboxConn, error) {
 	if dir == "" {
 		return nil, backend.Errorf(backend.ErrConflict, "containerd sandbox %s: the container has no %s mount; it was not made by this driver", name, backend.SocketMountDir)
 	}
-	sc, err = d.connect(ctx, name, dir, p.GetPid(), info.Labels[LabelUser], connTimeout)
-	if err != nil {
-		return nil, err
-	}
-	d.mu.Lock()
-	if old := d.clients[name]; old != nil {
-		d.mu.Unlock()
-		sc.client.Close()
-		return old, nil
-	}
-	d.clients[name] = sc
-	d.mu.Unlock()
-	return sc, nil
+	return d.dial(ctx, name, dir, p.GetPid(), info.Labels[LabelUser], connTimeout)
 }
 
-// dropConn forgets sc if it is still the cached connection of name.
-func (d *Driver) dropConn(name string, sc *sandboxConn) {
-	d.mu.Lock()
-	if d.clients[name] == sc {
-		delete(d.clients, name)
+// identify is the connection cache's IdentifyFunc: the running task of sandbox
+// name, "" when it has none.
+func (d *Driver) identify(ctx context.Context, name string) (string, error) {
+	cli, nctx, err := d.api(ctx)
+	if err != nil {
+		return "", err
 	}
-	d.mu.Unlock()
-	sc.client.Close()
+	t, err := d.taskOf(nctx, cli, name)
+	if err != nil || stateOf(t) != backend.StateRunning {
+		return "", err
+	}
+	return taskID(t.GetPid()), nil
 }
 
 // Exec runs req through the sandbox's agent, as the sandbox's user unless req.User
 // says otherwise. A stopped sandbox is ErrConflict. The result's OOMKilled is set when
 // the task's memory cgroup counted an OOM kill during the exec.
 func (d *Driver) Exec(ctx context.Context, name string, req backend.ExecRequest) (backend.Process, error) {
-	if err := backend.CheckArgv(req); err != nil {
-		return nil, err
-	}
-	var p backend.Process
-	var sc *sandboxConn
-	var before int64
-	var err error
-	for attempt := 0; attempt < 2; attempt++ {
-		if sc, err = d.conn(ctx, name); err != nil {
-			return nil, err
-		}
-		r := req
-		if r.User == "" {
-			r.User = sc.user
-		}
-		before = containerutil.ReadOOMCount(sc.oom)
-		p, err = sc.client.Exec(ctx, r)
-		if err == nil || !errors.Is(err, backend.ErrUnavailable) || attempt > 0 {
-			break
-		}
-		// Unavailable is either the connection (the task was stopped or replaced) or
-		// the agent's own answer (it cannot fork under pids exhaustion). Only the first
-		// is a reason to drop the connection, which other execs share.
-		cli, nctx, err2 := d.api(ctx)
-		if err2 != nil {
-			return nil, err2
-		}
-		t, ierr := d.taskOf(nctx, cli, name)
-		if ierr != nil {
-			d.dropConn(name, sc)
-			return nil, ierr
-		}
-		if stateOf(t) == backend.StateRunning && t.GetPid() == sc.pid {
-			break
-		}
-		d.dropConn(name, sc)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return containerutil.WatchOOM(p, sc.oom, before), nil
+	return containerutil.Exec(ctx, d.conns, name, req)
 }
 
 // CopyIn extracts the tar stream r into dir in the sandbox through the agent, never
 // following links out of dir.
 func (d *Driver) CopyIn(ctx context.Context, name, dir string, r io.Reader) error {
-	sc, err := d.conn(ctx, name)
-	if err != nil {
-		return err
-	}
-	return sc.client.CopyIn(ctx, dir, r)
+	return d.conns.CopyIn(ctx, name, dir, r)
 }
 
 // CopyOut writes path in the sandbox to w as a tar stream, through the agent.
 func (d *Driver) CopyOut(ctx context.Context, name, path string, w io.Writer) error {
-	sc, err := d.conn(ctx, name)
-	if err != nil {
-		return err
-	}
-	return sc.client.CopyOut(ctx, path, w)
+	return d.conns.CopyOut(ctx, name, path, w)
 }

@@ -76,7 +76,7 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
 			api.ContainerRemove(rctx, resp.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
 			cancel()
-			d.forget(spec.Name)
+			d.conns.Forget(spec.Name)
 			return backend.Sandbox{}, err
 		}
 		return sb, nil
@@ -115,7 +115,7 @@ func (d *Driver) adopt(ctx context.Context, spec backend.SandboxSpec, info conta
 		return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "docker sandbox %s: a container of that name exists and %s; berth leaves it alone: remove or rename it, or use another session", spec.Name, who)
 	}
 	if info.State != nil && info.State.Running {
-		if _, err := d.conn(ctx, spec.Name); err != nil {
+		if _, err := d.conns.Get(ctx, spec.Name); err != nil {
 			return backend.Sandbox{}, err
 		}
 		sb := toSandbox(info)
@@ -138,7 +138,7 @@ func (d *Driver) start(ctx context.Context, name, id, user string) (backend.Sand
 	if err != nil {
 		return backend.Sandbox{}, err
 	}
-	d.forget(name)
+	d.conns.Forget(name)
 	info, err := api.ContainerInspect(ctx, id)
 	if err != nil {
 		return backend.Sandbox{}, d.wrap("inspect container "+name, err)
@@ -189,32 +189,10 @@ func (d *Driver) start(ctx context.Context, name, id, user string) (backend.Sand
 		c.Close()
 		return backend.Sandbox{}, d.wrap("inspect container "+name, err)
 	}
-	sc := &sandboxConn{id: id, started: info.State.StartedAt, client: c, user: user, oom: containerutil.OOMCounterPath(info.State.Pid)}
-	if user != "" {
-		// The agent resolves the user at each exec; make a name unknown in the image an
-		// error of Create, not of every exec.
-		if err := checkUser(ctx, sc); err != nil {
-			c.Close()
-			return backend.Sandbox{}, backend.Errorf(backend.ErrInvalid, "docker sandbox %s: user %q: %v", name, user, err)
-		}
+	if err := containerutil.Cache(ctx, d.conns, Name, name, containerutil.NewConn(c, runID(info), info.State.Pid, user)); err != nil {
+		return backend.Sandbox{}, err
 	}
-	d.mu.Lock()
-	if old := d.clients[name]; old != nil {
-		old.client.Close()
-	}
-	d.clients[name] = sc
-	d.mu.Unlock()
 	return toSandbox(info), nil
-}
-
-// checkUser runs `true` as the sandbox's default user.
-func checkUser(ctx context.Context, sc *sandboxConn) error {
-	p, err := sc.client.Exec(ctx, backend.ExecRequest{Argv: []string{"true"}, User: sc.user, Stderr: io.Discard})
-	if err != nil {
-		return err
-	}
-	_, err = p.Wait()
-	return err
 }
 
 // logTail returns ": " and the last lines of the container's log, or "".
@@ -384,15 +362,4 @@ func (d *Driver) checkMount(m backend.Mount, allowHost bool) error {
 		socks = append(socks, containerutil.Socket{Path: c, What: "Docker socket"})
 	}
 	return containerutil.CheckMount(m, allowHost, socks)
-}
-
-// forget drops the cached connection of sandbox name.
-func (d *Driver) forget(name string) {
-	d.mu.Lock()
-	c := d.clients[name]
-	delete(d.clients, name)
-	d.mu.Unlock()
-	if c != nil {
-		c.client.Close()
-	}
 }

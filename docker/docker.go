@@ -67,7 +67,7 @@ type Driver struct {
 	owner    string
 	stateDir string
 	cli      *client.Client
-	clients  map[string]*sandboxConn
+	conns    *containerutil.Conns
 	creating containerutil.NameLocks
 }
 
@@ -81,7 +81,8 @@ func WithHost(host string) Option { return func(d *Driver) { d.host = host } }
 // host (Configure), else DOCKER_HOST, else DefaultHost. No connection is made until
 // the first call that needs one.
 func New(opts ...Option) *Driver {
-	d := &Driver{clients: map[string]*sandboxConn{}}
+	d := &Driver{}
+	d.conns = agent.NewConnCache(d.connect, d.identify)
 	for _, o := range opts {
 		o(d)
 	}
@@ -222,12 +223,9 @@ func (d *Driver) api() (*client.Client, error) {
 
 // Close closes the agent connections and the engine client; containers keep running.
 func (d *Driver) Close() error {
+	d.conns.Close()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for n, c := range d.clients {
-		c.client.Close()
-		delete(d.clients, n)
-	}
 	if d.cli != nil {
 		d.cli.Close()
 		d.cli = nil
@@ -268,13 +266,4 @@ func wrapAt(host, op string, err error) error {
 		return backend.Errorf(backend.ErrUnsupported, "docker: %s: %v", op, err)
 	}
 	return fmt.Errorf("docker: %s: %w", op, err)
-}
-
-// sandboxConn is a cached agent connection of one running container.
-type sandboxConn struct {
-	id      string // container id
-	started string // State.StartedAt of the container when connected
-	client  *agent.Client
-	user    string // default exec user (LabelUser)
-	oom     string // the memory cgroup's OOM counter file on the host, "" when unknown
 }

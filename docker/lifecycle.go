@@ -106,7 +106,7 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 	}
 	info, err := d.inspect(ctx, name)
 	if errors.Is(err, backend.ErrNotFound) {
-		d.forget(name)
+		d.conns.Forget(name)
 		return nil
 	}
 	if err != nil {
@@ -115,28 +115,22 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 	if err := ours(name, info); err != nil {
 		return err
 	}
-	d.mu.Lock()
-	sc := d.clients[name]
-	delete(d.clients, name)
-	d.mu.Unlock()
+	sc := d.conns.Take(name)
 	if !info.State.Running {
-		if sc != nil {
-			sc.client.Close()
-		}
+		sc.Close()
 		return nil
 	}
 	api, err := d.api()
 	if err != nil {
+		sc.Close()
 		return err
 	}
 	sctx, cancel := context.WithTimeout(ctx, grace+3*time.Second)
 	var c *agent.Client
-	if sc != nil && sc.id == info.ID {
-		c = sc.client
+	if sc != nil && sc.Identity == runID(info) {
+		c = sc.Client
 	} else {
-		if sc != nil {
-			sc.client.Close()
-		}
+		sc.Close()
 		if dir := socketDir(info); dir != "" {
 			c, _ = agent.NewClient(sctx, agent.DialSocketDir(dir))
 		}
@@ -168,7 +162,7 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 // succeeds.
 func (d *Driver) Remove(ctx context.Context, name string) error {
 	info, err := d.inspect(ctx, name)
-	d.forget(name)
+	d.conns.Forget(name)
 	if errors.Is(err, backend.ErrNotFound) {
 		return nil
 	}
@@ -201,14 +195,18 @@ func (d *Driver) Remove(ctx context.Context, name string) error {
 	}
 }
 
-// conn returns the agent connection of running sandbox name, connecting on first use.
-func (d *Driver) conn(ctx context.Context, name string) (*sandboxConn, error) {
-	d.mu.Lock()
-	sc := d.clients[name]
-	d.mu.Unlock()
-	if sc != nil {
-		return sc, nil
+// runID names the current run of a container for the connection cache (its id and
+// start time: a restarted container has another), "" when it is not running.
+func runID(info container.InspectResponse) string {
+	if info.State == nil || !info.State.Running {
+		return ""
 	}
+	return info.ID + "@" + info.State.StartedAt
+}
+
+// connect is the connection cache's ConnectFunc: it connects to the agent of the
+// running sandbox name.
+func (d *Driver) connect(ctx context.Context, name string) (*containerutil.Conn, error) {
 	info, err := d.inspect(ctx, name)
 	if err != nil {
 		return nil, err
@@ -229,88 +227,34 @@ func (d *Driver) conn(ctx context.Context, name string) (*sandboxConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("docker sandbox %s: %w", name, err)
 	}
-	sc = &sandboxConn{id: info.ID, started: info.State.StartedAt, client: c, user: info.Config.Labels[LabelUser], oom: containerutil.OOMCounterPath(info.State.Pid)}
-	d.mu.Lock()
-	if old := d.clients[name]; old != nil {
-		d.mu.Unlock()
-		c.Close()
-		return old, nil
-	}
-	d.clients[name] = sc
-	d.mu.Unlock()
-	return sc, nil
+	return containerutil.NewConn(c, runID(info), info.State.Pid, info.Config.Labels[LabelUser]), nil
 }
 
-// dropConn forgets sc if it is still the cached connection of name.
-func (d *Driver) dropConn(name string, sc *sandboxConn) {
-	d.mu.Lock()
-	if d.clients[name] == sc {
-		delete(d.clients, name)
+// identify is the connection cache's IdentifyFunc: the current run of sandbox name.
+func (d *Driver) identify(ctx context.Context, name string) (string, error) {
+	info, err := d.inspect(ctx, name)
+	if err != nil {
+		return "", err
 	}
-	d.mu.Unlock()
-	sc.client.Close()
+	return runID(info), nil
 }
 
 // Exec runs req through the sandbox's agent, as the sandbox's user unless req.User
 // says otherwise. A stopped sandbox is ErrConflict. The result's OOMKilled is set when
 // the container's memory cgroup counted an OOM kill during the exec.
 func (d *Driver) Exec(ctx context.Context, name string, req backend.ExecRequest) (backend.Process, error) {
-	if err := backend.CheckArgv(req); err != nil {
-		return nil, err
-	}
-	var p backend.Process
-	var sc *sandboxConn
-	var before int64
-	var err error
-	for attempt := 0; attempt < 2; attempt++ {
-		if sc, err = d.conn(ctx, name); err != nil {
-			return nil, err
-		}
-		r := req
-		if r.User == "" {
-			r.User = sc.user
-		}
-		before = containerutil.ReadOOMCount(sc.oom)
-		p, err = sc.client.Exec(ctx, r)
-		if err == nil || !errors.Is(err, backend.ErrUnavailable) || attempt > 0 {
-			break
-		}
-		// Unavailable is either the connection (the container was stopped or started
-		// anew) or the agent's own answer (it cannot fork under pids exhaustion). Only
-		// the first is a reason to drop the connection, which other execs share.
-		info, ierr := d.inspect(ctx, name)
-		if ierr != nil {
-			d.dropConn(name, sc)
-			return nil, ierr
-		}
-		if info.State.Running && info.ID == sc.id && info.State.StartedAt == sc.started {
-			break
-		}
-		d.dropConn(name, sc)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return containerutil.WatchOOM(p, sc.oom, before), nil
+	return containerutil.Exec(ctx, d.conns, name, req)
 }
 
 // CopyIn extracts the tar stream r into dir in the sandbox through the agent, never
 // following links out of dir.
 func (d *Driver) CopyIn(ctx context.Context, name, dir string, r io.Reader) error {
-	sc, err := d.conn(ctx, name)
-	if err != nil {
-		return err
-	}
-	return sc.client.CopyIn(ctx, dir, r)
+	return d.conns.CopyIn(ctx, name, dir, r)
 }
 
 // CopyOut writes path in the sandbox to w as a tar stream, through the agent.
 func (d *Driver) CopyOut(ctx context.Context, name, path string, w io.Writer) error {
-	sc, err := d.conn(ctx, name)
-	if err != nil {
-		return err
-	}
-	return sc.client.CopyOut(ctx, path, w)
+	return d.conns.CopyOut(ctx, name, path, w)
 }
 
 // ImportImage loads a `docker save` archive into the engine and returns the

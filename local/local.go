@@ -42,7 +42,7 @@ type Driver struct {
 	stateDir  string
 	owner     string
 	allowlist []string
-	clients   map[string]*agent.Client
+	conns     *agent.ConnCache[struct{}]
 }
 
 // Option configures a Driver built with New.
@@ -61,7 +61,8 @@ func WithEnvAllowlist(names ...string) Option {
 // New returns a local driver. Without WithStateDir it must be configured through
 // Configure (as the registry and the plugin host do) before any sandbox call.
 func New(opts ...Option) *Driver {
-	d := &Driver{allowlist: append([]string(nil), backend.DefaultEnvAllowlist...), clients: map[string]*agent.Client{}}
+	d := &Driver{allowlist: append([]string(nil), backend.DefaultEnvAllowlist...)}
+	d.conns = agent.NewConnCache(d.connect, d.identify)
 	for _, o := range opts {
 		o(d)
 	}
@@ -440,57 +441,35 @@ func (d *Driver) Remove(ctx context.Context, name string) error {
 // Exec runs req through the sandbox's agent. A sandbox whose agent is not running is
 // ErrConflict (Create starts it again).
 func (d *Driver) Exec(ctx context.Context, name string, req backend.ExecRequest) (backend.Process, error) {
-	c, err := d.client(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	p, err := c.Exec(ctx, req)
-	if err != nil && errors.Is(err, backend.ErrUnavailable) {
-		d.dropClient(name, c)
-		if c, err = d.client(ctx, name); err == nil {
-			p, err = c.Exec(ctx, req)
-		}
-	}
-	return p, err
+	return d.conns.Exec(ctx, name, req)
 }
 
 // CopyIn extracts the tar stream r into dir (absolute, or relative to the home
 // directory) through the agent, never following links out of dir.
 func (d *Driver) CopyIn(ctx context.Context, name, dir string, r io.Reader) error {
-	c, err := d.client(ctx, name)
-	if err != nil {
-		return err
-	}
-	return c.CopyIn(ctx, dir, r)
+	return d.conns.CopyIn(ctx, name, dir, r)
 }
 
 // CopyOut writes path as a tar stream to w through the agent.
 func (d *Driver) CopyOut(ctx context.Context, name, path string, w io.Writer) error {
-	c, err := d.client(ctx, name)
-	if err != nil {
-		return err
-	}
-	return c.CopyOut(ctx, path, w)
+	return d.conns.CopyOut(ctx, name, path, w)
 }
 
 // Close closes the agent connections; sandboxes keep running.
-func (d *Driver) Close() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for n, c := range d.clients {
-		c.Close()
-		delete(d.clients, n)
+func (d *Driver) Close() error { return d.conns.Close() }
+
+// agentID names the sandbox's agent process for the connection cache (its PID and
+// start time: a restarted agent has others), "" when it is not running.
+func (d *Driver) agentID(m *meta) string {
+	if !d.alive(m) {
+		return ""
 	}
-	return nil
+	return fmt.Sprintf("%d@%d", m.AgentPID, m.AgentTick)
 }
 
-func (d *Driver) client(ctx context.Context, name string) (*agent.Client, error) {
-	d.mu.Lock()
-	c := d.clients[name]
-	d.mu.Unlock()
-	if c != nil {
-		return c, nil
-	}
+// connect is the connection cache's ConnectFunc: it connects to the agent of the
+// running sandbox name.
+func (d *Driver) connect(ctx context.Context, name string) (*agent.Conn[struct{}], error) {
 	dir, err := d.sandboxDir(name)
 	if err != nil {
 		return nil, err
@@ -499,31 +478,29 @@ func (d *Driver) client(ctx context.Context, name string) (*agent.Client, error)
 	if err != nil {
 		return nil, err
 	}
-	if !d.alive(m) {
+	id := d.agentID(m)
+	if id == "" {
 		return nil, backend.Errorf(backend.ErrConflict, "local sandbox %s is stopped; start it with Create", name)
 	}
-	c, err = agent.NewClient(ctx, agent.DialSocketDir(m.Agent.SocketDir))
+	c, err := agent.NewClient(ctx, agent.DialSocketDir(m.Agent.SocketDir))
 	if err != nil {
 		return nil, fmt.Errorf("local sandbox %s: %w", name, err)
 	}
-	d.mu.Lock()
-	if old := d.clients[name]; old != nil {
-		d.mu.Unlock()
-		c.Close()
-		return old, nil
-	}
-	d.clients[name] = c
-	d.mu.Unlock()
-	return c, nil
+	return &agent.Conn[struct{}]{Client: c, Identity: id}, nil
 }
 
-func (d *Driver) dropClient(name string, c *agent.Client) {
-	d.mu.Lock()
-	if d.clients[name] == c {
-		delete(d.clients, name)
+// identify is the connection cache's IdentifyFunc: the agent that sandbox name runs
+// now.
+func (d *Driver) identify(ctx context.Context, name string) (string, error) {
+	dir, err := d.sandboxDir(name)
+	if err != nil {
+		return "", err
 	}
-	d.mu.Unlock()
-	c.Close()
+	m, err := readMeta(dir)
+	if err != nil {
+		return "", err
+	}
+	return d.agentID(m), nil
 }
 
 // removeAll deletes dir even when the sandbox left read-only directories in it.

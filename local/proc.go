@@ -183,12 +183,9 @@ func (d *Driver) stop(ctx context.Context, dir string, m *meta, grace time.Durat
 	if grace <= 0 {
 		grace = DefaultStopGrace
 	}
-	d.mu.Lock()
-	if c := d.clients[m.Name]; c != nil {
-		delete(d.clients, m.Name)
-		defer c.Close()
-	}
-	d.mu.Unlock()
+	// The cached connection is closed only after the agent's Shutdown, so that the
+	// execs still running on it get their results.
+	defer d.conns.Take(m.Name).Close()
 	if d.alive(m) {
 		pidfd, perr := unix.PidfdOpen(m.AgentPID, 0)
 		if perr == nil {

@@ -2,11 +2,9 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"path"
-	"sync"
 	"time"
 
 	"github.com/berth-sh/berth/backend"
@@ -44,105 +42,57 @@ type Resolver func(ctx context.Context, name string) (backend.Dialer, error)
 // away) and implements the exec and copy calls of backend.TerminalBackend and
 // backend.Copier through it. A driver embeds or holds a Pool and forwards Exec,
 // CopyIn and CopyOut to it, calls Shutdown from Stop and Remove, and Close from its
-// own Close. A Pool is safe for concurrent use.
+// own Close. A Pool is safe for concurrent use. It is a ConnCache without driver
+// data or identity check; a driver that needs either uses a ConnCache itself.
 type Pool struct {
 	resolve Resolver
-
-	mu      sync.Mutex
-	clients map[string]*Client
+	conns   *ConnCache[struct{}]
 }
 
 // NewPool returns a Pool that finds each sandbox's agent through resolve.
 func NewPool(resolve Resolver) *Pool {
-	return &Pool{resolve: resolve, clients: map[string]*Client{}}
+	p := &Pool{resolve: resolve}
+	p.conns = NewConnCache(p.connect, nil)
+	return p
 }
 
-// client returns the cached Client of name, connecting when there is none.
-func (p *Pool) client(ctx context.Context, name string) (*Client, error) {
-	p.mu.Lock()
-	c := p.clients[name]
-	p.mu.Unlock()
-	if c != nil {
-		return c, nil
-	}
+// connect is the ConnCache's ConnectFunc: the Resolver's dialer, then NewClient.
+func (p *Pool) connect(ctx context.Context, name string) (*Conn[struct{}], error) {
 	dial, err := p.resolve(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	c, err = NewClient(ctx, dial)
+	c, err := NewClient(ctx, dial)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if old := p.clients[name]; old != nil {
-		c.Close()
-		return old, nil
-	}
-	p.clients[name] = c
-	return c, nil
+	return &Conn[struct{}]{Client: c}, nil
 }
 
 // Forget closes and drops the cached Client of name, if any (execs still running on
 // it lose their client and are killed by the agent). Call it when the sandbox's
 // agent is gone or replaced.
-func (p *Pool) Forget(name string) {
-	p.mu.Lock()
-	c := p.clients[name]
-	delete(p.clients, name)
-	p.mu.Unlock()
-	if c != nil {
-		c.Close()
-	}
-}
-
-func (p *Pool) drop(name string, c *Client) {
-	p.mu.Lock()
-	if p.clients[name] == c {
-		delete(p.clients, name)
-	}
-	p.mu.Unlock()
-	c.Close()
-}
+func (p *Pool) Forget(name string) { p.conns.Forget(name) }
 
 // Exec implements backend.TerminalBackend.Exec through the sandbox's agent. A
 // cached connection that has gone stale (the agent was restarted) is replaced once.
 // Errors: those of the Resolver, ErrUnavailable when the agent cannot be reached,
 // and the agent's own (ErrInvalid for an empty argv or a missing working directory).
 func (p *Pool) Exec(ctx context.Context, name string, req backend.ExecRequest) (backend.Process, error) {
-	c, err := p.client(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	proc, err := c.Exec(ctx, req)
-	if err != nil && errors.Is(err, backend.ErrUnavailable) {
-		p.drop(name, c)
-		if c, err = p.client(ctx, name); err == nil {
-			proc, err = c.Exec(ctx, req)
-		}
-	}
-	return proc, err
+	return p.conns.Exec(ctx, name, req)
 }
 
 // CopyIn implements backend.Copier.CopyIn through the sandbox's agent: the tar
 // stream r is extracted into dir (absolute, or relative to the agent's working
 // directory) without following links out of dir.
 func (p *Pool) CopyIn(ctx context.Context, name, dir string, r io.Reader) error {
-	c, err := p.client(ctx, name)
-	if err != nil {
-		return err
-	}
-	return c.CopyIn(ctx, dir, r)
+	return p.conns.CopyIn(ctx, name, dir, r)
 }
 
 // CopyOut implements backend.Copier.CopyOut through the sandbox's agent: path is
 // written to w as a tar stream.
 func (p *Pool) CopyOut(ctx context.Context, name, path string, w io.Writer) error {
-	c, err := p.client(ctx, name)
-	if err != nil {
-		return err
-	}
-	return c.CopyOut(ctx, path, w)
+	return p.conns.CopyOut(ctx, name, path, w)
 }
 
 // Shutdown asks the agent of name to end every process of the sandbox (SIGTERM,
@@ -167,13 +117,4 @@ func (p *Pool) Shutdown(ctx context.Context, name string, dial backend.Dialer, g
 }
 
 // Close closes every cached Client. Sandboxes keep running. It returns nil.
-func (p *Pool) Close() error {
-	p.mu.Lock()
-	clients := p.clients
-	p.clients = map[string]*Client{}
-	p.mu.Unlock()
-	for _, c := range clients {
-		c.Close()
-	}
-	return nil
-}
+func (p *Pool) Close() error { return p.conns.Close() }

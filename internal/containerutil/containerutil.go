@@ -1,13 +1,16 @@
 // Package containerutil holds what berth's container drivers (docker, containerd)
 // share: the Linux capabilities a sandbox keeps, the checks of agent files, users and
-// host mounts, and the memory cgroup's OOM-kill counter. It is internal: drivers
+// host mounts, the memory cgroup's OOM-kill counter, and the cache of agent
+// connections with each container's default user and OOM counter. It is internal: drivers
 // outside this module get the same behaviour from the conformance suite, not from
 // this code.
 package containerutil
 
 import (
 	"bufio"
+	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -15,6 +18,7 @@ import (
 	"sync"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
 )
 
 // AgentStateDir is where the agent of a container sandbox keeps, inside the
@@ -238,4 +242,71 @@ func (l *NameLocks) Lock(name string) *sync.Mutex {
 		l.m[name] = m
 	}
 	return m
+}
+
+// ConnInfo is what a container driver keeps with the agent connection of a running
+// container (agent.Conn.Meta).
+type ConnInfo struct {
+	// User is the default exec user (the driver's user label), "" for the image's.
+	User string
+	// OOMCounter is the container's OOM counter file on the host (OOMCounterPath), ""
+	// when unknown.
+	OOMCounter string
+}
+
+// Conns is a container driver's cache of agent connections. The driver's Identity
+// of a connection names the container's current run: a new run has another.
+type Conns = agent.ConnCache[ConnInfo]
+
+// Conn is the cached agent connection of one running container.
+type Conn = agent.Conn[ConnInfo]
+
+// NewConn returns the connection c to the agent of a running container whose PID 1
+// is pid on this host, as identity, with the container's default exec user.
+func NewConn(c *agent.Client, identity string, pid int, user string) *Conn {
+	return &Conn{Client: c, Identity: identity, Meta: ConnInfo{User: user, OOMCounter: OOMCounterPath(pid)}}
+}
+
+// Exec runs req in container name through its agent (conns.Do), as the container's
+// default user unless req.User names one. The result's OOMKilled is set when the
+// container's memory cgroup counted an OOM kill during the exec. An empty argv is
+// ErrInvalid.
+func Exec(ctx context.Context, conns *Conns, name string, req backend.ExecRequest) (backend.Process, error) {
+	if err := backend.CheckArgv(req); err != nil {
+		return nil, err
+	}
+	var p backend.Process
+	err := conns.Do(ctx, name, func(c *Conn) error {
+		r := req
+		if r.User == "" {
+			r.User = c.Meta.User
+		}
+		before := ReadOOMCount(c.Meta.OOMCounter)
+		proc, err := c.Client.Exec(ctx, r)
+		if err == nil {
+			p = WatchOOM(proc, c.Meta.OOMCounter, before)
+		}
+		return err
+	})
+	return p, err
+}
+
+// Cache caches c as the connection of the container name that driver ("docker",
+// "containerd") has just started or reached, replacing any other. When c has a
+// default user, it first runs `true` as that user, so that a user unknown in the
+// image is an error of Create, not of every exec: that error wraps
+// backend.ErrInvalid, and c is closed.
+func Cache(ctx context.Context, conns *Conns, driver, name string, c *Conn) error {
+	if u := c.Meta.User; u != "" {
+		p, err := c.Client.Exec(ctx, backend.ExecRequest{Argv: []string{"true"}, User: u, Stderr: io.Discard})
+		if err == nil {
+			_, err = p.Wait()
+		}
+		if err != nil {
+			c.Close()
+			return backend.Errorf(backend.ErrInvalid, "%s sandbox %s: user %q: %v", driver, name, u, err)
+		}
+	}
+	conns.Put(name, c)
+	return nil
 }
