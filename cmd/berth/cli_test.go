@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -1837,5 +1838,48 @@ func TestRecreate(t *testing.T) {
 	decodeOne(t, r, &out)
 	if out.Recreated {
 		t.Errorf("exec --recreate of a new session: %+v, want not recreated", out)
+	}
+}
+
+// TestInterruptDuringCreate: SIGINT while exec is still getting its sandbox (here a
+// containerd "daemon" that accepts the connection and never answers) ends berth at
+// once with 130 and says the command did not run; the interrupt is not swallowed
+// until the create gives up.
+func TestInterruptDuringCreate(t *testing.T) {
+	e := newEnv(t)
+	sock := filepath.Join(e.dir, "silent.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 8)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	e.config = e.writeFile("config.hcl", fmt.Sprintf("driver \"containerd\" {\n  address = %q\n}\nscope \"*\" {\n  driver = \"containerd\"\n  image  = \"busybox:1\"\n}\n", sock))
+	cmd := e.command("exec", "--", "true")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case c := <-accepted: // berth's driver is waiting for the daemon now
+		defer c.Close()
+	case <-time.After(time.Minute):
+		cmd.Process.Kill()
+		t.Fatal("berth never connected to the socket")
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	cmd.Wait()
+	if code := cmd.ProcessState.ExitCode(); code != 130 || !strings.Contains(stderr.String(), "interrupted before the command ran") {
+		t.Errorf("SIGINT during create: exit %d, stderr %q; want 130 and \"interrupted before the command ran\"", code, stderr.String())
 	}
 }

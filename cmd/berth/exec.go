@@ -197,9 +197,44 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGWINCH)
 	defer signal.Stop(sigs)
 
+	// Until the command has started (a sandbox may be being created or pulled), a
+	// signal cancels the call: berth exits 128+N and leaves nothing half made.
+	starting := make(chan struct{})
+	interrupted := make(chan os.Signal, 1)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case <-starting:
+				return
+			case s := <-sigs:
+				if s == syscall.SIGWINCH {
+					continue
+				}
+				interrupted <- s
+				cancel()
+				return
+			}
+		}
+	}()
 	p, lease, err := reg.Exec(execCtx, f.session, req)
+	close(starting)
+	<-watched
 	if err != nil {
+		select {
+		case s := <-interrupted:
+			return &exitError{code: 128 + int(s.(syscall.Signal)), err: fmt.Errorf("session %s: interrupted before the command ran: %v", f.session, err)}
+		default:
+		}
 		return failure(err)
+	}
+	select {
+	case s := <-interrupted: // the signal came as the command started: end it
+		p.Signal(int(syscall.SIGKILL))
+		p.Wait()
+		return &exitError{code: 128 + int(s.(syscall.Signal)), err: fmt.Errorf("session %s: interrupted as the command started", f.session)}
+	default:
 	}
 	if lease.Recreated && !f.json {
 		reportRecreated(f.session, lease)
