@@ -34,10 +34,6 @@ func TestConfigRefused(t *testing.T) {
 		{`{"address":1}`, "config"},
 		{`{"seccomp":"strict"}`, "neither \"native\", \"docker\", \"unconfined\" nor the absolute path"},
 		{`{"seccomp":"profile.json"}`, "absolute path of a JSON profile"},
-		{`{"seccomp":"/nonexistent/profile.json"}`, "no such file"},
-		{`{"seccomp":"` + badProfile(t, `{"defaultAction": "SCMP_ACT_ERRNO", "syscals": []}`) + `"}`, `unknown field "syscals"`},
-		{`{"seccomp":"` + badProfile(t, `{"syscalls": []}`) + `"}`, "no defaultAction"},
-		{`{"seccomp":"` + badProfile(t, `[1]`) + `"}`, "not an OCI seccomp object"},
 	} {
 		d := containerd.New()
 		err := d.Configure(context.Background(), backend.DriverSetup{Config: []byte(c.cfg)})
@@ -59,6 +55,32 @@ func TestConfigRefused(t *testing.T) {
 	}
 	if strings.Join(keys, ",") != "address,namespace,snapshotter,runtime,seccomp" {
 		t.Errorf("config keys %v, want address, namespace, snapshotter, runtime, seccomp", keys)
+	}
+	// A profile file is read by Validate (config check) and at Create, not by
+	// Configure: one that went missing must not lock the user out of rm and stop.
+	for _, c := range []struct{ file, words string }{
+		{"/nonexistent/profile.json", "no such file"},
+		{badProfile(t, `{"defaultAction": "SCMP_ACT_ERRNO", "syscals": []}`), `unknown field "syscals"`},
+		{badProfile(t, `{"syscalls": []}`), "no defaultAction"},
+		{badProfile(t, `[1]`), "not an OCI seccomp object"},
+		{badProfile(t, `{"defaultAction": "SCMP_ACT_KILL"}`), "use SCMP_ACT_KILL_PROCESS"},
+		{badProfile(t, `{"defaultAction": "SCMP_ACT_BOGUS"}`), `"SCMP_ACT_BOGUS" is not an action`},
+		{badProfile(t, `{"defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_Z80"]}`), `"SCMP_ARCH_Z80"`},
+		{badProfile(t, `{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["mkdir"], "action": "SCMP_ACT_NOTIFY"}]}`), "syscalls[0] (mkdir) action SCMP_ACT_NOTIFY"},
+		{badProfile(t, `{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["mkdir"], "action": "SCMP_ACT_KILL_THREAD"}]}`), "ends only the calling thread"},
+	} {
+		d := containerd.New()
+		cfg := `{"seccomp":"` + c.file + `"}`
+		if err := d.Configure(context.Background(), backend.DriverSetup{Config: []byte(cfg)}); err != nil {
+			t.Errorf("Configure(%s): %v; want the file left to Validate and Create", cfg, err)
+		}
+		if err := d.Validate(context.Background()); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), c.words) || !strings.Contains(err.Error(), c.file) {
+			t.Errorf("Validate of %s: %v, want ErrInvalid naming the file and mentioning %q", cfg, err, c.words)
+		}
+	}
+	good := containerd.New(containerd.WithSeccomp(badProfile(t, `{"defaultAction": "SCMP_ACT_ERRNO", "architectures": ["SCMP_ARCH_X86_64"], "syscalls": [{"names": ["read"], "action": "SCMP_ACT_ALLOW"}]}`)))
+	if err := good.Validate(context.Background()); err != nil {
+		t.Errorf("Validate of a good profile: %v", err)
 	}
 	// A bad WithSeccomp is refused by Create before anything is made.
 	d = containerd.New(containerd.WithAddress("/nonexistent/containerd.sock"), containerd.WithSeccomp("strict"))

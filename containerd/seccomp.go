@@ -3,8 +3,10 @@ package containerd
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/core/containers"
@@ -17,9 +19,11 @@ import (
 // maxSeccompFile bounds a seccomp profile file (bytes); Docker's profile is ~20 KiB.
 const maxSeccompFile = 1 << 20
 
-// checkSeccomp validates a seccomp setting: one of the Seccomp* names, or the absolute
-// path of a readable OCI seccomp JSON file with a defaultAction. Errors wrap
-// backend.ErrInvalid and say what to write instead.
+// checkSeccomp checks the shape of a seccomp setting: one of the Seccomp* names, or an
+// absolute path. The file itself is read by readSeccomp (at Create, and by Validate):
+// a profile file that went missing must not stop the driver from stopping and
+// removing the sandboxes it already has. Errors wrap backend.ErrInvalid and say what
+// to write instead.
 func checkSeccomp(v string) error {
 	switch v {
 	case SeccompNative, SeccompDocker, SeccompUnconfined:
@@ -28,8 +32,52 @@ func checkSeccomp(v string) error {
 	if !filepath.IsAbs(v) {
 		return backend.Errorf(backend.ErrInvalid, "driver \"containerd\": seccomp %q is neither %q, %q, %q nor the absolute path of a JSON profile", v, SeccompNative, SeccompDocker, SeccompUnconfined)
 	}
+	return nil
+}
+
+// Validate checks what Configure checks only for shape: a seccomp profile file must
+// exist and hold a profile that readSeccomp accepts. `berth config check` calls it;
+// Create reads the file again. Errors wrap backend.ErrInvalid and name the file.
+func (d *Driver) Validate(ctx context.Context) error {
+	v := d.seccompSetting()
+	if err := checkSeccomp(v); err != nil {
+		return err
+	}
+	switch v {
+	case SeccompNative, SeccompDocker, SeccompUnconfined:
+		return nil
+	}
 	_, err := readSeccomp(v)
 	return err
+}
+
+// unsafeActions are the seccomp actions a profile must not use. SCMP_ACT_KILL and
+// SCMP_ACT_KILL_THREAD end only the calling thread: in a multi-threaded process (runc's
+// init while it starts the task, berth's agent) the others live on and wait for it,
+// and the task start never ends. SCMP_ACT_NOTIFY needs a seccomp agent
+// (listenerPath), which berth does not run.
+var unsafeActions = map[specs.LinuxSeccompAction]string{
+	specs.ActKill:       "it ends only the calling thread, and the task start then hangs; use SCMP_ACT_KILL_PROCESS or SCMP_ACT_ERRNO",
+	specs.ActKillThread: "it ends only the calling thread, and the task start then hangs; use SCMP_ACT_KILL_PROCESS or SCMP_ACT_ERRNO",
+	specs.ActNotify:     "it needs a seccomp agent, which berth does not run; use SCMP_ACT_ERRNO",
+}
+
+// knownActions are the actions of the OCI runtime spec (specs-go).
+var knownActions = []specs.LinuxSeccompAction{specs.ActKill, specs.ActKillProcess, specs.ActKillThread, specs.ActTrap, specs.ActErrno, specs.ActTrace, specs.ActAllow, specs.ActLog, specs.ActNotify}
+
+// knownArches are the architectures of the OCI runtime spec (specs-go).
+var knownArches = []specs.Arch{specs.ArchX86, specs.ArchX86_64, specs.ArchX32, specs.ArchARM, specs.ArchAARCH64, specs.ArchMIPS, specs.ArchMIPS64, specs.ArchMIPS64N32, specs.ArchMIPSEL, specs.ArchMIPSEL64, specs.ArchMIPSEL64N32, specs.ArchPPC, specs.ArchPPC64, specs.ArchPPC64LE, specs.ArchS390, specs.ArchS390X, specs.ArchPARISC, specs.ArchPARISC64, specs.ArchRISCV64, specs.ArchLOONGARCH64, specs.ArchM68K, specs.ArchSH, specs.ArchSHEB}
+
+// checkAction refuses an action the spec does not know and one of unsafeActions;
+// where says which one it is.
+func checkAction(a specs.LinuxSeccompAction, where string) error {
+	if !slices.Contains(knownActions, a) {
+		return fmt.Errorf("%s %q is not an action of the OCI runtime spec (SCMP_ACT_ERRNO, SCMP_ACT_ALLOW, SCMP_ACT_KILL_PROCESS, ...)", where, a)
+	}
+	if why := unsafeActions[a]; why != "" {
+		return fmt.Errorf("%s %s: %s", where, a, why)
+	}
+	return nil
 }
 
 // readSeccomp reads and decodes the OCI seccomp profile at path (at most
@@ -61,6 +109,22 @@ func readSeccomp(path string) (*specs.LinuxSeccomp, error) {
 	}
 	if p.DefaultAction == "" {
 		return bad("no defaultAction")
+	}
+	if err := checkAction(p.DefaultAction, "defaultAction"); err != nil {
+		return bad("%v", err)
+	}
+	for _, a := range p.Architectures {
+		if !slices.Contains(knownArches, a) {
+			return bad("architecture %q is not one of the OCI runtime spec (SCMP_ARCH_X86_64, SCMP_ARCH_AARCH64, ...)", a)
+		}
+	}
+	for i, sc := range p.Syscalls {
+		if len(sc.Names) == 0 {
+			return bad("syscalls[%d] names no system call", i)
+		}
+		if err := checkAction(sc.Action, fmt.Sprintf("syscalls[%d] (%s) action", i, sc.Names[0])); err != nil {
+			return bad("%v", err)
+		}
 	}
 	return &p, nil
 }

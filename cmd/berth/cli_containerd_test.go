@@ -70,6 +70,20 @@ func TestContainerdCLI(t *testing.T) {
 				t.Errorf("shell -s job:1: exit %d, output %q; want exit 3 and shell-42", code, out)
 			}
 
+			// A seccomp profile file: config check reads it; a sandbox made with it
+			// can still be removed once the file is gone (only a new one needs it).
+			profile := e.writeFile("profile.json", `{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO"}]}`)
+			withProfile := e.writeFile("profile.hcl", strings.Replace(containerdConfig(addr), "namespace", "seccomp   = \""+profile+"\"\n  namespace", 1))
+			e.must("--config", withProfile, "config", "check")
+			if r := e.run("--config", withProfile, "exec", "-s", "job:p", "--", "mkdir", "/tmp/x"); r.code == 0 || !strings.Contains(r.stderr, "not permitted") {
+				t.Errorf("mkdir under a profile that refuses it: want a failure with EPERM\n%v", r)
+			}
+			os.Remove(profile)
+			if r := e.run("--config", withProfile, "config", "check"); r.code != 125 || !strings.Contains(r.stderr, profile) {
+				t.Errorf("config check with the profile file gone: want 125 naming %s\n%v", profile, r)
+			}
+			e.must("--config", withProfile, "rm", "job:p")
+
 			r = e.run("sessions", "--json")
 			var rows []sessionRow
 			if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil || len(rows) != 1 {

@@ -120,6 +120,9 @@ func checkDriverBlocks(ctx context.Context, c *registry.Config) error {
 		}
 		// No state dir is made: Configure only records it.
 		err = cfg.Configure(ctx, backend.DriverSetup{Config: raw, StateDir: filepath.Join(os.TempDir(), "berth-config-check")})
+		if v, ok := d.(interface{ Validate(context.Context) error }); ok && err == nil {
+			err = v.Validate(ctx) // what Configure checks only for shape (containerd's profile file)
+		}
 		if cl, ok := d.(interface{ Close() error }); ok {
 			cl.Close()
 		}
