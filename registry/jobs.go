@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -31,6 +32,15 @@ func (r *Registry) jobExec(ctx context.Context, session string, req backend.Exec
 		if err := r.haveSandbox(session, fmt.Sprintf(", so no jobs; start one with berth job start -s %s -- CMD", session)); err != nil {
 			return "", backend.ExecResult{}, err
 		}
+		// Jobs end with their sandbox: asking about them must not start it again.
+		if running, err := r.sandboxRunning(ctx, session); err != nil {
+			return "", backend.ExecResult{}, err
+		} else if !running {
+			if req.Job.Op == backend.JobList {
+				return "", backend.ExecResult{}, nil
+			}
+			return "", backend.ExecResult{}, backend.Errorf(backend.ErrNotFound, "session %q: job %s: the session's sandbox is not running, and its jobs ended with it", session, req.Job.ID)
+		}
 	}
 	if _, err := r.sessionDriver(ctx, session, func(c backend.Capabilities) bool { return c.Jobs },
 		"has no background jobs (it does not run berth's agent); run the command with & in a plain exec instead"); err != nil {
@@ -55,6 +65,27 @@ func (r *Registry) jobExec(ctx context.Context, session string, req backend.Exec
 		return "", res, backend.Errorf(backend.ErrInvalid, "session %q: job %q could not be started (exit %d): %s", session, req.Argv, res.ExitCode, strings.TrimSpace(stderr.String()))
 	}
 	return out.String(), res, nil
+}
+
+// sandboxRunning reports whether session's recorded sandbox is running on its driver
+// (false when it is stopped or gone).
+func (r *Registry) sandboxRunning(ctx context.Context, session string) (bool, error) {
+	rec, ok, err := r.store.get(session)
+	if err != nil || !ok {
+		return false, err
+	}
+	b, err := r.driver(ctx, rec.Driver)
+	if err != nil {
+		return false, fmt.Errorf("session %q: %w", session, err)
+	}
+	sb, err := b.Inspect(ctx, rec.Sandbox)
+	if errors.Is(err, backend.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("session %q: sandbox %s: %w", session, rec.Sandbox, err)
+	}
+	return sb.State == backend.StateRunning, nil
 }
 
 // jobsRunning reports whether any job runs in sandbox (of any session), asking its

@@ -1883,3 +1883,23 @@ func TestInterruptDuringCreate(t *testing.T) {
 		t.Errorf("SIGINT during create: exit %d, stderr %q; want 130 and \"interrupted before the command ran\"", code, stderr.String())
 	}
 }
+
+// TestJobsOfStoppedSandbox: jobs end with their sandbox, and asking about them does not
+// start it again: job ls of a stopped sandbox lists nothing and leaves it stopped; job
+// logs says the sandbox is not running.
+func TestJobsOfStoppedSandbox(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.config = e.writeFile("config.hcl", "scope \"*\" {\n  retention {\n    on_close = \"stop\"\n  }\n}\n")
+	id := strings.TrimSpace(e.must("job", "start", "-s", "js:1", "--", "sleep", "3600").stdout)
+	e.must("close", "js:1")
+	if r := e.must("job", "ls", "-s", "js:1"); strings.Contains(r.stdout, id) {
+		t.Errorf("job ls of a stopped sandbox lists job %s\n%v", id, r)
+	}
+	if s, ok := findSession(e.sessions(), "js:1"); !ok || s.State != "stopped" {
+		t.Errorf("after job ls: %+v (listed %v), want the sandbox still stopped", s, ok)
+	}
+	if r := e.run("job", "logs", "-s", "js:1", id); r.code != 125 || !strings.Contains(r.stderr, "not running") {
+		t.Errorf("job logs in a stopped sandbox: want 125 saying it is not running\n%v", r)
+	}
+}
