@@ -1191,6 +1191,7 @@ func TestBadInput(t *testing.T) {
 		badCase{"state-dir-unwritable", []string{"--state-dir", filepath.Join(regular, "state"), "exec", "--", "true"}, []string{regular}},
 		badCase{"rm-bad-session", []string{"rm", ".."}, []string{`".."`}},
 		badCase{"max-output-negative", []string{"exec", "--max-output", "-5", "--", "true"}, []string{"--max-output -5"}},
+		badCase{"timeout-unit", []string{"exec", "--timeout", "5x", "--", "true"}, []string{`"5x"`, "--timeout"}},
 	)
 
 	for _, c := range cases {
@@ -1901,5 +1902,19 @@ func TestJobsOfStoppedSandbox(t *testing.T) {
 	}
 	if r := e.run("job", "logs", "-s", "js:1", id); r.code != 125 || !strings.Contains(r.stderr, "not running") {
 		t.Errorf("job logs in a stopped sandbox: want 125 saying it is not running\n%v", r)
+	}
+}
+
+// TestTimeoutUnits: --timeout takes the config's duration units, d included.
+func TestTimeoutUnits(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var out struct {
+		ExitCode int  `json:"exit_code"`
+		TimedOut bool `json:"timed_out"`
+	}
+	decodeOne(t, e.must("exec", "--json", "--timeout", "1d", "--", "true"), &out)
+	if out.ExitCode != 0 || out.TimedOut {
+		t.Errorf("--timeout 1d: %+v", out)
 	}
 }

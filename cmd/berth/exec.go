@@ -77,7 +77,7 @@ max_output), the full stream kept in a file under the state dir.`,
 	fl.StringVarP(&f.session, "session", "s", defaultSession(), "session name ($BERTH_SESSION sets the default)")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "set an environment variable for this command (KEY=VALUE, repeatable)")
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "working directory in the sandbox")
-	fl.DurationVar(&f.timeout, "timeout", 0, "kill the command's process tree after this long (e.g. 30s, 5m) and exit 124")
+	fl.Var(durationValue{&f.timeout}, "timeout", "kill the command's process tree after this long (e.g. 30s, 5m, 1d) and exit 124")
 	fl.BoolVarP(&f.stdin, "interactive", "i", false, "pass stdin to the command")
 	fl.BoolVarP(&f.tty, "tty", "t", false, "allocate a terminal for the command")
 	fl.Int64Var(&f.maxOutput, "max-output", -1, "cap each output stream at BYTES (default: no cap; 1 MiB per stream with --json)")
@@ -401,3 +401,25 @@ func checkEnvFlags(env []string) error {
 	}
 	return nil
 }
+
+// durationValue is a duration flag that takes what config durations take: Go's units
+// and d for 24 hours ("90s", "36h", "7d"; registry.ParseDuration).
+type durationValue struct{ d *time.Duration }
+
+func (v durationValue) String() string {
+	if v.d == nil || *v.d == 0 {
+		return "0" // pflag shows no default for "0"
+	}
+	return v.d.String()
+}
+
+func (v durationValue) Set(s string) error {
+	d, err := registry.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*v.d = d
+	return nil
+}
+
+func (v durationValue) Type() string { return "duration" }

@@ -56,7 +56,7 @@ id, left behind by a lost state dir.`,
 	fl := cmd.Flags()
 	fl.BoolVar(&f.dryRun, "dry-run", false, "report what would be done, change nothing")
 	fl.BoolVar(&f.json, "json", false, "print the report as JSON (one object per round, one line each with --watch)")
-	fl.DurationVar(&f.watch, "watch", 0, "prune every INTERVAL (e.g. 10m) until interrupted")
+	fl.Var(durationValue{&f.watch}, "watch", "prune every INTERVAL (e.g. 10m) until interrupted")
 	fl.StringVar(&f.owner, "owner", "", "reconcile the sandboxes of this owner id instead (cleans up after a lost state dir)")
 	fl.BoolVarP(&f.all, "all", "a", false, "also list sandboxes and files that are kept")
 	return cmd
