@@ -80,7 +80,11 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 	for attempt := 0; ; attempt++ {
 		c, err := cli.LoadContainer(nctx, spec.Name)
 		if err == nil {
-			return d.adopt(nctx, spec, c)
+			sb, err := d.adopt(nctx, cli, spec, c)
+			if errors.Is(err, errSnapshotGone) && attempt < 3 {
+				continue // the broken container is gone: make a new one
+			}
+			return sb, err
 		}
 		if err = d.wrap("load container "+spec.Name, err); !errors.Is(err, backend.ErrNotFound) {
 			return backend.Sandbox{}, err
@@ -122,12 +126,15 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 					continue // another process created it meanwhile: adopt it
 				}
 				if _, serr := cli.SnapshotService(s.snapshotter).Stat(nctx, spec.Name); serr == nil {
-					// Another process's Create may be between preparing the snapshot and
-					// recording the container: give it a moment.
-					if d.awaitContainer(nctx, cli, spec.Name) {
-						continue
+					// A snapshot of this sandbox's name without a container: left by a
+					// Create, a failed Create's clean-up or a Remove that was killed
+					// between its steps (the container record goes first, so its
+					// snapshot may stay). No other Create of this name runs (this
+					// one holds the name's lock), so nothing uses it: remove it.
+					if rerr := cli.SnapshotService(s.snapshotter).Remove(nctx, spec.Name); rerr != nil && !cerrdefs.IsNotFound(rerr) {
+						return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "containerd sandbox %s: a snapshot %q exists in namespace %s without a container (an interrupted Create or Remove) and cannot be removed: %v; remove it with `ctr -n %s snapshots --snapshotter %s rm %s`", spec.Name, spec.Name, s.namespace, rerr, s.namespace, s.snapshotter, spec.Name)
 					}
-					return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "containerd sandbox %s: a snapshot %q exists in namespace %s without a container (a Create that was interrupted, or another tool's); containerd removes an interrupted Create's snapshot within %s, or remove it now with `ctr -n %s snapshots --snapshotter %s rm %s`", spec.Name, spec.Name, s.namespace, createLease, s.namespace, s.snapshotter, spec.Name)
+					continue
 				}
 			}
 			if errors.Is(werr, backend.ErrUnavailable) || errors.Is(werr, backend.ErrConflict) {
@@ -140,7 +147,7 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 		info, err := c.Info(nctx, client.WithoutRefreshedMetadata)
 		if err == nil {
 			var sb backend.Sandbox
-			if sb, err = d.start(nctx, c, info, user, true); err == nil {
+			if sb, err = d.start(nctx, cli, c, info, user, true); err == nil {
 				return sb, nil
 			}
 		}
@@ -193,43 +200,27 @@ func (d *Driver) lockFile(ctx context.Context, name string, a backend.AgentFiles
 	}
 }
 
-// inflightWait bounds how long Create waits for another process's Create of the same
-// name to record its container after preparing its snapshot; inflightPoll is how
-// often it looks.
-const (
-	inflightWait = 5 * time.Second
-	inflightPoll = 10 * time.Millisecond
-)
-
-// awaitContainer reports whether container id appears within inflightWait.
-func (d *Driver) awaitContainer(ctx context.Context, cli *client.Client, id string) bool {
-	deadline := time.Now().Add(inflightWait)
-	tick := time.NewTicker(inflightPoll)
-	defer tick.Stop()
-	for time.Now().Before(deadline) {
-		if _, err := cli.LoadContainer(ctx, id); err == nil {
-			return true
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-tick.C:
-		}
-	}
-	return false
-}
-
-// destroy deletes container c with its task and snapshot, for a failed Create. It
-// runs even when ctx is cancelled.
-func (d *Driver) destroy(ctx context.Context, cli *client.Client, c client.Container) {
+// destroy deletes container c with its task and snapshot, for a failed Create or a
+// container whose snapshot is gone: the container record before the snapshot
+// (deleteContainer). It runs even when ctx is cancelled.
+func (d *Driver) destroy(ctx context.Context, cli *client.Client, c client.Container) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
+	info, err := c.Info(ctx, client.WithoutRefreshedMetadata)
+	if err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return nil
+		}
+		return d.wrap("container info "+c.ID(), err)
+	}
 	if t, err := c.Task(ctx, nil); err == nil {
-		t.Delete(ctx, client.WithProcessKill)
+		if _, err := t.Delete(ctx, client.WithProcessKill); err != nil && !cerrdefs.IsNotFound(err) {
+			return d.wrap("delete the task of "+c.ID(), err)
+		}
+	} else if err := d.deleteStaleTask(ctx, cli, c.ID()); err != nil {
+		return err
 	}
-	if err := c.Delete(ctx, client.WithSnapshotCleanup); err != nil {
-		d.removeSnapshot(ctx, cli, c.ID())
-	}
+	return d.deleteContainer(ctx, cli, c, info)
 }
 
 // removeSnapshot removes the snapshot key of a container that was not made.
@@ -279,8 +270,15 @@ func (d *Driver) image(ctx context.Context, cli *client.Client, name, ref string
 	return img, nil
 }
 
-// adopt takes over an existing container of the spec's name when it is ours.
-func (d *Driver) adopt(ctx context.Context, spec backend.SandboxSpec, c client.Container) (backend.Sandbox, error) {
+// errSnapshotGone is adopt's report that it removed a container of ours whose
+// snapshot was gone, so that Create makes a new one.
+var errSnapshotGone = errors.New("the container's snapshot is gone")
+
+// adopt takes over an existing container of the spec's name when it is ours. One of
+// ours without a running task whose snapshot is gone (a clean-up or Remove killed
+// half-way by an older berth) cannot get a task again, and its filesystem is lost
+// anyway: adopt deletes it and returns errSnapshotGone.
+func (d *Driver) adopt(ctx context.Context, cli *client.Client, spec backend.SandboxSpec, c client.Container) (backend.Sandbox, error) {
 	info, err := c.Info(ctx, client.WithoutRefreshedMetadata)
 	if err != nil {
 		return backend.Sandbox{}, d.wrap("container info "+spec.Name, err)
@@ -304,7 +302,16 @@ func (d *Driver) adopt(ctx context.Context, spec backend.SandboxSpec, c client.C
 			}
 		}
 	}
-	sb, err := d.start(ctx, c, info, info.Labels[LabelUser], false)
+	if info.SnapshotKey != "" && info.Snapshotter != "" {
+		if _, err := cli.SnapshotService(info.Snapshotter).Stat(ctx, info.SnapshotKey); cerrdefs.IsNotFound(err) {
+			d.conns.Forget(spec.Name)
+			if err := d.destroy(ctx, cli, c); err != nil {
+				return backend.Sandbox{}, fmt.Errorf("containerd sandbox %s: its snapshot %q is gone, and removing the container failed: %w", spec.Name, info.SnapshotKey, err)
+			}
+			return backend.Sandbox{}, errSnapshotGone
+		}
+	}
+	sb, err := d.start(ctx, cli, c, info, info.Labels[LabelUser], false)
 	if err != nil {
 		return backend.Sandbox{}, err
 	}
@@ -316,10 +323,12 @@ func (d *Driver) adopt(ctx context.Context, spec backend.SandboxSpec, c client.C
 // connection: a running task is connected to; so is a task in created state when its
 // agent answers within connTimeout (another process's Create is starting it); a
 // stopped task, or a created one whose agent never comes, is deleted and a new task is
-// started on the container's snapshot. When the new task exits before its agent
+// started on the container's snapshot. When NewTask says the task exists but there is
+// none, the stale task that a killed Stop or Remove left is deleted first
+// (deleteStaleTask; start runs under Create's lock, so no other Create is making it). When the new task exits before its agent
 // answers, the error carries its exit status and the end of the agent's log. fresh
 // says c was just made (it has no task yet).
-func (d *Driver) start(ctx context.Context, c client.Container, info containers.Container, user string, fresh bool) (backend.Sandbox, error) {
+func (d *Driver) start(ctx context.Context, cli *client.Client, c client.Container, info containers.Container, user string, fresh bool) (backend.Sandbox, error) {
 	name := c.ID()
 	d.conns.Forget(name)
 	sockDir := socketDir(info)
@@ -356,6 +365,12 @@ func (d *Driver) start(ctx context.Context, c client.Container, info containers.
 			}
 		case !cerrdefs.IsNotFound(err):
 			return backend.Sandbox{}, d.wrap("load task "+name, err)
+		case round > 0:
+			// NewTask said the task exists, yet there is none: a Stop or Remove killed
+			// while containerd deleted it left its shim registered. Delete it.
+			if err := d.deleteStaleTask(ctx, cli, name); err != nil {
+				return backend.Sandbox{}, err
+			}
 		}
 		// A socket left by the agent of a previous task would answer nothing; the new
 		// agent replaces it, but a dial must not find the stale one first.
@@ -374,6 +389,11 @@ func (d *Driver) start(ctx context.Context, c client.Container, info containers.
 				// The bind mount sources exist on this host: a daemon that cannot find
 				// them does not share its filesystem.
 				hint = "; if containerd runs on another machine or in a VM (a forwarded socket), it cannot see berth's agent directories on this host: use a containerd on this host"
+			}
+			if strings.Contains(err.Error(), "io.containerd.runtime.v2.task") && strings.Contains(err.Error(), "file exists") {
+				// containerd 2.x: an interrupted task create left its bundle directory
+				// without a shim; no API call removes it.
+				hint = "; containerd left the task's state directory of an interrupted create behind and no API call removes it: unmount and remove that directory (umount DIR/rootfs; rm -r DIR) or restart containerd, which cleans it up"
 			}
 			werr = backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: containerd cannot create the task: %v%s", name, err, hint)
 		}

@@ -139,7 +139,7 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 	if grace <= 0 {
 		grace = DefaultStopGrace
 	}
-	_, nctx, c, info, err := d.load(ctx, name)
+	cli, nctx, c, info, err := d.load(ctx, name)
 	if errors.Is(err, backend.ErrNotFound) {
 		d.conns.Forget(name)
 		return nil
@@ -155,7 +155,9 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 	if err != nil {
 		sc.Close()
 		if cerrdefs.IsNotFound(err) {
-			return nil
+			// A Stop or Remove killed while containerd deleted the task may have left
+			// its shim registered (see deleteStaleTask).
+			return d.deleteStaleTask(nctx, cli, name)
 		}
 		return d.wrap("load task "+name, err)
 	}
@@ -206,8 +208,9 @@ func (d *Driver) killDelete(ctx context.Context, name string, t client.Task) err
 	return nil
 }
 
-// Remove kills and deletes the sandbox's task, then deletes its container and
-// snapshot. A missing sandbox succeeds.
+// Remove kills and deletes the sandbox's task (or the stale task that a killed Stop or
+// Remove left), then deletes its container record and then its snapshot. A missing
+// sandbox succeeds.
 func (d *Driver) Remove(ctx context.Context, name string) error { return d.remove(ctx, name, true) }
 
 // RemoveUnowned removes container name of the driver's namespace with its task and
@@ -222,7 +225,7 @@ func (d *Driver) RemoveUnowned(ctx context.Context, name string) error {
 
 // remove is Remove; with owned it refuses a container without our owner label.
 func (d *Driver) remove(ctx context.Context, name string, owned bool) error {
-	_, nctx, c, info, err := d.load(ctx, name)
+	cli, nctx, c, info, err := d.load(ctx, name)
 	d.conns.Forget(name)
 	if errors.Is(err, backend.ErrNotFound) {
 		return nil
@@ -241,11 +244,46 @@ func (d *Driver) remove(ctx context.Context, name string, owned bool) error {
 		if err := d.killDelete(nctx, name, t); err != nil {
 			return err
 		}
-	case !cerrdefs.IsNotFound(err):
+	case cerrdefs.IsNotFound(err):
+		if err := d.deleteStaleTask(nctx, cli, name); err != nil {
+			return err
+		}
+	default:
 		return d.wrap("load task "+name, err)
 	}
-	if err := c.Delete(nctx, client.WithSnapshotCleanup); err != nil && !cerrdefs.IsNotFound(err) {
-		return d.wrap("delete container "+name, err)
+	return d.deleteContainer(nctx, cli, c, info)
+}
+
+// deleteContainer deletes the record of container c (which has no task), then its
+// snapshot: in that order, so that a call killed in between leaves a snapshot without
+// a container (which containerd's garbage collector removes, and Create removes under
+// its lock), never a container without its snapshot.
+func (d *Driver) deleteContainer(ctx context.Context, cli *client.Client, c client.Container, info containers.Container) error {
+	if err := c.Delete(ctx); err != nil && !cerrdefs.IsNotFound(err) {
+		return d.wrap("delete container "+c.ID(), err)
+	}
+	if info.SnapshotKey == "" || info.Snapshotter == "" {
+		return nil
+	}
+	if err := cli.SnapshotService(info.Snapshotter).Remove(ctx, info.SnapshotKey); err != nil && !cerrdefs.IsNotFound(err) {
+		return d.wrap("remove snapshot "+info.SnapshotKey, err)
+	}
+	return nil
+}
+
+// deleteStaleTask deletes, through the tasks service, a task of container id that
+// containerd no longer reports but whose shim it still holds: what a client killed
+// while containerd deleted the task leaves (the daemon stops the delete half-way when
+// the call is cancelled). Such a task is not found by Get or List, yet NewTask says it
+// "already exists" and its shim process lives on. The client's Task never gets that
+// far (it loads the task first), so the service's Delete is called directly; it
+// reports not found even when it cleaned up, and not found is success.
+func (d *Driver) deleteStaleTask(ctx context.Context, cli *client.Client, id string) error {
+	kctx, cancel := context.WithTimeout(ctx, killTimeout)
+	defer cancel()
+	_, err := cli.TaskService().Delete(kctx, &tasksapi.DeleteTaskRequest{ContainerID: id})
+	if err = errgrpc.ToNative(err); err != nil && !cerrdefs.IsNotFound(err) {
+		return d.wrap("delete the stale task of "+id, err)
 	}
 	return nil
 }
