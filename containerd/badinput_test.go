@@ -3,6 +3,8 @@ package containerd_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,6 +22,7 @@ import (
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/containerd"
+	"github.com/berth-sh/berth/internal/containerutil"
 	"github.com/berth-sh/berth/internal/testimage"
 )
 
@@ -184,6 +187,12 @@ func TestBadInput(t *testing.T) {
 	forEachDaemon(t, func(t *testing.T, addr string) {
 		f := newFixture(t, addr)
 		sock := strings.TrimPrefix(addr, "unix://")
+		stray := filepath.Join(t.TempDir(), "daemon.sock") // a socket no list names
+		l, err := net.Listen("unix", stray)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
 		cases := []struct {
 			name  string
 			edit  func(*backend.CreateRequest)
@@ -209,6 +218,13 @@ func TestBadInput(t *testing.T) {
 			{"mount-socket-dir", func(r *backend.CreateRequest) {
 				r.Spec.Mounts = []backend.Mount{{Source: filepath.Dir(sock), Target: "/sock"}}
 			}, backend.ErrInvalid, "containerd socket"},
+			{"mount-ttrpc-socket", func(r *backend.CreateRequest) {
+				r.Spec.Mounts = []backend.Mount{{Source: sock + ".ttrpc", Target: "/run/ttrpc.sock"}}
+			}, backend.ErrInvalid, "mount source " + sock + ".ttrpc"},
+			{"mount-any-socket", func(r *backend.CreateRequest) {
+				r.Spec.Mounts = []backend.Mount{{Source: stray, Target: "/run/daemon.sock"}}
+			}, backend.ErrInvalid, "mount source " + stray + " is a unix socket"},
+			{"low-pids", func(r *backend.CreateRequest) { r.Spec.Resources.Pids = 3 }, backend.ErrInvalid, fmt.Sprintf("pids 3 is below the minimum of %d", containerutil.MinPids)},
 			{"unknown-user", func(r *backend.CreateRequest) { r.Spec.User = "nosuchuser" }, backend.ErrInvalid, "nosuchuser"},
 			{"bad-user", func(r *backend.CreateRequest) { r.Spec.User = "1:2:3" }, backend.ErrInvalid, "1:2:3"},
 			{"bad-memory", func(r *backend.CreateRequest) { r.Spec.Resources.MemoryBytes = 1024 }, backend.ErrInvalid, "memory"},
@@ -240,6 +256,37 @@ func TestBadInput(t *testing.T) {
 		}
 		if err := f.d.Remove(f.ctx, name); err != nil {
 			t.Errorf("Remove: %v", err)
+		}
+		f.absent(name)
+		// The smallest pids limit accepted leaves the agent room to run commands.
+		name = conformance.SandboxName()
+		req = f.request(name)
+		req.Spec.Resources.Pids = containerutil.MinPids
+		if _, err := f.d.Create(f.ctx, req); err != nil {
+			t.Fatalf("Create with pids %d: %v", containerutil.MinPids, err)
+		}
+		f.run(name, "sh", "-c", "for i in 1 2 3 4 5 6 7 8; do cat </dev/null & done; wait")
+		if err := f.d.Remove(f.ctx, name); err != nil {
+			t.Errorf("Remove: %v", err)
+		}
+	})
+}
+
+// A fatal start-up error of the agent, which goes to the task's null stderr, is in
+// Create's error through the agent's log.
+func TestAgentStartErrorReported(t *testing.T) {
+	forEachDaemon(t, func(t *testing.T, addr string) {
+		f := newFixture(t, addr)
+		name := conformance.SandboxName()
+		req := f.request(name)
+		// A directory (not empty, so the driver's clean-up of a stale socket leaves it)
+		// where the agent must make its socket.
+		if err := os.MkdirAll(filepath.Join(req.Agent.SocketDir, backend.AgentSocketName, "x"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		_, err := f.d.Create(f.ctx, req)
+		if err == nil || !strings.Contains(err.Error(), "before its agent answered") || !strings.Contains(err.Error(), "agent log:") || !strings.Contains(err.Error(), "is not a socket") {
+			t.Errorf("Create: %v, want the agent's start-up error from its log", err)
 		}
 		f.absent(name)
 	})

@@ -490,7 +490,9 @@ func (d *Driver) deleteTask(ctx context.Context, t client.Task) {
 
 // agentLogTail returns "; agent log: " and the end of the agent's log in sockDir, or
 // "". The directory is the sandbox's to write, so the file is opened without following
-// links, must be a regular file, and only its last 2 KiB are read.
+// links, must be a regular file, and only its last 64 KiB are read. At most some 2 KiB
+// are shown: the log's last lines, or, when the agent's Go runtime crashed (its report
+// is copied into the log), the lines before the report and the report's start.
 func agentLogTail(sockDir string) string {
 	f, err := os.OpenFile(filepath.Join(sockDir, AgentLogName), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
@@ -501,15 +503,64 @@ func agentLogTail(sockDir string) string {
 	if err != nil || !fi.Mode().IsRegular() {
 		return ""
 	}
-	const limit = 2048
+	const limit = 64 << 10
 	off := max(fi.Size()-limit, 0)
 	b := make([]byte, limit)
 	n, _ := f.ReadAt(b, off)
-	s := strings.TrimSpace(strings.ToValidUTF8(string(b[:n]), "?"))
+	return formatAgentLog(string(b[:n]))
+}
+
+// formatAgentLog shortens the end of an agent's log for an error (see agentLogTail).
+func formatAgentLog(log string) string {
+	const show = 2048
+	log = strings.ToValidUTF8(log, "?")
+	var s string
+	if i := crashStart(log); i >= 0 {
+		report := log[i:]
+		if len(report) > show*3/4 {
+			report = report[:show*3/4]
+			if j := strings.LastIndexByte(report, '\n'); j > 0 {
+				report = report[:j]
+			}
+			report += "\n..."
+		}
+		before := strings.TrimSpace(log[:i])
+		if len(before) > show/4 {
+			before = before[len(before)-show/4:]
+		}
+		s = strings.TrimSpace(before + "\n" + strings.TrimSpace(report))
+		if strings.Contains(report, "runtime.newosproc") {
+			s = "the agent's Go runtime could not make a thread (is the sandbox's pids limit too low? the agent needs some 30 of its own): " + s
+		}
+	} else {
+		s = strings.TrimSpace(log[max(len(log)-show, 0):])
+	}
 	if s == "" {
 		return ""
 	}
 	return "; agent log: " + s
+}
+
+// crashStart returns where the last Go runtime crash report in log starts ("panic: ",
+// "fatal error: " or, as the runtime copies it to its crash output, "runtime stack:" or
+// "goroutine N [...]:" at the start of a line), or -1.
+func crashStart(log string) int {
+	i := strings.LastIndex(log, "\nruntime stack:\n")
+	if i < 0 {
+		i = strings.LastIndex(log, "\npanic: ")
+	}
+	if i < 0 {
+		if strings.HasPrefix(log, "panic: ") || strings.HasPrefix(log, "runtime stack:\n") {
+			return 0
+		}
+		return -1
+	}
+	if j := strings.LastIndex(log[:i], "\nfatal error: "); j >= 0 && i-j < 512 {
+		i = j
+	} else if strings.HasPrefix(log, "fatal error: ") && i < 512 {
+		return 0
+	}
+	return i + 1
 }
 
 // socketDir returns the host directory bind-mounted at backend.SocketMountDir in the
@@ -575,6 +626,9 @@ func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(
 	r := spec.Resources
 	if r.CPUs < 0 || r.MemoryBytes < 0 || r.Pids < 0 {
 		return bad("resources must not be negative (cpus %v, memory %d, pids %d)", r.CPUs, r.MemoryBytes, r.Pids)
+	}
+	if r.Pids > 0 && r.Pids < containerutil.MinPids {
+		return bad("pids %d is below the minimum of %d (berth's agent, PID 1, keeps some 30 threads made in advance, and each counts as a process); set resources.pids to at least %d, or leave it unset for the default %d", r.Pids, containerutil.MinPids, containerutil.MinPids, backend.DefaultPidsLimit)
 	}
 	if r.MemoryBytes > 0 && r.MemoryBytes < containerutil.MinMemoryBytes {
 		return bad("memory %d bytes is below the minimum of %d MiB", r.MemoryBytes, containerutil.MinMemoryBytes>>20)
@@ -650,16 +704,12 @@ func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(
 	return build, user, nil
 }
 
-// runtimeSockets lists the runtime sockets a mount must not expose: the daemon in use,
-// containerd's and Docker's standard ones.
+// runtimeSockets lists the runtime sockets a mount must not expose
+// (containerutil.RuntimeSockets): the daemon in use and the well-known ones.
 func (d *Driver) runtimeSockets() []containerutil.Socket {
-	socks := []containerutil.Socket{
-		{Path: DefaultAddress, What: "containerd socket"},
-		{Path: "/var/run/docker.sock", What: "Docker socket"},
-		{Path: "/run/docker.sock", What: "Docker socket"},
-	}
+	var inUse []containerutil.Socket
 	if p, err := socketPath(d.settings().address); err == nil {
-		socks = append(socks, containerutil.Socket{Path: p, What: "containerd socket"})
+		inUse = append(inUse, containerutil.Socket{Path: p, What: "containerd socket"})
 	}
-	return socks
+	return containerutil.RuntimeSockets(inUse...)
 }

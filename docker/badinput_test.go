@@ -3,6 +3,8 @@ package docker_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +18,7 @@ import (
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/docker"
+	"github.com/berth-sh/berth/internal/containerutil"
 	"github.com/berth-sh/berth/internal/testimage"
 )
 
@@ -100,6 +103,12 @@ func TestBadInput(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sock := strings.TrimPrefix(f.host, "unix://")
+	stray := filepath.Join(t.TempDir(), "daemon.sock") // a socket no list names
+	l, err := net.Listen("unix", stray)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
 	cases := []struct {
 		name  string
 		edit  func(*backend.CreateRequest)
@@ -119,6 +128,10 @@ func TestBadInput(t *testing.T) {
 		{"mount-socket-dir", func(r *backend.CreateRequest) {
 			r.Spec.Mounts = []backend.Mount{{Source: filepath.Dir(sock), Target: "/sock"}}
 		}, backend.ErrInvalid, "Docker socket"},
+		{"mount-any-socket", func(r *backend.CreateRequest) {
+			r.Spec.Mounts = []backend.Mount{{Source: stray, Target: "/run/daemon.sock"}}
+		}, backend.ErrInvalid, "mount source " + stray + " is a unix socket"},
+		{"low-pids", func(r *backend.CreateRequest) { r.Spec.Resources.Pids = 3 }, backend.ErrInvalid, fmt.Sprintf("pids 3 is below the minimum of %d", containerutil.MinPids)},
 		{"engine-elsewhere", func(r *backend.CreateRequest) { // what a forwarded socket's engine sees
 			r.Agent.Dir = "/nonexistent/berth-elsewhere/agent"
 			r.Agent.Binary = filepath.Join(r.Agent.Dir, backend.AgentBinaryName)

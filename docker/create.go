@@ -297,6 +297,9 @@ func (d *Driver) containerConfig(spec backend.SandboxSpec, a backend.AgentFiles)
 	if r.CPUs < 0 || r.MemoryBytes < 0 || r.Pids < 0 {
 		return bad("resources must not be negative (cpus %v, memory %d, pids %d)", r.CPUs, r.MemoryBytes, r.Pids)
 	}
+	if r.Pids > 0 && r.Pids < containerutil.MinPids {
+		return bad("pids %d is below the minimum of %d (berth's agent, PID 1, keeps some 30 threads made in advance, and each counts as a process); set resources.pids to at least %d, or leave it unset for the default %d", r.Pids, containerutil.MinPids, containerutil.MinPids, backend.DefaultPidsLimit)
+	}
 	if r.MemoryBytes > 0 && r.MemoryBytes < containerutil.MinMemoryBytes {
 		return bad("memory %d bytes is below Docker's minimum of 6 MiB", r.MemoryBytes)
 	}
@@ -348,18 +351,4 @@ func (d *Driver) containerConfig(spec backend.SandboxSpec, a backend.AgentFiles)
 		hcfg.Resources.MemorySwap = r.MemoryBytes
 	}
 	return cfg, hcfg, user, nil
-}
-
-// checkMount applies the host-path policy (containerutil.CheckMount): neither / nor
-// the Docker socket (nor a directory holding it) unless allowHost.
-func (d *Driver) checkMount(m backend.Mount, allowHost bool) error {
-	var socks []containerutil.Socket
-	cands := []string{"/var/run/docker.sock", "/run/docker.sock"}
-	if p, err := checkHost(d.engineHost()); err == nil {
-		cands = append(cands, p)
-	}
-	for _, c := range cands {
-		socks = append(socks, containerutil.Socket{Path: c, What: "Docker socket"})
-	}
-	return containerutil.CheckMount(m, allowHost, socks)
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -72,7 +73,16 @@ func Serve(opts ServeOptions) error {
 	}
 	defer logw.Close()
 	logger := log.New(logw, "berth-agent: ", log.LstdFlags|log.Lmicroseconds)
+	// Under containerd the agent's stderr is /dev/null: a fatal error must be in the
+	// log too, for the driver to report it.
+	if err := serve(opts, logger); err != nil {
+		logger.Printf("fatal: %v", err)
+		return err
+	}
+	return nil
+}
 
+func serve(opts ServeOptions, logger *log.Logger) error {
 	catchSignals(logger)
 	// The agent needs little CPU; every P may need a thread, and threads count
 	// against the sandbox's pids limit.
@@ -292,12 +302,19 @@ type cappedLog struct {
 	path string
 	f    *os.File
 	size int64
+	// crash: f is the runtime's crash output (debug.SetCrashOutput), to be moved to
+	// the new file at each rotation.
+	crash bool
 }
 
 type nopCloser struct{ io.Writer }
 
 func (nopCloser) Close() error { return nil }
 
+// openLog opens the agent's log: stderr when path is "", else the capped file at path,
+// which then also receives the Go runtime's fatal error reports (unrecovered panics,
+// "fatal error: newosproc" when the pids limit leaves no room for a thread), which
+// otherwise go to stderr only.
 func openLog(path string) (io.WriteCloser, error) {
 	if path == "" {
 		return nopCloser{os.Stderr}, nil
@@ -311,7 +328,8 @@ func openLog(path string) (io.WriteCloser, error) {
 		f.Close()
 		return nil, fmt.Errorf("agent: log file: %w", err)
 	}
-	return &cappedLog{path: path, f: f, size: fi.Size()}, nil
+	debug.SetCrashOutput(f, debug.CrashOptions{})
+	return &cappedLog{path: path, f: f, size: fi.Size(), crash: true}, nil
 }
 
 func (l *cappedLog) Write(p []byte) (int, error) {
@@ -329,6 +347,9 @@ func (l *cappedLog) Write(p []byte) (int, error) {
 			return len(p), nil
 		}
 		l.f, l.size = f, 0
+		if l.crash {
+			debug.SetCrashOutput(f, debug.CrashOptions{})
+		}
 	}
 	n, err := l.f.Write(p)
 	l.size += int64(n)
@@ -340,6 +361,9 @@ func (l *cappedLog) Close() error {
 	defer l.mu.Unlock()
 	if l.f == nil {
 		return nil
+	}
+	if l.crash {
+		debug.SetCrashOutput(nil, debug.CrashOptions{})
 	}
 	err := l.f.Close()
 	l.f = nil

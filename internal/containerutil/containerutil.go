@@ -85,6 +85,14 @@ func ResolveUser(u string) (string, error) {
 	return fmt.Sprintf("%d:%d", uid, gid), nil
 }
 
+// MinPids is the smallest pids limit (resources.pids) a container sandbox accepts.
+// The agent, PID 1, makes its OS threads in advance so that pids exhaustion cannot
+// crash it: GOMAXPROCS (at most 4) + 8 for blocking calls + 2 for copies + 8 spare,
+// plus the Go runtime's own, some 26–30 threads in all (measured), and each thread
+// counts against the limit. Below about 30 the agent dies at start; 48 leaves room
+// for the commands of a few execs.
+const MinPids = 48
+
 // Socket is a host socket that gives root on the host to whoever can connect to it
 // (a container runtime's API), which mounts must not expose.
 type Socket struct {
@@ -94,11 +102,57 @@ type Socket struct {
 	What string
 }
 
+// wellKnownSockets are the standard places of the runtime sockets that give root on
+// the host: Docker's, containerd's (and the one dockerd starts for itself when it runs
+// without a system containerd), Podman's and CRI-O's.
+var wellKnownSockets = []Socket{
+	{"/var/run/docker.sock", "Docker socket"},
+	{"/run/docker.sock", "Docker socket"},
+	{"/run/containerd/containerd.sock", "containerd socket"},
+	{"/var/run/containerd/containerd.sock", "containerd socket"},
+	{"/run/docker/containerd/containerd.sock", "containerd socket"},
+	{"/var/run/docker/containerd/containerd.sock", "containerd socket"},
+	{"/run/podman/podman.sock", "Podman socket"},
+	{"/run/crio/crio.sock", "CRI-O socket"},
+}
+
+// RuntimeSockets returns the runtime sockets that mounts must not expose (for
+// CheckMount): inUse (the daemon the driver talks to, and what it runs on), the
+// sockets named by $DOCKER_HOST (a unix:// address) and $CONTAINERD_ADDRESS, and the
+// well-known places of Docker's, containerd's, Podman's and CRI-O's. Each containerd
+// socket brings its ttrpc sibling (PATH.ttrpc, the shims' API, as dangerous).
+func RuntimeSockets(inUse ...Socket) []Socket {
+	socks := append([]Socket(nil), inUse...)
+	if h, ok := strings.CutPrefix(os.Getenv("DOCKER_HOST"), "unix://"); ok && filepath.IsAbs(h) {
+		socks = append(socks, Socket{filepath.Clean(h), "Docker socket"})
+	}
+	if a := strings.TrimPrefix(os.Getenv("CONTAINERD_ADDRESS"), "unix://"); filepath.IsAbs(a) {
+		socks = append(socks, Socket{filepath.Clean(a), "containerd socket"})
+	}
+	socks = append(socks, wellKnownSockets...)
+	out := make([]Socket, 0, 2*len(socks))
+	seen := map[string]bool{}
+	add := func(s Socket) {
+		if s.Path != "" && !seen[s.Path] {
+			seen[s.Path] = true
+			out = append(out, s)
+		}
+	}
+	for _, s := range socks {
+		add(s)
+		if !strings.HasSuffix(s.Path, ".ttrpc") && (strings.Contains(s.What, "containerd") || strings.Contains(s.Path, "containerd")) {
+			add(Socket{s.Path + ".ttrpc", s.What + " (ttrpc)"})
+		}
+	}
+	return out
+}
+
 // CheckMount applies the host-path policy to one bind mount: both paths absolute,
 // a target outside /.berth (the agent's), a source that exists, and, unless
-// allowHost, a source that is neither the host's / nor one of sockets (nor a
-// directory holding one; links resolved on both sides). The error (plain, for the
-// caller to wrap with backend.ErrInvalid) names the path and what to do.
+// allowHost, a source that is neither the host's / nor a unix socket (any: a runtime's
+// API socket gives root on the host, wherever it lives) nor a directory holding one
+// of sockets (see RuntimeSockets; links resolved on both sides). The error (plain,
+// for the caller to wrap with backend.ErrInvalid) names the source and what to do.
 func CheckMount(m backend.Mount, allowHost bool, sockets []Socket) error {
 	if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Target) {
 		return fmt.Errorf("mount %s -> %s: both paths must be absolute", m.Source, m.Target)
@@ -109,6 +163,10 @@ func CheckMount(m backend.Mount, allowHost bool, sockets []Socket) error {
 	src, err := filepath.EvalSymlinks(m.Source)
 	if err != nil {
 		return fmt.Errorf("mount source %s does not exist on the host (%v); create it or fix the path", m.Source, err)
+	}
+	src, err = filepath.Abs(src)
+	if err != nil {
+		return fmt.Errorf("mount source %s: %v", m.Source, err)
 	}
 	if allowHost {
 		return nil
@@ -122,6 +180,9 @@ func CheckMount(m backend.Mount, allowHost bool, sockets []Socket) error {
 				return fmt.Errorf("mount source %s exposes the %s %s (root on the host); set allow_host_paths = true in the rule if you mean it", m.Source, s.What, s.Path)
 			}
 		}
+	}
+	if fi, err := os.Stat(src); err == nil && fi.Mode().Type() == os.ModeSocket {
+		return fmt.Errorf("mount source %s is a unix socket (%s); a socket can be a runtime's API, which gives root on the host, so sockets are refused: set allow_host_paths = true in the rule if you mean it", m.Source, src)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package containerutil
 
 import (
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,18 +37,37 @@ func TestResolveUser(t *testing.T) {
 	}
 }
 
+// listen makes a real unix socket at path, closed with the test.
+func listen(t *testing.T, path string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+}
+
 func TestCheckMount(t *testing.T) {
 	dir := t.TempDir()
 	sockDir := filepath.Join(dir, "run")
-	os.Mkdir(sockDir, 0o755)
 	sock := filepath.Join(sockDir, "rt.sock")
-	os.WriteFile(sock, nil, 0o600)
+	listen(t, sock)
 	link := filepath.Join(dir, "link")
 	if err := os.Symlink(sockDir, link); err != nil {
 		t.Fatal(err)
 	}
 	other := filepath.Join(dir, "other")
 	os.Mkdir(other, 0o755)
+	// A socket no list names (another daemon's, a ttrpc socket): refused as a socket.
+	stray := filepath.Join(dir, "elsewhere", "daemon2.sock")
+	listen(t, stray)
+	strayLink := filepath.Join(dir, "stray-link")
+	if err := os.Symlink(stray, strayLink); err != nil {
+		t.Fatal(err)
+	}
 	socks := []Socket{{Path: sock, What: "runtime socket"}}
 	for _, c := range []struct {
 		src, dst string
@@ -60,6 +80,11 @@ func TestCheckMount(t *testing.T) {
 		{link, "/mnt", false, "runtime socket"}, // through a link
 		{dir, "/mnt", false, "runtime socket"},  // a directory holding it
 		{dir, "/mnt", true, ""},
+		{stray, "/run/x.sock", false, "mount source " + stray + " is a unix socket"},
+		{stray, "/run/x.sock", false, "allow_host_paths = true"},
+		{strayLink, "/run/x.sock", false, "mount source " + strayLink + " is a unix socket"},
+		{stray, "/run/x.sock", true, ""},
+		{filepath.Dir(stray), "/mnt", false, ""}, // directories are not scanned for sockets
 		{"/", "/host", false, "root directory"},
 		{"/", "/host", true, ""},
 		{other, "/.berth/x", true, "reserved"},
@@ -74,6 +99,49 @@ func TestCheckMount(t *testing.T) {
 		case c.words != "" && (err == nil || !strings.Contains(err.Error(), c.words)):
 			t.Errorf("CheckMount(%s -> %s, allow %v): %v, want an error saying %q", c.src, c.dst, c.allow, err, c.words)
 		}
+	}
+}
+
+// RuntimeSockets names the sockets of $DOCKER_HOST and $CONTAINERD_ADDRESS, the ttrpc
+// sibling of a containerd socket and the well-known places, so that CheckMount
+// refuses the directories that hold them.
+func TestRuntimeSockets(t *testing.T) {
+	dir := t.TempDir()
+	dockerDir := filepath.Join(dir, "docker")
+	ctrDir := filepath.Join(dir, "ctr")
+	ttrpcDir := filepath.Join(dir, "ttrpc")
+	listen(t, filepath.Join(dockerDir, "dockerd.sock"))
+	listen(t, filepath.Join(ctrDir, "containerd.sock"))
+	listen(t, filepath.Join(ttrpcDir, "inuse.sock.ttrpc"))
+	t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(dockerDir, "dockerd.sock"))
+	t.Setenv("CONTAINERD_ADDRESS", filepath.Join(ctrDir, "containerd.sock"))
+	socks := RuntimeSockets(Socket{Path: filepath.Join(ttrpcDir, "inuse.sock"), What: "containerd socket"})
+	has := map[string]bool{}
+	for _, s := range socks {
+		has[s.Path] = true
+	}
+	for _, p := range []string{"/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock", "/run/containerd/containerd.sock.ttrpc", filepath.Join(ctrDir, "containerd.sock.ttrpc")} {
+		if !has[p] {
+			t.Errorf("RuntimeSockets() lacks %s: %v", p, socks)
+		}
+	}
+	for _, c := range []struct{ src, words string }{
+		{dockerDir, "Docker socket " + filepath.Join(dockerDir, "dockerd.sock")},
+		{ctrDir, "containerd socket " + filepath.Join(ctrDir, "containerd.sock")},
+		{filepath.Join(ttrpcDir, "inuse.sock.ttrpc"), "containerd socket (ttrpc) " + filepath.Join(ttrpcDir, "inuse.sock.ttrpc")},
+	} {
+		err := CheckMount(backend.Mount{Source: c.src, Target: "/mnt"}, false, socks)
+		if err == nil || !strings.Contains(err.Error(), c.words) || !strings.Contains(err.Error(), "mount source "+c.src) {
+			t.Errorf("CheckMount(%s): %v, want an error naming it and %q", c.src, err, c.words)
+		}
+		if err := CheckMount(backend.Mount{Source: c.src, Target: "/mnt"}, true, socks); err != nil {
+			t.Errorf("CheckMount(%s) with allow_host_paths: %v", c.src, err)
+		}
+	}
+	t.Setenv("DOCKER_HOST", "tcp://127.0.0.1:2375")
+	t.Setenv("CONTAINERD_ADDRESS", "")
+	if err := CheckMount(backend.Mount{Source: dockerDir, Target: "/mnt"}, false, RuntimeSockets()); err != nil {
+		t.Errorf("CheckMount(%s) without DOCKER_HOST naming it: %v", dockerDir, err)
 	}
 }
 
