@@ -162,12 +162,26 @@ func (r *procRunner) Kill(context.Context) error {
 
 // isZombie reports whether pid has exited but is not reaped.
 func isZombie(pid int) bool {
+	f := statFields(pid)
+	return len(f) > 0 && f[0][0] == 'Z'
+}
+
+// statFields returns the fields of /proc/PID/stat after "pid (comm)" (state, ppid,
+// pgrp, ...; comm may hold spaces and parentheses), or nil when the process is gone.
+func statFields(pid int) [][]byte {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return false
+		return nil
 	}
 	i := bytes.LastIndexByte(b, ')')
-	return i >= 0 && i+2 < len(b) && b[i+2] == 'Z'
+	if i < 0 {
+		return nil
+	}
+	f := bytes.Fields(b[i+1:])
+	if len(f) == 0 || len(f[0]) != 1 {
+		return nil
+	}
+	return f
 }
 
 // Diagnose implements runner.Runner; Launch writes its own diagnosis.
@@ -238,11 +252,7 @@ func (r *procRunner) exitText() string {
 // "signal: killed") from the exit_code field of /proc/PID/stat (Linux 3.5+), or
 // returns "".
 func zombieStatus(pid int) string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return ""
-	}
-	f := bytes.Fields(b[bytes.LastIndexByte(b, ')')+1:])
+	f := statFields(pid)
 	if len(f) < 50 {
 		return ""
 	}

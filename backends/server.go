@@ -1,7 +1,6 @@
 package backends
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"os/signal"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -243,20 +241,11 @@ func liveAncestor(pid int) bool {
 
 // procStat returns the state and parent pid of process pid from /proc/PID/stat.
 func procStat(pid int) (state byte, ppid int, ok bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, 0, false
-	}
-	// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 >= len(b) {
-		return 0, 0, false
-	}
-	f := strings.Fields(string(b[i+2:]))
+	f := statFields(pid)
 	if len(f) < 2 {
 		return 0, 0, false
 	}
-	ppid, err = strconv.Atoi(f[1])
+	ppid, err := strconv.Atoi(string(f[1]))
 	return f[0][0], ppid, err == nil
 }
 
