@@ -197,24 +197,34 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGWINCH)
 	defer signal.Stop(sigs)
 
-	// Until the command has started (a sandbox may be being created or pulled), a
-	// signal cancels the call: berth exits 128+N and leaves nothing half made.
+	// Until reg.Exec returns, a sandbox may be being created or pulled, or the command
+	// may have just started while its session is recorded. A signal then is kept: when
+	// the call succeeds it is forwarded to the command, as one a moment later would be;
+	// when the call is still busy startGrace later (or at a second signal) the call is
+	// cancelled, and berth exits 128+N leaving nothing half made.
 	starting := make(chan struct{})
-	interrupted := make(chan os.Signal, 1)
+	var early []os.Signal
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
+		var grace <-chan time.Time
 		for {
 			select {
 			case <-starting:
+				return
+			case <-grace:
+				cancel()
 				return
 			case s := <-sigs:
 				if s == syscall.SIGWINCH {
 					continue
 				}
-				interrupted <- s
-				cancel()
-				return
+				early = append(early, s)
+				if len(early) > 1 {
+					cancel()
+					return
+				}
+				grace = time.After(startGrace)
 			}
 		}
 	}()
@@ -222,19 +232,10 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 	close(starting)
 	<-watched
 	if err != nil {
-		select {
-		case s := <-interrupted:
-			return &exitError{code: 128 + int(s.(syscall.Signal)), err: fmt.Errorf("session %s: interrupted before the command ran: %v", f.session, err)}
-		default:
+		if len(early) > 0 {
+			return &exitError{code: 128 + int(early[0].(syscall.Signal)), err: fmt.Errorf("session %s: interrupted before the command ran: %v", f.session, err)}
 		}
 		return failure(err)
-	}
-	select {
-	case s := <-interrupted: // the signal came as the command started: end it
-		p.Signal(int(syscall.SIGKILL))
-		p.Wait()
-		return &exitError{code: 128 + int(s.(syscall.Signal)), err: fmt.Errorf("session %s: interrupted as the command started", f.session)}
-	default:
 	}
 	if lease.Recreated && !f.json {
 		reportRecreated(f.session, lease)
@@ -242,29 +243,35 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 	if recreated {
 		lease.Recreated, lease.RecreatedReason = true, recreateReason
 	}
+	interrupts := 0
+	handle := func(s os.Signal) {
+		sig := s.(syscall.Signal)
+		switch {
+		case sig == syscall.SIGWINCH:
+			if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil && f.tty {
+				p.Resize(backend.WindowSize{Rows: uint16(h), Cols: uint16(w)})
+			}
+		case sig == syscall.SIGINT && interrupts > 0:
+			cancel() // the second interrupt kills the tree
+		default:
+			if sig == syscall.SIGINT {
+				interrupts++
+			}
+			p.Signal(int(sig))
+		}
+	}
+	for _, s := range early { // it started after all: they are the command's
+		handle(s)
+	}
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
-		interrupts := 0
 		for {
 			select {
 			case <-done:
 				return
 			case s := <-sigs:
-				sig := s.(syscall.Signal)
-				switch {
-				case sig == syscall.SIGWINCH:
-					if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil && f.tty {
-						p.Resize(backend.WindowSize{Rows: uint16(h), Cols: uint16(w)})
-					}
-				case sig == syscall.SIGINT && interrupts > 0:
-					cancel() // the second interrupt kills the tree
-				default:
-					if sig == syscall.SIGINT {
-						interrupts++
-					}
-					p.Signal(int(sig))
-				}
+				handle(s)
 			}
 		}
 	}()
@@ -376,6 +383,12 @@ func errorsIsAny(err error, kinds ...error) bool {
 
 // reportRecreated says on stderr, in one line, that session's sandbox is new: the
 // files of the old one are gone (never silently).
+// startGrace is how long a signal that came while berth was still getting the
+// sandbox and starting the command waits for the command to start before it cancels
+// the call: long enough for the session record written after the start, far shorter
+// than a sandbox create or an image pull.
+const startGrace = time.Second
+
 // recreateReason is the recreated_reason of a call made with --recreate.
 const recreateReason = "recreated as asked (--recreate)"
 
