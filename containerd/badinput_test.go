@@ -66,6 +66,7 @@ func TestConfigRefused(t *testing.T) {
 		{badProfile(t, `{"defaultAction": "SCMP_ACT_ERRNO", "syscals": []}`), `unknown field "syscals"`},
 		{badProfile(t, `{"syscalls": []}`), "no defaultAction"},
 		{badProfile(t, `[1]`), "not an OCI seccomp object"},
+		{badProfile(t, `{"defaultAction": "SCMP_ACT_ALLOW"} {"x": 1}`), "more than one JSON value"},
 		{badProfile(t, `{"defaultAction": "SCMP_ACT_KILL"}`), "use SCMP_ACT_KILL_PROCESS"},
 		{badProfile(t, `{"defaultAction": "SCMP_ACT_BOGUS"}`), `"SCMP_ACT_BOGUS" is not an action`},
 		{badProfile(t, `{"defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_Z80"]}`), `"SCMP_ARCH_Z80"`},

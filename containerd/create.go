@@ -89,6 +89,10 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 		if err = d.wrap("load container "+spec.Name, err); !errors.Is(err, backend.ErrNotFound) {
 			return backend.Sandbox{}, err
 		}
+		filter, err := seccompOpt(d.seccompSetting())
+		if err != nil {
+			return backend.Sandbox{}, err
+		}
 		img, err := d.image(nctx, cli, spec.Name, spec.Image)
 		if err != nil {
 			return backend.Sandbox{}, err
@@ -107,7 +111,7 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 			client.WithNewSnapshot(spec.Name, img),
 			client.WithContainerLabels(labels),
 			client.WithRuntime(s.runtime, nil),
-			client.WithNewSpec(build(img)...),
+			client.WithNewSpec(build(img, filter)...),
 		)
 		if err != nil {
 			done(context.WithoutCancel(nctx))
@@ -595,10 +599,12 @@ func copyLabels(in map[string]string) map[string]string {
 }
 
 // specOpts checks a spec and returns a function that makes the container's OCI spec
-// options for its image, and the resolved default exec user. Every check that needs
-// no daemon happens here, before anything is made.
-func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(client.Image) []oci.SpecOpts, string, error) {
-	bad := func(format string, args ...any) (func(client.Image) []oci.SpecOpts, string, error) {
+// options for its image and seccomp option (seccompOpt; nil for none), and the
+// resolved default exec user. Every check that needs no daemon happens here, before
+// anything is made, except reading a seccomp profile file (Create does that when it
+// makes a new container).
+func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(client.Image, oci.SpecOpts) []oci.SpecOpts, string, error) {
+	bad := func(format string, args ...any) (func(client.Image, oci.SpecOpts) []oci.SpecOpts, string, error) {
 		return nil, "", backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: "+format, append([]any{spec.Name}, args...)...)
 	}
 	if spec.Image == "" {
@@ -664,11 +670,13 @@ func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(
 		caps[i] = "CAP_" + c
 	}
 	env := append([]string(nil), spec.Env...)
-	filter, err := seccompOpt(d.seccompSetting())
-	if err != nil {
+	// The shape of the seccomp setting is checked now; a profile file is read only
+	// when a new container needs it (Create), so that a file gone missing does not
+	// stop running sandboxes from being adopted.
+	if err := checkSeccomp(d.seccompSetting()); err != nil {
 		return nil, "", err
 	}
-	build := func(img client.Image) []oci.SpecOpts {
+	build := func(img client.Image, filter oci.SpecOpts) []oci.SpecOpts {
 		opts := []oci.SpecOpts{
 			oci.WithImageConfig(img),
 			// The agent: root, from its read-only mount; execs run as the sandbox's

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -106,6 +107,9 @@ func readSeccomp(path string) (*specs.LinuxSeccomp, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&p); err != nil {
 		return bad("not an OCI seccomp object: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return bad("more than one JSON value")
 	}
 	if p.DefaultAction == "" {
 		return bad("no defaultAction")

@@ -82,6 +82,12 @@ func TestContainerdCLI(t *testing.T) {
 			if r := e.run("--config", withProfile, "config", "check"); r.code != 125 || !strings.Contains(r.stderr, profile) {
 				t.Errorf("config check with the profile file gone: want 125 naming %s\n%v", profile, r)
 			}
+			// The running sandbox is still adopted (only a new one needs the file); a new
+			// session's create fails naming it.
+			e.must("--config", withProfile, "exec", "-s", "job:p", "--", "true")
+			if r := e.run("--config", withProfile, "exec", "-s", "job:q", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, profile) {
+				t.Errorf("a new sandbox with the profile file gone: want 125 naming %s\n%v", profile, r)
+			}
 			e.must("--config", withProfile, "rm", "job:p")
 
 			r = e.run("sessions", "--json")

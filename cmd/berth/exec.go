@@ -179,10 +179,6 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 		return failure(err)
 	}
 	defer reg.Close()
-	recreated, err := recreateFirst(ctx, reg, f.session, f.recreate)
-	if err != nil {
-		return failure(err)
-	}
 
 	execCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -228,7 +224,12 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 			}
 		}
 	}()
-	p, lease, err := reg.Exec(execCtx, f.session, req)
+	recreated, err := recreateFirst(execCtx, reg, f.session, f.recreate)
+	var p backend.Process
+	var lease *registry.Lease
+	if err == nil {
+		p, lease, err = reg.Exec(execCtx, f.session, req)
+	}
 	close(starting)
 	<-watched
 	if err != nil {
