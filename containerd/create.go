@@ -399,7 +399,7 @@ func (d *Driver) start(ctx context.Context, cli *client.Client, c client.Contain
 				// without a shim; no API call removes it.
 				hint = "; containerd left the task's state directory of an interrupted create behind and no API call removes it: unmount and remove that directory (umount DIR/rootfs; rm -r DIR) or restart containerd, which cleans it up"
 			}
-			werr = backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: containerd cannot create the task: %v%s", name, err, hint)
+			werr = backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: containerd cannot create the task: %v%s%s", name, err, hint, d.profileHint())
 		}
 		return backend.Sandbox{}, werr
 	}
@@ -414,7 +414,7 @@ func (d *Driver) start(ctx context.Context, cli *client.Client, c client.Contain
 		d.deleteTask(ctx, t)
 		werr := d.wrap("start task "+name, err)
 		if !errors.Is(werr, backend.ErrUnavailable) {
-			werr = backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: containerd cannot start the task: %v", name, err)
+			werr = backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: containerd cannot start the task: %v%s", name, err, d.profileHint())
 		}
 		return backend.Sandbox{}, werr
 	}
@@ -434,7 +434,7 @@ func (d *Driver) start(ctx context.Context, cli *client.Client, c client.Contain
 		select {
 		case st := <-exited:
 			d.deleteTask(ctx, t)
-			return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "containerd sandbox %s: the task exited with status %d before its agent answered (the agent %s did not start or died at once; containerd's log may say why)%s", name, st.ExitCode(), backend.AgentMountDir+"/"+backend.AgentBinaryName, agentLogTail(sockDir))
+			return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "containerd sandbox %s: the task exited with status %d before its agent answered (the agent %s did not start or died at once; containerd's log may say why)%s%s", name, st.ExitCode(), backend.AgentMountDir+"/"+backend.AgentBinaryName, d.profileHint(), agentLogTail(sockDir))
 		default:
 		}
 		d.deleteTask(ctx, t)

@@ -165,6 +165,19 @@ func seccompOpt(v string) (oci.SpecOpts, error) {
 	}, nil
 }
 
+// profileHint returns, when the driver's seccomp setting is a profile file, a hint for
+// the error of a task that could not start: runc and the agent make calls that a
+// profile's defaultAction may refuse (a profile that refuses everything it does not
+// list makes runc fail with "cannot start a stopped process"). "" otherwise.
+func (d *Driver) profileHint() string {
+	switch v := d.seccompSetting(); v {
+	case SeccompNative, SeccompDocker, SeccompUnconfined:
+		return ""
+	default:
+		return fmt.Sprintf("; the seccomp profile %s may refuse a system call that runc or berth's agent needs at start (its defaultAction applies to every call it does not list): allow those calls, or start from seccomp = %q", v, SeccompNative)
+	}
+}
+
 // seccompSetting returns the driver's seccomp setting, DefaultSeccomp when unset.
 func (d *Driver) seccompSetting() string {
 	d.mu.Lock()

@@ -127,3 +127,23 @@ func TestSeccompSettings(t *testing.T) {
 		}
 	})
 }
+
+// A profile file that refuses what runc or the agent needs at start fails Create with
+// a hint that names the profile, and leaves nothing (the fixture's leak check).
+func TestSeccompProfileTooStrict(t *testing.T) {
+	profile := filepath.Join(t.TempDir(), "deny-all.json")
+	if err := os.WriteFile(profile, []byte(`{"defaultAction": "SCMP_ACT_ERRNO"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	forEachDaemon(t, func(t *testing.T, addr string) {
+		f := newFixture(t, addr)
+		d := containerd.New(containerd.WithAddress(addr), containerd.WithNamespace(testNamespace), containerd.WithSeccomp(profile))
+		defer d.Close()
+		name := conformance.SandboxName()
+		_, err := d.Create(f.ctx, f.request(name))
+		if err == nil || !strings.Contains(err.Error(), "the seccomp profile "+profile+" may refuse") {
+			t.Fatalf("Create under a deny-all profile: %v; want a failure naming the profile", err)
+		}
+		f.absent(name)
+	})
+}
