@@ -23,6 +23,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/containerutil"
+	"github.com/berth-sh/berth/internal/flock"
 )
 
 // agentStartTimeout bounds how long Create waits for the agent of a started task to
@@ -70,11 +71,13 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 	defer lk.Unlock()
 	// containerd does not make two tasks of one container safely at once (the loser's
 	// clean-up removes the winner's bundle): Creates in other processes wait too.
-	unlock, err := d.lockFile(ctx, spec.Name, req.Agent)
+	fl, err := d.lockFile(ctx, spec.Name, req.Agent)
 	if err != nil {
 		return backend.Sandbox{}, err
 	}
-	defer unlock()
+	if fl != nil {
+		defer fl.Unlock(false)
+	}
 
 	unpacked := false
 	for attempt := 0; ; attempt++ {
@@ -161,47 +164,32 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 	}
 }
 
-// lockPoll is how often Create tries the cross-process lock of a sandbox.
-const lockPoll = 5 * time.Millisecond
-
 // lockFile takes the cross-process lock of sandbox name: an flock on NAME.lock in the
 // driver's state dir (DriverSetup.StateDir), or, before Configure gave one, on
 // .containerd.lock in the directory that holds the sandbox's agent dir (host-owned,
-// not mounted into the sandbox). It waits while another process holds it, until ctx
-// ends. The returned function releases it.
-func (d *Driver) lockFile(ctx context.Context, name string, a backend.AgentFiles) (func(), error) {
+// not mounted into the sandbox; a zero a means no such directory, and then no lock is
+// taken and the returned lock is nil). It waits while another process holds it, until
+// ctx ends. Release it with Unlock; Remove deletes the file as it does (waiters then
+// lock the new file, see internal/flock).
+func (d *Driver) lockFile(ctx context.Context, name string, a backend.AgentFiles) (*flock.Held, error) {
 	d.mu.Lock()
 	dir := d.stateDir
 	d.mu.Unlock()
 	path := filepath.Join(dir, "locks", name+".lock")
 	if dir == "" {
+		if a.Dir == "" {
+			return nil, nil
+		}
 		path = filepath.Join(filepath.Dir(filepath.Clean(a.Dir)), ".containerd.lock")
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("containerd sandbox %s: lock: %w", name, err)
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	l, err := flock.Lock(ctx, path)
 	if err != nil {
-		return nil, fmt.Errorf("containerd sandbox %s: lock: %w", name, err)
+		return nil, fmt.Errorf("containerd sandbox %s: %w", name, err)
 	}
-	tick := time.NewTicker(lockPoll)
-	defer tick.Stop()
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil // closing releases the lock
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("containerd sandbox %s: lock %s: %w", name, path, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("containerd sandbox %s: waiting for another process's Create of it: %w", name, ctx.Err())
-		case <-tick.C:
-		}
-	}
+	return l, nil
 }
 
 // destroy deletes container c with its task and snapshot, for a failed Create or a

@@ -223,8 +223,22 @@ func (d *Driver) RemoveUnowned(ctx context.Context, name string) error {
 	return d.remove(ctx, name, false)
 }
 
-// remove is Remove; with owned it refuses a container without our owner label.
-func (d *Driver) remove(ctx context.Context, name string, owned bool) error {
+// remove is Remove; with owned it refuses a container without our owner label. It
+// holds the sandbox's cross-process lock (lockFile) while it works, so it never
+// deletes a container that a Create in another process is making or starting, and
+// when it succeeds it deletes the lock file as it lets go of it: a driver state dir
+// keeps no lock file per sandbox ever made.
+func (d *Driver) remove(ctx context.Context, name string, owned bool) (err error) {
+	if err := backend.ValidateSandboxName(name); err != nil {
+		return err // before the name makes a lock path
+	}
+	fl, err := d.lockFile(ctx, name, backend.AgentFiles{})
+	if err != nil {
+		return err
+	}
+	if fl != nil {
+		defer func() { fl.Unlock(err == nil) }()
+	}
 	cli, nctx, c, info, err := d.load(ctx, name)
 	d.conns.Forget(name)
 	if errors.Is(err, backend.ErrNotFound) {

@@ -339,3 +339,40 @@ func TestConcurrentCreateAcrossDrivers(t *testing.T) {
 		}
 	})
 }
+
+// Remove deletes the sandbox's lock file (STATE/drivers/containerd/locks/NAME.lock)
+// under the lock: the state dir keeps no lock file per sandbox ever made. A Remove of
+// a sandbox that does not exist leaves none either.
+func TestRemoveDeletesLockFile(t *testing.T) {
+	forEachDaemon(t, func(t *testing.T, addr string) {
+		f := newFixture(t, addr)
+		d := newDriver(addr)
+		defer d.Close()
+		state := filepath.Join(t.TempDir(), "drivers", "containerd")
+		if err := d.Configure(f.ctx, backend.DriverSetup{StateDir: state, Owner: f.owner}); err != nil {
+			t.Fatal(err)
+		}
+		name := conformance.SandboxName()
+		lockPath := filepath.Join(state, "locks", name+".lock")
+		if _, err := d.Create(f.ctx, f.request(name)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(lockPath); err != nil {
+			t.Fatalf("Create made no lock file %s: %v", lockPath, err)
+		}
+		if err := d.Remove(f.ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		f.absent(name)
+		if _, err := os.Stat(lockPath); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("lock file after Remove: %v; want it deleted", err)
+		}
+		missing := conformance.SandboxName()
+		if err := d.Remove(f.ctx, missing); err != nil {
+			t.Fatal(err)
+		}
+		if left, _ := filepath.Glob(filepath.Join(state, "locks", "*")); len(left) > 0 {
+			t.Errorf("lock files left in %s: %v", filepath.Join(state, "locks"), left)
+		}
+	})
+}

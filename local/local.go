@@ -22,7 +22,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
-	"golang.org/x/sys/unix"
+	"github.com/berth-sh/berth/internal/flock"
 )
 
 // Name is the driver's name in config (`driver "local" {}`, `scope "..." { driver = "local" }`).
@@ -197,34 +197,22 @@ func writeMeta(dir string, m *meta) error {
 	return os.Rename(tmp, filepath.Join(dir, "meta.json"))
 }
 
-// lock takes an exclusive flock on the sandbox's lock file, shared by every process
-// that uses the state dir, and returns its release.
-func lock(ctx context.Context, root, name string) (func(), error) {
+// lock takes an exclusive flock on the sandbox's lock file (ROOT/.NAME.lock), shared by
+// every process that uses the state dir, waiting until ctx ends (ErrTimeout). Remove
+// deletes the file as it unlocks it (Unlock(true)); waiters then lock the new file
+// (see internal/flock).
+func lock(ctx context.Context, root, name string) (*flock.Held, error) {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, fmt.Errorf("local: state dir %s: %w", root, err)
 	}
-	f, err := os.OpenFile(filepath.Join(root, "."+name+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	l, err := flock.Lock(ctx, filepath.Join(root, "."+name+".lock"))
 	if err != nil {
+		if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
+			return nil, backend.Errorf(backend.ErrTimeout, "local: waiting for the lock of sandbox %s: %v", name, cerr)
+		}
 		return nil, fmt.Errorf("local: lock %s: %w", name, err)
 	}
-	for {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			// Unlock before close: a child being forked right now holds a copy of the
-			// descriptor, and with it the lock, until it execs.
-			return func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("local: lock %s: %w", name, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, backend.Errorf(backend.ErrTimeout, "local: waiting for the lock of sandbox %s: %v", name, ctx.Err())
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	return l, nil
 }
 
 // Create makes the sandbox's directory and starts its agent, or adopts an existing
@@ -244,11 +232,11 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 	if req.Agent.Binary == "" || req.Agent.SocketDir == "" {
 		return backend.Sandbox{}, backend.Errorf(backend.ErrInvalid, "local sandbox %s: no agent binary or socket dir given", spec.Name)
 	}
-	unlock, err := lock(ctx, filepath.Dir(dir), spec.Name)
+	l, err := lock(ctx, filepath.Dir(dir), spec.Name)
 	if err != nil {
 		return backend.Sandbox{}, err
 	}
-	defer unlock()
+	defer l.Unlock(false)
 
 	m, err := readMeta(dir)
 	switch {
@@ -416,11 +404,12 @@ func (d *Driver) Remove(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	unlock, err := lock(ctx, filepath.Dir(dir), name)
+	l, err := lock(ctx, filepath.Dir(dir), name)
 	if err != nil {
 		return err
 	}
-	defer unlock()
+	removed := false
+	defer func() { l.Unlock(removed) }() // the lock file goes with the sandbox
 	m, err := readMeta(dir)
 	if err == nil {
 		if err := d.stop(ctx, dir, m, 0); err != nil {
@@ -434,7 +423,7 @@ func (d *Driver) Remove(ctx context.Context, name string) error {
 	if err := removeAll(dir); err != nil {
 		return fmt.Errorf("local sandbox %s: remove %s: %w", name, dir, err)
 	}
-	os.Remove(filepath.Join(filepath.Dir(dir), "."+name+".lock"))
+	removed = true
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/flock"
 )
 
 // Prune actions (PruneAction.Action).
@@ -239,11 +240,11 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 	}
 	removed := false
 	if !dry && !foreign {
-		lock, err := lockFile(ctx, r.lockPath(sb.Name))
+		lock, err := flock.Lock(ctx, r.lockPath(sb.Name))
 		if err != nil {
 			return failed(err)
 		}
-		defer func() { lock.unlock(removed) }()
+		defer func() { lock.Unlock(removed) }()
 		fresh, err := b.Inspect(ctx, sb.Name)
 		if errors.Is(err, backend.ErrNotFound) {
 			act.Cause, act.Reason = CauseRecorded, "removed meanwhile by another berth process"
@@ -651,7 +652,7 @@ func (r *Registry) pruneNameFiles(name string, cands []fileCandidate, old func(o
 		return out
 	}
 	lockExisted := fileExists(r.lockPath(name))
-	lock, ok, err := tryLockFile(r.lockPath(name))
+	lock, ok, err := flock.TryLock(r.lockPath(name))
 	if err != nil || !ok {
 		return nil // in use right now: next time
 	}
@@ -659,13 +660,13 @@ func (r *Registry) pruneNameFiles(name string, cands []fileCandidate, old func(o
 	// or an exec be running in one.
 	recs, err := r.store.all()
 	if err != nil {
-		lock.unlock(false)
+		lock.Unlock(false)
 		return nil
 	}
 	live := liveSandboxes(recs)
 	legacyBusy, err := isBusy(r.legacyBusyPath(name))
 	if err != nil || legacyBusy {
-		lock.unlock(false)
+		lock.Unlock(false)
 		return nil
 	}
 	removeLock := !lockExisted
@@ -695,7 +696,7 @@ func (r *Registry) pruneNameFiles(name string, cands []fileCandidate, old func(o
 		}
 		out = append(out, a)
 	}
-	lock.unlock(removeLock)
+	lock.Unlock(removeLock)
 	return out
 }
 

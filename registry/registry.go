@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/flock"
 )
 
 // LaunchFunc starts the driver named driver out of process and returns a client for
@@ -378,7 +379,7 @@ type pending struct {
 	dir      string
 	legacy   bool // dir is an old-layout dir (see hostdirs.go)
 	madeDir  bool
-	lock     *fileLock
+	lock     *flock.Held
 	rec      record
 	released bool
 }
@@ -399,7 +400,7 @@ func (r *Registry) acquire(ctx context.Context, session string) (*pending, error
 	}
 	spec := rule.Spec(r.owner, session)
 	name := spec.Name
-	lock, err := lockFile(ctx, r.lockPath(name))
+	lock, err := flock.Lock(ctx, r.lockPath(name))
 	if err != nil {
 		return nil, fmt.Errorf("session %q: %w", session, err)
 	}
@@ -549,7 +550,7 @@ func (r *Registry) release(p *pending, failed bool) {
 		}
 		removeLock = !anyDriver
 	}
-	p.lock.unlock(removeLock)
+	p.lock.Unlock(removeLock)
 }
 
 // recorded reports whether a record names sandbox on driver, and on any driver (both
@@ -651,7 +652,7 @@ type touchProcess struct {
 	session string
 	sandbox string
 	driver  string
-	busy    *fileLock
+	busy    *busyMarker
 	once    sync.Once
 }
 
@@ -675,25 +676,25 @@ func (t *touchProcess) Wait() (backend.ExecResult, error) {
 
 // lockRecord takes the lock of session's recorded sandbox and re-reads the record
 // under it. ok is false (and no lock held) when the session has no record.
-func (r *Registry) lockRecord(ctx context.Context, session string) (rec record, lock *fileLock, ok bool, err error) {
+func (r *Registry) lockRecord(ctx context.Context, session string) (rec record, lock *flock.Held, ok bool, err error) {
 	for {
 		rec, ok, err = r.store.get(session)
 		if err != nil || !ok {
 			return rec, nil, ok, err
 		}
-		lock, err = lockFile(ctx, r.lockPath(rec.Sandbox))
+		lock, err = flock.Lock(ctx, r.lockPath(rec.Sandbox))
 		if err != nil {
 			return rec, nil, false, err
 		}
 		again, ok2, err := r.store.get(session)
 		if err != nil || !ok2 {
-			lock.unlock(false)
+			lock.Unlock(false)
 			return rec, nil, false, err
 		}
 		if again.Sandbox == rec.Sandbox {
 			return again, lock, true, nil
 		}
-		lock.unlock(false) // moved meanwhile: lock the new sandbox
+		lock.Unlock(false) // moved meanwhile: lock the new sandbox
 	}
 }
 
@@ -728,7 +729,7 @@ func (r *Registry) CloseSession(ctx context.Context, session string) error {
 	if !ok {
 		return noSession(session)
 	}
-	defer lock.unlock(false)
+	defer lock.Unlock(false)
 	if rule.Retention.OnClose != OnCloseStop {
 		return nil
 	}
@@ -768,7 +769,7 @@ func (r *Registry) removeSession(ctx context.Context, session string) error {
 		return noSession(session)
 	}
 	removed := false
-	defer func() { lock.unlock(removed) }()
+	defer func() { lock.Unlock(removed) }()
 	b, err := r.driver(ctx, rec.Driver)
 	if err != nil {
 		return fmt.Errorf("removing session %q: %w", session, err)

@@ -875,37 +875,3 @@ func TestUnwritableStateDir(t *testing.T) {
 		t.Errorf("state dir in /proc: %v", err)
 	}
 }
-
-func TestLockCancel(t *testing.T) {
-	dir := t.TempDir()
-	p := filepath.Join(dir, "x.lock")
-	l, err := lockFile(context.Background(), p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	got := make(chan error, 1)
-	go func() {
-		_, err := lockFile(ctx, p)
-		got <- err
-	}()
-	cancel()
-	if err := <-got; !errors.Is(err, context.Canceled) {
-		t.Errorf("cancelled wait: %v", err)
-	}
-	// Removing the file while a waiter waits: the waiter locks the new file.
-	got2 := make(chan *fileLock, 1)
-	go func() {
-		l2, err := lockFile(context.Background(), p)
-		if err != nil {
-			t.Error(err)
-		}
-		got2 <- l2
-	}()
-	l.unlock(true)
-	l2 := <-got2
-	if _, err := os.Stat(p); err != nil {
-		t.Errorf("waiter did not recreate the lock file: %v", err)
-	}
-	l2.unlock(false)
-}
