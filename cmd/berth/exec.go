@@ -200,6 +200,7 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 	// cancelled, and berth exits 128+N leaving nothing half made.
 	starting := make(chan struct{})
 	var early []os.Signal
+	resized := false // a SIGWINCH came: the terminal's size is sent once the command runs
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
@@ -213,6 +214,7 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 				return
 			case s := <-sigs:
 				if s == syscall.SIGWINCH {
+					resized = true
 					continue
 				}
 				early = append(early, s)
@@ -260,6 +262,9 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 			}
 			p.Signal(int(sig))
 		}
+	}
+	if resized {
+		handle(syscall.SIGWINCH)
 	}
 	for _, s := range early { // it started after all: they are the command's
 		handle(s)
