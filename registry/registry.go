@@ -368,6 +368,12 @@ type Lease struct {
 	// there are gone; RecreatedReason says why. Callers should tell the user.
 	Recreated       bool
 	RecreatedReason string
+	// Moved is set when the session's rule now maps it back to a sandbox it had before
+	// (adopted with its files) instead of the one it used last, which keeps running
+	// until berth prune removes it; MovedReason says which. Callers should tell the
+	// user.
+	Moved       bool
+	MovedReason string
 }
 
 // pending is an acquired sandbox whose session lock is still held and whose record
@@ -469,6 +475,8 @@ func (r *Registry) acquire(ctx context.Context, session string) (*pending, error
 		r.log.Warn("session's sandbox was gone; created a new one", "session", session, "sandbox", name, "reason", p.lease.RecreatedReason)
 	case moved && !sb.Adopted:
 		p.lease.Recreated, p.lease.RecreatedReason = true, movedReason(old, rule, name)
+	case moved:
+		p.lease.Moved, p.lease.MovedReason = true, movedBackReason(old, rule, name)
 	}
 	p.rec = record{
 		Session: session, Driver: rule.Driver, Sandbox: name, Scope: rule.Glob,

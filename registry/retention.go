@@ -184,6 +184,17 @@ func movedReason(old record, rule *Rule, sandbox string) string {
 		rule.Pos(), what, old.Sandbox, old.Driver)
 }
 
+// movedBackReason says why a session runs in a sandbox it had before instead of the
+// one it used last.
+func movedBackReason(old record, rule *Rule, sandbox string) string {
+	what := fmt.Sprintf("now uses driver %s instead of %s", rule.Driver, old.Driver)
+	if old.Driver == rule.Driver {
+		what = fmt.Sprintf("now maps it to sandbox %s instead of %s", sandbox, old.Sandbox)
+	}
+	return fmt.Sprintf("its rule (%s) %s, so it is back in its earlier sandbox %s on driver %s, files kept; the one it leaves (%s on driver %s) keeps its files and processes until berth prune removes it",
+		rule.Pos(), what, sandbox, rule.Driver, old.Sandbox, old.Driver)
+}
+
 // recreatedReason says why a session that had a sandbox got a new one.
 func recreatedReason(old record, driver string) string {
 	if old.RemovedReason != "" {

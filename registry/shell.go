@@ -88,6 +88,10 @@ type ShellResult struct {
 	// empty one, with a fresh shell state. Callers should tell the user.
 	Recreated       bool
 	RecreatedReason string
+	// Moved and MovedReason are the Lease's: the session is back in a sandbox it had
+	// before.
+	Moved       bool
+	MovedReason string
 	// Stdout and Stderr are the output as UTF-8 text (invalid bytes replaced), each
 	// within the cap: when a stream did not fit it is its head, the line
 	// "[... N bytes truncated ...]" and its tail, and StdoutTruncatedBytes /
@@ -227,7 +231,8 @@ func (r *Registry) Shell(ctx context.Context, session string, req ShellRequest) 
 	}
 	res, err := p.Wait()
 	out := ShellResult{ExecResult: res, Session: session, Driver: lease.Driver, Sandbox: lease.Sandbox,
-		Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason}
+		Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason,
+		Moved: lease.Moved, MovedReason: lease.MovedReason}
 	out.Stdout, out.StdoutTruncatedBytes = streams[0].capture.Text()
 	out.Stderr, out.StderrTruncatedBytes = streams[1].capture.Text()
 	for i, st := range streams {

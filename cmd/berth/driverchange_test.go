@@ -433,3 +433,46 @@ func TestOldLayoutSandboxes(t *testing.T) {
 		})
 	}
 }
+
+// TestDriverChangeBack: when the rule maps a session back to a driver that still has
+// its earlier sandbox, the next exec adopts that sandbox (files kept) and says, on
+// stderr or as moved/moved_reason in --json, that the sandbox it leaves keeps running
+// until prune; prune then removes that one.
+func TestDriverChangeBack(t *testing.T) {
+	t.Parallel()
+	c := driverChanges[0] // local <-> tlocal: no daemon needed
+	e := newEnv(t)
+	head := c.setup(t, e)
+	config := func(driver string) string {
+		return fmt.Sprintf("%sscope \"s:*\" {\n  %s\n}\n", head, c.scope(driver))
+	}
+	e.config = e.writeFile("config.hcl", config(c.from))
+	e.must("exec", "-s", "s:1", "--", "sh", "-c", "echo kept > back-mark")
+	e.writeFile("config.hcl", config(c.to))
+	e.must("exec", "-s", "s:1", "--", "true")
+	e.writeFile("config.hcl", config(c.from))
+	r := e.must("exec", "-s", "s:1", "--", "cat", "back-mark")
+	if r.stdout != "kept\n" || !strings.Contains(r.stderr, "back in its earlier sandbox") || !strings.Contains(r.stderr, "on driver "+c.to+") keeps its files and processes until berth prune") {
+		t.Errorf("exec after moving back: want the earlier sandbox's file and a line naming the %s sandbox left for prune\n%v", c.to, r)
+	}
+	var out struct {
+		Moved       bool   `json:"moved"`
+		MovedReason string `json:"moved_reason"`
+		Recreated   bool   `json:"recreated"`
+	}
+	e.writeFile("config.hcl", config(c.to))
+	e.must("exec", "-s", "s:1", "--", "true")
+	e.writeFile("config.hcl", config(c.from))
+	decodeOne(t, e.must("exec", "-s", "s:1", "--json", "--", "true"), &out)
+	if !out.Moved || out.Recreated || !strings.Contains(out.MovedReason, "back in its earlier sandbox") {
+		t.Errorf("exec --json after moving back: %+v, want moved with its reason, not recreated", out)
+	}
+	rep := decodePrune(t, e.at("1h").must("prune", "--json"))
+	removed := false
+	for _, a := range rep.Actions {
+		removed = removed || a.Driver == c.to && a.Action == "remove" && a.Done
+	}
+	if !removed {
+		t.Errorf("prune: want the %s sandbox removed: %+v", c.to, rep.Actions)
+	}
+}

@@ -107,6 +107,8 @@ type execJSON struct {
 	Sandbox              string `json:"sandbox"`
 	Recreated            bool   `json:"recreated"`
 	RecreatedReason      string `json:"recreated_reason,omitempty"`
+	Moved                bool   `json:"moved,omitempty"`
+	MovedReason          string `json:"moved_reason,omitempty"`
 	Stdout               string `json:"stdout"`
 	Stderr               string `json:"stderr"`
 	StdoutTruncatedBytes int64  `json:"stdout_truncated_bytes"`
@@ -240,8 +242,8 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 		}
 		return failure(err)
 	}
-	if lease.Recreated && !f.json {
-		reportRecreated(f.session, lease)
+	if !f.json {
+		reportLease(f.session, lease)
 	}
 	if recreated {
 		lease.Recreated, lease.RecreatedReason = true, recreateReason
@@ -304,6 +306,7 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 			ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
 			DurationMS: res.Duration.Milliseconds(), Session: f.session, Driver: lease.Driver, Sandbox: lease.Sandbox,
 			Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason,
+			Moved: lease.Moved, MovedReason: lease.MovedReason,
 		}
 		out.Stdout, out.StdoutTruncatedBytes = outCap.Text()
 		out.Stderr, out.StderrTruncatedBytes = errCap.Text()
@@ -387,8 +390,6 @@ func errorsIsAny(err error, kinds ...error) bool {
 	return false
 }
 
-// reportRecreated says on stderr, in one line, that session's sandbox is new: the
-// files of the old one are gone (never silently).
 // startGrace is how long a signal that came while berth was still getting the
 // sandbox and starting the command waits for the command to start before it cancels
 // the call: long enough for the session record written after the start, far shorter
@@ -407,8 +408,16 @@ func recreateFirst(ctx context.Context, reg *registry.Registry, session string, 
 	return reg.Recreate(ctx, session)
 }
 
-func reportRecreated(session string, lease *registry.Lease) {
-	fmt.Fprintf(os.Stderr, "berth: session %s: %s\n", session, lease.RecreatedReason)
+// reportLease says on stderr, in one line, when session's sandbox is new (the files
+// of the old one are gone, never silently) or when the session is back in an earlier
+// sandbox (the one it leaves keeps running until prune); nothing otherwise.
+func reportLease(session string, lease *registry.Lease) {
+	switch {
+	case lease.Recreated:
+		fmt.Fprintf(os.Stderr, "berth: session %s: %s\n", session, lease.RecreatedReason)
+	case lease.Moved:
+		fmt.Fprintf(os.Stderr, "berth: session %s: %s\n", session, lease.MovedReason)
+	}
 }
 
 // checkEnvFlags checks -e values: each must be KEY=VALUE with a non-empty KEY.

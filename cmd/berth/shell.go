@@ -65,9 +65,7 @@ func runShell(ctx context.Context, g *globals, session string, recreate bool) er
 	if err != nil {
 		return failure(err)
 	}
-	if lease.Recreated {
-		reportRecreated(session, lease)
-	}
+	reportLease(session, lease)
 	state, err := term.MakeRaw(in)
 	if err != nil {
 		return failure(err)

@@ -78,6 +78,7 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 			StdoutTruncatedBytes: res.StdoutTruncatedBytes, StderrTruncatedBytes: res.StderrTruncatedBytes,
 			Cwd: res.Cwd, StdoutFile: res.StdoutFile, StderrFile: res.StderrFile,
 			Recreated: res.Recreated, RecreatedReason: res.RecreatedReason,
+			Moved: res.Moved, MovedReason: res.MovedReason,
 		}
 		if recreated {
 			out.Recreated, out.RecreatedReason = true, recreateReason
@@ -90,6 +91,8 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 	} else {
 		if res.Recreated {
 			fmt.Fprintf(os.Stderr, "berth: session %s: %s\n", res.Session, res.RecreatedReason)
+		} else if res.Moved {
+			fmt.Fprintf(os.Stderr, "berth: session %s: %s\n", res.Session, res.MovedReason)
 		}
 		if _, err := io.WriteString(os.Stdout, res.Stdout); err != nil {
 			return failure(fmt.Errorf("writing the command's stdout: %v", err))
