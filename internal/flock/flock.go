@@ -86,8 +86,10 @@ func current(f *os.File, path string) (bool, error) {
 // with ELOOP, a missing directory is fs.ErrNotExist), flock or stat failures
 // ("locking PATH: ..."), and ctx ending first ("waiting for lock PATH: ...", wrapping
 // ctx.Err(), so errors.Is(err, context.Canceled) or context.DeadlineExceeded holds).
-// On error nothing is held. A wait that ctx ends leaves a goroutine blocked in flock
-// until the lock is granted, which it then releases at once.
+// On error nothing is held. A ctx that is done before Lock has to wait waits for
+// nothing; a wait that ctx ends leaves a goroutine blocked in flock until the lock is
+// granted, which it then releases at once (a TryLock in that instant finds the lock
+// taken).
 func Lock(ctx context.Context, path string) (*Held, error) {
 	for {
 		f, err := open(path)
@@ -95,6 +97,12 @@ func Lock(ctx context.Context, path string) (*Held, error) {
 			return nil, err
 		}
 		err = Flock(f, unix.LOCK_EX|unix.LOCK_NB)
+		if errors.Is(err, unix.EWOULDBLOCK) && ctx.Err() != nil {
+			// Done already: do not leave a waiter behind that would take the lock,
+			// however briefly, once its holder lets go.
+			f.Close()
+			return nil, fmt.Errorf("waiting for lock %s: %w", path, ctx.Err())
+		}
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			done := make(chan error, 1)
 			go func() { done <- Flock(f, unix.LOCK_EX) }()
