@@ -99,33 +99,13 @@ func newConfigCmd(g *globals) *cobra.Command {
 // to a fresh driver of that kind (Configure checks values, e.g. containerd's seccomp
 // profile file, and connects to nothing), naming the block's position on error.
 func checkDriverBlocks(ctx context.Context, c *registry.Config) error {
-	builtins := builtinDrivers()
 	for name := range c.Drivers {
-		mk := builtins[name]
-		if mk == nil {
-			continue
-		}
-		d := mk()
-		cfg, ok := d.(backend.Configurer)
-		if !ok {
-			continue
-		}
-		schema, err := cfg.ConfigSchema(ctx)
-		if err != nil {
-			return err
-		}
-		raw, err := c.DriverConfig(name, schema)
-		if err != nil {
-			return err
-		}
 		// No state dir is made: Configure only records it.
-		err = cfg.Configure(ctx, backend.DriverSetup{Config: raw, StateDir: filepath.Join(os.TempDir(), "berth-config-check")})
+		d, err := configuredBuiltin(ctx, c, name, filepath.Join(os.TempDir(), "berth-config-check"))
 		if v, ok := d.(interface{ Validate(context.Context) error }); ok && err == nil {
 			err = v.Validate(ctx) // what Configure checks only for shape (containerd's profile file)
 		}
-		if cl, ok := d.(interface{ Close() error }); ok {
-			cl.Close()
-		}
+		closeDriver(d)
 		if err != nil {
 			if b := c.Drivers[name]; b != nil {
 				return fmt.Errorf("%s:%d:%d: %w", b.Range.Filename, b.Range.Start.Line, b.Range.Start.Column, err)
@@ -134,6 +114,41 @@ func checkDriverBlocks(ctx context.Context, c *registry.Config) error {
 		}
 	}
 	return nil
+}
+
+// configuredBuiltin returns a fresh in-process built-in driver called name,
+// configured with c's block for it (decoded against its schema) and stateDir; nil
+// when name is no built-in driver or takes no config. On error the driver is closed.
+func configuredBuiltin(ctx context.Context, c *registry.Config, name, stateDir string) (backend.TerminalBackend, error) {
+	mk := builtinDrivers()[name]
+	if mk == nil {
+		return nil, nil
+	}
+	d := mk()
+	cfg, ok := d.(backend.Configurer)
+	if !ok {
+		closeDriver(d)
+		return nil, nil
+	}
+	schema, err := cfg.ConfigSchema(ctx)
+	if err == nil {
+		var raw []byte
+		if raw, err = c.DriverConfig(name, schema); err == nil {
+			err = cfg.Configure(ctx, backend.DriverSetup{Config: raw, StateDir: stateDir})
+		}
+	}
+	if err != nil {
+		closeDriver(d)
+		return nil, err
+	}
+	return d, nil
+}
+
+// closeDriver closes d when it has a Close method (nil is fine).
+func closeDriver(d backend.TerminalBackend) {
+	if c, ok := d.(interface{ Close() error }); ok {
+		c.Close()
+	}
 }
 
 // explainJSON is the output of `berth config explain --json`.

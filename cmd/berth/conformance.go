@@ -244,36 +244,18 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 // cleans it up): a fresh in-process driver configured with the config's block for
 // it, and its Close. For every other driver it returns nil and a no-op.
 func unownedRemover(ctx context.Context, reg *registry.Registry, name, stateDir string) (func(context.Context, string) error, func(), error) {
-	mk := builtinDrivers()[name]
-	if mk == nil {
-		return nil, func() {}, nil
-	}
-	d := mk()
-	closer := func() {
-		if c, ok := d.(interface{ Close() error }); ok {
-			c.Close()
-		}
+	d, err := configuredBuiltin(ctx, reg.Config(), name, filepath.Join(stateDir, "remover"))
+	if err != nil {
+		return nil, nil, err
 	}
 	ru, ok := d.(interface {
 		RemoveUnowned(context.Context, string) error
 	})
-	cfg, ok2 := d.(backend.Configurer)
-	if !ok || !ok2 {
-		closer()
+	if !ok {
+		closeDriver(d)
 		return nil, func() {}, nil
 	}
-	schema, err := cfg.ConfigSchema(ctx)
-	if err == nil {
-		var raw []byte
-		if raw, err = reg.Config().DriverConfig(name, schema); err == nil {
-			err = cfg.Configure(ctx, backend.DriverSetup{Config: raw, StateDir: filepath.Join(stateDir, "remover")})
-		}
-	}
-	if err != nil {
-		closer()
-		return nil, nil, err
-	}
-	return ru.RemoveUnowned, closer, nil
+	return ru.RemoveUnowned, func() { closeDriver(d) }, nil
 }
 
 // conformanceImage returns the image the suite uses: flag when given; for a driver
