@@ -13,6 +13,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/registry/config"
 )
 
 func recoveryCases() []Case {
@@ -71,7 +72,7 @@ func (h *Harness) berthEnv(r *registry.Registry) []string {
 			env = append(env, kv)
 		}
 	}
-	env = append(env, registry.EnvStateDir+"="+r.StateDir(), registry.EnvConfig+"="+r.ConfigPath())
+	env = append(env, config.EnvStateDir+"="+r.StateDir(), config.EnvConfig+"="+r.ConfigPath())
 	return append(env, h.Options.BerthEnv...)
 }
 

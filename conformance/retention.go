@@ -11,6 +11,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/registry/config"
 )
 
 func retentionCases() []Case {
@@ -471,7 +472,7 @@ func caseReconcileOthers(t T, h *Harness) {
 	old := clk.Now().Add(-24 * time.Hour)
 	foreignOwner := "conformance-other-" + randHex(4)
 	foreign := explain(t, r, "conf-keep-"+id+":foreign")
-	foreign.Name = registry.SandboxName(foreignOwner, "conf-keep-"+id+":foreign")
+	foreign.Name = config.SandboxName(foreignOwner, "conf-keep-"+id+":foreign")
 	b := h.plant(t, r, foreign, old, func(s *backend.SandboxSpec) { s.Labels[backend.LabelOwner] = foreignOwner })
 	// The contract has no way to make a sandbox without berth.owner that a driver
 	// may remove again, so "unlabelled" is an empty owner id and no other berth label,
@@ -540,7 +541,7 @@ func caseReconcileGrace(t T, h *Harness) {
 	}
 	gone := "conf-gone-" + id + ":1"
 	spec := explain(t, r, "conf-keep-"+id+":template")
-	spec.Name = registry.SandboxName(owner, gone)
+	spec.Name = config.SandboxName(owner, gone)
 	spec.Labels[backend.LabelSession] = gone
 	b := h.plant(t, r, spec, clk.Now(), nil)
 	clk.Advance(r.OrphanGrace() / 2)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/registry/config"
 )
 
 // Prune's file phase in both layouts: files nothing references go once old enough
@@ -41,7 +42,7 @@ scope "docker:*" {
 	oldUser := plant(t, r, "keep:old-user", time.Now(), nil)
 	state := e.stateDir
 	p := func(parts ...string) string { return filepath.Join(append([]string{state}, parts...)...) }
-	strayNew, strayOld := SandboxName(owner, "keep:stray-new"), SandboxName(owner, "keep:stray-old")
+	strayNew, strayOld := config.SandboxName(owner, "keep:stray-new"), config.SandboxName(owner, "keep:stray-old")
 	mk := []string{
 		p("sandboxes", "local", strayNew, "run"), // stray, current layout
 		p("sandboxes", strayOld, "run"),          // stray, old layout
@@ -144,7 +145,7 @@ scope "docker:*" {
 
 // isSandboxName accepts exactly SandboxName's shape.
 func TestIsSandboxName(t *testing.T) {
-	if n := SandboxName("o", "s"); !isSandboxName(n) || !isSandboxName(SharedSandboxName("o", "p")) {
+	if n := config.SandboxName("o", "s"); !isSandboxName(n) || !isSandboxName(config.SharedSandboxName("o", "p")) {
 		t.Errorf("%s is not recognised", n)
 	}
 	for _, n := range []string{"local", "docker", "b-1234567-0123456789abcdef", "b-0123456g-0123456789abcdef", "b-01234567-0123456789abcdef0", "b-01234567_0123456789abcdef"} {

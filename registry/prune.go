@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/flock"
+	"github.com/berth-sh/berth/registry/config"
 )
 
 // Prune actions (PruneAction.Action).
@@ -120,7 +121,11 @@ func validOwner(owner string) error {
 		ok = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.'
 	}
 	if !ok {
-		return backend.Errorf(backend.ErrInvalid, "owner id %s is not valid: an owner id is 1 to 128 characters of A-Z a-z 0-9 - _ . (a state dir's own id is 32 hex digits: see the owner of berth prune --dry-run --json, or the berth.owner label of the sandboxes left behind)", quoteInput(owner))
+		q := fmt.Sprintf("%q", owner) // a long one shortened to its head and length
+		if len(owner) > 64 {
+			q = fmt.Sprintf("%q… (%d characters)", owner[:48], len(owner))
+		}
+		return backend.Errorf(backend.ErrInvalid, "owner id %s is not valid: an owner id is 1 to 128 characters of A-Z a-z 0-9 - _ . (a state dir's own id is 32 hex digits: see the owner of berth prune --dry-run --json, or the berth.owner label of the sandboxes left behind)", q)
 	}
 	return nil
 }
@@ -268,7 +273,7 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 	young := now.Sub(created) < r.grace
 	graceReason := fmt.Sprintf("created %s ago (%s), within the grace period %s: it may be in the middle of a create",
 		FormatDuration(now.Sub(created)), created.Format(time.RFC3339), FormatDuration(r.grace))
-	var rule *Rule
+	var rule *config.Rule
 	switch last, sessions := sandboxUse(recs, driver, sb.Name); {
 	case foreign:
 		if young {
@@ -341,7 +346,7 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 			}
 		}
 	case PruneAdopt:
-		if rule.Isolation == IsolationSession {
+		if rule.Isolation == config.IsolationSession {
 			key := sb.Labels[backend.LabelSession]
 			rec := record{Session: key, Driver: driver, Sandbox: sb.Name, Scope: rule.Glob,
 				SpecHash: sb.Labels[backend.LabelSpecHash], Created: created, LastUsed: now}
@@ -359,10 +364,10 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 // driver, with a drift note when sb's spec differs from it. When no rule maps them
 // there any more it returns the rule whose glob is sb's LabelScope (if it still
 // exists) and says so in drift; nil when there is none.
-func (r *Registry) ruleOf(driver string, sb backend.Sandbox, sessions []string) (*Rule, string) {
+func (r *Registry) ruleOf(driver string, sb backend.Sandbox, sessions []string) (*config.Rule, string) {
 	for _, s := range sessions {
 		rule, _, err := r.cfg.Match(s)
-		if err != nil || rule.Driver != driver || rule.sandboxName(r.owner, s) != sb.Name {
+		if err != nil || rule.Driver != driver || rule.SandboxName(r.owner, s) != sb.Name {
 			continue
 		}
 		if h := sb.Labels[backend.LabelSpecHash]; h != "" && h != rule.Spec(r.owner, s).Labels[backend.LabelSpecHash] {
@@ -381,18 +386,18 @@ func (r *Registry) ruleOf(driver string, sb backend.Sandbox, sessions []string) 
 
 // ruleMapping returns the rule that still maps sb's LabelSession to sb on driver,
 // or nil.
-func (r *Registry) ruleMapping(driver string, sb backend.Sandbox) *Rule {
+func (r *Registry) ruleMapping(driver string, sb backend.Sandbox) *config.Rule {
 	key := sb.Labels[backend.LabelSession]
 	if key == "" {
 		return nil
 	}
 	for i := range r.cfg.Rules {
 		rule := &r.cfg.Rules[i]
-		if rule.Isolation == IsolationShared && rule.Driver == driver && rule.Name == key && SharedSandboxName(r.owner, key) == sb.Name {
+		if rule.Isolation == config.IsolationShared && rule.Driver == driver && rule.Name == key && config.SharedSandboxName(r.owner, key) == sb.Name {
 			return rule
 		}
 	}
-	if rule, _, err := r.cfg.Match(key); err == nil && rule.Isolation == IsolationSession && rule.Driver == driver && SandboxName(r.owner, key) == sb.Name {
+	if rule, _, err := r.cfg.Match(key); err == nil && rule.Isolation == config.IsolationSession && rule.Driver == driver && config.SandboxName(r.owner, key) == sb.Name {
 		return rule
 	}
 	return nil

@@ -88,15 +88,3 @@ scope "*" {
 		t.Errorf("a failed pull left a sandbox or changed the store")
 	}
 }
-
-func TestPullConfig(t *testing.T) {
-	for _, c := range []struct{ src, want string }{
-		{"scope \"*\" {\n  image = \"x\"\n  pull = \"sometimes\"\n}\n", `pull "sometimes" is not "missing", "always" or "never"`},
-		{"scope \"*\" {\n  pull = \"always\"\n}\n", "pull only applies to a rule with an image"},
-	} {
-		_, err := ParseConfig([]byte(c.src), "config.hcl", WithKnownDrivers("local"))
-		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "config.hcl:") {
-			t.Errorf("%q: %v, want an error at file:line saying %q", c.src, err, c.want)
-		}
-	}
-}

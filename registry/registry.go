@@ -15,6 +15,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/flock"
+	"github.com/berth-sh/berth/registry/config"
 )
 
 // LaunchFunc starts the driver named driver out of process and returns a client for
@@ -93,7 +94,7 @@ type PullEvent struct {
 // Registry maps sessions to sandboxes. It is safe for concurrent use, and several
 // processes may use one state dir at once. Close it to end the plugins it launched.
 type Registry struct {
-	cfg        *Config
+	cfg        *config.Config
 	configPath string
 	stateDir   string
 	logLevel   string
@@ -151,7 +152,7 @@ func Open(ctx context.Context, opts Options) (*Registry, error) {
 	}
 	sort.Strings(known)
 
-	path, explicit, err := ResolveConfigPath(opts.ConfigPath)
+	path, explicit, err := config.ResolvePath(opts.ConfigPath)
 	if err != nil {
 		return nil, err
 	}
@@ -161,42 +162,42 @@ func Open(ctx context.Context, opts Options) (*Registry, error) {
 			return nil, fmt.Errorf("finding the berth binary: %w; set Options.BerthBinary", err)
 		}
 	}
-	var cfg *Config
+	var cfg *config.Config
 	if !explicit && !fileExists(path) {
-		cfg, path = DefaultConfig(), ""
+		cfg, path = config.Default(), ""
 		cfg.KnownDrivers = withDiscovered(known, bin)
-	} else if cfg, err = LoadConfig(path, WithKnownDrivers(known...), WithPluginFinder(defaultPluginFinder(bin))); err != nil {
+	} else if cfg, err = config.Load(path, config.WithKnownDrivers(known...), config.WithPluginFinder(defaultPluginFinder(bin))); err != nil {
 		return nil, err
 	}
 	known = slices.Sorted(slices.Values(cfg.KnownDrivers)) // with the third-party drivers the config may use
 
 	level, src := opts.LogLevel, "--log-level"
 	if level == "" {
-		level, src = os.Getenv(EnvLog), EnvLog
+		level, src = os.Getenv(config.EnvLog), config.EnvLog
 	}
 	if level == "" {
 		level, src = cfg.LogLevel, "log_level"
 	}
 	if level != "" {
-		if !slices.Contains(LogLevels, level) {
-			return nil, backend.Errorf(backend.ErrInvalid, "%s %q is not a log level; use one of %v", src, level, LogLevels)
+		if !slices.Contains(config.LogLevels, level) {
+			return nil, backend.Errorf(backend.ErrInvalid, "%s %q is not a log level; use one of %v", src, level, config.LogLevels)
 		}
 		log.SetLevel(hclog.LevelFromString(level))
 	}
 
 	stateDir := opts.StateDir
 	if stateDir == "" {
-		stateDir = os.Getenv(EnvStateDir)
+		stateDir = os.Getenv(config.EnvStateDir)
 	}
 	if stateDir == "" {
 		stateDir = cfg.StateDir
 	}
 	if stateDir == "" {
-		if stateDir, err = DefaultStateDir(); err != nil {
+		if stateDir, err = config.DefaultStateDir(); err != nil {
 			return nil, err
 		}
 	}
-	if stateDir, err = filepath.Abs(expandHome(stateDir)); err != nil {
+	if stateDir, err = filepath.Abs(config.ExpandHome(stateDir)); err != nil {
 		return nil, stateDirError(stateDir, err.Error())
 	}
 	if err := checkStateDir(stateDir); err != nil {
@@ -241,7 +242,7 @@ func Open(ctx context.Context, opts Options) (*Registry, error) {
 
 // Config returns the loaded config (DefaultConfig when there is no file). Do not
 // modify it.
-func (r *Registry) Config() *Config { return r.cfg }
+func (r *Registry) Config() *config.Config { return r.cfg }
 
 // ConfigPath returns the config file in use, or "" for DefaultConfig.
 func (r *Registry) ConfigPath() string { return r.configPath }
@@ -312,12 +313,12 @@ type Explanation struct {
 	Session string
 	// Rule is the matching rule; RuleIndex its position from 0; Position its
 	// "file:line:col" (or "(built-in default)").
-	Rule      *Rule
+	Rule      *config.Rule
 	RuleIndex int
 	Position  string
 	// Driver and Isolation are the rule's.
 	Driver    string
-	Isolation Isolation
+	Isolation config.Isolation
 	// Sandbox is the sandbox name; Spec the full spec (labels included, except
 	// LabelCreated which is set at create time); SpecHash its LabelSpecHash.
 	Sandbox  string
@@ -356,7 +357,7 @@ type Lease struct {
 	// Sandbox is the sandbox name.
 	Sandbox string
 	// Rule is the matching scope rule.
-	Rule *Rule
+	Rule *config.Rule
 	// Created is set when this call created the sandbox, clear when it adopted one.
 	Created bool
 	// Drift is set when the adopted sandbox's LabelSpecHash differs from the rule's
@@ -496,7 +497,7 @@ func (r *Registry) acquire(ctx context.Context, session string) (*pending, error
 // does not exist yet and the driver pulls images; a sandbox that exists is adopted
 // as it is, whatever its image. A driver without ImagePuller (or whose plugin
 // reports ErrUnsupported) is left to Create, which reports a missing image itself.
-func (r *Registry) pull(ctx context.Context, b backend.TerminalBackend, rule *Rule, session, sandbox string) error {
+func (r *Registry) pull(ctx context.Context, b backend.TerminalBackend, rule *config.Rule, session, sandbox string) error {
 	puller, ok := b.(backend.ImagePuller)
 	if rule.Image == "" || !ok {
 		return nil
@@ -720,14 +721,14 @@ func (r *Registry) CloseSession(ctx context.Context, session string) error {
 	if err != nil {
 		return err
 	}
-	if rule.Isolation == IsolationShared {
+	if rule.Isolation == config.IsolationShared {
 		r.log.Debug("close of a shared session ignored", "session", session, "rule", rule.Pos())
 		return nil
 	}
 	if err := r.ensure(); err != nil {
 		return err
 	}
-	if rule.Retention.OnClose == OnCloseRemove {
+	if rule.Retention.OnClose == config.OnCloseRemove {
 		return r.removeSession(ctx, session)
 	}
 	rec, lock, ok, err := r.lockRecord(ctx, session)
@@ -738,7 +739,7 @@ func (r *Registry) CloseSession(ctx context.Context, session string) error {
 		return noSession(session)
 	}
 	defer lock.Unlock(false)
-	if rule.Retention.OnClose != OnCloseStop {
+	if rule.Retention.OnClose != config.OnCloseStop {
 		return nil
 	}
 	b, err := r.driver(ctx, rec.Driver)
@@ -759,7 +760,7 @@ func (r *Registry) CloseSession(ctx context.Context, session string) error {
 // and left to Prune otherwise. Errors: a bad session name (ErrInvalid); no record of
 // the session (ErrNotFound); the driver's Remove error (the store is then unchanged).
 func (r *Registry) RemoveSession(ctx context.Context, session string) error {
-	if err := ValidateSession(session); err != nil {
+	if err := config.ValidateSession(session); err != nil {
 		return err
 	}
 	if err := r.ensure(); err != nil {
@@ -806,7 +807,7 @@ func (r *Registry) removeSession(ctx context.Context, session string) error {
 // name or no matching rule (ErrInvalid); a driver that cannot be started, or its
 // Remove error (nothing is forgotten then).
 func (r *Registry) Recreate(ctx context.Context, session string) (bool, error) {
-	if err := ValidateSession(session); err != nil {
+	if err := config.ValidateSession(session); err != nil {
 		return false, err
 	}
 	if err := r.ensure(); err != nil {
@@ -1051,7 +1052,7 @@ func (r *Registry) configure(ctx context.Context, name string, b backend.Termina
 	}
 	if !ok {
 		if block != nil {
-			if _, err := DecodeDriverConfig(name, block.Body, nil); err != nil {
+			if _, err := config.DecodeDriverConfig(name, block.Body, nil); err != nil {
 				return err
 			}
 		}

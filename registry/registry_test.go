@@ -21,6 +21,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/registry/config"
 )
 
 // env holds one test's state dir, config file and the drivers its registries made.
@@ -176,7 +177,7 @@ func TestAcquireAndExec(t *testing.T) {
 		t.Fatal(err)
 	}
 	owner, _ := r.Owner()
-	if l1.Sandbox != SandboxName(owner, "main") || l1.Driver != "local" || !l1.Created || l1.Drift || l1.Rule.Glob != "*" {
+	if l1.Sandbox != config.SandboxName(owner, "main") || l1.Driver != "local" || !l1.Created || l1.Drift || l1.Rule.Glob != "*" {
 		t.Errorf("lease %+v", l1)
 	}
 	l2, err := r.Acquire(ctx, "main")
@@ -210,7 +211,7 @@ func TestAcquireAndExec(t *testing.T) {
 	b, _ := r.Acquire(ctx, "keep:2")
 	p1, _ := r.Acquire(ctx, "pool:1")
 	p2, _ := r.Acquire(ctx, "pool:2/x")
-	if a.Sandbox == b.Sandbox || p1.Sandbox != p2.Sandbox || p1.Sandbox != SharedSandboxName(owner, "pool") || p2.Created {
+	if a.Sandbox == b.Sandbox || p1.Sandbox != p2.Sandbox || p1.Sandbox != config.SharedSandboxName(owner, "pool") || p2.Created {
 		t.Errorf("isolation: %s %s %s %s", a.Sandbox, b.Sandbox, p1.Sandbox, p2.Sandbox)
 	}
 	if sb, _ := e.drivers[0].Inspect(ctx, p1.Sandbox); sb.Labels[backend.LabelSession] != "pool" || sb.Labels[backend.LabelScope] != "pool:*" {
@@ -485,7 +486,7 @@ func TestFailedCallsChangeNothing(t *testing.T) {
 
 	// A name held by another owner: ErrConflict propagates, nothing recorded.
 	owner, _ := r.Owner()
-	foreign := SandboxName(owner, "keep:theirs")
+	foreign := config.SandboxName(owner, "keep:theirs")
 	os.MkdirAll(e.driverDir(foreign), 0o700)
 	os.WriteFile(filepath.Join(e.driverDir(foreign), "meta.json"), []byte(`{"Labels":{"berth.owner":"someone-else"},"State":"running"}`), 0o600)
 	tree, sbs = e.tree(), e.sandboxes()
@@ -570,7 +571,7 @@ func TestCloseSession(t *testing.T) {
 		t.Errorf("shared: %s (a single session's close must be ignored)", st)
 	}
 	owner, _ := r.Owner()
-	rmSandbox := SandboxName(owner, "rm:1")
+	rmSandbox := config.SandboxName(owner, "rm:1")
 	if _, err := os.Stat(e.driverDir(rmSandbox)); !errors.Is(err, os.ErrNotExist) {
 		t.Error("on_close remove left the sandbox")
 	}
@@ -644,7 +645,7 @@ func TestDriftAndSessions(t *testing.T) {
 	}
 	// The sandbox of gone:1 disappears behind our back.
 	owner, _ := r.Owner()
-	os.RemoveAll(e.driverDir(SandboxName(owner, "gone:1")))
+	os.RemoveAll(e.driverDir(config.SandboxName(owner, "gone:1")))
 	infos, err := r.Sessions(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -739,8 +740,8 @@ func TestExplain(t *testing.T) {
 	}
 	owner, _ := r.Owner()
 	if ex.Rule.Glob != "rm:*" || ex.RuleIndex != 3 || ex.Position != e.config+":13:1" || ex.Driver != "local" ||
-		ex.Sandbox != SandboxName(owner, "rm:7") || ex.Spec.Env[0] != "RULE=rm" || ex.SpecHash != SpecHash(ex.Spec) ||
-		ex.Isolation != IsolationSession {
+		ex.Sandbox != config.SandboxName(owner, "rm:7") || ex.Spec.Env[0] != "RULE=rm" || ex.SpecHash != config.SpecHash(ex.Spec) ||
+		ex.Isolation != config.IsolationSession {
 		t.Errorf("%+v", ex)
 	}
 	if len(e.drivers) != 0 {
@@ -765,9 +766,9 @@ func TestPrecedence(t *testing.T) {
 	os.WriteFile(filepath.Join(xdgConfig, "berth", "config.hcl"), []byte("scope \"*\" {\n  env = { FROM = \"xdg\" }\n}\n"), 0o600)
 	t.Setenv("XDG_CONFIG_HOME", xdgConfig)
 	t.Setenv("XDG_STATE_HOME", filepath.Join(dir, "xdg-state"))
-	t.Setenv(EnvConfig, "")
-	t.Setenv(EnvStateDir, "")
-	t.Setenv(EnvLog, "")
+	t.Setenv(config.EnvConfig, "")
+	t.Setenv(config.EnvStateDir, "")
+	t.Setenv(config.EnvLog, "")
 
 	open := func(o Options) *Registry {
 		t.Helper()
@@ -794,14 +795,14 @@ func TestPrecedence(t *testing.T) {
 		t.Errorf("no config: %s %+v", r.ConfigPath(), r.Config().Rules)
 	}
 	// The config file beats the defaults.
-	t.Setenv(EnvConfig, fileA)
+	t.Setenv(config.EnvConfig, fileA)
 	r = open(Options{})
 	if from(r) != "a" || r.StateDir() != dir+"/from-a" || r.LogLevel() != "info" {
 		t.Errorf("env config: %s %s %s", from(r), r.StateDir(), r.LogLevel())
 	}
 	// Environment beats the config file.
-	t.Setenv(EnvStateDir, dir+"/from-env")
-	t.Setenv(EnvLog, "debug")
+	t.Setenv(config.EnvStateDir, dir+"/from-env")
+	t.Setenv(config.EnvLog, "debug")
 	r = open(Options{})
 	if r.StateDir() != dir+"/from-env" || r.LogLevel() != "debug" {
 		t.Errorf("env: %s %s", r.StateDir(), r.LogLevel())
@@ -816,17 +817,17 @@ func TestPrecedence(t *testing.T) {
 		!strings.Contains(err.Error(), dir+"/missing.hcl does not exist") {
 		t.Errorf("missing --config: %v", err)
 	}
-	t.Setenv(EnvConfig, dir+"/missing-env.hcl")
+	t.Setenv(config.EnvConfig, dir+"/missing-env.hcl")
 	if _, err := Open(context.Background(), Options{}); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), "missing-env.hcl") {
 		t.Errorf("missing BERTH_CONFIG: %v", err)
 	}
-	t.Setenv(EnvConfig, "")
-	t.Setenv(EnvLog, "loud")
+	t.Setenv(config.EnvConfig, "")
+	t.Setenv(config.EnvLog, "loud")
 	if _, err := Open(context.Background(), Options{}); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), `BERTH_LOG "loud" is not a log level`) {
 		t.Errorf("bad BERTH_LOG: %v", err)
 	}
 	// Relative flags are made absolute.
-	t.Setenv(EnvLog, "")
+	t.Setenv(config.EnvLog, "")
 	t.Chdir(dir)
 	r = open(Options{StateDir: "rel"})
 	if r.StateDir() != filepath.Join(dir, "rel") {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/registry/config"
 )
 
 // DefaultOrphanGrace is how old an unrecorded sandbox of ours, or an unreferenced
@@ -55,7 +56,7 @@ type verdict struct {
 // retentionVerdict applies rule's idle_ttl and max_age to a sandbox created at
 // created, last used at idleSince, in state state, at now. busy says an exec is in
 // flight.
-func retentionVerdict(rule *Rule, created, idleSince time.Time, state backend.State, busy bool, now time.Time) verdict {
+func retentionVerdict(rule *config.Rule, created, idleSince time.Time, state backend.State, busy bool, now time.Time) verdict {
 	ret := rule.Retention
 	if ret.MaxAge > 0 && !created.IsZero() && now.Sub(created) >= ret.MaxAge {
 		return verdict{PruneRemove, CauseAge, fmt.Sprintf("age %s reached max_age %s (created %s, rule %s)",
@@ -67,7 +68,7 @@ func retentionVerdict(rule *Rule, created, idleSince time.Time, state backend.St
 		}
 		if !idleSince.IsZero() && now.Sub(idleSince) >= ret.IdleTTL {
 			action := PruneStop
-			if ret.IdleAction == IdleRemove {
+			if ret.IdleAction == config.IdleRemove {
 				action = PruneRemove
 			}
 			reason := fmt.Sprintf("idle since %s (%s, idle_ttl %s, idle_action %s, rule %s)",
@@ -81,9 +82,9 @@ func retentionVerdict(rule *Rule, created, idleSince time.Time, state backend.St
 	return verdict{PruneKeep, CauseRecorded, ""}
 }
 
-func idleAction(ret Retention) IdleAction {
+func idleAction(ret config.Retention) config.IdleAction {
 	if ret.IdleAction == "" {
-		return IdleStop
+		return config.IdleStop
 	}
 	return ret.IdleAction
 }
@@ -128,14 +129,14 @@ func sandboxUse(recs []record, driver, sandbox string) (last time.Time, sessions
 // removes the sandbox as retention says (a later Create then starts or recreates
 // it) and returns the record as it is now (with Removed set when it removed the
 // sandbox). Rules without idle_ttl and max_age cost nothing.
-func (r *Registry) expireOwn(ctx context.Context, b backend.TerminalBackend, rule *Rule, old record) (record, error) {
+func (r *Registry) expireOwn(ctx context.Context, b backend.TerminalBackend, rule *config.Rule, old record) (record, error) {
 	ret := rule.Retention
 	if (ret.IdleTTL <= 0 && ret.MaxAge <= 0) || !old.Removed.IsZero() {
 		return old, nil
 	}
 	now := r.now()
 	idleSince := old.LastUsed
-	if rule.Isolation == IsolationShared && ret.IdleTTL > 0 {
+	if rule.Isolation == config.IsolationShared && ret.IdleTTL > 0 {
 		recs, err := r.store.all()
 		if err != nil {
 			return old, err
@@ -175,7 +176,7 @@ func (r *Registry) expireOwn(ctx context.Context, b backend.TerminalBackend, rul
 
 // movedReason says why a session whose rule now maps it to another sandbox (another
 // driver, or another name) got a new, empty one, and what becomes of the old one.
-func movedReason(old record, rule *Rule, sandbox string) string {
+func movedReason(old record, rule *config.Rule, sandbox string) string {
 	what := fmt.Sprintf("now uses driver %s instead of %s", rule.Driver, old.Driver)
 	if old.Driver == rule.Driver {
 		what = fmt.Sprintf("now maps it to sandbox %s instead of %s", sandbox, old.Sandbox)
@@ -186,7 +187,7 @@ func movedReason(old record, rule *Rule, sandbox string) string {
 
 // movedBackReason says why a session runs in a sandbox it had before instead of the
 // one it used last.
-func movedBackReason(old record, rule *Rule, sandbox string) string {
+func movedBackReason(old record, rule *config.Rule, sandbox string) string {
 	what := fmt.Sprintf("now uses driver %s instead of %s", rule.Driver, old.Driver)
 	if old.Driver == rule.Driver {
 		what = fmt.Sprintf("now maps it to sandbox %s instead of %s", sandbox, old.Sandbox)

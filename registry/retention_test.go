@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/registry/config"
 )
 
 // fakeClock is an Options.Now that moves only when told.
@@ -185,7 +186,7 @@ func TestPruneIdleRemoveAndNextExec(t *testing.T) {
 	r := e.openClock(clk)
 	_, lease := run(t, r, "idle-rm:1", "true")
 	run(t, r, "idle-stop:1", "true")
-	stopName := SandboxName(mustOwner(t, r), "idle-stop:1")
+	stopName := config.SandboxName(mustOwner(t, r), "idle-stop:1")
 
 	clk.Advance(30 * time.Minute)
 	rep := prune(t, r, false)
@@ -254,7 +255,7 @@ func TestRunningExecIsNotIdle(t *testing.T) {
 	r := e.openClock(clk)
 	other := e.openClock(clk) // stands for another berth process: flocks are per open file
 	stop := longExec(t, r, "idle-rm:1")
-	name := SandboxName(mustOwner(t, r), "idle-rm:1")
+	name := config.SandboxName(mustOwner(t, r), "idle-rm:1")
 	clk.Advance(3 * time.Hour)
 	for i, reg := range []*Registry{r, other} {
 		if a := actionFor(t, prune(t, reg, false), name); a.Action != PruneKeep || a.Cause != CauseInUse {
@@ -282,7 +283,7 @@ func TestMaxAgeRemovesInUse(t *testing.T) {
 	r := e.openClock(clk)
 	stop := longExec(t, r, "old:1")
 	defer stop()
-	name := SandboxName(mustOwner(t, r), "old:1")
+	name := config.SandboxName(mustOwner(t, r), "old:1")
 	clk.Advance(119 * time.Minute)
 	if a := actionFor(t, prune(t, r, false), name); a.Action != PruneKeep {
 		t.Errorf("prune at 119 minutes (max_age 2h): %+v", a)
@@ -344,7 +345,7 @@ func plant(t *testing.T, r *Registry, session string, created time.Time, edit fu
 	t.Helper()
 	ctx := context.Background()
 	owner := mustOwner(t, r)
-	rule := &Rule{Glob: "keep:*", Driver: "local", Isolation: IsolationSession}
+	rule := &config.Rule{Glob: "keep:*", Driver: "local", Isolation: config.IsolationSession}
 	spec := rule.Spec(owner, session)
 	spec.Labels[backend.LabelCreated] = created.Format(time.RFC3339)
 	if edit != nil {
@@ -377,11 +378,11 @@ func TestReconcile(t *testing.T) {
 	young := plant(t, r, "gone:2", now, nil)   // created later: grace
 	foreign := plant(t, r, "keep:x", now, func(s *backend.SandboxSpec) {
 		s.Labels[backend.LabelOwner] = "someone-else"
-		s.Name = SandboxName("someone-else", "keep:x")
+		s.Name = config.SandboxName("someone-else", "keep:x")
 	})
 	unlabelled := plant(t, r, "keep:bare", now, func(s *backend.SandboxSpec) {
 		s.Labels = nil
-		s.Name = SandboxName(mustOwner(t, r), "keep:unlabelled") // a name like ours
+		s.Name = config.SandboxName(mustOwner(t, r), "keep:unlabelled") // a name like ours
 	})
 
 	rep := prune(t, r, false)
@@ -482,7 +483,7 @@ scope "docker:*" {
 	defer r.Close()
 	_, l := run(t, r, "keep:1", "true")
 	// Files nothing references: a sandbox dir and a lock from a lost sandbox.
-	stray := SandboxName(mustOwner(t, r), "keep:stray")
+	stray := config.SandboxName(mustOwner(t, r), "keep:stray")
 	os.MkdirAll(filepath.Join(e.stateDir, "sandboxes", stray, "agent"), 0o700)
 	os.WriteFile(filepath.Join(e.stateDir, "locks", stray+".lock"), nil, 0o600)
 
@@ -559,7 +560,7 @@ func TestBusyMarker(t *testing.T) {
 	e := newEnv(t, retentionRules)
 	r := e.open()
 	run(t, r, "idle-rm:1", "true")
-	name := SandboxName(mustOwner(t, r), "idle-rm:1")
+	name := config.SandboxName(mustOwner(t, r), "idle-rm:1")
 	if busy, err := isBusy(r.busyPath("local", name)); err != nil || busy {
 		t.Errorf("after the exec ended: busy %v, %v", busy, err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/output"
+	"github.com/berth-sh/berth/registry/config"
 )
 
 // DefaultShellMaxOutput is the per-stream cap of a shell-mode call's output, in bytes
@@ -30,7 +31,7 @@ var DefaultExecEnv = []string{"PAGER=cat", "GIT_PAGER=cat", "GIT_TERMINAL_PROMPT
 
 // withDefaultEnv returns env plus the DefaultExecEnv variables that neither env nor
 // the rule's env sets.
-func withDefaultEnv(rule *Rule, env []string) []string {
+func withDefaultEnv(rule *config.Rule, env []string) []string {
 	out := env
 	for _, kv := range DefaultExecEnv {
 		k, _, _ := strings.Cut(kv, "=")
@@ -124,7 +125,7 @@ func (r *Registry) capabilities(ctx context.Context, b backend.TerminalBackend) 
 // sessionDriver returns session's rule once its driver is started and claims what has
 // checks; otherwise ErrUnsupported saying the driver lacks (a phrase: "has no shell
 // mode ..."), or the error of Match or of starting the driver.
-func (r *Registry) sessionDriver(ctx context.Context, session string, has func(backend.Capabilities) bool, lacks string) (*Rule, error) {
+func (r *Registry) sessionDriver(ctx context.Context, session string, has func(backend.Capabilities) bool, lacks string) (*config.Rule, error) {
 	rule, _, err := r.cfg.Match(session)
 	if err != nil {
 		return nil, err

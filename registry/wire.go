@@ -13,6 +13,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/registry/config"
 )
 
 // This file is the only one that reaches packages backends and backends/agent, so
@@ -24,7 +25,7 @@ func builtinDrivers() []string { return slices.Clone(backends.Builtins) }
 // defaultPluginFinder discovers third-party drivers in the plugin search path:
 // $BERTH_PLUGIN_PATH, the config's plugin_dirs, the directory of berthBinary
 // (the running executable when "").
-func defaultPluginFinder(berthBinary string) PluginFinder {
+func defaultPluginFinder(berthBinary string) config.PluginFinder {
 	return func(pluginDirs []string) []string {
 		var names []string
 		for _, p := range backends.Discover(backends.SearchPath(pluginDirs, berthBinaryOrSelf(berthBinary))) {
@@ -61,7 +62,7 @@ func withDiscovered(known []string, berthBinary string) []string {
 // drivers from the executable that discovery finds for them (the driver
 // block's plugin key, or berth-driver-NAME in the search path); each checked
 // against its block's sha256 pin and started within its start_timeout.
-func defaultLaunch(berthBinary, stateDir string, cfg *Config, plugins map[string]string, logger hclog.Logger) LaunchFunc {
+func defaultLaunch(berthBinary, stateDir string, cfg *config.Config, plugins map[string]string, logger hclog.Logger) LaunchFunc {
 	return func(ctx context.Context, driver string) (backend.TerminalBackend, error) {
 		// Pinned plugins are hashed once per file version: STATE/plugin-sums.
 		opts := backends.LaunchOptions{Logger: logger.Named(driver), HashCacheDir: filepath.Join(stateDir, "plugin-sums")}

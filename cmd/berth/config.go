@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/registry/config"
 	"github.com/spf13/cobra"
 )
 
@@ -23,7 +23,7 @@ func newConfigCmd(g *globals) *cobra.Command {
 			if len(args) == 1 {
 				flag = args[0]
 			}
-			path, explicit, err := registry.ResolveConfigPath(flag)
+			path, explicit, err := config.ResolvePath(flag)
 			if err != nil {
 				return failure(err)
 			}
@@ -31,7 +31,8 @@ func newConfigCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(os.Stdout, "no config file at %s: every session runs on the local driver\n", path)
 				return nil
 			}
-			c, err := registry.LoadConfig(path)
+			self, _ := os.Executable()
+			c, err := config.Load(path, config.WithPluginFinder(config.DiscoverPlugins(self)))
 			if err != nil {
 				return failure(err)
 			}
@@ -98,7 +99,7 @@ func newConfigCmd(g *globals) *cobra.Command {
 // the built-in drivers, whose schema is known without starting them, and applies it
 // to a fresh driver of that kind (Configure checks values, e.g. containerd's seccomp
 // profile file, and connects to nothing), naming the block's position on error.
-func checkDriverBlocks(ctx context.Context, c *registry.Config) error {
+func checkDriverBlocks(ctx context.Context, c *config.Config) error {
 	for name := range c.Drivers {
 		// No state dir is made: Configure only records it.
 		d, err := configuredBuiltin(ctx, c, name, filepath.Join(os.TempDir(), "berth-config-check"))
@@ -119,7 +120,7 @@ func checkDriverBlocks(ctx context.Context, c *registry.Config) error {
 // configuredBuiltin returns a fresh in-process built-in driver called name,
 // configured with c's block for it (decoded against its schema) and stateDir; nil
 // when name is no built-in driver or takes no config. On error the driver is closed.
-func configuredBuiltin(ctx context.Context, c *registry.Config, name, stateDir string) (backend.TerminalBackend, error) {
+func configuredBuiltin(ctx context.Context, c *config.Config, name, stateDir string) (backend.TerminalBackend, error) {
 	mk := builtinDrivers()[name]
 	if mk == nil {
 		return nil, nil

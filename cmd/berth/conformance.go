@@ -20,6 +20,7 @@ import (
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/internal/testimage"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/registry/config"
 	"github.com/spf13/cobra"
 )
 
@@ -342,7 +343,7 @@ func firstLine(s string) string {
 func berthEnv(g *globals, tmp string) []string {
 	var env []string
 	if g.logLevel != "" {
-		env = append(env, registry.EnvLog+"="+g.logLevel)
+		env = append(env, config.EnvLog+"="+g.logLevel)
 	}
 	if len(g.plugins) > 0 {
 		dir := filepath.Join(tmp, "plugins")

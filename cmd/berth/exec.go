@@ -16,6 +16,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/output"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/registry/config"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 )
@@ -431,7 +432,7 @@ func checkEnvFlags(env []string) error {
 }
 
 // durationValue is a duration flag that takes what config durations take: Go's units
-// and d for 24 hours ("90s", "36h", "7d"; registry.ParseDuration).
+// and d for 24 hours ("90s", "36h", "7d"; config.ParseDuration).
 type durationValue struct{ d *time.Duration }
 
 func (v durationValue) String() string {
@@ -442,7 +443,7 @@ func (v durationValue) String() string {
 }
 
 func (v durationValue) Set(s string) error {
-	d, err := registry.ParseDuration(s)
+	d, err := config.ParseDuration(s)
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/berth-sh/berth/docker"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/registry/config"
 	"github.com/hashicorp/go-hclog"
 	"github.com/spf13/cobra"
 )
@@ -125,7 +126,7 @@ func (g *globals) open(ctx context.Context) (*registry.Registry, error) {
 		opts.InProcess = builtinDrivers()
 	}
 	if v := os.Getenv(envClockOffset); v != "" {
-		off, err := registry.ParseDuration(strings.TrimPrefix(v, "-"))
+		off, err := config.ParseDuration(strings.TrimPrefix(v, "-"))
 		if err != nil {
 			return nil, backend.Errorf(backend.ErrInvalid, "%s=%q: %v; use a duration such as 7d or 36h (a leading - goes back)", envClockOffset, v, err)
 		}

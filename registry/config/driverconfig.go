@@ -1,4 +1,4 @@
-package registry
+package config
 
 import (
 	"encoding/json"
@@ -28,7 +28,7 @@ func (c *Config) DriverConfig(driver string, schema []backend.ConfigField) ([]by
 // into a JSON object: "string" → string, "number" → number, "bool" → bool,
 // "list(string)" → array of strings, "duration" → a Go duration string
 // (time.Duration.String, e.g. "168h0m0s"; the input may use d for days). Unset
-// optional attributes are left out. Errors are a *ConfigError (wrapping
+// optional attributes are left out. Errors are a *Error (wrapping
 // backend.ErrInvalid) with file:line:col: an attribute the schema does not declare
 // (listing the valid ones), a nested block, a wrong type, a bad duration, a missing
 // required attribute; or an error naming the field when the schema uses an unknown
@@ -112,7 +112,7 @@ func DecodeDriverConfig(driver string, body hcl.Body, schema []backend.ConfigFie
 		d.errf(body.MissingItemRange(), "Missing required driver setting", "driver %q needs %q (%s%s); add it to this block.", driver, f.Name, f.Type, describe(f))
 	}
 	if d.diags.HasErrors() {
-		return nil, &ConfigError{Diagnostics: d.diags}
+		return nil, &Error{Diagnostics: d.diags}
 	}
 	return json.Marshal(out)
 }

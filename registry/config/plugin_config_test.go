@@ -1,4 +1,4 @@
-package registry
+package config
 
 import (
 	"errors"
@@ -27,7 +27,7 @@ driver "other" {
   plugin = "berth-driver-other2"
 }
 `
-	cfg, err := ParseConfig([]byte(src), "/etc/berth/config.hcl", WithPluginFinder(nil))
+	cfg, err := Parse([]byte(src), "/etc/berth/config.hcl", WithPluginFinder(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func TestDriverBlockHostKeysBad(t *testing.T) {
 		{"unknown third-party", "scope \"*\" {\n  driver = \"nope\"\n}\n", `berth-driver-nope in $BERTH_PLUGIN_PATH, plugin_dirs or beside berth`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := ParseConfig([]byte(c.src), "/etc/berth/config.hcl", WithPluginFinder(nil))
+			_, err := Parse([]byte(c.src), "/etc/berth/config.hcl", WithPluginFinder(nil))
 			if !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("error %v\nwant it to contain %q", err, c.want)
 			}
@@ -69,26 +69,40 @@ func TestDriverBlockHostKeysBad(t *testing.T) {
 	}
 }
 
-// A berth-driver-NAME in plugin_dirs makes NAME usable in scope rules, through the
-// default finder, which also searches $BERTH_PLUGIN_PATH.
+// A berth-driver-NAME in plugin_dirs makes NAME usable in scope rules, through
+// DiscoverPlugins, which also searches $BERTH_PLUGIN_PATH and the berth binary's
+// directory; without a finder (the default) it is not known.
 func TestDiscoveredDriversKnown(t *testing.T) {
-	dir, envDir := t.TempDir(), t.TempDir()
-	for _, p := range []string{filepath.Join(dir, "berth-driver-found"), filepath.Join(envDir, "berth-driver-fromenv")} {
+	dir, envDir, binDir := t.TempDir(), t.TempDir(), t.TempDir()
+	for _, p := range []string{filepath.Join(dir, "berth-driver-found"), filepath.Join(envDir, "berth-driver-fromenv"),
+		filepath.Join(binDir, "berth-driver-besides"), filepath.Join(binDir, "berth-driver-local")} {
 		if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
 	t.Setenv("BERTH_PLUGIN_PATH", envDir)
+	find := WithPluginFinder(DiscoverPlugins(filepath.Join(binDir, "berth")))
 	src := "plugin_dirs = [\"" + dir + "\"]\nscope \"a*\" {\n  driver = \"found\"\n}\nscope \"*\" {\n  driver = \"fromenv\"\n}\n"
-	cfg, err := ParseConfig([]byte(src), "/etc/berth/config.hcl")
+	cfg, err := Parse([]byte(src), "/etc/berth/config.hcl", find)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.Rules[0].Driver != "found" || cfg.Rules[1].Driver != "fromenv" {
 		t.Errorf("rules: %+v", cfg.Rules)
 	}
+	want := []string{"besides", "containerd", "docker", "found", "fromenv", "local"}
+	if !slices.Equal(cfg.KnownDrivers, want) {
+		t.Errorf("KnownDrivers = %v, want %v (sorted, a built-in name found as a plugin counted once)", cfg.KnownDrivers, want)
+	}
 	// Without discovery the same config fails, naming the driver.
-	if _, err := ParseConfig([]byte(src), "/etc/berth/config.hcl", WithPluginFinder(nil)); err == nil || !strings.Contains(err.Error(), `driver "found" is not known`) {
+	if _, err := Parse([]byte(src), "/etc/berth/config.hcl"); err == nil || !strings.Contains(err.Error(), `driver "found" is not known`) {
 		t.Errorf("without discovery: %v", err)
+	}
+	// Default finds with no plugin_dirs.
+	if got := Default(WithKnownDrivers("local"), find).KnownDrivers; !slices.Equal(got, []string{"besides", "fromenv", "local"}) {
+		t.Errorf("Default with the finder: KnownDrivers = %v", got)
+	}
+	if got := Default().KnownDrivers; !slices.Equal(got, []string{"containerd", "docker", "local"}) {
+		t.Errorf("Default(): KnownDrivers = %v", got)
 	}
 }

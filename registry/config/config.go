@@ -1,4 +1,4 @@
-package registry
+package config
 
 import (
 	"errors"
@@ -17,6 +17,7 @@ import (
 	"github.com/zclconf/go-cty/cty/convert"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends"
 )
 
 // Isolation says whether sessions that a rule matches get a sandbox each or share one.
@@ -113,7 +114,7 @@ type Rule struct {
 	// Retention is the retention block.
 	Retention Retention
 	// Range is where the block is defined (its "scope "GLOB"" header); zero for
-	// DefaultConfig's rule.
+	// Default's rule.
 	Range hcl.Range
 }
 
@@ -135,9 +136,11 @@ func (r *Rule) Key(session string) string {
 	return session
 }
 
-// sandboxName is the name of session's sandbox under r: SharedSandboxName for shared
-// rules, SandboxName of the session otherwise.
-func (r *Rule) sandboxName(owner, session string) string {
+// SandboxName returns the name of session's sandbox under r for the installation
+// owner (its 32-hex-digit owner id): SharedSandboxName(owner, r.Name) for shared
+// rules, SandboxName(owner, session) otherwise. It equals r.Spec(owner,
+// session).Name without building the spec.
+func (r *Rule) SandboxName(owner, session string) string {
 	if r.Isolation == IsolationShared {
 		return SharedSandboxName(owner, r.Name)
 	}
@@ -150,7 +153,7 @@ func (r *Rule) sandboxName(owner, session string) string {
 func (r *Rule) Spec(owner, session string) backend.SandboxSpec {
 	key := r.Key(session)
 	spec := backend.SandboxSpec{
-		Name:           r.sandboxName(owner, session),
+		Name:           r.SandboxName(owner, session),
 		Image:          r.Image,
 		Workdir:        r.Workdir,
 		User:           r.User,
@@ -199,10 +202,14 @@ type DriverBlock struct {
 	StartTimeout time.Duration
 }
 
-// Config is a loaded config file (or DefaultConfig). Empty strings and nil slices mean
-// "not set"; Options and the environment take precedence over them in Open.
+// Config is a loaded config file (Load, Parse) or the built-in one (Default). Empty
+// strings and nil slices mean "not set". It holds no precedence of its own: the
+// caller (berth's CLI: flags > BERTH_* environment > this file > defaults) decides
+// what overrides it before it passes the Config to registry.Open. A Config is not
+// changed by the registry; do not change one that a registry holds.
 type Config struct {
-	// Path is the file the config came from; empty for DefaultConfig.
+	// Path is the file the config came from, as given to Load or Parse; empty for
+	// Default.
 	Path string
 	// StateDir is state_dir, an absolute path ("~/" expanded), or empty.
 	StateDir string
@@ -216,28 +223,52 @@ type Config struct {
 	Drivers map[string]*DriverBlock
 	// Rules are the scope rules in file order; Match tries them in this order.
 	Rules []Rule
-	// KnownDrivers is the set of driver names the config was checked against.
+	// KnownDrivers is the set of driver names the config was checked against, sorted:
+	// the known drivers (WithKnownDrivers), the third-party drivers the plugin finder
+	// found and those whose driver block has a plugin key. A registry opened on the
+	// Config knows these drivers (and those it is given itself).
 	KnownDrivers []string
 }
 
 // DefaultKnownDrivers is the set of driver names a config may use when the caller
-// names none (LoadConfig without WithKnownDrivers, Options.KnownDrivers nil): the
-// built-in drivers of package backends' catalog.
-var DefaultKnownDrivers = builtinDrivers()
+// names none (Load, Parse or Default without WithKnownDrivers): the built-in drivers
+// of package backends' catalog (backends.Builtins), sorted as there.
+var DefaultKnownDrivers = slices.Clone(backends.Builtins)
 
-// DefaultConfig is the config used when there is no config file: one rule,
-// scope "*" { driver = "local", isolation = "session", retention { on_close = "keep" } }.
-func DefaultConfig() *Config {
+// Default is the config used when there is no config file: no state_dir, agent_path,
+// plugin_dirs or log_level, no driver blocks, and one rule,
+// scope "*" { driver = "local", isolation = "session", retention { on_close = "keep" } },
+// whose Pos is "(built-in default)". Its KnownDrivers are the known drivers
+// (WithKnownDrivers, default DefaultKnownDrivers) plus those the plugin finder
+// (WithPluginFinder, default none) finds with no plugin_dirs, sorted: the drivers
+// that a registry opened on it lists and may reconcile. It reads nothing but what
+// the finder reads.
+func Default(opts ...Option) *Config {
+	o := newOptions(opts)
+	known := slices.Clone(o.known)
+	if o.finder != nil {
+		for _, n := range o.finder(nil) {
+			if !slices.Contains(known, n) {
+				known = append(known, n)
+			}
+		}
+	}
+	sort.Strings(known)
 	return &Config{
 		Drivers:      map[string]*DriverBlock{},
-		KnownDrivers: slices.Clone(DefaultKnownDrivers),
-		Rules: []Rule{{
-			Glob:      "*",
-			Driver:    "local",
-			Isolation: IsolationSession,
-			Retention: Retention{OnClose: OnCloseKeep, IdleAction: IdleStop},
-		}},
+		KnownDrivers: known,
+		Rules:        defaultRules(),
 	}
+}
+
+// defaultRules is Default's one rule.
+func defaultRules() []Rule {
+	return []Rule{{
+		Glob:      "*",
+		Driver:    "local",
+		Isolation: IsolationSession,
+		Retention: Retention{OnClose: OnCloseKeep, IdleAction: IdleStop},
+	}}
 }
 
 // Match returns the first rule whose glob matches the whole session name, and its
@@ -266,18 +297,19 @@ func (c *Config) Match(session string) (*Rule, int, error) {
 		session, where, strings.Join(globs, ", "))
 }
 
-// ConfigError is a config file's errors: HCL diagnostics, each with file:line:col.
-// It wraps backend.ErrInvalid; Error returns FormatDiagnostics of them.
-type ConfigError struct {
+// Error is a config's errors: HCL diagnostics, each with file:line:col. It wraps
+// backend.ErrInvalid; Error returns FormatDiagnostics of them. Load, Parse,
+// Config.DriverConfig and DecodeDriverConfig return it as a *Error.
+type Error struct {
 	// Diagnostics are the errors (and warnings) found, in no guaranteed order.
 	Diagnostics hcl.Diagnostics
 }
 
 // Error formats every diagnostic, one per line, sorted by position.
-func (e *ConfigError) Error() string { return FormatDiagnostics(e.Diagnostics) }
+func (e *Error) Error() string { return FormatDiagnostics(e.Diagnostics) }
 
 // Unwrap returns backend.ErrInvalid.
-func (e *ConfigError) Unwrap() error { return backend.ErrInvalid }
+func (e *Error) Unwrap() error { return backend.ErrInvalid }
 
 // FormatDiagnostics renders diagnostics one per line, sorted by file and position, as
 // "FILE:LINE:COL: error: SUMMARY: DETAIL" ("warning" for warnings). A diagnostic without
@@ -324,42 +356,54 @@ func posString(r hcl.Range) string {
 	return fmt.Sprintf("%s:%d:%d", r.Filename, r.Start.Line, r.Start.Column)
 }
 
-// LoadOption changes how LoadConfig and ParseConfig check a config.
-type LoadOption func(*loadOptions)
+// Option changes how Load, Parse and Default check a config.
+type Option func(*options)
 
-type loadOptions struct {
+type options struct {
 	known  []string
 	finder PluginFinder
 }
 
+func newOptions(opts []Option) options {
+	o := options{known: DefaultKnownDrivers}
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
 // PluginFinder lists the third-party drivers that a config may use besides
 // the known ones: the berth-driver-NAME executables in the plugin search path
-// made of pluginDirs (the config's plugin_dirs) and the places the finder
-// adds ($BERTH_PLUGIN_PATH, the berth binary's directory). It returns the
-// driver names.
+// made of pluginDirs (the config's plugin_dirs, absolute paths; nil for Default)
+// and the places the finder adds (DiscoverPlugins: $BERTH_PLUGIN_PATH, the berth
+// binary's directory). It returns the driver names, in any order, without the
+// built-in ones (DiscoverPlugins leaves them out).
 type PluginFinder func(pluginDirs []string) []string
 
-// WithPluginFinder sets how third-party drivers are discovered (default: the
-// discovery of package backends with the running executable as the berth
-// binary). nil turns discovery off: only known drivers and driver blocks
-// with a plugin key are accepted.
-func WithPluginFinder(f PluginFinder) LoadOption {
-	return func(o *loadOptions) { o.finder = f }
+// WithPluginFinder sets how third-party drivers are discovered. The default is
+// none (nil): only known drivers and driver blocks with a plugin key are accepted,
+// and Load, Parse and Default read nothing but their input. berth's CLI passes
+// DiscoverPlugins.
+func WithPluginFinder(f PluginFinder) Option {
+	return func(o *options) { o.finder = f }
 }
 
 // WithKnownDrivers sets the driver names that scope rules and driver blocks may use
-// (default DefaultKnownDrivers).
-func WithKnownDrivers(names ...string) LoadOption {
-	return func(o *loadOptions) { o.known = slices.Clone(names) }
+// (default DefaultKnownDrivers). Give it every driver the registry will run: the
+// built-in ones it serves, its in-process drivers (registry.WithDriver) and its
+// plugins (registry.WithPlugin).
+func WithKnownDrivers(names ...string) Option {
+	return func(o *options) { o.known = slices.Clone(names) }
 }
 
-// LoadConfig reads and checks the HCL config file at path. Errors: the file does not
-// exist or cannot be read (wrapping backend.ErrInvalid, naming the path), or a
-// *ConfigError with every problem found, each with file:line:col and what to do:
+// Load reads and checks the HCL config file at path (used as given in positions and
+// as Config.Path; berth's CLI makes it absolute first). Errors: the file does not
+// exist or cannot be read (wrapping backend.ErrInvalid, naming the path), or an
+// *Error with every problem found, each with file:line:col and what to do:
 // syntax errors, unknown keys (with the valid ones), wrong types, bad globs, bad
 // durations and sizes, unknown drivers, a shared rule without a name, unreachable
 // rules.
-func LoadConfig(path string, opts ...LoadOption) (*Config, error) {
+func Load(path string, opts ...Option) (*Config, error) {
 	src, err := os.ReadFile(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -367,27 +411,27 @@ func LoadConfig(path string, opts ...LoadOption) (*Config, error) {
 		}
 		return nil, backend.Errorf(backend.ErrInvalid, "reading config file %s: %v; point --config / BERTH_CONFIG at a readable file", path, err)
 	}
-	return ParseConfig(src, path, opts...)
+	return Parse(src, path, opts...)
 }
 
-// ParseConfig checks config source src as LoadConfig does; filename is used in
-// positions and as Config.Path.
-func ParseConfig(src []byte, filename string, opts ...LoadOption) (*Config, error) {
-	o := loadOptions{known: DefaultKnownDrivers, finder: defaultPluginFinder("")}
-	for _, f := range opts {
-		f(&o)
-	}
+// Parse checks config source src (HCL native syntax, UTF-8) as Load does; filename
+// is used in positions, as Config.Path, and its directory resolves a relative
+// plugin key. It reads no file and no environment variable (only the plugin finder
+// may, and "~/" in state_dir and agent_path expands with os.UserHomeDir). Errors:
+// an *Error, as Load's.
+func Parse(src []byte, filename string, opts ...Option) (*Config, error) {
+	o := newOptions(opts)
 	file, diags := hclsyntax.ParseConfig(src, filename, hcl.InitialPos)
 	if diags.HasErrors() {
-		return nil, &ConfigError{Diagnostics: diags}
+		return nil, &Error{Diagnostics: diags}
 	}
 	d := &decoder{known: slices.Clone(o.known), finder: o.finder, dir: filepath.Dir(filename)}
 	cfg := d.config(file.Body)
 	if d.diags.HasErrors() {
-		return nil, &ConfigError{Diagnostics: d.diags}
+		return nil, &Error{Diagnostics: d.diags}
 	}
 	cfg.Path = filename
-	cfg.KnownDrivers = d.known
+	cfg.KnownDrivers = slices.Sorted(slices.Values(d.known))
 	return cfg, nil
 }
 
@@ -582,7 +626,7 @@ func (d *decoder) driverBlock(b *hcl.Block) *DriverBlock {
 		return blk
 	}
 	blk.Body = remain
-	builtin := slices.Contains(builtinDrivers(), name)
+	builtin := backends.IsBuiltin(name)
 	if a := c.Attributes["plugin"]; a != nil {
 		if s, ok := d.str(a); ok {
 			switch {
@@ -654,7 +698,8 @@ var retentionSchema = &hcl.BodySchema{
 	Attributes: []hcl.AttributeSchema{{Name: "on_close"}, {Name: "idle_ttl"}, {Name: "idle_action"}, {Name: "max_age"}},
 }
 
-// LogLevels lists the accepted log levels (log_level, BERTH_LOG, Options.LogLevel).
+// LogLevels lists the accepted log levels of log_level (and of berth's --log-level
+// and BERTH_LOG), as go-hclog names them (hclog.LevelFromString).
 var LogLevels = []string{"trace", "debug", "info", "warn", "error", "off"}
 
 func (d *decoder) config(body hcl.Body) *Config {
@@ -760,7 +805,7 @@ func (d *decoder) config(body hcl.Body) *Config {
 	}
 	if len(cfg.Rules) == 0 && !d.diags.HasErrors() {
 		// A config without scope rules runs everything on local, as no config does.
-		cfg.Rules = DefaultConfig().Rules
+		cfg.Rules = defaultRules()
 	}
 	return cfg
 }

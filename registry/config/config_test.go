@@ -1,4 +1,4 @@
-package registry
+package config
 
 import (
 	"encoding/json"
@@ -76,8 +76,8 @@ scope "*" {
 }
 `
 
-func TestParseConfig(t *testing.T) {
-	cfg, err := ParseConfig([]byte(goodConfig), "/etc/berth/config.hcl", WithKnownDrivers("local", "other"))
+func TestParse(t *testing.T) {
+	cfg, err := Parse([]byte(goodConfig), "/etc/berth/config.hcl", WithKnownDrivers("local", "other"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestParseConfig(t *testing.T) {
 }
 
 func TestMatchOrder(t *testing.T) {
-	cfg, err := ParseConfig([]byte(goodConfig), "config.hcl", WithKnownDrivers("local", "other"))
+	cfg, err := Parse([]byte(goodConfig), "config.hcl", WithKnownDrivers("local", "other"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestMatchOrder(t *testing.T) {
 		}
 	}
 	// Reordering changes the decision: first match wins.
-	cfg2, err := ParseConfig([]byte(`
+	cfg2, err := Parse([]byte(`
 scope "chat:7" {
   retention { on_close = "stop" }
 }
@@ -177,19 +177,19 @@ scope "chat:*" {
 	}
 }
 
-func TestDefaultConfig(t *testing.T) {
-	cfg := DefaultConfig()
+func TestDefault(t *testing.T) {
+	cfg := Default()
 	for _, s := range []string{"main", "chat:1", "a/b"} {
 		r, idx, err := cfg.Match(s)
 		if err != nil || idx != 0 || r.Driver != "local" || r.Isolation != IsolationSession || r.Retention.OnClose != OnCloseKeep {
-			t.Errorf("DefaultConfig().Match(%q) = %+v, %d, %v", s, r, idx, err)
+			t.Errorf("Default().Match(%q) = %+v, %d, %v", s, r, idx, err)
 		}
 	}
 	if r, _, _ := cfg.Match("main"); r.Pos() != "(built-in default)" {
 		t.Errorf("Pos = %q", r.Pos())
 	}
 	// A config file without scope rules behaves the same.
-	c, err := ParseConfig([]byte(`log_level = "info"`), "c.hcl")
+	c, err := Parse([]byte(`log_level = "info"`), "c.hcl")
 	if err != nil || len(c.Rules) != 1 || c.Rules[0].Glob != "*" || c.Rules[0].Driver != "local" {
 		t.Errorf("config without rules: %+v, %v", c, err)
 	}
@@ -269,16 +269,16 @@ func TestConfigBadInput(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := ParseConfig([]byte(c.src), "/etc/berth/config.hcl")
+			_, err := Parse([]byte(c.src), "/etc/berth/config.hcl")
 			if err == nil {
 				t.Fatal("no error")
 			}
 			if !errors.Is(err, backend.ErrInvalid) {
 				t.Errorf("error does not wrap ErrInvalid: %v", err)
 			}
-			var ce *ConfigError
+			var ce *Error
 			if !errors.As(err, &ce) {
-				t.Errorf("error is not a *ConfigError: %T", err)
+				t.Errorf("error is not a *Error: %T", err)
 			}
 			msg := err.Error()
 			for _, w := range c.want {
@@ -292,13 +292,13 @@ func TestConfigBadInput(t *testing.T) {
 		})
 	}
 	// Identical shared rules may share a sandbox.
-	if _, err := ParseConfig([]byte("scope \"a:*\" {\n isolation = \"shared\"\n name = \"p\"\n}\nscope \"b:*\" {\n isolation = \"shared\"\n name = \"p\"\n}\n"), "c.hcl"); err != nil {
+	if _, err := Parse([]byte("scope \"a:*\" {\n isolation = \"shared\"\n name = \"p\"\n}\nscope \"b:*\" {\n isolation = \"shared\"\n name = \"p\"\n}\n"), "c.hcl"); err != nil {
 		t.Errorf("identical shared rules: %v", err)
 	}
 }
 
 func TestConfigSeveralErrors(t *testing.T) {
-	_, err := ParseConfig([]byte("bogus = 1\nscope \"*\" {\n  driver = \"nope\"\n  retention { idle_ttl = \"x\" }\n}\n"), "c.hcl")
+	_, err := Parse([]byte("bogus = 1\nscope \"*\" {\n  driver = \"nope\"\n  retention { idle_ttl = \"x\" }\n}\n"), "c.hcl")
 	if err == nil {
 		t.Fatal("no error")
 	}
@@ -308,10 +308,10 @@ func TestConfigSeveralErrors(t *testing.T) {
 	}
 }
 
-func TestLoadConfigMissingFile(t *testing.T) {
-	_, err := LoadConfig("/nonexistent/berth.hcl")
+func TestLoadMissingFile(t *testing.T) {
+	_, err := Load("/nonexistent/berth.hcl")
 	if err == nil || !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), "/nonexistent/berth.hcl does not exist") {
-		t.Errorf("LoadConfig of a missing file: %v", err)
+		t.Errorf("Load of a missing file: %v", err)
 	}
 }
 
@@ -415,7 +415,7 @@ tags    = ["a", "b"]
 }
 
 func TestSpecHash(t *testing.T) {
-	cfg, err := ParseConfig([]byte(goodConfig), "c.hcl", WithKnownDrivers("local", "other"))
+	cfg, err := Parse([]byte(goodConfig), "c.hcl", WithKnownDrivers("local", "other"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -444,5 +444,17 @@ func TestSpecHash(t *testing.T) {
 	s := cfg.Rules[3].Spec("o", "subA:1")
 	if s.Labels[backend.LabelSession] != "pool" || s.Name != SharedSandboxName("o", "pool") || s.Name != cfg.Rules[3].Spec("o", "subB:2").Name {
 		t.Errorf("shared spec %+v", s)
+	}
+}
+
+func TestPullConfig(t *testing.T) {
+	for _, c := range []struct{ src, want string }{
+		{"scope \"*\" {\n  image = \"x\"\n  pull = \"sometimes\"\n}\n", `pull "sometimes" is not "missing", "always" or "never"`},
+		{"scope \"*\" {\n  pull = \"always\"\n}\n", "pull only applies to a rule with an image"},
+	} {
+		_, err := Parse([]byte(c.src), "config.hcl", WithKnownDrivers("local"))
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "config.hcl:") {
+			t.Errorf("%q: %v, want an error at file:line saying %q", c.src, err, c.want)
+		}
 	}
 }

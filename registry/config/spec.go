@@ -1,4 +1,4 @@
-package registry
+package config
 
 import (
 	"crypto/sha256"
@@ -27,7 +27,7 @@ func SpecHash(spec backend.SandboxSpec) string {
 	b, err := json.Marshal(spec)
 	if err != nil {
 		// SandboxSpec holds only strings, numbers, bools and slices of them.
-		panic("registry: marshal sandbox spec: " + err.Error())
+		panic("config: marshal sandbox spec: " + err.Error())
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
