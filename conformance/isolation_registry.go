@@ -11,6 +11,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/registry/config"
 )
 
 // needsRegistry is the skip reason of the registry cases when Options.OpenRegistry is
@@ -133,36 +134,35 @@ func caseSessionsShared(t T, h *Harness) {
 }
 
 // RegistryOpener returns an Options.OpenRegistry that writes the config text to
-// config.hcl in a t.TempDir(), opens a registry with base plus that ConfigPath and,
-// unless base sets one, a StateDir of its own (another t.TempDir()), and closes it in
-// t.Cleanup. Unless base sets Now, the registry gets a Clock of its own (ClockOf),
-// which the retention cases advance instead of waiting. Set base.BerthBinary (the
-// agent source and plugin server) and, for in-process drivers, base.InProcess.
-func RegistryOpener(base registry.Options) func(t T, configHCL string) (*registry.Registry, error) {
+// config.hcl in a t.TempDir(), loads it with config.Load(path, load...) (so load
+// names the drivers the text may use: config.WithKnownDrivers, default the built-in
+// ones), opens a registry on it with a state dir of its own (another t.TempDir();
+// a registry.WithStateDir in opts replaces it), then opts, and closes it in
+// t.Cleanup. The registry's clock is always a Clock of its own (ClockOf), which the
+// retention cases advance instead of waiting: a registry.WithClock in opts is
+// overridden. Pass registry.WithBerthBinary (the agent source and plugin server)
+// and, for an in-process driver, registry.WithDriver (and its name in load);
+// without it the registry launches the driver as a plugin.
+func RegistryOpener(load []config.Option, opts ...registry.Option) func(t T, configHCL string) (*registry.Registry, error) {
 	return func(t T, configHCL string) (*registry.Registry, error) {
-		opts := base
-		dir := t.TempDir()
-		opts.ConfigPath = filepath.Join(dir, "config.hcl")
-		if err := os.WriteFile(opts.ConfigPath, []byte(configHCL), 0o600); err != nil {
+		path := filepath.Join(t.TempDir(), "config.hcl")
+		if err := os.WriteFile(path, []byte(configHCL), 0o600); err != nil {
 			return nil, err
 		}
-		if opts.StateDir == "" {
-			opts.StateDir = filepath.Join(t.TempDir(), "state")
-		}
-		var clk *Clock
-		if opts.Now == nil {
-			clk = NewClock()
-			opts.Now = clk.Now
-		}
-		ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
-		defer cancel()
-		r, err := registry.Open(ctx, opts)
+		cfg, err := config.Load(path, load...)
 		if err != nil {
 			return nil, err
 		}
-		if clk != nil {
-			clocks.Store(r, clk)
+		clk := NewClock()
+		all := append([]registry.Option{registry.WithStateDir(filepath.Join(t.TempDir(), "state"))}, opts...)
+		all = append(all, registry.WithClock(clk.Now))
+		ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
+		defer cancel()
+		r, err := registry.Open(ctx, cfg, all...)
+		if err != nil {
+			return nil, err
 		}
+		clocks.Store(r, clk)
 		t.Cleanup(func() {
 			clocks.Delete(r)
 			if err := r.Close(); err != nil {

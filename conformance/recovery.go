@@ -72,7 +72,7 @@ func (h *Harness) berthEnv(r *registry.Registry) []string {
 			env = append(env, kv)
 		}
 	}
-	env = append(env, config.EnvStateDir+"="+r.StateDir(), config.EnvConfig+"="+r.ConfigPath())
+	env = append(env, config.EnvStateDir+"="+r.StateDir(), config.EnvConfig+"="+r.Config().Path)
 	return append(env, h.Options.BerthEnv...)
 }
 

@@ -39,7 +39,7 @@ func needsStopStart(c backend.Capabilities) (bool, string) {
 	return true, ""
 }
 
-// Clock is the clock RegistryOpener gives a registry (registry.Options.Now): it
+// Clock is the clock RegistryOpener gives a registry (registry.WithClock): it
 // starts at the real time and moves only when Advance is called, so retention cases
 // never wait.
 type Clock struct {
@@ -68,7 +68,7 @@ func (c *Clock) Advance(d time.Duration) {
 var clocks sync.Map
 
 // ClockOf returns the Clock of a registry opened by RegistryOpener, or nil when it
-// has none (another opener, or base.Now was set).
+// has none (it was opened by another opener).
 func ClockOf(r *registry.Registry) *Clock {
 	if c, ok := clocks.Load(r); ok {
 		return c.(*Clock)
@@ -110,7 +110,7 @@ func (h *Harness) retentionRegistry(t T, id string) (*registry.Registry, *Clock)
 	}
 	clk := ClockOf(r)
 	if clk == nil {
-		t.Skip("needs a registry with an injectable clock: open it with conformance.RegistryOpener and leave registry.Options.Now unset")
+		t.Skip("needs a registry with an injectable clock: open it with conformance.RegistryOpener")
 	}
 	return r, clk
 }

@@ -118,8 +118,8 @@ func driverBlock(addr string) string {
 	return fmt.Sprintf("driver \"containerd\" {\n  address   = %s\n  namespace = %s\n}\n\n", strconv.Quote(addr), strconv.Quote(testNamespace))
 }
 
-func options(state, addr string, base registry.Options) conformance.Options {
-	opener := conformance.RegistryOpener(base)
+func options(state, addr string, reg ...registry.Option) conformance.Options {
+	opener := conformance.RegistryOpener(nil, reg...)
 	return conformance.Options{
 		AgentBinary:  berthBin,
 		StateDir:     state,
@@ -206,10 +206,8 @@ func TestConformanceInProcess(t *testing.T) {
 		before := takeInventory(t, addr)
 		state := t.TempDir()
 		d := newDriver(addr)
-		opts := options(state, addr, registry.Options{
-			BerthBinary: berthBin,
-			InProcess:   map[string]func() backend.TerminalBackend{containerd.Name: func() backend.TerminalBackend { return newDriver(addr) }},
-		})
+		opts := options(state, addr, registry.WithBerthBinary(berthBin),
+			registry.WithDriver(containerd.Name, func() backend.TerminalBackend { return newDriver(addr) }))
 		if err := d.Configure(context.Background(), backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "containerd"), Owner: opts.Owner}); err != nil {
 			t.Fatal(err)
 		}
@@ -234,7 +232,7 @@ func TestConformancePlugin(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Kill()
-		opts := options(state, addr, registry.Options{BerthBinary: berthBin})
+		opts := options(state, addr, registry.WithBerthBinary(berthBin))
 		cfg, _ := json.Marshal(map[string]string{"address": addr, "namespace": testNamespace})
 		if err := c.Configure(ctx, backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "containerd"), Owner: opts.Owner, Config: cfg}); err != nil {
 			t.Fatal(err)

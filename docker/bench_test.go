@@ -296,5 +296,5 @@ func BenchmarkShellMode(b *testing.B) {
 		b.Skipf("no Docker Engine at %s: %v; %s", host, err, testimage.StartHint)
 	}
 	cfg := "driver \"docker\" {\n  host = \"" + host + "\"\n}\nscope \"*\" {\n  driver = \"docker\"\n  image  = \"" + testimage.Ref + "\"\n}\n"
-	shellbench.ShellVsExec(b, registry.Options{BerthBinary: berthBin}, cfg, "bench:shell")
+	shellbench.ShellVsExec(b, cfg, "bench:shell", registry.WithBerthBinary(berthBin))
 }

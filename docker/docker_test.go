@@ -78,10 +78,8 @@ func TestConformanceInProcess(t *testing.T) {
 	if err := d.Configure(context.Background(), backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "docker"), Owner: opts.Owner}); err != nil {
 		t.Fatal(err)
 	}
-	opts.OpenRegistry = conformance.RegistryOpener(registry.Options{
-		BerthBinary: berthBin,
-		InProcess:   map[string]func() backend.TerminalBackend{docker.Name: func() backend.TerminalBackend { return docker.New(docker.WithHost(host)) }},
-	})
+	opts.OpenRegistry = conformance.RegistryOpener(nil, registry.WithBerthBinary(berthBin),
+		registry.WithDriver(docker.Name, func() backend.TerminalBackend { return docker.New(docker.WithHost(host)) }))
 	conformance.Run(t, d, opts)
 }
 
@@ -99,7 +97,7 @@ func TestConformancePlugin(t *testing.T) {
 	}
 	t.Cleanup(c.Kill)
 	opts := options(state)
-	opts.OpenRegistry = conformance.RegistryOpener(registry.Options{BerthBinary: berthBin})
+	opts.OpenRegistry = conformance.RegistryOpener(nil, registry.WithBerthBinary(berthBin))
 	cfg, _ := json.Marshal(map[string]string{"host": host})
 	if err := c.Configure(ctx, backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "docker"), Owner: opts.Owner, Config: cfg}); err != nil {
 		t.Fatal(err)

@@ -136,10 +136,8 @@ func TestRecoveryRuntimeRestart(t *testing.T) {
 	if err := drv.Configure(context.Background(), backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "docker"), Owner: opts.Owner}); err != nil {
 		t.Fatal(err)
 	}
-	opts.OpenRegistry = conformance.RegistryOpener(registry.Options{
-		BerthBinary: berthBin,
-		InProcess:   map[string]func() backend.TerminalBackend{docker.Name: func() backend.TerminalBackend { return docker.New(docker.WithHost(d.host)) }},
-	})
+	opts.OpenRegistry = conformance.RegistryOpener(nil, registry.WithBerthBinary(berthBin),
+		registry.WithDriver(docker.Name, func() backend.TerminalBackend { return docker.New(docker.WithHost(d.host)) }))
 	opts.RestartRuntime = d.restart
 	rep := conformance.RunAll(t.Context(), drv, opts, conformance.Filter{Run: regexp.MustCompile(`^recovery/runtime-restart$`)})
 	if rep.Passed != 1 || rep.Failed != 0 {

@@ -95,5 +95,5 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 //
 //	go test ./local -run '^$' -bench ShellMode -benchtime 50x
 func BenchmarkShellMode(b *testing.B) {
-	shellbench.ShellVsExec(b, registry.Options{BerthBinary: berthBin}, "scope \"*\" {\n  driver = \"local\"\n}\n", "bench:shell")
+	shellbench.ShellVsExec(b, "scope \"*\" {\n  driver = \"local\"\n}\n", "bench:shell", registry.WithBerthBinary(berthBin))
 }

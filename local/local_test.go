@@ -29,10 +29,8 @@ func TestConformanceInProcess(t *testing.T) {
 	d := local.New(local.WithStateDir(filepath.Join(state, "drivers", "local")))
 	t.Cleanup(func() { d.Close() })
 	opts := options(t, state)
-	opts.OpenRegistry = conformance.RegistryOpener(registry.Options{
-		BerthBinary: berthBin,
-		InProcess:   map[string]func() backend.TerminalBackend{local.Name: func() backend.TerminalBackend { return local.New() }},
-	})
+	opts.OpenRegistry = conformance.RegistryOpener(nil, registry.WithBerthBinary(berthBin),
+		registry.WithDriver(local.Name, func() backend.TerminalBackend { return local.New() }))
 	conformance.Run(t, d, opts)
 }
 
@@ -49,7 +47,7 @@ func TestConformancePlugin(t *testing.T) {
 	}
 	t.Cleanup(c.Kill)
 	opts := options(t, state)
-	opts.OpenRegistry = conformance.RegistryOpener(registry.Options{BerthBinary: berthBin})
+	opts.OpenRegistry = conformance.RegistryOpener(nil, registry.WithBerthBinary(berthBin))
 	if err := c.Configure(ctx, backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "local"), Owner: opts.Owner}); err != nil {
 		t.Fatal(err)
 	}

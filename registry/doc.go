@@ -34,8 +34,11 @@
 //     none started or ended for longer than idle_ttl; idle_action stops or removes
 //     it; max_age removes it whatever its use. A session whose sandbox retention
 //     removed keeps its record, marked, so its next exec creates a new sandbox and
-//     says so (Lease.Recreated). Time comes from Options.Now.
+//     says so (Lease.Recreated). Time comes from WithClock.
 //
-// Precedence of settings: Options fields (the CLI's flags) over BERTH_CONFIG,
-// BERTH_STATE_DIR and BERTH_LOG over the config file over defaults.
+// Settings: Open takes a parsed config (nil for config.Default) and functional
+// options (WithStateDir, WithLogger, WithDriver, ...) and reads no environment
+// variable and no config file. berth's CLI applies the precedence flags >
+// BERTH_* environment > config file > defaults before it calls config.Load and Open
+// (cmd/berth/settings.go).
 package registry

@@ -1,7 +1,6 @@
 package registry
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,11 +25,9 @@ scope "docker:*" {
   driver = "down"
 }
 `)
-	opts := e.options()
-	opts.KnownDrivers = []string{"local", "down", "spare"}
-	opts.InProcess["down"] = func() backend.TerminalBackend { return &downDriver{} }
-	opts.InProcess["spare"] = func() backend.TerminalBackend { return &hostDriver{} }
-	r, err := Open(context.Background(), opts)
+	r, err := e.openWith([]string{"local", "down", "spare"},
+		WithDriver("down", func() backend.TerminalBackend { return &downDriver{} }),
+		WithDriver("spare", func() backend.TerminalBackend { return &hostDriver{} }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,10 +98,7 @@ scope "docker:*" {
 	// The down driver out of the config: old-layout strays go too; what live
 	// sandboxes use stays.
 	e.writeConfig(reconcileRules)
-	opts.KnownDrivers = []string{"local"}
-	delete(opts.InProcess, "down")
-	delete(opts.InProcess, "spare")
-	r2, err := Open(context.Background(), opts)
+	r2, err := e.openWith(nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -229,7 +229,7 @@ func (p *hostProc) Wait() (backend.ExecResult, error) {
 	return res, err
 }
 
-// prepareFixture is the test's Options.PrepareAgent: it makes the sandbox's agent and
+// prepareFixture is the test's WithAgentPreparer: it makes the sandbox's agent and
 // run dirs as backends/agent.PrepareSandbox would, with /bin/true as the binary.
 func prepareFixture(sandboxDir string) (backend.AgentFiles, error) {
 	f := backend.AgentFiles{Binary: filepath.Join(sandboxDir, "agent", backend.AgentBinaryName),

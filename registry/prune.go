@@ -140,7 +140,7 @@ func validOwner(owner string) error {
 //     not idle; max_age removes it anyway). Drift is reported, not acted on.
 //   - sandboxes of ours that it does not record (a crash between create and record)
 //     are adopted when a scope rule still maps to them and removed otherwise, but
-//     never while younger than the grace period (Options.OrphanGrace), measured from
+//     never while younger than the grace period (WithOrphanGrace), measured from
 //     LabelCreated.
 //   - sandboxes without our owner label are never listed, stopped or removed.
 //   - per-sandbox directories (STATE/sandboxes/DRIVER/SANDBOX, and the old layout's
@@ -404,7 +404,7 @@ func (r *Registry) ruleMapping(driver string, sb backend.Sandbox) *config.Rule {
 }
 
 // pruneFiles deletes state dir files that nothing references and that were last
-// modified longer ago than the grace period (real time: Options.Now does not date
+// modified longer ago than the grace period (real time: WithClock does not date
 // files): per-sandbox dirs and busy markers of both layouts (see hostdirs.go), lock
 // files, agent copies and full-output files. listed holds the sandboxes of ours that
 // the drivers listed (less those this run removed), listedOK the drivers that could

@@ -48,11 +48,10 @@ scope "*" {
 }
 `)
 	d := &pullingDriver{hostDriver: &hostDriver{}}
-	opts := e.options()
-	opts.InProcess = map[string]func() backend.TerminalBackend{"local": func() backend.TerminalBackend { return d }}
 	var events []PullEvent
-	opts.OnPull = func(ev PullEvent) { events = append(events, ev) }
-	r, err := Open(context.Background(), opts)
+	r, err := e.openWith(nil,
+		WithDriver("local", func() backend.TerminalBackend { return d }),
+		WithPullProgress(func(ev PullEvent) { events = append(events, ev) }))
 	if err != nil {
 		t.Fatal(err)
 	}

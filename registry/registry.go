@@ -19,8 +19,9 @@ import (
 )
 
 // LaunchFunc starts the driver named driver out of process and returns a client for
-// it (see package backends). It is called at most once per driver and Registry,
-// again only after a launched plugin has exited.
+// it (see package backends and WithLauncher). It is called at most once per driver
+// and Registry, again only after a launched plugin has exited; its error is returned
+// from the call that needed the driver.
 type LaunchFunc func(ctx context.Context, driver string) (backend.TerminalBackend, error)
 
 // PrepareAgentFunc prepares the agent files of one sandbox in sandboxDir
@@ -28,58 +29,6 @@ type LaunchFunc func(ctx context.Context, driver string) (backend.TerminalBacken
 // earlier version made) and returns their paths for backend.CreateRequest.Agent.
 // sandboxDir, and its parent, may not exist yet: create them as needed (MkdirAll).
 type PrepareAgentFunc func(sandboxDir string) (backend.AgentFiles, error)
-
-// Options configure Open. Non-empty fields are the CLI's flags and override the
-// environment and the config file.
-type Options struct {
-	// ConfigPath is the config file (--config); overrides BERTH_CONFIG and the
-	// default path. A named file must exist.
-	ConfigPath string
-	// StateDir is the state dir (--state-dir); overrides BERTH_STATE_DIR, the config's
-	// state_dir and DefaultStateDir. A relative path is made absolute.
-	StateDir string
-	// LogLevel (--log-level) overrides BERTH_LOG and the config's log_level; one of
-	// LogLevels. The resolved level is applied to Logger with SetLevel.
-	LogLevel string
-	// BerthBinary serves the built-in drivers (`BINARY driver serve NAME`) and is the
-	// agent binary unless the config sets agent_path. Default: os.Executable().
-	BerthBinary string
-	// InProcess, when it has an entry for a driver, creates that driver in this
-	// process instead of launching its plugin. Its keys count as known drivers.
-	InProcess map[string]func() backend.TerminalBackend
-	// KnownDrivers are the driver names config may use; nil means the built-in
-	// drivers (package backends' catalog). InProcess keys are always added.
-	KnownDrivers []string
-	// Launch starts out-of-process drivers; nil means the go-plugin launcher of
-	// package backends: built-in drivers from BerthBinary, third-party drivers
-	// from Plugins, the driver block's plugin key, or discovery
-	// (berth-driver-NAME in $BERTH_PLUGIN_PATH, plugin_dirs, beside BerthBinary).
-	Launch LaunchFunc
-	// Plugins maps third-party driver names to their executables (the CLI's
-	// --plugin), overriding the config's plugin key and discovery; the config's
-	// sha256 pin and start_timeout still apply. Its keys count as known drivers.
-	Plugins map[string]string
-	// PrepareAgent prepares a sandbox's agent files; nil means package
-	// backends/agent's Install (once per Registry) and PrepareSandbox.
-	PrepareAgent PrepareAgentFunc
-	// Logger receives the registry's and the plugins' logs; nil discards them.
-	Logger hclog.Logger
-	// StoreTimeout bounds the wait for another process's hold on the state store;
-	// 0 means DefaultStoreTimeout.
-	StoreTimeout time.Duration
-	// Now is the registry's clock: sandbox creation times (LabelCreated), last use,
-	// idle_ttl, max_age and the orphan grace period are all measured with it. nil
-	// means time.Now. Tests inject a clock they advance, so nothing waits for real.
-	Now func() time.Time
-	// OrphanGrace is how old an unrecorded sandbox of ours (and an unreferenced file
-	// in the state dir) must be before Prune removes it: younger ones may be in the
-	// middle of a create. 0 means DefaultOrphanGrace.
-	OrphanGrace time.Duration
-	// OnPull, when set, receives the progress of every image pull that a call makes
-	// before it creates a sandbox (see Rule.Pull). It is called from the calling
-	// goroutine, in order, and must not block for long.
-	OnPull func(PullEvent)
-}
 
 // PullEvent is one progress event of an image pull made for a session's sandbox.
 type PullEvent struct {
@@ -94,21 +43,19 @@ type PullEvent struct {
 // Registry maps sessions to sandboxes. It is safe for concurrent use, and several
 // processes may use one state dir at once. Close it to end the plugins it launched.
 type Registry struct {
-	cfg        *config.Config
-	configPath string
-	stateDir   string
-	logLevel   string
-	log        hclog.Logger
-	known      []string
-	inProcess  map[string]func() backend.TerminalBackend
-	launch     LaunchFunc
-	prepare    PrepareAgentFunc
-	onPull     func(PullEvent)
-	store      *store
-	caps       sync.Map // backend.TerminalBackend → backend.Capabilities
-	clock      func() time.Time
-	grace      time.Duration
-	agentSrc   string
+	cfg       *config.Config
+	stateDir  string
+	log       hclog.Logger
+	known     []string
+	inProcess map[string]func() backend.TerminalBackend
+	launch    LaunchFunc
+	prepare   PrepareAgentFunc
+	onPull    func(PullEvent)
+	store     *store
+	caps      sync.Map // backend.TerminalBackend → backend.Capabilities
+	clock     func() time.Time
+	grace     time.Duration
+	agentSrc  string
 
 	initMu sync.Mutex
 	owner  string
@@ -123,81 +70,60 @@ type driverEntry struct {
 	b  backend.TerminalBackend
 }
 
-// Open resolves the settings (Options > BERTH_* environment > config file >
-// defaults), loads and checks the config, and checks that the state dir can be
-// written. It creates nothing: the state dir, its store (schema version, owner id)
-// and lock dir are made by the first call that needs them. Errors: config errors
-// (*ConfigError, file:line:col), a named config file that does not exist, a bad log
-// level, a state dir that cannot be written (each wrapping backend.ErrInvalid and
-// naming the input).
-func Open(ctx context.Context, opts Options) (*Registry, error) {
-	log := opts.Logger
+// Open returns a registry over cfg (nil means config.Default(): every session on
+// the local driver) with opts. It reads no environment variable and no config file:
+// the caller resolves settings (berth's CLI applies flags > BERTH_* environment >
+// config file > defaults) and passes the result as cfg and opts. It checks that the
+// state dir (WithStateDir, else cfg.StateDir) can be written, and creates nothing:
+// the state dir, its store (schema version, owner id) and lock dir are made by the
+// first call that needs them. The registry knows the drivers cfg was checked
+// against (cfg.KnownDrivers) and those of WithDriver and WithPlugin. ctx is not
+// kept. Errors (each wrapping backend.ErrInvalid and naming the input): an option's
+// own error, no state dir, a state dir that cannot be written, no berth binary
+// (os.Executable failed and WithBerthBinary was not given).
+func Open(ctx context.Context, cfg *config.Config, opts ...Option) (*Registry, error) {
+	var o options
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	if cfg == nil {
+		cfg = config.Default()
+	}
+	log := o.logger
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	known := opts.KnownDrivers
-	if known == nil {
-		known = builtinDrivers()
-	}
-	known = slices.Clone(known)
-	for name := range opts.Plugins {
+	known := slices.Clone(cfg.KnownDrivers)
+	for name := range o.plugins {
 		if !slices.Contains(known, name) {
 			known = append(known, name)
 		}
 	}
-	for name := range opts.InProcess {
+	for name := range o.inProcess {
 		if !slices.Contains(known, name) {
 			known = append(known, name)
 		}
 	}
 	sort.Strings(known)
 
-	path, explicit, err := config.ResolvePath(opts.ConfigPath)
-	if err != nil {
-		return nil, err
-	}
-	bin := opts.BerthBinary
+	bin := o.berthBinary
 	if bin == "" {
+		var err error
 		if bin, err = os.Executable(); err != nil {
-			return nil, fmt.Errorf("finding the berth binary: %w; set Options.BerthBinary", err)
+			return nil, backend.Errorf(backend.ErrInvalid, "finding the berth binary: %v; pass registry.WithBerthBinary", err)
 		}
 	}
-	var cfg *config.Config
-	if !explicit && !fileExists(path) {
-		cfg, path = config.Default(), ""
-		cfg.KnownDrivers = withDiscovered(known, bin)
-	} else if cfg, err = config.Load(path, config.WithKnownDrivers(known...), config.WithPluginFinder(defaultPluginFinder(bin))); err != nil {
-		return nil, err
-	}
-	known = slices.Sorted(slices.Values(cfg.KnownDrivers)) // with the third-party drivers the config may use
-
-	level, src := opts.LogLevel, "--log-level"
-	if level == "" {
-		level, src = os.Getenv(config.EnvLog), config.EnvLog
-	}
-	if level == "" {
-		level, src = cfg.LogLevel, "log_level"
-	}
-	if level != "" {
-		if !slices.Contains(config.LogLevels, level) {
-			return nil, backend.Errorf(backend.ErrInvalid, "%s %q is not a log level; use one of %v", src, level, config.LogLevels)
-		}
-		log.SetLevel(hclog.LevelFromString(level))
-	}
-
-	stateDir := opts.StateDir
-	if stateDir == "" {
-		stateDir = os.Getenv(config.EnvStateDir)
-	}
+	stateDir := o.stateDir
 	if stateDir == "" {
 		stateDir = cfg.StateDir
 	}
 	if stateDir == "" {
-		if stateDir, err = config.DefaultStateDir(); err != nil {
-			return nil, err
-		}
+		return nil, backend.Errorf(backend.ErrInvalid, "registry.Open: no state dir; pass registry.WithStateDir(DIR) or set state_dir in the config")
 	}
-	if stateDir, err = filepath.Abs(config.ExpandHome(stateDir)); err != nil {
+	stateDir, err := filepath.Abs(stateDir)
+	if err != nil {
 		return nil, stateDirError(stateDir, err.Error())
 	}
 	if err := checkStateDir(stateDir); err != nil {
@@ -209,21 +135,19 @@ func Open(ctx context.Context, opts Options) (*Registry, error) {
 		agentSrc = bin
 	}
 	r := &Registry{
-		cfg:        cfg,
-		configPath: path,
-		stateDir:   stateDir,
-		logLevel:   level,
-		log:        log,
-		known:      known,
-		inProcess:  opts.InProcess,
-		launch:     opts.Launch,
-		prepare:    opts.PrepareAgent,
-		onPull:     opts.OnPull,
-		store:      newStore(filepath.Join(stateDir, StoreFile), opts.StoreTimeout),
-		drivers:    map[string]*driverEntry{},
-		clock:      opts.Now,
-		grace:      opts.OrphanGrace,
-		agentSrc:   agentSrc,
+		cfg:       cfg,
+		stateDir:  stateDir,
+		log:       log,
+		known:     known,
+		inProcess: o.inProcess,
+		launch:    o.launch,
+		prepare:   o.prepare,
+		onPull:    o.onPull,
+		store:     newStore(filepath.Join(stateDir, StoreFile), o.storeTimeout),
+		drivers:   map[string]*driverEntry{},
+		clock:     o.clock,
+		grace:     o.grace,
+		agentSrc:  agentSrc,
 	}
 	if r.clock == nil {
 		r.clock = time.Now
@@ -232,7 +156,7 @@ func Open(ctx context.Context, opts Options) (*Registry, error) {
 		r.grace = DefaultOrphanGrace
 	}
 	if r.launch == nil {
-		r.launch = defaultLaunch(bin, stateDir, cfg, opts.Plugins, log)
+		r.launch = defaultLaunch(bin, stateDir, cfg, o.plugins, log)
 	}
 	if r.prepare == nil {
 		r.prepare = defaultPrepareAgent(stateDir, agentSrc)
@@ -240,22 +164,16 @@ func Open(ctx context.Context, opts Options) (*Registry, error) {
 	return r, nil
 }
 
-// Config returns the loaded config (DefaultConfig when there is no file). Do not
-// modify it.
+// Config returns the config Open was given (config.Default() for nil); its Path is
+// the config file, or "" for the built-in one. Do not modify it.
 func (r *Registry) Config() *config.Config { return r.cfg }
-
-// ConfigPath returns the config file in use, or "" for DefaultConfig.
-func (r *Registry) ConfigPath() string { return r.configPath }
 
 // StateDir returns the resolved, absolute state dir.
 func (r *Registry) StateDir() string { return r.stateDir }
 
-// OrphanGrace returns the grace period of Prune (Options.OrphanGrace or
+// OrphanGrace returns the grace period of Prune (WithOrphanGrace, default
 // DefaultOrphanGrace).
 func (r *Registry) OrphanGrace() time.Duration { return r.grace }
-
-// LogLevel returns the resolved log level, or "" when nothing set one.
-func (r *Registry) LogLevel() string { return r.logLevel }
 
 // Owner returns the installation's owner id (32 hex digits), creating the state dir
 // and store on first use.

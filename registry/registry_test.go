@@ -48,26 +48,45 @@ func (e *env) writeConfig(src string) {
 	}
 }
 
-func (e *env) options() Options {
-	return Options{
-		ConfigPath: e.config,
-		StateDir:   e.stateDir,
-		// Only the fixture driver: the built-in list (backends.Builtins) grows.
-		KnownDrivers: []string{"local"},
-		InProcess: map[string]func() backend.TerminalBackend{"local": func() backend.TerminalBackend {
+// load loads the env's config file, checked against the known drivers; none means
+// only "local", the fixture driver (the built-in list, backends.Builtins, grows).
+func (e *env) load(known ...string) (*config.Config, error) {
+	if len(known) == 0 {
+		known = []string{"local"}
+	}
+	return config.Load(e.config, config.WithKnownDrivers(known...))
+}
+
+// options are the env's registry options: its state dir, the fixture driver as
+// "local" in this process and the fixture agent files; extra follow them, so a
+// later WithDriver of the same name wins.
+func (e *env) options(extra ...Option) []Option {
+	return append([]Option{
+		WithStateDir(e.stateDir),
+		WithDriver("local", func() backend.TerminalBackend {
 			d := &hostDriver{}
 			e.mu.Lock()
 			e.drivers = append(e.drivers, d)
 			e.mu.Unlock()
 			return d
-		}},
-		PrepareAgent: prepareFixture,
+		}),
+		WithAgentPreparer(prepareFixture),
+	}, extra...)
+}
+
+// openWith opens a registry on the env's config loaded with known (see load) and
+// e.options(extra...).
+func (e *env) openWith(known []string, extra ...Option) (*Registry, error) {
+	cfg, err := e.load(known...)
+	if err != nil {
+		return nil, err
 	}
+	return Open(context.Background(), cfg, e.options(extra...)...)
 }
 
 func (e *env) open() *Registry {
 	e.t.Helper()
-	r, err := Open(context.Background(), e.options())
+	r, err := e.openWith(nil)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -312,7 +331,7 @@ func TestHelperProcess(t *testing.T) {
 		t.Skip("helper process for TestConcurrentProcesses")
 	}
 	e := &env{t: t, stateDir: os.Getenv("BERTH_REGISTRY_STATE"), config: os.Getenv("BERTH_REGISTRY_CONFIG")}
-	r, err := Open(context.Background(), e.options())
+	r, err := e.openWith(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -752,86 +771,64 @@ func TestExplain(t *testing.T) {
 	}
 }
 
-func TestPrecedence(t *testing.T) {
+// Open reads no environment and no file: the state dir comes from WithStateDir, else
+// the config's state_dir, else Open fails naming the option; a relative one is made
+// absolute; a nil config is config.Default(); bad options are refused, named.
+func TestOpenSettings(t *testing.T) {
 	dir := t.TempDir()
-	write := func(name, src string) string {
-		p := filepath.Join(dir, name)
-		os.WriteFile(p, []byte(src), 0o600)
-		return p
-	}
-	fileA := write("a.hcl", "state_dir = \""+dir+"/from-a\"\nlog_level = \"info\"\nscope \"*\" {\n  env = { FROM = \"a\" }\n}\n")
-	fileB := write("b.hcl", "state_dir = \""+dir+"/from-b\"\nlog_level = \"error\"\nscope \"*\" {\n  env = { FROM = \"b\" }\n}\n")
-	xdgConfig := filepath.Join(dir, "xdg-config")
-	os.MkdirAll(filepath.Join(xdgConfig, "berth"), 0o700)
-	os.WriteFile(filepath.Join(xdgConfig, "berth", "config.hcl"), []byte("scope \"*\" {\n  env = { FROM = \"xdg\" }\n}\n"), 0o600)
-	t.Setenv("XDG_CONFIG_HOME", xdgConfig)
-	t.Setenv("XDG_STATE_HOME", filepath.Join(dir, "xdg-state"))
-	t.Setenv(config.EnvConfig, "")
-	t.Setenv(config.EnvStateDir, "")
-	t.Setenv(config.EnvLog, "")
-
-	open := func(o Options) *Registry {
+	t.Setenv(config.EnvStateDir, dir+"/from-env")
+	t.Setenv(config.EnvConfig, dir+"/missing.hcl")
+	t.Setenv(config.EnvLog, "loud")
+	t.Setenv("XDG_STATE_HOME", dir+"/xdg")
+	open := func(cfg *config.Config, opts ...Option) *Registry {
 		t.Helper()
-		r, err := Open(context.Background(), o)
+		r, err := Open(context.Background(), cfg, opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { r.Close() })
 		return r
 	}
-	from := func(r *Registry) string {
-		rule, _, _ := r.Config().Match("main")
-		return rule.Env["FROM"]
+	r := open(nil, WithStateDir(dir+"/opt"))
+	if r.StateDir() != dir+"/opt" || r.Config().Path != "" || len(r.Config().Rules) != 1 || r.Config().Rules[0].Pos() != "(built-in default)" {
+		t.Errorf("nil config: %s %+v", r.StateDir(), r.Config())
 	}
-	// Defaults: XDG config file, XDG state dir.
-	r := open(Options{})
-	if from(r) != "xdg" || r.StateDir() != filepath.Join(dir, "xdg-state", "berth") || r.LogLevel() != "" ||
-		r.ConfigPath() != filepath.Join(xdgConfig, "berth", "config.hcl") {
-		t.Errorf("defaults: %s %s %q %s", from(r), r.StateDir(), r.LogLevel(), r.ConfigPath())
+	cfg, err := config.Parse([]byte("state_dir = \""+dir+"/from-file\"\n"), "c.hcl", config.WithKnownDrivers("local"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	// No config file anywhere: DefaultConfig.
-	t.Setenv("XDG_CONFIG_HOME", filepath.Join(dir, "empty"))
-	r = open(Options{})
-	if r.ConfigPath() != "" || len(r.Config().Rules) != 1 || r.Config().Rules[0].Pos() != "(built-in default)" {
-		t.Errorf("no config: %s %+v", r.ConfigPath(), r.Config().Rules)
+	if r := open(cfg); r.StateDir() != dir+"/from-file" {
+		t.Errorf("the config's state_dir: %s", r.StateDir())
 	}
-	// The config file beats the defaults.
-	t.Setenv(config.EnvConfig, fileA)
-	r = open(Options{})
-	if from(r) != "a" || r.StateDir() != dir+"/from-a" || r.LogLevel() != "info" {
-		t.Errorf("env config: %s %s %s", from(r), r.StateDir(), r.LogLevel())
+	if r := open(cfg, WithStateDir(dir+"/opt")); r.StateDir() != dir+"/opt" {
+		t.Errorf("WithStateDir over state_dir: %s", r.StateDir())
 	}
-	// Environment beats the config file.
-	t.Setenv(config.EnvStateDir, dir+"/from-env")
-	t.Setenv(config.EnvLog, "debug")
-	r = open(Options{})
-	if r.StateDir() != dir+"/from-env" || r.LogLevel() != "debug" {
-		t.Errorf("env: %s %s", r.StateDir(), r.LogLevel())
-	}
-	// Flags beat the environment.
-	r = open(Options{ConfigPath: fileB, StateDir: dir + "/from-flag", LogLevel: "trace"})
-	if from(r) != "b" || r.StateDir() != dir+"/from-flag" || r.LogLevel() != "trace" || r.ConfigPath() != fileB {
-		t.Errorf("flags: %s %s %s", from(r), r.StateDir(), r.LogLevel())
-	}
-	// A named config file must exist; a bad level is refused, naming its source.
-	if _, err := Open(context.Background(), Options{ConfigPath: dir + "/missing.hcl"}); !errors.Is(err, backend.ErrInvalid) ||
-		!strings.Contains(err.Error(), dir+"/missing.hcl does not exist") {
-		t.Errorf("missing --config: %v", err)
-	}
-	t.Setenv(config.EnvConfig, dir+"/missing-env.hcl")
-	if _, err := Open(context.Background(), Options{}); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), "missing-env.hcl") {
-		t.Errorf("missing BERTH_CONFIG: %v", err)
-	}
-	t.Setenv(config.EnvConfig, "")
-	t.Setenv(config.EnvLog, "loud")
-	if _, err := Open(context.Background(), Options{}); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), `BERTH_LOG "loud" is not a log level`) {
-		t.Errorf("bad BERTH_LOG: %v", err)
-	}
-	// Relative flags are made absolute.
-	t.Setenv(config.EnvLog, "")
 	t.Chdir(dir)
-	r = open(Options{StateDir: "rel"})
-	if r.StateDir() != filepath.Join(dir, "rel") {
+	if r := open(nil, WithStateDir("rel")); r.StateDir() != filepath.Join(dir, "rel") {
 		t.Errorf("relative state dir: %s", r.StateDir())
+	}
+	for _, c := range []struct {
+		name string
+		opts []Option
+		want string
+	}{
+		{"no state dir", nil, "no state dir; pass registry.WithStateDir(DIR) or set state_dir in the config"},
+		{"empty state dir", []Option{WithStateDir("")}, "registry.WithStateDir: the state dir is empty"},
+		{"empty berth binary", []Option{WithStateDir(dir), WithBerthBinary("")}, "registry.WithBerthBinary"},
+		{"nameless driver", []Option{WithStateDir(dir), WithDriver("", func() backend.TerminalBackend { return &hostDriver{} })}, `registry.WithDriver("")`},
+		{"driver without constructor", []Option{WithStateDir(dir), WithDriver("x", nil)}, `registry.WithDriver("x")`},
+		{"plugin without path", []Option{WithStateDir(dir), WithPlugin("x", "")}, `registry.WithPlugin("x", "")`},
+		{"zero store timeout", []Option{WithStateDir(dir), WithStoreTimeout(0)}, "registry.WithStoreTimeout(0s)"},
+		{"negative grace", []Option{WithStateDir(dir), WithOrphanGrace(-time.Second)}, "registry.WithOrphanGrace(-1s)"},
+	} {
+		if _, err := Open(context.Background(), nil, c.opts...); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrInvalid containing %q", c.name, err, c.want)
+		}
+	}
+	// The drivers of WithDriver and WithPlugin are known besides the config's.
+	r = open(nil, WithStateDir(dir), WithDriver("mock", func() backend.TerminalBackend { return &hostDriver{} }), WithPlugin("ext", "/bin/false"))
+	if _, err := r.Backend(context.Background(), "nope"); err == nil || !strings.Contains(err.Error(), "known drivers: [containerd docker ext local mock]") {
+		t.Errorf("known drivers: %v", err)
 	}
 }
 
@@ -841,11 +838,8 @@ func TestUnwritableStateDir(t *testing.T) {
 	os.WriteFile(file, nil, 0o600)
 	bad := filepath.Join(file, "state")
 	before, _ := os.ReadDir(dir)
-	e := &env{t: t, stateDir: bad, config: filepath.Join(dir, "none.hcl")}
-	o := e.options()
-	o.ConfigPath = ""
-	t.Setenv("XDG_CONFIG_HOME", dir)
-	_, err := Open(context.Background(), o)
+	e := &env{t: t, stateDir: bad}
+	_, err := Open(context.Background(), nil, e.options()...)
 	if err == nil || !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), "state dir "+bad+" cannot be written: "+file+" is not a directory") ||
 		!strings.Contains(err.Error(), "--state-dir or BERTH_STATE_DIR") {
 		t.Errorf("state dir under a file: %v", err)
@@ -856,8 +850,7 @@ func TestUnwritableStateDir(t *testing.T) {
 	if os.Geteuid() != 0 {
 		ro := filepath.Join(dir, "ro")
 		os.Mkdir(ro, 0o500)
-		o.StateDir = filepath.Join(ro, "a", "b")
-		_, err := Open(context.Background(), o)
+		_, err := Open(context.Background(), nil, e.options(WithStateDir(filepath.Join(ro, "a", "b")))...)
 		if err == nil || !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), ro) {
 			t.Errorf("read-only parent: %v", err)
 		}
@@ -867,8 +860,7 @@ func TestUnwritableStateDir(t *testing.T) {
 	}
 	// A path under /proc cannot be made even by root; Open passes the access check
 	// (root), the first call fails and removes what it made.
-	o.StateDir = "/proc/berth-test-state/x"
-	r, err := Open(context.Background(), o)
+	r, err := Open(context.Background(), nil, e.options(WithStateDir("/proc/berth-test-state/x"))...)
 	if err == nil {
 		_, err = r.Acquire(context.Background(), "main")
 	}

@@ -12,11 +12,11 @@ import (
 )
 
 // DefaultOrphanGrace is how old an unrecorded sandbox of ours, or an unreferenced
-// file in the state dir, must be before Prune removes it (Options.OrphanGrace).
+// file in the state dir, must be before Prune removes it (WithOrphanGrace).
 // Creating a sandbox (an image pull included) is expected to take less.
 const DefaultOrphanGrace = 15 * time.Minute
 
-// now returns the registry's clock (Options.Now), in UTC.
+// now returns the registry's clock (WithClock), in UTC.
 func (r *Registry) now() time.Time { return r.clock().UTC() }
 
 // Causes of prune actions and expiry (PruneAction.Cause).

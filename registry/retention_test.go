@@ -16,7 +16,7 @@ import (
 	"github.com/berth-sh/berth/registry/config"
 )
 
-// fakeClock is an Options.Now that moves only when told.
+// fakeClock is a WithClock clock that moves only when told.
 type fakeClock struct {
 	mu sync.Mutex
 	t  time.Time
@@ -68,9 +68,7 @@ scope "*" {
 // openClock opens a registry of e with clock c.
 func (e *env) openClock(c *fakeClock) *Registry {
 	e.t.Helper()
-	opts := e.options()
-	opts.Now = c.Now
-	r, err := Open(context.Background(), opts)
+	r, err := e.openWith(nil, WithClock(c.Now))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -364,10 +362,7 @@ func plant(t *testing.T, r *Registry, session string, created time.Time, edit fu
 func TestReconcile(t *testing.T) {
 	e := newEnv(t, reconcileRules)
 	clk := newClock()
-	opts := e.options()
-	opts.Now = clk.Now
-	opts.OrphanGrace = 10 * time.Minute
-	r, err := Open(context.Background(), opts)
+	r, err := e.openWith(nil, WithClock(clk.Now), WithOrphanGrace(10*time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -472,11 +467,8 @@ scope "docker:*" {
 }
 `)
 	clk := newClock()
-	opts := e.options()
-	opts.KnownDrivers = []string{"local", "down"}
-	opts.InProcess["down"] = func() backend.TerminalBackend { return &downDriver{} }
-	opts.Now = clk.Now
-	r, err := Open(context.Background(), opts)
+	r, err := e.openWith([]string{"local", "down"},
+		WithDriver("down", func() backend.TerminalBackend { return &downDriver{} }), WithClock(clk.Now))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -504,9 +496,7 @@ scope "docker:*" {
 
 	// With the down driver out of the config, the stray files go once old enough.
 	e.writeConfig(reconcileRules)
-	opts.KnownDrivers = []string{"local"}
-	delete(opts.InProcess, "down")
-	r2, err := Open(context.Background(), opts)
+	r2, err := e.openWith(nil, WithClock(clk.Now))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -648,7 +638,7 @@ func TestPruneOutputs(t *testing.T) {
 // whether there was one; the next Acquire creates a new one.
 func TestRecreateUnrecorded(t *testing.T) {
 	e := newEnv(t, reconcileRules)
-	r, err := Open(context.Background(), e.options())
+	r, err := e.openWith(nil)
 	if err != nil {
 		t.Fatal(err)
 	}

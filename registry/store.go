@@ -26,7 +26,7 @@ const SchemaVersion = 1
 const StoreFile = "state.db"
 
 // DefaultStoreTimeout is how long a call waits for another berth process to release
-// the state store (Options.StoreTimeout).
+// the state store (WithStoreTimeout).
 const DefaultStoreTimeout = 30 * time.Second
 
 var (

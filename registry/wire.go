@@ -2,10 +2,7 @@ package registry
 
 import (
 	"context"
-	"os"
 	"path/filepath"
-	"slices"
-	"sort"
 	"sync"
 
 	"github.com/hashicorp/go-hclog"
@@ -17,51 +14,20 @@ import (
 )
 
 // This file is the only one that reaches packages backends and backends/agent, so
-// that the rest of the registry (and its tests, through Options.Launch and
-// Options.PrepareAgent) does not depend on them.
-
-func builtinDrivers() []string { return slices.Clone(backends.Builtins) }
-
-// defaultPluginFinder discovers third-party drivers in the plugin search path:
-// $BERTH_PLUGIN_PATH, the config's plugin_dirs, the directory of berthBinary
-// (the running executable when "").
-func defaultPluginFinder(berthBinary string) config.PluginFinder {
-	return func(pluginDirs []string) []string {
-		var names []string
-		for _, p := range backends.Discover(backends.SearchPath(pluginDirs, berthBinaryOrSelf(berthBinary))) {
-			if !backends.IsBuiltin(p.Name) {
-				names = append(names, p.Name)
-			}
-		}
-		return names
-	}
-}
-
-func berthBinaryOrSelf(bin string) string {
-	if bin == "" {
-		bin, _ = os.Executable()
-	}
-	return bin
-}
-
-// withDiscovered adds the third-party drivers found with no config file
-// ($BERTH_PLUGIN_PATH, beside berthBinary) to known, sorted.
-func withDiscovered(known []string, berthBinary string) []string {
-	out := slices.Clone(known)
-	for _, n := range defaultPluginFinder(berthBinary)(nil) {
-		if !slices.Contains(out, n) {
-			out = append(out, n)
-		}
-	}
-	sort.Strings(out)
-	return out
-}
+// that the rest of the registry (and its tests, through WithLauncher and
+// WithAgentPreparer) does not depend on them.
 
 // defaultLaunch starts the drivers named in plugins from those executables,
 // built-in drivers as `berthBinary driver serve NAME`, and other third-party
 // drivers from the executable that discovery finds for them (the driver
 // block's plugin key, or berth-driver-NAME in the search path); each checked
 // against its block's sha256 pin and started within its start_timeout.
+//
+// The search path (backends.SearchPath) starts with $BERTH_PLUGIN_PATH, which
+// package backends reads: it is where plugins are installed, like $PATH for
+// commands, not a setting of this registry, so Open leaves it there rather than
+// take it as an option. A program that wants no search uses WithPlugin, plugin
+// keys with absolute paths, or WithLauncher.
 func defaultLaunch(berthBinary, stateDir string, cfg *config.Config, plugins map[string]string, logger hclog.Logger) LaunchFunc {
 	return func(ctx context.Context, driver string) (backend.TerminalBackend, error) {
 		// Pinned plugins are hashed once per file version: STATE/plugin-sums.

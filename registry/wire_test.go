@@ -33,9 +33,11 @@ func buildTestPlugin(t *testing.T) string {
 func TestDefaultWiring(t *testing.T) {
 	plugin := buildTestPlugin(t)
 	e := newEnv(t, "driver \"local\" {\n  root = \"/unused\"\n}\n")
-	o := e.options()
-	o.InProcess, o.PrepareAgent, o.BerthBinary = nil, nil, plugin
-	r, err := Open(context.Background(), o)
+	cfg, err := e.load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(context.Background(), cfg, WithStateDir(e.stateDir), WithBerthBinary(plugin))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,9 +91,11 @@ func TestDefaultWiringConfigErrors(t *testing.T) {
 		"driver \"local\" {\n  root = \"/x\"\n  y = 1\n}\n": ":3:3: error: Unsupported argument",
 	} {
 		e := newEnv(t, src)
-		o := e.options()
-		o.InProcess, o.PrepareAgent, o.BerthBinary = nil, nil, plugin
-		r, err := Open(context.Background(), o)
+		cfg, err := e.load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := Open(context.Background(), cfg, WithStateDir(e.stateDir), WithBerthBinary(plugin))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,12 +108,14 @@ func TestDefaultWiringConfigErrors(t *testing.T) {
 	// A third-party driver that is known but has no executable in the search
 	// path is not found, and the error names the search path and the fixes.
 	e := newEnv(t, "")
-	o := e.options()
-	o.InProcess, o.KnownDrivers, o.BerthBinary = nil, []string{"local", "thirdparty"}, plugin
+	cfg, err := e.load("local", "thirdparty")
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Setenv("BERTH_PLUGIN_PATH", "")
-	r, _ := Open(context.Background(), o)
+	r, _ := Open(context.Background(), cfg, WithStateDir(e.stateDir), WithBerthBinary(plugin))
 	defer r.Close()
-	_, err := r.Backend(context.Background(), "thirdparty")
+	_, err = r.Backend(context.Background(), "thirdparty")
 	if !errors.Is(err, backend.ErrNotFound) || !strings.Contains(err.Error(), "berth-driver-thirdparty") ||
 		!strings.Contains(err.Error(), filepath.Dir(plugin)) || !strings.Contains(err.Error(), "plugin_dirs") {
 		t.Errorf("third-party driver: %v", err)

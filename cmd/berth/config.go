@@ -31,8 +31,8 @@ func newConfigCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(os.Stdout, "no config file at %s: every session runs on the local driver\n", path)
 				return nil
 			}
-			self, _ := os.Executable()
-			c, err := config.Load(path, config.WithPluginFinder(config.DiscoverPlugins(self)))
+			self, _ := os.Executable() // without it, discovery skips the binary's directory
+			c, err := config.Load(path, g.configOptions(self)...)
 			if err != nil {
 				return failure(err)
 			}

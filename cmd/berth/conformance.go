@@ -159,10 +159,7 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 	}
 	defer os.RemoveAll(tmp)
 	var restart func(context.Context) error
-	regOpts := registry.Options{BerthBinary: self, Logger: g.logger(), Plugins: g.plugins}
-	if g.inProcess {
-		regOpts.InProcess = builtinDrivers()
-	}
+	regOpts := append([]registry.Option{registry.WithBerthBinary(self), registry.WithLogger(g.logger())}, g.driverOptions()...)
 	if f.hook != "" {
 		hook := f.hook
 		restart = func(ctx context.Context) error {
@@ -179,7 +176,7 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 	if err != nil {
 		return failure(err)
 	}
-	opener := conformance.RegistryOpener(regOpts)
+	opener := conformance.RegistryOpener(g.configOptions(self), regOpts...)
 	removeUnowned, closeRemover, err := unownedRemover(ctx, reg, f.driver, tmp)
 	if err != nil {
 		return failure(err)

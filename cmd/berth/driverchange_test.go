@@ -17,6 +17,7 @@ import (
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/testimage"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/registry/config"
 )
 
 // sandboxHostDirs lists, relative to the state dir, the per-sandbox host dirs under
@@ -254,10 +255,14 @@ func makeOldLayout(t *testing.T, e *env, tokens, marks map[string]string) map[st
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := registry.Open(ctx, registry.Options{ConfigPath: e.config, StateDir: e.state, BerthBinary: berthBin,
-		PrepareAgent: func(dir string) (backend.AgentFiles, error) {
+	cfg, err := config.Load(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := registry.Open(ctx, cfg, registry.WithStateDir(e.state), registry.WithBerthBinary(berthBin),
+		registry.WithAgentPreparer(func(dir string) (backend.AgentFiles, error) {
 			return agent.PrepareSandbox(filepath.Join(e.state, "sandboxes", filepath.Base(dir)), bin)
-		}})
+		}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,7 +60,7 @@ func newPullDisplay(asJSON bool) *pullDisplay {
 	return &pullDisplay{w: os.Stderr, json: asJSON, tty: !asJSON && term.IsTerminal(int(os.Stderr.Fd()))}
 }
 
-// event renders one event; it is registry.Options.OnPull.
+// event renders one event; it is the registry.WithPullProgress callback.
 func (p *pullDisplay) event(ev registry.PullEvent) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -6,18 +6,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
-	"strings"
 	"sync"
-	"time"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/containerd"
 	"github.com/berth-sh/berth/docker"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
-	"github.com/berth-sh/berth/registry/config"
-	"github.com/hashicorp/go-hclog"
 	"github.com/spf13/cobra"
 )
 
@@ -102,47 +97,6 @@ Without a config file every session runs on the local driver.`,
 	return root
 }
 
-// envClockOffset shifts berth's clock for retention by a duration (7d, 36h, -1h):
-// `BERTH_CLOCK_OFFSET=7d berth prune --dry-run` shows what will have expired in a
-// week. Tests use it instead of waiting.
-const envClockOffset = "BERTH_CLOCK_OFFSET"
-
-// open opens the registry with the global flags.
-func (g *globals) open(ctx context.Context) (*registry.Registry, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("cannot find the berth binary: %w", err)
-	}
-	opts := registry.Options{
-		ConfigPath:  g.configPath,
-		StateDir:    g.stateDir,
-		LogLevel:    g.logLevel,
-		BerthBinary: self,
-		Logger:      g.logger(),
-		OnPull:      g.onPull,
-		Plugins:     g.plugins,
-	}
-	if g.inProcess {
-		opts.InProcess = builtinDrivers()
-	}
-	if v := os.Getenv(envClockOffset); v != "" {
-		off, err := config.ParseDuration(strings.TrimPrefix(v, "-"))
-		if err != nil {
-			return nil, backend.Errorf(backend.ErrInvalid, "%s=%q: %v; use a duration such as 7d or 36h (a leading - goes back)", envClockOffset, v, err)
-		}
-		if strings.HasPrefix(v, "-") {
-			off = -off
-		}
-		opts.Now = func() time.Time { return time.Now().Add(off) }
-	}
-	r, err := registry.Open(ctx, opts)
-	if err != nil {
-		return nil, err
-	}
-	g.log.SetPath(filepath.Join(r.StateDir(), "berth.log"))
-	return r, nil
-}
-
 // withRegistry opens the registry, runs f with it and closes it; every error is a
 // berth failure (exit 125) unless f returns an exit code of its own.
 func (g *globals) withRegistry(ctx context.Context, f func(reg *registry.Registry) error) error {
@@ -172,21 +126,6 @@ func builtinDrivers() map[string]func() backend.TerminalBackend {
 		docker.Name:     func() backend.TerminalBackend { return docker.New() },
 		containerd.Name: func() backend.TerminalBackend { return containerd.New() },
 	}
-}
-
-func (g *globals) logger() hclog.Logger {
-	level := g.logLevel
-	if level == "" {
-		level = os.Getenv("BERTH_LOG")
-	}
-	if level == "" {
-		level = "warn"
-	}
-	return hclog.New(&hclog.LoggerOptions{
-		Name:   "berth",
-		Level:  hclog.LevelFromString(level),
-		Output: g.log,
-	})
 }
 
 // logSink is berth's log file: opened on first write once the state dir is known,

@@ -6,31 +6,29 @@ package shellbench
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/registry/config"
 )
 
-// ShellVsExec compares, through a registry opened with opts plus the config text
-// configHCL (its drivers launched as plugins unless opts says otherwise), a shell-mode
-// call of `true` (Registry.Shell) with a plain exec of `true` (Registry.Exec) in the
-// same session, interleaved; the session is created first and removed at the end.
-func ShellVsExec(b *testing.B, opts registry.Options, configHCL, session string) {
+// ShellVsExec compares, through a registry opened on the config text configHCL (which
+// may use the built-in drivers) with a state dir of its own and then opts (its
+// drivers launched as plugins unless opts says otherwise), a shell-mode call of
+// `true` (Registry.Shell) with a plain exec of `true` (Registry.Exec) in the same
+// session, interleaved; the session is created first and removed at the end.
+func ShellVsExec(b *testing.B, configHCL, session string, opts ...registry.Option) {
 	b.Helper()
 	dir := b.TempDir()
-	opts.ConfigPath = filepath.Join(dir, "config.hcl")
-	if err := os.WriteFile(opts.ConfigPath, []byte(configHCL), 0o600); err != nil {
+	cfg, err := config.Parse([]byte(configHCL), filepath.Join(dir, "config.hcl"))
+	if err != nil {
 		b.Fatal(err)
 	}
-	if opts.StateDir == "" {
-		opts.StateDir = filepath.Join(dir, "state")
-	}
 	ctx := context.Background()
-	r, err := registry.Open(ctx, opts)
+	r, err := registry.Open(ctx, cfg, append([]registry.Option{registry.WithStateDir(filepath.Join(dir, "state"))}, opts...)...)
 	if err != nil {
 		b.Fatal(err)
 	}
