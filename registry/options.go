@@ -132,11 +132,8 @@ func WithAgentPreparer(prepare PrepareAgentFunc) Option {
 // Default: DefaultStoreTimeout. Error: d not positive.
 func WithStoreTimeout(d time.Duration) Option {
 	return func(o *options) error {
-		if d <= 0 {
-			return backend.Errorf(backend.ErrInvalid, "registry.WithStoreTimeout(%v): the timeout must be positive", d)
-		}
 		o.storeTimeout = d
-		return nil
+		return positive("WithStoreTimeout", "timeout", d)
 	}
 }
 
@@ -156,11 +153,8 @@ func WithClock(now func() time.Time) Option {
 // middle of a create. Default: DefaultOrphanGrace. Error: d not positive.
 func WithOrphanGrace(d time.Duration) Option {
 	return func(o *options) error {
-		if d <= 0 {
-			return backend.Errorf(backend.ErrInvalid, "registry.WithOrphanGrace(%v): the grace period must be positive", d)
-		}
 		o.grace = d
-		return nil
+		return positive("WithOrphanGrace", "grace period", d)
 	}
 }
 
@@ -173,4 +167,13 @@ func WithPullProgress(onPull func(PullEvent)) Option {
 		o.onPull = onPull
 		return nil
 	}
+}
+
+// positive is the error of the duration option called option when d is not
+// positive (Open fails, so the value set is never used), nil otherwise.
+func positive(option, what string, d time.Duration) error {
+	if d <= 0 {
+		return backend.Errorf(backend.ErrInvalid, "registry.%s(%v): the %s must be positive", option, d, what)
+	}
+	return nil
 }

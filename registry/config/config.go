@@ -54,7 +54,7 @@ const (
 	// IdleStop stops the sandbox (its files stay; the next exec starts it again).
 	IdleStop IdleAction = "stop"
 	// IdleRemove removes the sandbox with its files; the next exec gets a fresh one
-	// and reports Lease.Recreated.
+	// and reports registry.Lease.Recreated.
 	IdleRemove IdleAction = "remove"
 )
 
@@ -63,7 +63,7 @@ const (
 // Acquire applies IdleTTL and MaxAge to the session it touches; Prune applies them
 // to every sandbox of every configured driver (see docs/retention.md).
 type Retention struct {
-	// OnClose is applied by Registry.CloseSession; default OnCloseKeep.
+	// OnClose is applied by registry.Registry.CloseSession; default OnCloseKeep.
 	OnClose OnClose
 	// IdleTTL is how long a sandbox may stay idle (no exec running through the
 	// registry, none started) before IdleAction is applied; 0 means never.
@@ -106,8 +106,8 @@ type Rule struct {
 	// filesystem (backend.SandboxSpec.EnvAllowlist), in addition to the driver's
 	// allowlist (default backend.DefaultEnvAllowlist).
 	EnvPassthrough []string
-	// MaxOutput caps each output stream of a shell-mode call (Registry.Shell), in
-	// bytes; 0 means DefaultShellMaxOutput.
+	// MaxOutput caps each output stream of a shell-mode call (registry.Registry.Shell),
+	// in bytes; 0 means registry.DefaultShellMaxOutput.
 	MaxOutput int64
 	// Isolation is IsolationSession (default) or IsolationShared.
 	Isolation Isolation

@@ -72,7 +72,9 @@ func ParseDuration(s string) (time.Duration, error) {
 
 // ParseBytes parses a memory size: a plain number of bytes ("1048576"), or a number
 // with a unit k, m, g or t (powers of 1024), optionally followed by "b" or "ib" in any
-// case ("512m", "2g", "1.5GiB", "64KB"). The result must be positive.
+// case ("512m", "2g", "1.5GiB", "64KB"). The result, in bytes, must be a positive
+// whole number no larger than math.MaxInt64/2. Errors name the input, what is wrong
+// and the accepted form.
 func ParseBytes(s string) (int64, error) {
 	bad := func(why string) (int64, error) {
 		return 0, fmt.Errorf("invalid memory size %q: %s; use bytes or a number with k, m, g or t, e.g. \"512m\" or \"2g\"", s, why)
