@@ -73,7 +73,9 @@ type driverEntry struct {
 // Open returns a registry over cfg (nil means config.Default(): every session on
 // the local driver) with opts. It reads no environment variable and no config file:
 // the caller resolves settings (berth's CLI applies flags > BERTH_* environment >
-// config file > defaults) and passes the result as cfg and opts. It checks that the
+// config file > defaults) and passes the result as cfg and opts; only the default
+// launcher, when it later looks for a third-party driver's executable, searches
+// $BERTH_PLUGIN_PATH first (package backends; see WithLauncher). It checks that the
 // state dir (WithStateDir, else cfg.StateDir) can be written, and creates nothing:
 // the state dir, its store (schema version, owner id) and lock dir are made by the
 // first call that needs them. The registry knows the drivers cfg was checked
