@@ -40,6 +40,10 @@ func (g *globals) settings() (*settings, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot find the berth binary: %w", err)
 	}
+	now, err := clockOffset()
+	if err != nil {
+		return nil, err
+	}
 	cfg, err := g.loadConfig(self)
 	if err != nil {
 		return nil, err
@@ -58,10 +62,6 @@ func (g *globals) settings() (*settings, error) {
 		registry.WithLogger(log),
 		registry.WithPullProgress(g.onPull),
 	}, g.driverOptions()...)
-	now, err := clockOffset()
-	if err != nil {
-		return nil, err
-	}
 	if now != nil {
 		opts = append(opts, registry.WithClock(now))
 	}
