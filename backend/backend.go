@@ -9,21 +9,28 @@ import (
 	"unicode/utf8"
 )
 
-// TerminalBackend is the contract every driver implements. All calls take a context
-// first; cancelling it abandons the call (and, for Exec, kills the exec's process tree).
-// Sandboxes are addressed by the name the host chose in SandboxSpec.Name.
+// TerminalBackend is the contract every driver implements: lifecycle and placement.
+// All calls take a context first; cancelling it abandons the call. Sandboxes are
+// addressed by the name the host chose in SandboxSpec.Name.
 //
 // Lifecycle: created → running ⇄ stopped → removed. Create is idempotent by name; Stop
 // and Remove of a missing sandbox succeed; Inspect of one returns ErrNotFound.
+//
+// Execs do not go through the driver: every sandbox runs berth's agent (req.Agent of
+// Create), and the host talks to it directly, the way Capabilities.Agent says
+// (AgentSocket: the host dials the socket in the socket directory it prepared;
+// AgentDial: through the driver's AgentDialer). A driver whose sandboxes run no berth
+// agent implements Execer instead (Capabilities.Agent empty).
 type TerminalBackend interface {
 	// Info reports the driver's name, version, protocol versions and capabilities.
 	Info(ctx context.Context) (Info, error)
 
 	// Create makes the sandbox req.Spec.Name and starts it, with berth's agent as its
-	// first process (req.Agent). If a sandbox of that name exists and carries the same
-	// LabelOwner, it is adopted: started if stopped, and returned with Adopted set. A
-	// name held by anything else returns ErrConflict. A failed Create leaves nothing
-	// behind. Errors: ErrInvalid (bad spec), ErrConflict, ErrUnavailable.
+	// first process (req.Agent), and returns once the agent answers. If a sandbox of
+	// that name exists and carries the same LabelOwner, it is adopted: started if
+	// stopped, and returned with Adopted set. A name held by anything else returns
+	// ErrConflict. A failed Create leaves nothing behind. Errors: ErrInvalid (bad
+	// spec), ErrConflict, ErrUnavailable.
 	Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 
 	// Inspect returns the sandbox's status, or ErrNotFound.
@@ -43,21 +50,45 @@ type TerminalBackend interface {
 	// sandbox succeeds.
 	Remove(ctx context.Context, name string) error
 
-	// Exec starts one process in the running sandbox name. The process's output is
-	// written to req.Stdout and req.Stderr as it comes; a writer that blocks holds the
-	// process back (flow control), it is never buffered whole. Errors at start:
-	// ErrNotFound (no sandbox), ErrConflict (not running), ErrInvalid (empty argv),
-	// ErrUnavailable (agent unreachable). A command that cannot be run is not an
-	// error: its ExecResult says 127 or 126.
-	Exec(ctx context.Context, name string, req ExecRequest) (Process, error)
-
 	// Close releases the driver's connections. Sandboxes are not touched.
 	Close() error
 }
 
-// Dialer opens a connection to a sandbox's agent. Drivers supply one per sandbox; the
-// built-in drivers dial a unix socket in the sandbox's socket directory (see package
-// backends/agent), a future driver may tunnel through its runtime's exec stream.
+// Execer is implemented by drivers whose sandboxes run no berth agent
+// (Capabilities.Agent empty): the host then sends plain execs through the driver.
+// Shell mode and background jobs need berth's agent and are not offered there.
+type Execer interface {
+	// Exec starts one process in the running sandbox name. The process's output is
+	// written to req.Stdout and req.Stderr as it comes; a writer that blocks holds the
+	// process back (flow control), it is never buffered whole. Errors at start:
+	// ErrNotFound (no sandbox), ErrConflict (not running), ErrInvalid (empty argv),
+	// ErrUnavailable (runtime unreachable). A command that cannot be run is not an
+	// error: its ExecResult says 127 or 126.
+	Exec(ctx context.Context, name string, req ExecRequest) (Process, error)
+}
+
+// AgentDialer is implemented by drivers with Capabilities.AgentDial: it opens a byte
+// stream to the agent of the running sandbox name (a Kubernetes port-forward, a VM's
+// vsock, a cloud sandbox's tunnel), over which the host speaks berth's agent
+// protocol, its token handshake included, without knowing the transport. Through
+// the plugin protocol the stream is proxied by the plugin. Errors: ErrNotFound (no
+// sandbox), ErrConflict (not running), ErrUnavailable.
+type AgentDialer interface {
+	DialAgent(ctx context.Context, name string) (net.Conn, error)
+}
+
+// Validator is implemented by drivers with Capabilities.Validate: it checks spec as
+// Create would (images present, limits, network modes, mounts, users) without
+// creating anything, so that `berth config check` reports what the first exec would
+// refuse. Errors: those Create would return for the spec (ErrInvalid, ErrUnsupported,
+// ErrNotFound for a missing image), ErrUnavailable when the runtime cannot be asked.
+type Validator interface {
+	Validate(ctx context.Context, spec SandboxSpec) error
+}
+
+// Dialer opens a connection to a sandbox's agent: the host dials the unix socket in
+// the sandbox's socket directory (package backends/agent's DialSocketDir), or a
+// driver's AgentDialer supplies the stream.
 type Dialer func(ctx context.Context) (net.Conn, error)
 
 // CreateRequest is what Create receives: the spec from the scope rule and the files of
@@ -70,10 +101,14 @@ type CreateRequest struct {
 // AgentFiles names the host paths that the host prepared for one sandbox's agent.
 type AgentFiles struct {
 	// Binary is the agent executable: a hard link inside Dir to the content-hashed copy
-	// of the berth binary in the state dir. Start it as "Binary agent serve --socket-dir
-	// DIR" (see package backends/agent for the flags).
+	// of the agent binary (the berth binary, or the config's agent_path) in the state
+	// dir. Start it as "Binary agent serve --socket-dir DIR" (the flags are package
+	// backends/agent's Main; agent.SandboxCommand and agent.HostCommand build the
+	// argv). Any Go program can serve as the agent binary by calling agent.Main when
+	// agent.IsAgent says it was started as one.
 	Binary string `json:"binary"`
-	// Dir is the per-sandbox, host-owned directory that holds Binary. Containers mount it
+	// Dir is the per-sandbox, host-owned directory that holds Binary and the sandbox's
+	// agent token (the agent reads it beside its binary). Containers mount it
 	// read-only at AgentMountDir.
 	Dir string `json:"dir"`
 	// SocketDir is the per-sandbox directory in which the agent creates its socket
@@ -193,24 +228,8 @@ type WindowSize struct {
 // ExecRequest describes one process to start in a sandbox.
 type ExecRequest struct {
 	// Argv is the program and its arguments; Argv[0] is looked up in PATH. There is no
-	// implicit shell. It must be empty when Shell is set.
+	// implicit shell.
 	Argv []string
-	// Shell, when set, runs this command string in shell mode (Capabilities.Shell):
-	// berth's agent runs it with bash when the sandbox has bash in PATH, else sh,
-	// through eval, in the directory and with the exported variables that the previous
-	// shell-mode exec of Session left (Env is applied over them), and then records the
-	// new directory and exported variables for the next one. Every call is its own
-	// process: `exit 7`, `set -e; false`, `exec CMD` or a syntax error end only that call,
-	// and the next one starts from the last recorded state. Shell-mode execs of one
-	// Session run one at a time, in order of arrival.
-	Shell string
-	// Session is the name of the session the exec belongs to (the registry sets it):
-	// shell-mode state and background jobs are kept per session. Required with Shell
-	// and Job.
-	Session string
-	// Job, when set, makes the exec a background-job operation (Capabilities.Jobs)
-	// instead of a plain process; see JobRequest.
-	Job *JobRequest
 	// Env is KEY=VALUE pairs added for this exec only, over the sandbox's environment.
 	Env []string
 	// Dir is the working directory; empty means the sandbox's Workdir or home. A
@@ -234,68 +253,6 @@ type ExecRequest struct {
 	// Timeout, when positive, kills the exec's whole process tree after this long;
 	// the result then has TimedOut set.
 	Timeout time.Duration
-}
-
-// JobOp is a background-job operation.
-type JobOp string
-
-// Background-job operations (JobRequest.Op). A job is a process that berth's agent
-// starts in its own process group and keeps beyond the call that started it, with its
-// stdout and stderr together in one bounded log (the last JobLogMax bytes) kept by the
-// agent inside the sandbox; it dies with the sandbox.
-const (
-	// JobStart starts ExecRequest.Argv as a job of ExecRequest.Session (with the
-	// request's Env, Dir and User) and writes its id and a newline to Stdout.
-	JobStart JobOp = "start"
-	// JobList writes one JSON object (JobInfo) a line to Stdout for each job of the
-	// session, oldest first.
-	JobList JobOp = "list"
-	// JobLogs writes job ID's log to Stdout: what is kept (after a marker line
-	// "[... N bytes dropped ...]" when the start was dropped), then, with Follow, new
-	// output as it comes until the job has ended and its output is drained; the
-	// exec's result is then the job's (exit code, signal). Without Follow the result
-	// is exit 0.
-	JobLogs JobOp = "logs"
-	// JobKill ends job ID's process tree (TERM, then KILL after the grace) and
-	// returns once it is gone.
-	JobKill JobOp = "kill"
-)
-
-// AllSessions, as the ExecRequest.Session of a JobList, lists the jobs of every
-// session in the sandbox (retention uses it to tell whether a sandbox is idle). It is
-// not a valid session name.
-const AllSessions = "*"
-
-// JobLogMax is how many bytes of a job's output its log keeps (the newest).
-const JobLogMax = 1 << 20
-
-// JobRequest is the job part of an ExecRequest. An unknown ID (or a job of another
-// session) makes Exec fail with ErrNotFound.
-type JobRequest struct {
-	Op     JobOp  `json:"op"`
-	ID     string `json:"id,omitempty"`
-	Follow bool   `json:"follow,omitempty"`
-}
-
-// JobInfo describes one background job, as JobList writes it.
-type JobInfo struct {
-	// ID is the job's id, unique within its sandbox's agent.
-	ID string `json:"id"`
-	// Argv is what it runs; PID its leader's pid in the sandbox.
-	Argv []string `json:"argv"`
-	PID  int      `json:"pid"`
-	// Running is set until the leader has exited; then ExitCode and Signal are its
-	// result (as in ExecResult).
-	Running  bool `json:"running"`
-	ExitCode int  `json:"exit_code"`
-	Signal   int  `json:"signal"`
-	// Started and Ended are when it started and ended (Ended is zero while running).
-	Started time.Time `json:"started"`
-	Ended   time.Time `json:"ended,omitzero"`
-	// LogBytes is how many bytes it has written in all; DroppedBytes how many of those
-	// the log no longer keeps.
-	LogBytes     int64 `json:"log_bytes"`
-	DroppedBytes int64 `json:"dropped_bytes"`
 }
 
 // Process is a started exec. Write, CloseStdin, Resize and Signal are applied in call
@@ -327,34 +284,30 @@ type ExecResult struct {
 	TimedOut bool `json:"timed_out"`
 	// Canceled is set when the caller cancelled the exec (context) and the tree was killed.
 	Canceled bool `json:"canceled"`
-	// OOMKilled is set when the runtime reported an OOM kill in the sandbox during the exec.
+	// OOMKilled is set when the kernel killed a process of the sandbox for lack of
+	// memory during the exec (berth's agent reads its cgroup's OOM-kill counter).
 	OOMKilled bool `json:"oom_killed"`
 	// Duration is the wall time from start to the leader's exit.
 	Duration time.Duration `json:"duration_ns"`
-	// Cwd is, for shell-mode execs, the working directory recorded for the next one
-	// (where the command left the shell, or the previous one when the command ended
-	// without its state being recorded: killed, `exec`); empty otherwise.
+	// Cwd is, for shell-mode calls of berth's agent, the working directory recorded
+	// for the session's next call (where the command left the shell, or the previous
+	// one when the command ended without its state being recorded: killed, `exec`);
+	// empty otherwise.
 	Cwd string `json:"cwd,omitempty"`
 }
 
-// NeedsArgv reports whether req must carry an argv: a plain exec or a job start does;
-// a shell-mode call and the other job operations do not.
-func NeedsArgv(req ExecRequest) bool {
-	return req.Shell == "" && (req.Job == nil || req.Job.Op == JobStart)
-}
-
-// CheckArgv returns ErrInvalid ("exec: empty argv") when req needs an argv
-// (NeedsArgv) and has none, or an empty program name.
+// CheckArgv returns ErrInvalid ("exec: empty argv") when req has no argv or an empty
+// program name.
 func CheckArgv(req ExecRequest) error {
-	if NeedsArgv(req) && (len(req.Argv) == 0 || req.Argv[0] == "") {
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return Errorf(ErrInvalid, "exec: empty argv")
 	}
 	return nil
 }
 
-// CheckExecText returns an ErrInvalid error naming the first of req's argv, env, dir,
-// user, shell command and session that is not valid UTF-8, or nil. The wire
-// protocols (gRPC) carry these as text, so such a value cannot reach a sandbox.
+// CheckExecText returns an ErrInvalid error naming the first of req's argv, env, dir
+// and user that is not valid UTF-8, or nil. The wire protocols (gRPC) carry these as
+// text, so such a value cannot reach a sandbox.
 func CheckExecText(req ExecRequest) error {
 	check := func(what, v string) error {
 		if !utf8.ValidString(v) {
@@ -372,10 +325,8 @@ func CheckExecText(req ExecRequest) error {
 			return err
 		}
 	}
-	for what, v := range map[string]string{"working directory": req.Dir, "user": req.User, "shell command": req.Shell, "session": req.Session} {
-		if err := check(what, v); err != nil {
-			return err
-		}
+	if err := check("working directory", req.Dir); err != nil {
+		return err
 	}
-	return nil
+	return check("user", req.User)
 }

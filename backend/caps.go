@@ -6,7 +6,26 @@ import (
 )
 
 // ProtocolVersion is the plugin protocol version this contract corresponds to.
-const ProtocolVersion = 1
+// Version 2 took exec out of the driver contract (the host reaches the agent),
+// added AgentDialer and Validator, and dropped the shell-mode and job fields of
+// execs.
+const ProtocolVersion = 2
+
+// AgentReach says how the host reaches the berth agent of a driver's sandboxes.
+type AgentReach string
+
+const (
+	// AgentNone: the sandboxes run no berth agent; the driver implements Execer, and
+	// shell mode, jobs and copy through the agent are not offered.
+	AgentNone AgentReach = ""
+	// AgentSocket: the agent listens on AgentSocketName in AgentFiles.SocketDir, the
+	// host directory the host prepared (bind-mounted at SocketMountDir in containers),
+	// and the host dials it itself: no driver call, no plugin, per exec.
+	AgentSocket AgentReach = "socket"
+	// AgentDial: the host reaches the agent only through the driver's AgentDialer (a
+	// remote engine), which the plugin proxies as a byte stream.
+	AgentDial AgentReach = "dial"
+)
 
 // FSIsolation says how a sandbox's filesystem is separated from the host's.
 type FSIsolation string
@@ -60,7 +79,8 @@ type Capabilities struct {
 	// DropCapabilities: the sandbox runs with Linux capabilities dropped and
 	// no-new-privileges set.
 	DropCapabilities bool `json:"drop_capabilities"`
-	// Copy: the driver implements Copier.
+	// Copy: files can be copied in and out: through the agent when the sandboxes run
+	// one (Agent set), else through the driver's Copier.
 	Copy bool `json:"copy"`
 	// StopStart: a stopped sandbox keeps its filesystem and starts again on Create.
 	StopStart bool `json:"stop_start"`
@@ -71,13 +91,21 @@ type Capabilities struct {
 	ImageImport bool `json:"image_import"`
 	// Config: the driver implements Configurer.
 	Config bool `json:"config"`
-	// Shell: ExecRequest.Shell (shell mode) is honoured; drivers that run berth's
-	// agent in their sandboxes get it from the agent.
-	Shell bool `json:"shell"`
-	// Jobs: ExecRequest.Job (background jobs) is honoured; drivers that run berth's
-	// agent get it from the agent.
-	Jobs bool `json:"jobs"`
+	// Agent says how the host reaches the berth agent of the driver's sandboxes
+	// (AgentSocket, AgentDial), or AgentNone for drivers that implement Execer.
+	// Shell mode, background jobs and copy come from the agent.
+	Agent AgentReach `json:"agent"`
+	// AgentDial: the driver implements AgentDialer (required for Agent ==
+	// AgentDial; a driver with AgentSocket may offer it too, and the conformance
+	// suite then runs its exec cases both ways).
+	AgentDial bool `json:"agent_dial"`
+	// Validate: the driver implements Validator.
+	Validate bool `json:"validate"`
 }
+
+// HasAgent reports whether the driver's sandboxes run berth's agent, reachable one
+// way or another: shell mode, jobs and copy are then offered.
+func (c Capabilities) HasAgent() bool { return c.Agent == AgentSocket || c.Agent == AgentDial }
 
 // ConfigField declares one attribute of a driver's `driver "NAME" {}` config block.
 type ConfigField struct {
@@ -112,7 +140,8 @@ type Configurer interface {
 	Configure(ctx context.Context, setup DriverSetup) error
 }
 
-// Copier is implemented by drivers with Capabilities.Copy.
+// Copier is implemented by drivers without berth's agent (Capabilities.Agent empty)
+// that can copy files (Capabilities.Copy); with the agent, the host copies through it.
 type Copier interface {
 	// CopyIn extracts the tar stream r into dir in the sandbox, never following links
 	// out of dir.

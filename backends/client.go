@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	pb "github.com/berth-sh/berth/backends/driverpb"
+	"github.com/berth-sh/berth/internal/rpcerr"
 )
 
 // DefaultStartTimeout is how long Launch waits for a plugin's handshake when
@@ -59,8 +62,9 @@ type LaunchOptions struct {
 }
 
 // Client is a host's connection to one driver plugin process. It implements
-// backend.TerminalBackend, backend.Configurer, backend.Copier,
-// backend.ImagePuller and backend.ImageImporter by forwarding each call; an
+// backend.TerminalBackend, backend.Configurer, backend.Execer, backend.Copier,
+// backend.AgentDialer, backend.Validator, backend.ImagePuller and
+// backend.ImageImporter by forwarding each call; an
 // optional call the driver lacks returns an error wrapping
 // backend.ErrUnsupported (as its Capabilities say). Errors keep their kind
 // across the process boundary (errors.Is works). When the plugin process dies
@@ -83,6 +87,9 @@ var (
 	_ backend.TerminalBackend = (*Client)(nil)
 	_ backend.Configurer      = (*Client)(nil)
 	_ backend.Copier          = (*Client)(nil)
+	_ backend.Execer          = (*Client)(nil)
+	_ backend.AgentDialer     = (*Client)(nil)
+	_ backend.Validator       = (*Client)(nil)
 	_ backend.ImagePuller     = (*Client)(nil)
 	_ backend.ImageImporter   = (*Client)(nil)
 )
@@ -340,8 +347,8 @@ func (c *Client) callErr(ctx context.Context, op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if hasDetail(err) {
-		return FromStatus(err)
+	if rpcerr.FromPeer(err) {
+		return rpcerr.FromStatus(err)
 	}
 	if cerr := ctx.Err(); cerr != nil {
 		return &wrapError{msg: fmt.Sprintf("driver plugin %s: %s: %v", c.path, op, cerr), err: cerr}
@@ -354,9 +361,9 @@ func (c *Client) callErr(ctx context.Context, op string, err error) error {
 		if how != "" {
 			how = " (" + how + ")"
 		}
-		return backend.Errorf(backend.ErrUnavailable, "driver plugin %s crashed during %s%s: %v; its last log lines are in berth's log", c.path, op, how, FromStatus(err))
+		return backend.Errorf(backend.ErrUnavailable, "driver plugin %s crashed during %s%s: %v; its last log lines are in berth's log", c.path, op, how, rpcerr.FromStatus(err))
 	}
-	return FromStatus(err)
+	return rpcerr.FromStatus(err)
 }
 
 // Info implements backend.TerminalBackend. Protocol is the negotiated version.
@@ -423,6 +430,107 @@ func (c *Client) Remove(ctx context.Context, name string) error {
 	_, err := c.api.Remove(ctx, &pb.RemoveRequest{Name: name})
 	return c.callErr(ctx, "Remove", err)
 }
+
+// Validate implements backend.Validator.
+func (c *Client) Validate(ctx context.Context, spec backend.SandboxSpec) error {
+	_, err := c.api.Validate(ctx, &pb.ValidateRequest{Spec: specToPB(spec)})
+	return c.callErr(ctx, "Validate", err)
+}
+
+// DialAgent implements backend.AgentDialer: the plugin dials the sandbox's agent
+// and forwards the bytes of the returned connection through a DialAgent stream.
+// Closing the connection ends the stream (and the plugin's connection); CloseWrite
+// ends the host's half only. Deadlines are not supported (SetDeadline and friends
+// return an error); cancel ctx, or close the connection, to end a blocked call.
+func (c *Client) DialAgent(ctx context.Context, name string) (net.Conn, error) {
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stream, err := c.api.DialAgent(sctx)
+	if err != nil {
+		cancel()
+		return nil, c.callErr(ctx, "DialAgent", err)
+	}
+	if err := stream.Send(&pb.AgentData{Name: name}); err != nil {
+		if errors.Is(err, io.EOF) {
+			_, err = stream.Recv()
+		}
+		cancel()
+		return nil, c.callErr(ctx, "DialAgent", err)
+	}
+	// An error of the plugin's dial ends the stream: the first Read returns it,
+	// with its kind.
+	return &streamConn{stream: stream, cancel: cancel, name: name, c: c}, nil
+}
+
+// streamConn is a net.Conn over a DialAgent stream.
+type streamConn struct {
+	stream pb.Driver_DialAgentClient
+	cancel context.CancelFunc
+	name   string
+	c      *Client
+	buf    []byte
+
+	wmu       sync.Mutex
+	closeOnce sync.Once
+}
+
+func (s *streamConn) Read(p []byte) (int, error) {
+	for len(s.buf) == 0 {
+		m, err := s.stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return 0, io.EOF
+			}
+			return 0, s.c.callErr(context.Background(), "DialAgent", err)
+		}
+		s.buf = m.GetData()
+	}
+	n := copy(p, s.buf)
+	s.buf = s.buf[n:]
+	return n, nil
+}
+
+func (s *streamConn) Write(p []byte) (int, error) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	n := 0
+	for n < len(p) {
+		end := min(n+ChunkSize, len(p))
+		if err := s.stream.Send(&pb.AgentData{Data: append([]byte(nil), p[n:end]...)}); err != nil {
+			if errors.Is(err, io.EOF) {
+				return n, io.ErrClosedPipe
+			}
+			return n, s.c.callErr(context.Background(), "DialAgent", err)
+		}
+		n = end
+	}
+	return n, nil
+}
+
+// CloseWrite ends the host's half of the stream.
+func (s *streamConn) CloseWrite() error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return s.stream.CloseSend()
+}
+
+func (s *streamConn) Close() error {
+	s.closeOnce.Do(s.cancel)
+	return nil
+}
+
+type streamAddr string
+
+func (a streamAddr) Network() string { return "berth-dial-agent" }
+func (a streamAddr) String() string  { return string(a) }
+
+func (s *streamConn) LocalAddr() net.Addr  { return streamAddr("host") }
+func (s *streamConn) RemoteAddr() net.Addr { return streamAddr("agent of " + s.name) }
+
+var errNoDeadline = errors.New("a DialAgent stream has no deadlines; cancel or close it instead")
+
+func (s *streamConn) SetDeadline(time.Time) error      { return errNoDeadline }
+func (s *streamConn) SetReadDeadline(time.Time) error  { return errNoDeadline }
+func (s *streamConn) SetWriteDeadline(time.Time) error { return errNoDeadline }
 
 // CopyIn implements backend.Copier: r is sent in ChunkSize messages as the
 // plugin consumes it. A read error from r abandons the copy and is returned.
@@ -614,7 +722,7 @@ func (c *Client) Exec(ctx context.Context, name string, req backend.ExecRequest)
 			break
 		}
 		if !p.output(m) {
-			return fail(ToStatus(backend.Errorf(backend.ErrUnavailable, "driver plugin %s: exec stream sent %T before started", c.path, m.GetMsg())))
+			return fail(backend.Errorf(backend.ErrUnavailable, "driver plugin %s: exec stream sent %T before started", c.path, m.GetMsg()))
 		}
 	}
 	if !stopEarly() {

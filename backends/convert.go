@@ -29,8 +29,9 @@ func capsToPB(c backend.Capabilities) *pb.Capabilities {
 		ImagePull:        c.ImagePull,
 		ImageImport:      c.ImageImport,
 		Config:           c.Config,
-		Shell:            c.Shell,
-		Jobs:             c.Jobs,
+		Agent:            string(c.Agent),
+		AgentDial:        c.AgentDial,
+		Validate:         c.Validate,
 	}
 }
 
@@ -50,8 +51,9 @@ func capsFromPB(c *pb.Capabilities) backend.Capabilities {
 		ImagePull:        c.GetImagePull(),
 		ImageImport:      c.GetImageImport(),
 		Config:           c.GetConfig(),
-		Shell:            c.GetShell(),
-		Jobs:             c.GetJobs(),
+		Agent:            backend.AgentReach(c.GetAgent()),
+		AgentDial:        c.GetAgentDial(),
+		Validate:         c.GetValidate(),
 	}
 }
 
@@ -237,9 +239,6 @@ func execSetupToPB(name string, r backend.ExecRequest) *pb.ExecSetup {
 		Size:      sizeToPB(r.Size),
 		Stdin:     r.Stdin,
 		TimeoutNs: int64(r.Timeout),
-		Shell:     r.Shell,
-		Session:   r.Session,
-		Job:       jobToPB(r.Job),
 	}
 }
 
@@ -254,9 +253,6 @@ func execSetupFromPB(s *pb.ExecSetup) (string, backend.ExecRequest) {
 		Size:    sizeFromPB(s.GetSize()),
 		Stdin:   s.GetStdin(),
 		Timeout: time.Duration(s.GetTimeoutNs()),
-		Shell:   s.GetShell(),
-		Session: s.GetSession(),
-		Job:     jobFromPB(s.GetJob()),
 	}
 }
 
@@ -311,18 +307,4 @@ func nilIfEmptyMap(m map[string]string) map[string]string {
 		return nil
 	}
 	return m
-}
-
-func jobToPB(j *backend.JobRequest) *pb.JobRequest {
-	if j == nil {
-		return nil
-	}
-	return &pb.JobRequest{Op: string(j.Op), Id: j.ID, Follow: j.Follow}
-}
-
-func jobFromPB(j *pb.JobRequest) *backend.JobRequest {
-	if j == nil {
-		return nil
-	}
-	return &backend.JobRequest{Op: backend.JobOp(j.GetOp()), ID: j.GetId(), Follow: j.GetFollow()}
 }

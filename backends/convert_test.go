@@ -1,15 +1,10 @@
 package backends
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"reflect"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/berth-sh/berth/backend"
@@ -126,52 +121,4 @@ func TestRoundTrip(t *testing.T) {
 
 	prog := backend.PullProgress{Layer: "sha256:ab", Status: "Downloading", Current: 10, Total: 100}
 	check(t, "PullProgress", prog, progressFromPB(wire(t, progressToPB(prog))))
-}
-
-func TestStatusMapping(t *testing.T) {
-	for _, k := range kindTable {
-		in := fmt.Errorf("sandbox x: %w", k.kind)
-		st := ToStatus(in)
-		if got := status.Code(st); got != k.code {
-			t.Errorf("%v: code %v, want %v", k.kind, got, k.code)
-		}
-		out := FromStatus(st)
-		if !errors.Is(out, k.kind) || out.Error() != in.Error() {
-			t.Errorf("%v: back as %q (kind %v)", k.kind, out, backend.KindOf(out))
-		}
-		// Without the detail (a plugin in another language), the code decides.
-		bare := FromStatus(status.Error(k.code, "bare"))
-		if !errors.Is(bare, k.kind) || bare.Error() != "bare" {
-			t.Errorf("bare %v: %v", k.code, bare)
-		}
-	}
-	// Backend.Errorf keeps its text exactly.
-	e := backend.Errorf(backend.ErrConflict, "name held by another owner")
-	if got := FromStatus(ToStatus(e)); got.Error() != e.Error() || !errors.Is(got, backend.ErrConflict) {
-		t.Errorf("Errorf: %v", got)
-	}
-	for code, kind := range map[codes.Code]error{codes.AlreadyExists: backend.ErrConflict, codes.Aborted: backend.ErrConflict, codes.OutOfRange: backend.ErrInvalid} {
-		if got := FromStatus(status.Error(code, "m")); !errors.Is(got, kind) {
-			t.Errorf("%v: %v, want %v", code, got, kind)
-		}
-	}
-	if got := FromStatus(ToStatus(context.Canceled)); !errors.Is(got, context.Canceled) {
-		t.Errorf("Canceled: %v", got)
-	}
-	if got := FromStatus(ToStatus(context.DeadlineExceeded)); !errors.Is(got, backend.ErrTimeout) {
-		t.Errorf("DeadlineExceeded: %v", got)
-	}
-	plain := errors.New("disk on fire")
-	if got := FromStatus(ToStatus(plain)); got.Error() != "disk on fire" || backend.KindOf(got) != nil {
-		t.Errorf("plain: %v", got)
-	}
-	if got := FromStatus(status.Error(codes.Internal, "boom")); got.Error() != "boom (gRPC Internal)" || backend.KindOf(got) != nil {
-		t.Errorf("Internal: %v", got)
-	}
-	if ToStatus(nil) != nil || FromStatus(nil) != nil || FromStatus(status.Error(codes.OK, "")) != nil {
-		t.Error("nil did not stay nil")
-	}
-	if got := FromStatus(plain); got != plain {
-		t.Errorf("a non-status error changed: %v", got)
-	}
 }

@@ -2,8 +2,8 @@
 // hashicorp/go-plugin (v1.8) handshake, protocol version 1 negotiated with
 // VersionedPlugins over gRPC only (wire code in backends/driverpb), Serve for
 // driver plugin processes, Launch and Client for hosts, the catalog of built-in
-// drivers, and the one mapping between backend error kinds and gRPC status codes
-// (ToStatus, FromStatus).
+// drivers. Error kinds cross the wire as gRPC status codes through the one mapping
+// in internal/rpcerr, shared with the agent protocol.
 //
 // A plugin process calls Serve with its backend.TerminalBackend. Serve never
 // writes to stdout after the handshake line, logs go-hclog JSON on stderr (the

@@ -21,6 +21,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	pb "github.com/berth-sh/berth/backends/driverpb"
+	"github.com/berth-sh/berth/internal/rpcerr"
 )
 
 // DrainTimeout bounds how long Serve waits, when its host has gone or asked it
@@ -150,6 +151,7 @@ func (s *server) newGRPCServer(opts []grpc.ServerOption) *grpc.Server {
 		grpc.InitialWindowSize(WindowSize),
 		grpc.InitialConnWindowSize(WindowSize),
 	)
+	opts = append(opts, rpcerr.ServerOptions()...)
 	g := grpc.NewServer(opts...)
 	s.mu.Lock()
 	s.grpc = g
@@ -306,7 +308,7 @@ func (s *server) call(ctx context.Context) (context.Context, func()) {
 }
 
 func unsupported(what string) error {
-	return ToStatus(backend.Errorf(backend.ErrUnsupported, "driver does not implement %s", what))
+	return backend.Errorf(backend.ErrUnsupported, "driver does not implement %s", what)
 }
 
 // Info implements pb.DriverServer.
@@ -315,7 +317,7 @@ func (s *server) Info(ctx context.Context, _ *pb.InfoRequest) (*pb.InfoResponse,
 	defer end()
 	info, err := s.driver.Info(ctx)
 	if err != nil {
-		return nil, ToStatus(err)
+		return nil, err
 	}
 	if len(info.ProtocolVersions) == 0 {
 		info.ProtocolVersions = []int{ProtocolVersion}
@@ -333,7 +335,7 @@ func (s *server) ConfigSchema(ctx context.Context, _ *pb.ConfigSchemaRequest) (*
 	}
 	fields, err := c.ConfigSchema(ctx)
 	if err != nil {
-		return nil, ToStatus(err)
+		return nil, err
 	}
 	return &pb.ConfigSchemaResponse{Fields: configFieldsToPB(fields)}, nil
 }
@@ -347,7 +349,7 @@ func (s *server) Configure(ctx context.Context, req *pb.ConfigureRequest) (*pb.C
 		return nil, unsupported("Configure (backend.Configurer)")
 	}
 	if err := c.Configure(ctx, setupFromPB(req.GetSetup())); err != nil {
-		return nil, ToStatus(err)
+		return nil, err
 	}
 	return &pb.ConfigureResponse{}, nil
 }
@@ -358,7 +360,7 @@ func (s *server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.CreateR
 	defer end()
 	sb, err := s.driver.Create(ctx, createFromPB(req))
 	if err != nil {
-		return nil, ToStatus(err)
+		return nil, err
 	}
 	return &pb.CreateResponse{Sandbox: sandboxToPB(sb)}, nil
 }
@@ -369,7 +371,7 @@ func (s *server) Inspect(ctx context.Context, req *pb.InspectRequest) (*pb.Inspe
 	defer end()
 	sb, err := s.driver.Inspect(ctx, req.GetName())
 	if err != nil {
-		return nil, ToStatus(err)
+		return nil, err
 	}
 	return &pb.InspectResponse{Sandbox: sandboxToPB(sb)}, nil
 }
@@ -380,7 +382,7 @@ func (s *server) List(ctx context.Context, req *pb.ListRequest) (*pb.ListRespons
 	defer end()
 	sbs, err := s.driver.List(ctx, req.GetFilter())
 	if err != nil {
-		return nil, ToStatus(err)
+		return nil, err
 	}
 	return &pb.ListResponse{Sandboxes: sandboxesToPB(sbs)}, nil
 }
@@ -390,7 +392,7 @@ func (s *server) Stop(ctx context.Context, req *pb.StopRequest) (*pb.StopRespons
 	ctx, end := s.call(ctx)
 	defer end()
 	if err := s.driver.Stop(ctx, req.GetName(), time.Duration(req.GetGraceNs())); err != nil {
-		return nil, ToStatus(err)
+		return nil, err
 	}
 	return &pb.StopResponse{}, nil
 }
@@ -400,22 +402,27 @@ func (s *server) Remove(ctx context.Context, req *pb.RemoveRequest) (*pb.RemoveR
 	ctx, end := s.call(ctx)
 	defer end()
 	if err := s.driver.Remove(ctx, req.GetName()); err != nil {
-		return nil, ToStatus(err)
+		return nil, err
 	}
 	return &pb.RemoveResponse{}, nil
 }
 
-// Exec implements pb.DriverServer: see driver.proto.
+// Exec implements pb.DriverServer for drivers that implement backend.Execer: see
+// driver.proto.
 func (s *server) Exec(stream pb.Driver_ExecServer) error {
 	ctx, end := s.call(stream.Context())
 	defer end()
+	ex, ok := s.driver.(backend.Execer)
+	if !ok {
+		return unsupported("Exec (backend.Execer; its sandboxes run berth's agent, which the host reaches itself)")
+	}
 	first, err := stream.Recv()
 	if err != nil {
 		return err
 	}
 	setup := first.GetSetup()
 	if setup == nil {
-		return ToStatus(backend.Errorf(backend.ErrInvalid, "exec stream: the first message must be setup"))
+		return backend.Errorf(backend.ErrInvalid, "exec stream: the first message must be setup")
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -428,10 +435,10 @@ func (s *server) Exec(stream pb.Driver_ExecServer) error {
 	started := make(chan backend.Process, 1)
 	go s.execInput(ctx, cancel, stream, started)
 
-	proc, err := s.driver.Exec(ctx, name, req)
+	proc, err := ex.Exec(ctx, name, req)
 	if err != nil {
 		close(started)
-		return ToStatus(err)
+		return err
 	}
 	started <- proc
 	if err := out.send(&pb.ExecOut{Msg: &pb.ExecOut_Started{Started: &pb.ExecStarted{}}}); err != nil {
@@ -442,7 +449,7 @@ func (s *server) Exec(stream pb.Driver_ExecServer) error {
 	res, err := proc.Wait()
 	if err != nil {
 		out.finish(nil)
-		return ToStatus(err)
+		return err
 	}
 	return out.finish(&pb.ExecOut{Msg: &pb.ExecOut_Result{Result: resultToPB(res)}})
 }
@@ -550,6 +557,84 @@ func (w *execWriter) Write(p []byte) (int, error) {
 	return n, nil
 }
 
+// DialAgent implements pb.DriverServer for drivers that implement
+// backend.AgentDialer: it dials the sandbox's agent and forwards bytes both ways
+// until the agent's side ends (then the call ends) or the host's side does (then
+// the connection's write side is closed, or the connection). The stream's gRPC
+// windows bound what is buffered, as for exec output.
+func (s *server) DialAgent(stream pb.Driver_DialAgentServer) error {
+	ctx, end := s.call(stream.Context())
+	defer end()
+	d, ok := s.driver.(backend.AgentDialer)
+	if !ok {
+		return unsupported("DialAgent (backend.AgentDialer)")
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	if first.GetName() == "" {
+		return backend.Errorf(backend.ErrInvalid, "dial agent: the first message must name the sandbox")
+	}
+	conn, err := d.DialAgent(ctx, first.GetName())
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	go func() {
+		data := first.GetData()
+		for {
+			if len(data) > 0 {
+				if _, err := conn.Write(data); err != nil {
+					conn.Close()
+					return
+				}
+			}
+			m, err := stream.Recv()
+			if err != nil {
+				if cw, ok := conn.(interface{ CloseWrite() error }); ok && errors.Is(err, io.EOF) {
+					cw.CloseWrite()
+				} else {
+					conn.Close()
+				}
+				return
+			}
+			data = m.GetData()
+		}
+	}()
+	buf := make([]byte, ChunkSize)
+	for {
+		n, err := conn.Read(buf)
+		if n > 0 {
+			if serr := stream.Send(&pb.AgentData{Data: append([]byte(nil), buf[:n]...)}); serr != nil {
+				return serr
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) || ctx.Err() != nil {
+				return nil
+			}
+			return backend.Errorf(backend.ErrUnavailable, "dial agent of sandbox %s: %v", first.GetName(), err)
+		}
+	}
+}
+
+// Validate implements pb.DriverServer for drivers that implement backend.Validator.
+func (s *server) Validate(ctx context.Context, req *pb.ValidateRequest) (*pb.ValidateResponse, error) {
+	ctx, end := s.call(ctx)
+	defer end()
+	v, ok := s.driver.(backend.Validator)
+	if !ok {
+		return nil, unsupported("Validate (backend.Validator)")
+	}
+	if err := v.Validate(ctx, specFromPB(req.GetSpec())); err != nil {
+		return nil, err
+	}
+	return &pb.ValidateResponse{}, nil
+}
+
 // CopyIn implements pb.DriverServer.
 func (s *server) CopyIn(stream pb.Driver_CopyInServer) error {
 	ctx, end := s.call(stream.Context())
@@ -566,7 +651,7 @@ func (s *server) CopyIn(stream pb.Driver_CopyInServer) error {
 	err = cp.CopyIn(ctx, first.GetName(), first.GetDir(), r)
 	r.CloseWithError(io.ErrClosedPipe)
 	if err != nil {
-		return ToStatus(err)
+		return err
 	}
 	return stream.SendAndClose(&pb.CopyInResponse{})
 }
@@ -581,7 +666,7 @@ func (s *server) CopyOut(req *pb.CopyOutRequest, stream pb.Driver_CopyOutServer)
 	}
 	w := chunkWriter(func(b []byte) error { return stream.Send(&pb.CopyOutChunk{Data: b}) })
 	if err := cp.CopyOut(ctx, req.GetName(), req.GetPath(), w); err != nil {
-		return ToStatus(err)
+		return err
 	}
 	return nil
 }
@@ -601,7 +686,7 @@ func (s *server) PullImage(req *pb.PullImageRequest, stream pb.Driver_PullImageS
 		_ = stream.Send(progressToPB(p))
 	}
 	if err := pp.PullImage(ctx, req.GetRef(), backend.PullPolicy(req.GetPolicy()), progress); err != nil {
-		return ToStatus(err)
+		return err
 	}
 	return nil
 }
@@ -618,7 +703,7 @@ func (s *server) ImportImage(stream pb.Driver_ImportImageServer) error {
 	refs, err := im.ImportImage(ctx, r)
 	r.CloseWithError(io.ErrClosedPipe)
 	if err != nil {
-		return ToStatus(err)
+		return err
 	}
 	return stream.SendAndClose(&pb.ImportImageResponse{Refs: refs})
 }

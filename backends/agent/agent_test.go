@@ -56,7 +56,7 @@ func TestProtocolNegotiation(t *testing.T) {
 		t.Errorf("Protocol() = %d, want %d", a.c.Protocol(), ProtocolVersion)
 	}
 	// A client one version ahead still talks to this agent (N-1 on its side).
-	c, err := newClient(testCtx(t), DialSocketDir(a.sockDir), []int{ProtocolVersion + 1, ProtocolVersion})
+	c, err := NewClient(testCtx(t), DialSocketDir(a.sockDir), withVersions(ProtocolVersion+1, ProtocolVersion))
 	if err != nil {
 		t.Fatalf("client speaking N+1 and N: %v", err)
 	}
@@ -64,7 +64,7 @@ func TestProtocolNegotiation(t *testing.T) {
 		t.Errorf("negotiated %d", c.Protocol())
 	}
 	c.Close()
-	_, err = newClient(testCtx(t), DialSocketDir(a.sockDir), []int{0})
+	_, err = NewClient(testCtx(t), DialSocketDir(a.sockDir), withVersions(0))
 	if err == nil || !errors.Is(err, backend.ErrUnsupported) || !strings.Contains(err.Error(), "protocol") || !strings.Contains(err.Error(), "[0]") {
 		t.Fatalf("client speaking only version 0: err = %v; want ErrUnsupported naming the versions", err)
 	}
@@ -612,8 +612,11 @@ func TestDialRefusesSymlinks(t *testing.T) {
 	if err := os.Symlink(filepath.Join(a.sockDir, backend.AgentSocketName), filepath.Join(dir, backend.AgentSocketName)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := DialSocketDir(dir)(testCtx(t)); !errors.Is(err, backend.ErrUnavailable) {
-		t.Errorf("dial through a symlinked socket: %v", err)
+	// A link planted where the socket should be is refused at once, as a conflict
+	// (the sandbox tampered with its socket directory): WaitReady does not retry it
+	// (a retry would end with its context, as ErrUnavailable).
+	if _, err := WaitReady(testCtx(t), DialSocketDir(dir)); !errors.Is(err, backend.ErrConflict) || !strings.Contains(err.Error(), "symbolic link") {
+		t.Errorf("dial through a symlinked socket: %v, want ErrConflict naming the link", err)
 	}
 }
 

@@ -11,19 +11,24 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent/agentpb"
+	"github.com/berth-sh/berth/internal/rpcerr"
 )
 
 // DialSocketDir returns the dialer of an agent whose socket is in dir (the sandbox's
 // socket directory on the host). Every dial opens dir and then the socket with
 // O_PATH|O_NOFOLLOW and connects through /proc/self/fd/N: no symbolic link planted
 // in the directory is followed, and the path may be longer than the 108 bytes a
-// socket address holds. Errors wrap backend.ErrUnavailable.
+// socket address holds. Errors: no directory or no socket, or nothing listening
+// (ErrUnavailable: the sandbox is stopped or gone); something other than a socket
+// at the socket's name (ErrConflict: the sandbox replaced it, a link or a file, which
+// a restart or a new sandbox mends).
 func DialSocketDir(dir string) backend.Dialer {
 	return func(ctx context.Context) (net.Conn, error) {
 		dfd, err := unix.Open(dir, unix.O_PATH|unix.O_NOFOLLOW|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -41,7 +46,14 @@ func DialSocketDir(dir string) backend.Dialer {
 			return nil, backend.Errorf(backend.ErrUnavailable, "agent socket %s/%s: %v", dir, backend.AgentSocketName, err)
 		}
 		if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
-			return nil, backend.Errorf(backend.ErrUnavailable, "agent socket %s/%s is not a socket", dir, backend.AgentSocketName)
+			what := "a file"
+			switch st.Mode & unix.S_IFMT {
+			case unix.S_IFLNK:
+				what = "a symbolic link"
+			case unix.S_IFDIR:
+				what = "a directory"
+			}
+			return nil, backend.Errorf(backend.ErrConflict, "agent socket %s/%s is %s, not a socket: something in the sandbox replaced it", dir, backend.AgentSocketName, what)
 		}
 		var d net.Dialer
 		c, err := d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d", sfd))
@@ -52,28 +64,103 @@ func DialSocketDir(dir string) backend.Dialer {
 	}
 }
 
+// DefaultHelloTimeout bounds connecting to an agent: the dial, berth's handshake and
+// the Hello call together (see WithHelloTimeout).
+const DefaultHelloTimeout = 10 * time.Second
+
+// ClientOption configures NewClient.
+type ClientOption func(*clientOptions)
+
+type clientOptions struct {
+	token        []byte
+	tokenFile    string
+	helloTimeout time.Duration
+	versions     []int
+}
+
+// WithToken makes the client present token (see TokenName) in berth's handshake.
+// Without a token the client presents none, which only an agent started without
+// one accepts.
+func WithToken(token []byte) ClientOption {
+	return func(o *clientOptions) { o.token = append([]byte(nil), token...) }
+}
+
+// WithTokenFrom makes the client read the token of the agent directory dir
+// (ReadToken) when it connects.
+func WithTokenFrom(dir string) ClientOption { return func(o *clientOptions) { o.tokenFile = dir } }
+
+// WithHelloTimeout bounds the dial, handshake and Hello of NewClient (default
+// DefaultHelloTimeout; zero or negative keeps the default). A listener that accepts
+// and never answers (a paused container, a process in the sandbox squatting on the
+// socket) fails with ErrTimeout once it passes.
+func WithHelloTimeout(d time.Duration) ClientOption {
+	return func(o *clientOptions) {
+		if d > 0 {
+			o.helloTimeout = d
+		}
+	}
+}
+
+// withVersions makes the client offer versions instead of clientVersions (tests).
+func withVersions(vs ...int) ClientOption { return func(o *clientOptions) { o.versions = vs } }
+
 // Client is a connection to one agent. Its methods are safe for concurrent use.
 type Client struct {
 	conn     *grpc.ClientConn
 	rpc      agentpb.AgentClient
 	protocol int
+	instance string
+	pid      int
+	oomWatch bool
+	execUser string
 }
 
-// NewClient connects to the agent that dial reaches and negotiates the protocol
-// (Hello): the client speaks ProtocolVersion and ProtocolVersion-1. Errors: the
-// agent cannot be reached (ErrUnavailable), or speaks no common version
-// (ErrUnsupported, naming both sides' versions). Close the Client when done.
-func NewClient(ctx context.Context, dial backend.Dialer) (*Client, error) {
-	return newClient(ctx, dial, clientVersions())
-}
-
-func newClient(ctx context.Context, dial backend.Dialer, versions []int) (*Client, error) {
+// NewClient connects to the agent that dial reaches: the dial, berth's token
+// handshake (WithToken, WithTokenFrom) and Hello, which negotiates the protocol
+// (this client speaks ProtocolVersion), all within the hello timeout. Errors: the
+// agent cannot be reached (ErrUnavailable: nothing listens, no socket), something
+// that is not a socket sits at the socket's name or the agent refused the token
+// (ErrConflict), the agent is of an older berth or speaks no common version
+// (ErrUnsupported, naming both sides' versions), the agent accepted but did not
+// answer in time (ErrTimeout). Close the Client when done.
+func NewClient(ctx context.Context, dial backend.Dialer, opts ...ClientOption) (*Client, error) {
+	o := clientOptions{helloTimeout: DefaultHelloTimeout, versions: clientVersions()}
+	for _, f := range opts {
+		f(&o)
+	}
 	if dial == nil {
 		return nil, backend.Errorf(backend.ErrInvalid, "agent client: no dialer")
 	}
+	token := o.token
+	if o.tokenFile != "" && token == nil {
+		t, err := ReadToken(o.tokenFile)
+		if err != nil {
+			return nil, backend.Errorf(backend.ErrUnavailable, "%v", err)
+		}
+		token = t
+	}
+	// The dial's own error (with its kind) is what the caller should see, not
+	// gRPC's rendering of it.
+	var dialMu sync.Mutex
+	var dialErr error
 	conn, err := grpc.NewClient("passthrough:///berth-agent",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return dial(ctx) }),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			c, err := dial(ctx)
+			if err == nil {
+				if err = clientHandshake(ctx, c, token); err != nil {
+					c.Close()
+				}
+			}
+			if err != nil {
+				dialMu.Lock()
+				dialErr = err
+				dialMu.Unlock()
+				return nil, err
+			}
+			return c, nil
+		}),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.DefaultConfig, MinConnectTimeout: o.helloTimeout}),
 		grpc.WithInitialWindowSize(StreamWindow),
 		grpc.WithInitialConnWindowSize(StreamWindow),
 	)
@@ -82,42 +169,62 @@ func newClient(ctx context.Context, dial backend.Dialer, versions []int) (*Clien
 	}
 	c := &Client{conn: conn, rpc: agentpb.NewAgentClient(conn)}
 	req := &agentpb.HelloRequest{}
-	for _, v := range versions {
+	for _, v := range o.versions {
 		req.Versions = append(req.Versions, int32(v))
 	}
-	resp, err := c.rpc.Hello(ctx, req)
+	hctx, cancel := context.WithTimeout(ctx, o.helloTimeout)
+	defer cancel()
+	resp, err := c.rpc.Hello(hctx, req)
 	if err != nil {
 		conn.Close()
-		if status.Code(err) == codes.FailedPrecondition {
-			return nil, backend.Errorf(backend.ErrUnsupported, "agent protocol: %s", status.Convert(err).Message())
+		dialMu.Lock()
+		derr := dialErr
+		dialMu.Unlock()
+		switch {
+		case derr != nil && backend.KindOf(derr) != nil:
+			return nil, derr
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("agent hello: %w", ctx.Err())
+		case hctx.Err() != nil:
+			return nil, backend.Errorf(backend.ErrTimeout, "the agent did not answer within %s (the hello timeout): a paused or overloaded sandbox, or something else listening on its socket", o.helloTimeout)
 		}
-		return nil, mapError("agent hello", err)
+		return nil, wireErr("agent hello", err)
 	}
 	p := int(resp.Protocol)
 	ok := false
-	for _, v := range versions {
+	for _, v := range o.versions {
 		ok = ok || v == p
 	}
 	if !ok {
 		conn.Close()
-		return nil, backend.Errorf(backend.ErrUnsupported, "agent protocol: the agent chose version %d, which this client (versions %v) does not speak", p, versions)
+		return nil, backend.Errorf(backend.ErrUnsupported, "agent protocol: the agent chose version %d, which this client (versions %v) does not speak", p, o.versions)
 	}
-	c.protocol = p
+	c.protocol, c.instance, c.pid = p, resp.Instance, int(resp.Pid)
+	c.oomWatch, c.execUser = resp.OomWatch, resp.ExecUser
 	return c, nil
 }
 
+// Connect connects to the agent of a sandbox whose agent files the host prepared
+// (PrepareSandbox): the socket in files.SocketDir (DialSocketDir), with the token of
+// files.Dir. Errors: those of NewClient.
+func Connect(ctx context.Context, files backend.AgentFiles, opts ...ClientOption) (*Client, error) {
+	opts = append([]ClientOption{WithTokenFrom(files.Dir)}, opts...)
+	return NewClient(ctx, DialSocketDir(files.SocketDir), opts...)
+}
+
 // WaitReady calls NewClient until it succeeds or ctx is done, backing off from 5 ms
-// to 200 ms between attempts; for agents that are still starting (containers).
-// A protocol mismatch is returned at once. When ctx ends first, the error wraps
-// ctx.Err() and the last connection error (ErrUnavailable).
-func WaitReady(ctx context.Context, dial backend.Dialer) (*Client, error) {
+// to 200 ms between attempts, for agents that are still starting (containers). An
+// error that waiting cannot mend (ErrConflict, ErrUnsupported, ErrInvalid) is
+// returned at once. When ctx ends first, the error wraps ctx.Err() and the last
+// connection error (ErrUnavailable).
+func WaitReady(ctx context.Context, dial backend.Dialer, opts ...ClientOption) (*Client, error) {
 	delay := 5 * time.Millisecond
 	for {
-		c, err := NewClient(ctx, dial)
+		c, err := NewClient(ctx, dial, opts...)
 		if err == nil {
 			return c, nil
 		}
-		if errors.Is(err, backend.ErrUnsupported) || errors.Is(err, backend.ErrInvalid) {
+		if errors.Is(err, backend.ErrConflict) || errors.Is(err, backend.ErrUnsupported) || errors.Is(err, backend.ErrInvalid) {
 			return nil, err
 		}
 		t := time.NewTimer(delay)
@@ -137,39 +244,45 @@ func WaitReady(ctx context.Context, dial backend.Dialer) (*Client, error) {
 // Protocol returns the negotiated protocol version.
 func (c *Client) Protocol() int { return c.protocol }
 
+// Instance returns the agent's instance id from Hello: random per agent process, so
+// a reconnect that finds another instance reached a restarted agent.
+func (c *Client) Instance() string { return c.instance }
+
+// PID returns the agent's process id in its own PID namespace.
+func (c *Client) PID() int { return c.pid }
+
+// WatchesOOM reports whether the agent reports OOM kills (ExecResult.OOMKilled) from
+// its cgroup's counter.
+func (c *Client) WatchesOOM() bool { return c.oomWatch }
+
+// ExecUser returns the agent's default exec user ("" for its own).
+func (c *Client) ExecUser() string { return c.execUser }
+
 // Close closes the connection. Execs still running on it lose their client, so the
 // agent kills their process trees.
 func (c *Client) Close() error { return c.conn.Close() }
 
-// mapError turns a gRPC error from the agent into a backend error kind, prefixed
-// with op.
-func mapError(op string, err error) error {
+// wireErr turns a gRPC error from the agent into an error with its backend kind,
+// prefixed with op. gRPC's own Unavailable (the connection broke) says the agent is
+// unreachable; a cancelled or expired call wraps the context error.
+func wireErr(op string, err error) error {
 	if err == nil {
 		return nil
 	}
 	st, ok := status.FromError(err)
-	if !ok {
+	switch {
+	case !ok:
 		return fmt.Errorf("%s: %w", op, err)
-	}
-	msg := st.Message()
-	switch st.Code() {
-	case codes.Canceled:
+	case rpcerr.FromPeer(err):
+		return fmt.Errorf("%s: %w", op, rpcerr.FromStatus(err))
+	case st.Code() == codes.Canceled:
 		return fmt.Errorf("%s: %w", op, context.Canceled)
-	case codes.DeadlineExceeded:
+	case st.Code() == codes.DeadlineExceeded:
 		return fmt.Errorf("%s: %w", op, context.DeadlineExceeded)
-	case codes.NotFound:
-		return backend.Errorf(backend.ErrNotFound, "%s: %s", op, msg)
-	case codes.InvalidArgument:
-		return backend.Errorf(backend.ErrInvalid, "%s: %s", op, msg)
-	case codes.AlreadyExists, codes.FailedPrecondition:
-		return backend.Errorf(backend.ErrConflict, "%s: %s", op, msg)
-	case codes.Unimplemented:
-		return backend.Errorf(backend.ErrUnsupported, "%s: %s", op, msg)
-	case codes.Unavailable:
-		return backend.Errorf(backend.ErrUnavailable, "%s: agent unreachable: %s", op, msg)
-	default:
-		return backend.Errorf(backend.ErrUnavailable, "%s: agent: %s", op, msg)
+	case st.Code() == codes.Unavailable:
+		return backend.Errorf(backend.ErrUnavailable, "%s: agent unreachable: %s", op, st.Message())
 	}
+	return fmt.Errorf("%s: %w", op, rpcerr.FromStatus(err))
 }
 
 // errExecDone is returned by Process calls made after the exec has finished.
@@ -179,31 +292,23 @@ var errExecDone = errors.New("exec has finished")
 // drops the stream (the agent then kills the tree on its own).
 const cancelWait = 15 * time.Second
 
+// execStream is the client side of an Exec or Shell call.
+type execStream = grpc.BidiStreamingClient[agentpb.ExecInput, agentpb.ExecOutput]
+
 // Exec starts req in the agent's sandbox and returns once the process runs (or a
 // command that cannot be run has its 127/126 result ready). req.Stdout and req.Stderr
 // receive the output as it comes, from one goroutine; a writer that blocks holds the
-// process back after StreamWindow bytes of buffering. Cancelling ctx kills the process
-// tree; Wait then returns the result with Canceled set. Errors at start: empty argv or
-// a working directory that does not exist (ErrInvalid, naming it), agent unreachable
-// (ErrUnavailable), ctx done.
+// process back after StreamWindow bytes of buffering. An empty req.User runs as the
+// agent's default exec user. Cancelling ctx kills the process tree; Wait then returns
+// the result with Canceled set. Errors at start: empty argv or a working directory
+// that does not exist (ErrInvalid, naming it), agent unreachable (ErrUnavailable),
+// ctx done.
 func (c *Client) Exec(ctx context.Context, req backend.ExecRequest) (backend.Process, error) {
-	if err := checkShell(req, c.protocol); err != nil {
-		return nil, err
-	}
 	if err := backend.CheckExecText(req); err != nil {
 		return nil, err
 	}
 	if err := backend.CheckArgv(req); err != nil {
 		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	sctx, scancel := context.WithCancel(context.WithoutCancel(ctx))
-	stream, err := c.rpc.Exec(sctx)
-	if err != nil {
-		scancel()
-		return nil, mapError("exec", err)
 	}
 	start := &agentpb.ExecStart{
 		Argv:      req.Argv,
@@ -213,58 +318,108 @@ func (c *Client) Exec(ctx context.Context, req backend.ExecRequest) (backend.Pro
 		Tty:       req.TTY,
 		Stdin:     req.Stdin,
 		TimeoutNs: int64(req.Timeout),
-		Shell:     req.Shell,
-		Session:   req.Session,
-	}
-	if req.Job != nil {
-		start.Job = &agentpb.JobRequest{Op: string(req.Job.Op), Id: req.Job.ID, Follow: req.Job.Follow}
 	}
 	if req.TTY {
 		start.Size = &agentpb.WindowSize{Rows: uint32(req.Size.Rows), Cols: uint32(req.Size.Cols)}
 	}
-	type first struct {
+	return c.start(ctx, c.rpc.Exec, &agentpb.ExecInput{Msg: &agentpb.ExecInput_Start{Start: start}},
+		fmt.Sprintf("exec %q", req.Argv[0]), req.TTY, req.Stdin, req.Stdout, req.Stderr)
+}
+
+// ShellRequest is one shell-mode call (Client.Shell).
+type ShellRequest struct {
+	// Command is the command string, run with bash (sh when the sandbox has no bash)
+	// through eval.
+	Command string
+	// Session names the shell state (directory, exported variables) that the call
+	// starts from and records; required. Calls of one session run one at a time, in
+	// order of arrival.
+	Session string
+	// Env is KEY=VALUE pairs applied over the session's variables (and recorded with
+	// them); Dir, when set, is the working directory instead of the session's; User
+	// overrides the default exec user.
+	Env  []string
+	Dir  string
+	User string
+	// Stdin connects Process.Write to the command's stdin; false gives it EOF.
+	Stdin bool
+	// Stdout and Stderr receive the output as it comes (nil discards).
+	Stdout, Stderr io.Writer
+	// Timeout, when positive, kills the call's tree after this long, counting the
+	// wait for the session's previous call; the state is then not recorded.
+	Timeout time.Duration
+}
+
+// Shell starts one shell-mode call: `cd` and `export` of one call hold for the next
+// of the same session, each call is its own process (so `exit`, `set -e`, a syntax
+// error or `exec` end only that call), and the next starts from the last state a
+// call recorded. The result's Cwd is the session's directory for the next call.
+// Errors at start: as Exec; an empty command or session (ErrInvalid).
+func (c *Client) Shell(ctx context.Context, req ShellRequest) (backend.Process, error) {
+	if req.Command == "" || req.Session == "" {
+		return nil, backend.Errorf(backend.ErrInvalid, "shell: a command and a session are required")
+	}
+	if err := backend.CheckExecText(backend.ExecRequest{Argv: []string{req.Command, req.Session}, Env: req.Env, Dir: req.Dir, User: req.User}); err != nil {
+		return nil, err
+	}
+	start := &agentpb.ShellStart{
+		Command: req.Command, Session: req.Session, Env: req.Env, Dir: req.Dir, User: req.User,
+		Stdin: req.Stdin, TimeoutNs: int64(req.Timeout),
+	}
+	return c.start(ctx, c.rpc.Shell, &agentpb.ExecInput{Msg: &agentpb.ExecInput_Shell{Shell: start}},
+		"shell", false, req.Stdin, req.Stdout, req.Stderr)
+}
+
+// start opens an Exec or Shell stream, sends first and waits for started.
+func (c *Client) start(ctx context.Context, open func(context.Context, ...grpc.CallOption) (execStream, error), first *agentpb.ExecInput, what string, tty, stdin bool, stdout, stderr io.Writer) (backend.Process, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	sctx, scancel := context.WithCancel(context.WithoutCancel(ctx))
+	stream, err := open(sctx)
+	if err != nil {
+		scancel()
+		return nil, wireErr(what, err)
+	}
+	type reply struct {
 		m   *agentpb.ExecOutput
 		err error
 	}
-	ch := make(chan first, 1)
+	ch := make(chan reply, 1)
 	go func() {
-		if err := stream.Send(&agentpb.ExecInput{Msg: &agentpb.ExecInput_Start{Start: start}}); err != nil && err != io.EOF {
-			ch <- first{nil, err}
+		if err := stream.Send(first); err != nil && err != io.EOF {
+			ch <- reply{nil, err}
 			return
 		}
 		m, err := stream.Recv()
-		ch <- first{m, err}
+		ch <- reply{m, err}
 	}()
-	var f first
+	var r reply
 	select {
-	case f = <-ch:
+	case r = <-ch:
 	case <-ctx.Done():
 		scancel() // the agent sees the stream go and kills what it started
 		<-ch
 		return nil, ctx.Err()
 	}
-	if f.err != nil {
+	if r.err != nil {
 		scancel()
-		what := fmt.Sprintf("exec %q", execName(req))
-		if req.Job != nil && req.Job.Op != backend.JobStart {
-			what = execName(req)
-		}
-		return nil, mapError(what, f.err)
+		return nil, wireErr(what, r.err)
 	}
-	started := f.m.GetStarted()
+	started := r.m.GetStarted()
 	if started == nil {
 		scancel()
-		return nil, backend.Errorf(backend.ErrUnavailable, "exec %q: agent protocol error: no started message", execName(req))
+		return nil, backend.Errorf(backend.ErrUnavailable, "%s: agent protocol error: no started message", what)
 	}
 	p := &process{
 		c:      c,
 		stream: stream,
 		cancel: scancel,
 		id:     started.ExecId,
-		tty:    req.TTY,
-		stdin:  req.Stdin,
-		stdout: req.Stdout,
-		stderr: req.Stderr,
+		tty:    tty,
+		stdin:  stdin,
+		stdout: stdout,
+		stderr: stderr,
 		done:   make(chan struct{}),
 	}
 	go p.recvLoop()
@@ -275,7 +430,7 @@ func (c *Client) Exec(ctx context.Context, req backend.ExecRequest) (backend.Pro
 // process is a started exec on the client side.
 type process struct {
 	c      *Client
-	stream agentpb.Agent_ExecClient
+	stream execStream
 	cancel context.CancelFunc
 	id     uint64
 	tty    bool
@@ -317,13 +472,14 @@ func (p *process) recvLoop() {
 				p.mu.Lock()
 				canceled := p.canceled
 				p.mu.Unlock()
-				if err == io.EOF {
+				switch {
+				case err == io.EOF:
 					err = backend.Errorf(backend.ErrUnavailable, "exec: the agent ended the exec without a result")
-				} else if canceled {
+				case canceled:
 					err = fmt.Errorf("exec: %w", context.Canceled)
 					p.result.Canceled = true
-				} else {
-					err = mapError("exec", err)
+				default:
+					err = wireErr("exec", err)
 					if errors.Is(err, context.Canceled) {
 						err = backend.Errorf(backend.ErrUnavailable, "exec: connection to the agent lost")
 					}
@@ -371,7 +527,7 @@ func (p *process) watch(ctx context.Context) {
 	cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
 	_, err := p.c.rpc.Cancel(cctx, &agentpb.CancelRequest{ExecId: p.id})
 	ccancel()
-	if err == nil || status.Code(err) == codes.NotFound {
+	if err == nil || errors.Is(rpcerr.FromStatus(err), backend.ErrNotFound) {
 		t := time.NewTimer(cancelWait)
 		defer t.Stop()
 		select {
@@ -397,7 +553,7 @@ func (p *process) send(m *agentpb.ExecInput) error {
 		if err == io.EOF {
 			return errExecDone
 		}
-		return mapError("exec", err)
+		return wireErr("exec", err)
 	}
 	return nil
 }
@@ -474,7 +630,26 @@ func (p *process) Wait() (backend.ExecResult, error) {
 // SIGKILL after grace (0 means DefaultGrace), and the agent exits after answering.
 func (c *Client) Shutdown(ctx context.Context, grace time.Duration) error {
 	_, err := c.rpc.Shutdown(ctx, &agentpb.ShutdownRequest{GraceNs: int64(grace)})
-	return mapError("agent shutdown", err)
+	return wireErr("agent shutdown", err)
+}
+
+// Shutdown connects to the agent of files (Connect) and asks it to end every process
+// of the sandbox (SIGTERM, SIGKILL after grace; 0 means DefaultGrace) and exit,
+// giving up after grace plus 2 seconds: what a driver's Stop does first. Errors wrap
+// backend.ErrUnavailable when the agent cannot be reached; the driver then kills the
+// sandbox's first process itself.
+func Shutdown(ctx context.Context, files backend.AgentFiles, grace time.Duration) error {
+	if grace <= 0 {
+		grace = DefaultGrace
+	}
+	ctx, cancel := context.WithTimeout(ctx, grace+2*time.Second)
+	defer cancel()
+	c, err := Connect(ctx, files)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return c.Shutdown(ctx, grace)
 }
 
 // CopyIn extracts the tar stream r into dir in the sandbox, never following links out
@@ -485,11 +660,11 @@ func (c *Client) CopyIn(ctx context.Context, dir string, r io.Reader) error {
 	defer cancel()
 	stream, err := c.rpc.CopyIn(ctx)
 	if err != nil {
-		return mapError("copy in", err)
+		return wireErr("copy in", err)
 	}
 	if err := stream.Send(&agentpb.CopyInRequest{Msg: &agentpb.CopyInRequest_Dir{Dir: dir}}); err != nil {
 		_, err = stream.CloseAndRecv()
-		return mapError("copy in", err)
+		return wireErr("copy in", err)
 	}
 	buf := make([]byte, ChunkSize)
 	for {
@@ -500,7 +675,7 @@ func (c *Client) CopyIn(ctx context.Context, dir string, r io.Reader) error {
 			if err := stream.Send(&agentpb.CopyInRequest{Msg: &agentpb.CopyInRequest_Data{Data: c}}); err != nil {
 				// The agent ended the call; its status says why.
 				_, err = stream.CloseAndRecv()
-				return mapError("copy in", err)
+				return wireErr("copy in", err)
 			}
 		}
 		if rerr == io.EOF {
@@ -511,7 +686,7 @@ func (c *Client) CopyIn(ctx context.Context, dir string, r io.Reader) error {
 		}
 	}
 	_, err = stream.CloseAndRecv()
-	return mapError("copy in", err)
+	return wireErr("copy in", err)
 }
 
 // CopyOut writes the file or directory path in the sandbox to w as a tar stream
@@ -522,7 +697,7 @@ func (c *Client) CopyOut(ctx context.Context, path string, w io.Writer) error {
 	defer cancel()
 	stream, err := c.rpc.CopyOut(ctx, &agentpb.CopyOutRequest{Path: path})
 	if err != nil {
-		return mapError("copy out", err)
+		return wireErr("copy out", err)
 	}
 	for {
 		m, err := stream.Recv()
@@ -530,52 +705,10 @@ func (c *Client) CopyOut(ctx context.Context, path string, w io.Writer) error {
 			return nil
 		}
 		if err != nil {
-			return mapError("copy out", err)
+			return wireErr("copy out", err)
 		}
 		if _, err := w.Write(m.Data); err != nil {
 			return fmt.Errorf("copy out: %w", err)
 		}
 	}
-}
-
-// checkShell validates the shell-mode and job fields of req for an agent of
-// protocol p.
-func checkShell(req backend.ExecRequest, p int) error {
-	if j := req.Job; j != nil {
-		switch {
-		case req.Shell != "":
-			return backend.Errorf(backend.ErrInvalid, "exec: a job operation cannot be a shell-mode call")
-		case req.Session == "":
-			return backend.Errorf(backend.ErrInvalid, "exec: job %s needs the session name (ExecRequest.Session)", j.Op)
-		case j.Op != backend.JobStart && j.Op != backend.JobList && j.Op != backend.JobLogs && j.Op != backend.JobKill:
-			return backend.Errorf(backend.ErrInvalid, "exec: job operation %q: want start, list, logs or kill", j.Op)
-		case (j.Op == backend.JobLogs || j.Op == backend.JobKill) && j.ID == "":
-			return backend.Errorf(backend.ErrInvalid, "exec: job %s needs a job id", j.Op)
-		case p < 2:
-			return backend.Errorf(backend.ErrUnsupported, "exec: the sandbox's agent speaks protocol %d, which has no background jobs; restart the sandbox so that it runs the current agent", p)
-		}
-		return nil
-	}
-	switch {
-	case req.Shell == "":
-		return nil
-	case len(req.Argv) > 0:
-		return backend.Errorf(backend.ErrInvalid, "exec: both argv %q and a shell command given; use one", req.Argv)
-	case req.Session == "":
-		return backend.Errorf(backend.ErrInvalid, "exec: shell mode needs the session name (ExecRequest.Session)")
-	case p < 2:
-		return backend.Errorf(backend.ErrUnsupported, "exec: the sandbox's agent speaks protocol %d, which has no shell mode; restart the sandbox (berth close with on_close = \"stop\", or berth rm) so that it runs the current agent", p)
-	}
-	return nil
-}
-
-// execName is how errors name req's command.
-func execName(req backend.ExecRequest) string {
-	if req.Job != nil && req.Job.Op != backend.JobStart {
-		return "job " + string(req.Job.Op)
-	}
-	if req.Shell != "" {
-		return "shell"
-	}
-	return req.Argv[0]
 }

@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"io"
 	"sync"
 
 	"github.com/berth-sh/berth/backend"
@@ -44,8 +43,9 @@ type ConnectFunc[M any] func(ctx context.Context, name string) (*Conn[M], error)
 type IdentifyFunc func(ctx context.Context, name string) (string, error)
 
 // ConnCache keeps one agent connection per sandbox name, made on first use by its
-// ConnectFunc and shared by every concurrent call on that sandbox. It is the one
-// implementation behind Pool and the built-in drivers. It is safe for concurrent use.
+// ConnectFunc and shared by every concurrent call on that sandbox: a long-lived host
+// (a registry kept open) reuses connections through it. It is safe for concurrent
+// use.
 //
 // When a call through Do fails with backend.ErrUnavailable, that is either the
 // connection (the agent went away: the sandbox was stopped, or started anew) or the
@@ -160,36 +160,6 @@ func (cc *ConnCache[M]) Do(ctx context.Context, name string, op func(*Conn[M]) e
 		}
 		cc.drop(name, c)
 	}
-}
-
-// Exec starts req in sandbox name through its agent (Client.Exec), with Do's retry.
-func (cc *ConnCache[M]) Exec(ctx context.Context, name string, req backend.ExecRequest) (backend.Process, error) {
-	var p backend.Process
-	err := cc.Do(ctx, name, func(c *Conn[M]) (err error) {
-		p, err = c.Client.Exec(ctx, req)
-		return err
-	})
-	return p, err
-}
-
-// CopyIn extracts the tar stream r into dir in sandbox name through its agent
-// (Client.CopyIn). A failed copy is not retried: r has been read.
-func (cc *ConnCache[M]) CopyIn(ctx context.Context, name, dir string, r io.Reader) error {
-	c, err := cc.Get(ctx, name)
-	if err != nil {
-		return err
-	}
-	return c.Client.CopyIn(ctx, dir, r)
-}
-
-// CopyOut writes path in sandbox name to w as a tar stream through its agent
-// (Client.CopyOut). A failed copy is not retried: w may have been written.
-func (cc *ConnCache[M]) CopyOut(ctx context.Context, name, path string, w io.Writer) error {
-	c, err := cc.Get(ctx, name)
-	if err != nil {
-		return err
-	}
-	return c.Client.CopyOut(ctx, path, w)
 }
 
 // Close closes and removes every cached connection; the sandboxes keep running and

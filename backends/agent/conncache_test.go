@@ -89,7 +89,7 @@ func (f *sandboxFixture) setMissing() {
 func (f *sandboxFixture) echo(t *testing.T, ctx context.Context, word string) error {
 	t.Helper()
 	out := newSyncBuffer()
-	p, err := f.cache.Exec(ctx, "sb", backend.ExecRequest{Argv: []string{"echo", word}, Stdout: out})
+	p, err := cacheExec(ctx, f.cache, "sb", backend.ExecRequest{Argv: []string{"echo", word}, Stdout: out})
 	if err != nil {
 		return err
 	}
@@ -101,6 +101,16 @@ func (f *sandboxFixture) echo(t *testing.T, ctx context.Context, word string) er
 		t.Errorf("echo %s: exit %d, output %q", word, res.ExitCode, out.String())
 	}
 	return nil
+}
+
+// cacheExec starts req in sandbox name through cc (Do's retry included).
+func cacheExec[M any](ctx context.Context, cc *ConnCache[M], name string, req backend.ExecRequest) (backend.Process, error) {
+	var p backend.Process
+	err := cc.Do(ctx, name, func(c *Conn[M]) (err error) {
+		p, err = c.Client.Exec(ctx, req)
+		return err
+	})
+	return p, err
 }
 
 // closed reports whether c's Client has been closed.
@@ -141,7 +151,7 @@ func TestConnCacheShared(t *testing.T) {
 	}
 
 	connects := f.connects.Load()
-	long, err := f.cache.Exec(ctx, "sb", backend.ExecRequest{Argv: []string{"sh", "-c", "read x; echo got $x"}, Stdin: true, Stdout: newSyncBuffer()})
+	long, err := cacheExec(ctx, f.cache, "sb", backend.ExecRequest{Argv: []string{"sh", "-c", "read x; echo got $x"}, Stdin: true, Stdout: newSyncBuffer()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +189,7 @@ func TestConnCacheLiveAgentUnavailable(t *testing.T) {
 	}
 	cached, _ := f.cache.Get(ctx, "sb")
 	out := newSyncBuffer()
-	long, err := f.cache.Exec(ctx, "sb", backend.ExecRequest{Argv: []string{"sh", "-c", "read x; echo got $x"}, Stdin: true, Stdout: out})
+	long, err := cacheExec(ctx, f.cache, "sb", backend.ExecRequest{Argv: []string{"sh", "-c", "read x; echo got $x"}, Stdin: true, Stdout: out})
 	if err != nil {
 		t.Fatal(err)
 	}

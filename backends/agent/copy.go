@@ -13,9 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
+	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent/agentpb"
 )
 
@@ -47,7 +45,7 @@ func (s *server) CopyIn(stream agentpb.Agent_CopyInServer) error {
 	}
 	dir, ok := first.Msg.(*agentpb.CopyInRequest_Dir)
 	if !ok || dir.Dir == "" {
-		return status.Error(codes.InvalidArgument, "copy in: the first message must name the directory")
+		return backend.Errorf(backend.ErrInvalid, "copy in: the first message must name the directory")
 	}
 	target := dir.Dir
 	if !filepath.IsAbs(target) {
@@ -58,14 +56,14 @@ func (s *server) CopyIn(stream agentpb.Agent_CopyInServer) error {
 	root, err := os.OpenRoot(target)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return status.Errorf(codes.NotFound, "directory %q does not exist", target)
+			return backend.Errorf(backend.ErrNotFound, "directory %q does not exist", target)
 		}
-		return status.Errorf(codes.InvalidArgument, "directory %q: %v", target, err)
+		return backend.Errorf(backend.ErrInvalid, "directory %q: %v", target, err)
 	}
 	defer root.Close()
 	r := &copyInReader{stream: stream}
 	if err := extractAll(root, r, nil); err != nil {
-		return status.Errorf(codes.InvalidArgument, "%v", err)
+		return backend.Errorf(backend.ErrInvalid, "%v", err)
 	}
 	// Swallow the tar padding and wait for the client's end of stream.
 	if _, err := io.Copy(io.Discard, r); err != nil && err != io.EOF {
@@ -239,7 +237,7 @@ func (w copyOutWriter) Write(p []byte) (int, error) {
 func (s *server) CopyOut(req *agentpb.CopyOutRequest, stream agentpb.Agent_CopyOutServer) error {
 	p := req.Path
 	if p == "" {
-		return status.Error(codes.InvalidArgument, "empty path")
+		return backend.Errorf(backend.ErrInvalid, "empty path")
 	}
 	if !filepath.IsAbs(p) {
 		p = filepath.Join(s.cwd, p)
@@ -249,16 +247,13 @@ func (s *server) CopyOut(req *agentpb.CopyOutRequest, stream agentpb.Agent_CopyO
 	defer s.copyGate.leave()
 	if _, err := os.Lstat(p); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return status.Errorf(codes.NotFound, "%q does not exist", p)
+			return backend.Errorf(backend.ErrNotFound, "%q does not exist", p)
 		}
-		return status.Errorf(codes.InvalidArgument, "%v", err)
+		return backend.Errorf(backend.ErrInvalid, "%v", err)
 	}
 	err := WriteTar(copyOutWriter{stream}, p, "")
 	if err != nil {
-		if _, ok := status.FromError(err); ok {
-			return err
-		}
-		return status.Errorf(codes.Internal, "copy out %q: %v", p, err)
+		return fmt.Errorf("copy out %q: %w", p, err)
 	}
 	return nil
 }

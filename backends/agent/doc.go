@@ -31,10 +31,14 @@ package agent
 import "time"
 
 // ProtocolVersion is the agent protocol version this package speaks. Clients accept
-// ProtocolVersion and ProtocolVersion-1 (when that is at least 1); the agent answers
-// Hello with the highest version both sides speak. Version 2 added shell mode
-// (ExecStart.shell, ExecResult.cwd); a client on a version-1 agent refuses shell mode.
-const ProtocolVersion = 2
+// ProtocolVersion and ProtocolVersion-1 (down to 3); the agent answers Hello with the
+// highest version both sides speak. Version 2 added shell mode; version 3 added the
+// connection handshake with the sandbox's token (TokenName), made shell mode
+// (Shell) and background jobs (StartJob, ListJobs, JobLogs, KillJob) calls of their
+// own, and lets the agent report OOM kills and its default exec user itself. An
+// agent of protocol 2 or older does not answer the handshake: the client reports it
+// as an agent of an older berth, which a restart of the sandbox replaces.
+const ProtocolVersion = 3
 
 // ChunkSize is the largest piece of output, stdin or copy data, in bytes, that one
 // protocol message carries.

@@ -17,9 +17,8 @@ import (
 	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
+	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent/agentpb"
 )
 
@@ -213,61 +212,95 @@ func (s *server) Exec(stream agentpb.Agent_ExecServer) error {
 	}
 	st := in.GetStart()
 	if st == nil {
-		return status.Error(codes.InvalidArgument, "exec: the first message must be start")
+		return backend.Errorf(backend.ErrInvalid, "exec: the first message must be start")
 	}
 	if s.closing.Load() {
-		return status.Error(codes.Unavailable, "the agent is shutting down")
+		return backend.Errorf(backend.ErrUnavailable, "the agent is shutting down")
 	}
-	if st.Job != nil {
-		return s.jobExec(stream, st)
+	return s.runExec(stream, st, nil)
+}
+
+// Shell implements the Shell RPC: the call waits for its session's turn (its
+// timeout counts the wait), runs through the shell wrapper, and records the state
+// the wrapper reported.
+func (s *server) Shell(stream agentpb.Agent_ShellServer) error {
+	in, err := stream.Recv()
+	if err != nil {
+		return err
 	}
-	var shk *shellKey
-	var stateFile *shellFile
-	shellKey := st.Session
-	if st.Shell != "" {
-		if st.Session == "" || len(st.Argv) > 0 {
-			return status.Error(codes.InvalidArgument, "exec: shell mode needs a session and no argv")
-		}
-		// The call's timeout covers its wait for the session's previous call.
-		actx, acancel := stream.Context(), context.CancelFunc(func() {})
-		if st.TimeoutNs > 0 {
-			actx, acancel = context.WithTimeout(actx, time.Duration(st.TimeoutNs))
-		}
-		shk, err = s.shells.acquire(actx, st.Session)
-		queuedOut := err != nil && stream.Context().Err() == nil && actx.Err() != nil
-		acancel()
-		if queuedOut {
-			snd := &execSender{stream: stream}
-			defer snd.close()
-			id := s.nextID.Add(1)
-			for _, m := range []*agentpb.ExecOutput{
-				{Msg: &agentpb.ExecOutput_Started{Started: &agentpb.ExecStarted{ExecId: id}}},
-				{Msg: &agentpb.ExecOutput_Stderr{Stderr: fmt.Appendf(nil, "berth: shell: the session's previous call still ran when this call's timeout (%s) passed; nothing was run\n", time.Duration(st.TimeoutNs))}},
-				{Msg: &agentpb.ExecOutput_Result{Result: &agentpb.ExecResult{ExitCode: 124, TimedOut: true, DurationNs: st.TimeoutNs}}},
-			} {
-				if err := snd.send(m); err != nil {
-					return err
-				}
-			}
-			return nil
-		}
-		if err != nil {
+	sh := in.GetShell()
+	if sh == nil {
+		return backend.Errorf(backend.ErrInvalid, "shell: the first message must be shell")
+	}
+	if sh.Session == "" || sh.Command == "" {
+		return backend.Errorf(backend.ErrInvalid, "shell: a command and a session are required")
+	}
+	if s.closing.Load() {
+		return backend.Errorf(backend.ErrUnavailable, "the agent is shutting down")
+	}
+	actx, acancel := stream.Context(), context.CancelFunc(func() {})
+	if sh.TimeoutNs > 0 {
+		actx, acancel = context.WithTimeout(actx, time.Duration(sh.TimeoutNs))
+	}
+	k, err := s.shells.acquire(actx, sh.Session)
+	queuedOut := err != nil && stream.Context().Err() == nil && actx.Err() != nil
+	acancel()
+	if queuedOut {
+		return s.sendQueuedOut(stream, time.Duration(sh.TimeoutNs))
+	}
+	if err != nil {
+		return err
+	}
+	defer s.shells.release(k)
+	st, sf, err := s.shellStart(sh, k.state)
+	if err != nil {
+		return err
+	}
+	return s.runExec(stream, st, &shellCall{key: k, session: sh.Session, file: sf})
+}
+
+// sendQueuedOut answers a shell call whose timeout passed while it waited for the
+// session's previous call: nothing ran, exit 124.
+func (s *server) sendQueuedOut(stream agentpb.Agent_ExecServer, timeout time.Duration) error {
+	snd := &execSender{stream: stream}
+	defer snd.close()
+	id := s.nextID.Add(1)
+	for _, m := range []*agentpb.ExecOutput{
+		{Msg: &agentpb.ExecOutput_Started{Started: &agentpb.ExecStarted{ExecId: id}}},
+		{Msg: &agentpb.ExecOutput_Stderr{Stderr: fmt.Appendf(nil, "berth: shell: the session's previous call still ran when this call's timeout (%s) passed; nothing was run\n", timeout)}},
+		{Msg: &agentpb.ExecOutput_Result{Result: &agentpb.ExecResult{ExitCode: 124, TimedOut: true, DurationNs: int64(timeout)}}},
+	} {
+		if err := snd.send(m); err != nil {
 			return err
 		}
-		defer s.shells.release(shk)
-		if st, stateFile, err = s.shellStart(st, shk.state); err != nil {
-			return err
-		}
+	}
+	return nil
+}
+
+// shellCall is what runExec needs of a shell-mode call: the session's turn, its
+// name and the call's state file.
+type shellCall struct {
+	key     *shellKey
+	session string
+	file    *shellFile
+}
+
+// runExec runs st on stream: prepare, spawn, forward input and output until the
+// leader exits (or the timeout, a cancel or the client's departure kills the tree),
+// then send the result. sh is set for shell-mode calls.
+func (s *server) runExec(stream agentpb.Agent_ExecServer, st *agentpb.ExecStart, sh *shellCall) error {
+	if st.User == "" {
+		st.User = s.execUser
 	}
 	plan, err := s.prepare(st)
 	if err != nil {
 		return err
 	}
-	if stateFile != nil && plan.fail == nil {
-		if err := stateFile.create(plan.cred); err != nil {
-			return status.Errorf(codes.Unavailable, "shell mode: state file: %v", err)
+	if sh != nil && plan.fail == nil {
+		if err := sh.file.create(plan.cred); err != nil {
+			return backend.Errorf(backend.ErrUnavailable, "shell mode: state file: %v", err)
 		}
-		defer os.Remove(stateFile.path)
+		defer os.Remove(sh.file.path)
 	}
 	snd := &execSender{stream: stream}
 	defer snd.close()
@@ -275,6 +308,7 @@ func (s *server) Exec(stream agentpb.Agent_ExecServer) error {
 	if plan.fail != nil {
 		return s.sendFailure(snd, id, plan.name, plan.fail)
 	}
+	oomBefore := s.oom.count()
 	startTime := time.Now()
 	run, exitCh, fail, err := s.spawn(plan, st, snd)
 	if err != nil {
@@ -284,21 +318,8 @@ func (s *server) Exec(stream agentpb.Agent_ExecServer) error {
 		return s.sendFailure(snd, id, plan.name, fail)
 	}
 	run.id = id
-	s.mu.Lock()
-	s.execs[id] = run
-	if s.trackSessions {
-		s.sids[run.pid] = struct{}{}
-	}
-	prune := len(s.sids) >= sidPruneAt
-	s.mu.Unlock()
-	if prune && s.pruning.CompareAndSwap(false, true) {
-		go s.pruneSessions()
-	}
-	defer func() {
-		s.mu.Lock()
-		delete(s.execs, id)
-		s.mu.Unlock()
-	}()
+	s.track(run)
+	defer s.untrack(id)
 
 	ctx := stream.Context()
 	started := snd.send(&agentpb.ExecOutput{Msg: &agentpb.ExecOutput_Started{Started: &agentpb.ExecStarted{ExecId: id, Pid: int32(run.pid)}}})
@@ -310,35 +331,8 @@ func (s *server) Exec(stream agentpb.Agent_ExecServer) error {
 		defer close(recvDone)
 		run.receive(stream)
 	}()
-
-	var timeoutC <-chan time.Time
-	if st.TimeoutNs > 0 {
-		t := time.NewTimer(time.Duration(st.TimeoutNs))
-		defer t.Stop()
-		timeoutC = t.C
-	}
-	var (
-		ex                       exitInfo
-		timedOut, canceled, gone bool
-	)
-	if started != nil {
-		gone = true
-	} else {
-		select {
-		case ex = <-exitCh:
-		case <-timeoutC:
-			timedOut = true
-		case <-run.cancelCh:
-			canceled = true
-		case <-ctx.Done():
-			gone = true
-		}
-	}
-	if timedOut || canceled || gone {
-		s.killTree(inSession(run.pid), s.grace)
-		ex = <-exitCh
-	}
-	if gone {
+	ex, end := s.awaitLeader(ctx, run, exitCh, started != nil, time.Duration(st.TimeoutNs))
+	if end == endGone {
 		for _, o := range run.outs {
 			o.forward.Store(false)
 			o.f.SetReadDeadline(past)
@@ -347,9 +341,9 @@ func (s *server) Exec(stream agentpb.Agent_ExecServer) error {
 		s.log.Printf("exec %d (%s, pid %d): client gone, process tree killed", id, plan.name, run.pid)
 		<-recvDone
 		if ctx.Err() != nil {
-			return status.FromContextError(ctx.Err()).Err()
+			return ctx.Err()
 		}
-		return status.Error(codes.Unavailable, "exec stream broken")
+		return backend.Errorf(backend.ErrUnavailable, "exec stream broken")
 	}
 	for _, o := range run.outs {
 		o.f.SetReadDeadline(past)
@@ -364,25 +358,13 @@ func (s *server) Exec(stream agentpb.Agent_ExecServer) error {
 	res := &agentpb.ExecResult{
 		ExitCode:   int32(code),
 		Signal:     int32(sig),
-		TimedOut:   timedOut,
-		Canceled:   canceled,
+		TimedOut:   end == endTimeout,
+		Canceled:   end == endCanceled,
+		OomKilled:  s.oom.grew(oomBefore),
 		DurationNs: int64(ex.at.Sub(startTime)),
 	}
-	if shk != nil {
-		// A call killed at its timeout or on cancel records nothing, whatever its
-		// shell's traps managed to write: the next call starts from the last state
-		// of a call that ended by itself.
-		if ns, ok := stateFile.read(); ok && !timedOut && !canceled {
-			if !utf8.ValidString(ns.cwd) {
-				// The wire carries text: a directory whose name is not UTF-8 cannot
-				// be reported, so the session stays where it was.
-				ns.cwd = shk.state.cwd
-			}
-			if err := s.shells.save(shk, shellKey, ns); err != nil {
-				s.log.Printf("exec %d: recording the shell state of %q: %v", id, shellKey, err)
-			}
-		}
-		res.Cwd = shk.state.cwd
+	if sh != nil {
+		res.Cwd = s.recordShell(id, sh, end == endExited)
 	}
 	err = snd.send(&agentpb.ExecOutput{Msg: &agentpb.ExecOutput_Result{Result: res}})
 	run.stopStdin()
@@ -399,6 +381,84 @@ func (s *server) Exec(stream agentpb.Agent_ExecServer) error {
 	case <-t.C:
 	}
 	return nil
+}
+
+// execEnd is how an exec's wait for its leader ended.
+type execEnd int
+
+const (
+	endExited   execEnd = iota // the leader exited by itself
+	endTimeout                 // the exec's timeout passed; the tree was killed
+	endCanceled                // Cancel; the tree was killed
+	endGone                    // the client went away; the tree was killed
+)
+
+// awaitLeader waits for run's leader to exit, or for its timeout, a Cancel or the
+// client's departure (gone: the started message could not be sent), which kill the
+// tree first; it returns the leader's exit and how the wait ended.
+func (s *server) awaitLeader(ctx context.Context, run *execRun, exitCh <-chan exitInfo, gone bool, timeout time.Duration) (exitInfo, execEnd) {
+	if gone {
+		s.killTree(inSession(run.pid), s.grace)
+		return <-exitCh, endGone
+	}
+	var timeoutC <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		timeoutC = t.C
+	}
+	end := endExited
+	select {
+	case ex := <-exitCh:
+		return ex, endExited
+	case <-timeoutC:
+		end = endTimeout
+	case <-run.cancelCh:
+		end = endCanceled
+	case <-ctx.Done():
+		end = endGone
+	}
+	s.killTree(inSession(run.pid), s.grace)
+	return <-exitCh, end
+}
+
+// recordShell records the state that a shell call's wrapper reported, when the call
+// ended by itself (a call killed at its timeout or on cancel records nothing,
+// whatever its shell's traps managed to write: the next call starts from the last
+// state of a call that ended by itself), and returns the session's directory.
+func (s *server) recordShell(id uint64, sh *shellCall, ended bool) string {
+	if ns, ok := sh.file.read(); ok && ended {
+		if !utf8.ValidString(ns.cwd) {
+			// The wire carries text: a directory whose name is not UTF-8 cannot be
+			// reported, so the session stays where it was.
+			ns.cwd = sh.key.state.cwd
+		}
+		if err := s.shells.save(sh.key, sh.session, ns); err != nil {
+			s.log.Printf("exec %d: recording the shell state of %q: %v", id, sh.session, err)
+		}
+	}
+	return sh.key.state.cwd
+}
+
+// track registers a running exec for Cancel and, when the agent remembers session
+// ids, for Shutdown.
+func (s *server) track(run *execRun) {
+	s.mu.Lock()
+	s.execs[run.id] = run
+	if s.trackSessions {
+		s.sids[run.pid] = struct{}{}
+	}
+	prune := len(s.sids) >= sidPruneAt
+	s.mu.Unlock()
+	if prune && s.pruning.CompareAndSwap(false, true) {
+		go s.pruneSessions()
+	}
+}
+
+func (s *server) untrack(id uint64) {
+	s.mu.Lock()
+	delete(s.execs, id)
+	s.mu.Unlock()
 }
 
 // sendFailure answers an exec whose command could not be run: started without a pid,
@@ -505,11 +565,11 @@ func exitCode(ws syscall.WaitStatus) (code, sig int) {
 // plan.fail, not an error.
 func (s *server) prepare(st *agentpb.ExecStart) (*execPlan, error) {
 	if len(st.Argv) == 0 || st.Argv[0] == "" {
-		return nil, status.Error(codes.InvalidArgument, "exec: empty argv")
+		return nil, backend.Errorf(backend.ErrInvalid, "exec: empty argv")
 	}
 	env, err := mergeEnv(os.Environ(), st.Env)
 	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, backend.Errorf(backend.ErrInvalid, "%s", err.Error())
 	}
 	dir := st.Dir
 	switch {
@@ -523,15 +583,15 @@ func (s *server) prepare(st *agentpb.ExecStart) (*execPlan, error) {
 	s.blk.leave()
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return nil, status.Errorf(codes.InvalidArgument, "working directory %q does not exist", dir)
+		return nil, backend.Errorf(backend.ErrInvalid, "working directory %q does not exist", dir)
 	case err != nil:
-		return nil, status.Errorf(codes.InvalidArgument, "working directory %q: %v", dir, err)
+		return nil, backend.Errorf(backend.ErrInvalid, "working directory %q: %v", dir, err)
 	case !fi.IsDir():
-		return nil, status.Errorf(codes.InvalidArgument, "working directory %q is not a directory", dir)
+		return nil, backend.Errorf(backend.ErrInvalid, "working directory %q is not a directory", dir)
 	}
 	cred, home, err := lookupCredential(st.User)
 	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "user %q: %v", st.User, err)
+		return nil, backend.Errorf(backend.ErrInvalid, "user %q: %v", st.User, err)
 	}
 	keepOwnGroups(cred)
 	if _, own := envGet(st.Env, "HOME"); cred != nil && !own {
@@ -576,7 +636,7 @@ func (s *server) spawn(plan *execPlan, st *agentpb.ExecStart, snd *execSender) (
 		master, slave, perr := openPTY(rows, cols)
 		s.blk.leave()
 		if perr != nil {
-			return nil, nil, nil, status.Errorf(codes.Unavailable, "allocating a terminal: %v", perr)
+			return nil, nil, nil, backend.Errorf(backend.ErrUnavailable, "allocating a terminal: %v", perr)
 		}
 		parentFiles = append(parentFiles, master)
 		childFDs = append(childFDs, slave)
@@ -587,7 +647,7 @@ func (s *server) spawn(plan *execPlan, st *agentpb.ExecStart, snd *execSender) (
 		if st.Stdin {
 			w, r, perr := pipe(false, "stdin")
 			if perr != nil {
-				return nil, nil, nil, status.Errorf(codes.Unavailable, "stdin pipe: %v", perr)
+				return nil, nil, nil, backend.Errorf(backend.ErrUnavailable, "stdin pipe: %v", perr)
 			}
 			parentFiles = append(parentFiles, w)
 			childFDs = append(childFDs, r)
@@ -596,7 +656,7 @@ func (s *server) spawn(plan *execPlan, st *agentpb.ExecStart, snd *execSender) (
 		} else {
 			fd, oerr := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 			if oerr != nil {
-				return nil, nil, nil, status.Errorf(codes.Unavailable, "opening /dev/null: %v", oerr)
+				return nil, nil, nil, backend.Errorf(backend.ErrUnavailable, "opening /dev/null: %v", oerr)
 			}
 			childFDs = append(childFDs, fd)
 			stdio[0] = fd
@@ -604,7 +664,7 @@ func (s *server) spawn(plan *execPlan, st *agentpb.ExecStart, snd *execSender) (
 		for i, name := range []string{"stdout", "stderr"} {
 			r, w, perr := pipe(true, name)
 			if perr != nil {
-				return nil, nil, nil, status.Errorf(codes.Unavailable, "%s pipe: %v", name, perr)
+				return nil, nil, nil, backend.Errorf(backend.ErrUnavailable, "%s pipe: %v", name, perr)
 			}
 			parentFiles = append(parentFiles, r)
 			childFDs = append(childFDs, w)
@@ -642,7 +702,7 @@ func (s *server) spawn(plan *execPlan, st *agentpb.ExecStart, snd *execSender) (
 		if f := failureOf(ferr); f != nil {
 			return nil, nil, f, nil
 		}
-		return nil, nil, nil, status.Errorf(codes.Unavailable, "starting %s: %v", plan.name, ferr)
+		return nil, nil, nil, backend.Errorf(backend.ErrUnavailable, "starting %s: %v", plan.name, ferr)
 	}
 	if st.Tty && !st.Stdin {
 		// No stdin: the terminal reads EOF from the start.
@@ -920,7 +980,8 @@ func setWinsize(f *os.File, rows, cols uint32) error {
 	return ierr
 }
 
-// Hello implements the Hello RPC: protocol negotiation.
+// Hello implements the Hello RPC: protocol negotiation, and what the client should
+// know of this agent.
 func (s *server) Hello(ctx context.Context, req *agentpb.HelloRequest) (*agentpb.HelloResponse, error) {
 	client := make([]int, len(req.Versions))
 	for i, v := range req.Versions {
@@ -928,13 +989,16 @@ func (s *server) Hello(ctx context.Context, req *agentpb.HelloRequest) (*agentpb
 	}
 	v, err := pickProtocol(client, serverVersions)
 	if err != nil {
-		return nil, status.Error(codes.FailedPrecondition, err.Error())
+		return nil, backend.Errorf(backend.ErrUnsupported, "%v", err)
 	}
 	sv := make([]int32, len(serverVersions))
 	for i, v := range serverVersions {
 		sv[i] = int32(v)
 	}
-	return &agentpb.HelloResponse{Versions: sv, Protocol: int32(v), Pid: int32(os.Getpid())}, nil
+	return &agentpb.HelloResponse{
+		Versions: sv, Protocol: int32(v), Pid: int32(os.Getpid()),
+		Instance: s.instance, OomWatch: s.oom.on(), ExecUser: s.execUser,
+	}, nil
 }
 
 // Cancel implements the Cancel RPC.
@@ -943,7 +1007,7 @@ func (s *server) Cancel(ctx context.Context, req *agentpb.CancelRequest) (*agent
 	run := s.execs[req.ExecId]
 	s.mu.Unlock()
 	if run == nil {
-		return nil, status.Errorf(codes.NotFound, "exec %d is not running", req.ExecId)
+		return nil, backend.Errorf(backend.ErrNotFound, "exec %d is not running", req.ExecId)
 	}
 	run.cancel()
 	return &agentpb.CancelResponse{}, nil

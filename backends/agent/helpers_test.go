@@ -69,6 +69,10 @@ type testAgent struct {
 
 	noSubreaper bool
 	stateDir    string
+	// extra are more flags for `serve` (--token-file, --exec-user, --oom-counter);
+	// opts the client options that reach it (WithToken).
+	extra []string
+	opts  []ClientOption
 }
 
 func testCtx(t *testing.T) context.Context {
@@ -106,6 +110,7 @@ func (a *testAgent) start(t *testing.T, env ...string) {
 	if a.stateDir != "" {
 		args = append(args, "--state-dir", a.stateDir)
 	}
+	args = append(args, a.extra...)
 	cmd := exec.Command(agentBin, args...)
 	cmd.ExtraFiles = []*os.File{w}
 	cmd.Env = append(os.Environ(), env...)
@@ -126,7 +131,7 @@ func (a *testAgent) start(t *testing.T, env ...string) {
 			return
 		default:
 		}
-		if c, err := NewClient(context.Background(), DialSocketDir(a.sockDir)); err == nil {
+		if c, err := NewClient(context.Background(), DialSocketDir(a.sockDir), a.opts...); err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			c.Shutdown(ctx, 100*time.Millisecond)
 			cancel()

@@ -190,7 +190,8 @@ func installCopy(src, dst string) error {
 // PrepareSandbox makes the agent directories of one sandbox: sandboxDir/agent
 // (mode 0755, owned by the host user) holding backend.AgentBinaryName, a hard link to
 // bin.Path (an existing link to another binary is replaced atomically; across file
-// systems a copy is made instead), and sandboxDir/run (0755), the socket directory.
+// systems a copy is made instead), and the sandbox's token (TokenName, made once and
+// kept), and sandboxDir/run (0755), the socket directory.
 // sandboxDir is created if missing. Errors: a path in the way is not a directory
 // (ErrInvalid), or the directories cannot be written.
 func PrepareSandbox(sandboxDir string, bin Binary) (backend.AgentFiles, error) {
@@ -230,6 +231,9 @@ func PrepareSandbox(sandboxDir string, bin Binary) (backend.AgentFiles, error) {
 			os.Remove(tmp)
 			return backend.AgentFiles{}, fmt.Errorf("agent prepare: %w", err)
 		}
+	}
+	if err := ensureToken(agentDir); err != nil {
+		return backend.AgentFiles{}, fmt.Errorf("agent prepare: %w", err)
 	}
 	return backend.AgentFiles{Binary: link, Dir: agentDir, SocketDir: runDir, Static: bin.Static}, nil
 }

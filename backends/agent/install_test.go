@@ -117,8 +117,11 @@ func TestPrepareSandbox(t *testing.T) {
 	if _, err := PrepareSandbox(sb, other); err != nil || !same(files.Binary, other.Path) {
 		t.Errorf("PrepareSandbox with another binary: %v", err)
 	}
-	if ents, _ := os.ReadDir(files.Dir); len(ents) != 1 {
-		t.Errorf("agent dir holds %d entries, want 1", len(ents))
+	if ents, _ := os.ReadDir(files.Dir); len(ents) != 2 {
+		t.Errorf("agent dir holds %d entries, want the binary and the token", len(ents))
+	}
+	if _, err := ReadToken(files.Dir); err != nil {
+		t.Errorf("token: %v", err)
 	}
 	// The agent directory must be a real directory, not a link.
 	sb2 := filepath.Join(state, "sandboxes", "b-2")

@@ -2,7 +2,7 @@ package agent
 
 import (
 	"bytes"
-	"encoding/json"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -12,15 +12,13 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent/agentpb"
 )
 
 // job is one background job: a process in its own session whose combined output the
-// agent keeps, the newest backend.JobLogMax bytes of it.
+// agent keeps, the newest JobLogMax bytes of it.
 type job struct {
 	id      string
 	session string
@@ -51,7 +49,7 @@ func (j *job) append(b []byte) {
 	defer j.mu.Unlock()
 	j.total += int64(len(b))
 	j.log = append(j.log, b...)
-	if over := len(j.log) - backend.JobLogMax; over > 0 {
+	if over := len(j.log) - JobLogMax; over > 0 {
 		j.log = append(j.log[:0:0], j.log[over:]...)
 	}
 	j.notifyLocked()
@@ -72,13 +70,18 @@ func (j *job) since(off int64) (b []byte, dropped, next int64, over bool, change
 	return b, dropped, j.total, !j.running && j.drained, j.changed
 }
 
-func (j *job) info() backend.JobInfo {
+func (j *job) info() *agentpb.Job {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return backend.JobInfo{
-		ID: j.id, Argv: j.argv, PID: j.pid, Running: j.running, ExitCode: j.code, Signal: j.sig,
-		Started: j.started, Ended: j.ended, LogBytes: j.total, DroppedBytes: j.total - int64(len(j.log)),
+	out := &agentpb.Job{
+		Id: j.id, Session: j.session, Argv: j.argv, Pid: int32(j.pid), Running: j.running,
+		ExitCode: int32(j.code), Signal: int32(j.sig), StartedNs: j.started.UnixNano(),
+		LogBytes: j.total, DroppedBytes: j.total - int64(len(j.log)),
 	}
+	if !j.ended.IsZero() {
+		out.EndedNs = j.ended.UnixNano()
+	}
+	return out
 }
 
 // jobMarkerVar is set in every job's environment (AGENTPID.N, N unique in the agent),
@@ -145,136 +148,123 @@ func (t *jobTable) add(j *job) {
 	t.order = append(t.order, j)
 }
 
-// get returns job id of session, or a NOT_FOUND status.
+// get returns job id of session, or ErrNotFound.
 func (t *jobTable) get(session, id string) (*job, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if j := t.byID[id]; j != nil && j.session == session {
 		return j, nil
 	}
-	return nil, status.Errorf(codes.NotFound, "session %q has no job %q (berth job ls lists its jobs)", session, id)
+	return nil, backend.Errorf(backend.ErrNotFound, "session %q has no job %q (berth job ls lists its jobs)", session, id)
 }
 
-// list returns session's jobs, oldest first; session AllSessions lists every job.
-func (t *jobTable) list(session string) []*job {
+// list returns session's jobs (every job with all), oldest first.
+func (t *jobTable) list(session string, all bool) []*job {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var out []*job
 	for _, j := range t.order {
-		if j.session == session || session == backend.AllSessions {
+		if j.session == session || all {
 			out = append(out, j)
 		}
 	}
 	return out
 }
 
-// jobExec serves an Exec whose start carries a job operation.
-func (s *server) jobExec(stream agentpb.Agent_ExecServer, st *agentpb.ExecStart) error {
-	req := st.Job
-	if st.Session == "" {
-		return status.Error(codes.InvalidArgument, "job: no session")
+// StartJob implements the StartJob RPC: argv runs as a job of the session, with the
+// agent's default exec user unless the request names one.
+func (s *server) StartJob(ctx context.Context, req *agentpb.StartJobRequest) (*agentpb.Job, error) {
+	if req.Session == "" {
+		return nil, backend.Errorf(backend.ErrInvalid, "job start: no session")
 	}
-	snd := &execSender{stream: stream}
-	defer snd.close()
-	id := s.nextID.Add(1)
+	if s.closing.Load() {
+		return nil, backend.Errorf(backend.ErrUnavailable, "the agent is shutting down")
+	}
+	st := &agentpb.ExecStart{Argv: req.Argv, Env: req.Env, Dir: req.Dir, User: req.User}
+	if st.User == "" {
+		st.User = s.execUser
+	}
+	plan, err := s.prepare(st)
+	if err != nil {
+		return nil, err
+	}
+	if plan.fail != nil {
+		return nil, backend.Errorf(backend.ErrInvalid, "job %q could not be started: %s: %s", req.Argv, plan.name, plan.fail.reason)
+	}
+	j, fail, err := s.startJob(plan, req.Session)
+	if err != nil {
+		return nil, err
+	}
+	if fail != nil {
+		return nil, backend.Errorf(backend.ErrInvalid, "job %q could not be started: %s: %s", req.Argv, plan.name, fail.reason)
+	}
+	return j.info(), nil
+}
+
+// ListJobs implements the ListJobs RPC.
+func (s *server) ListJobs(ctx context.Context, req *agentpb.ListJobsRequest) (*agentpb.ListJobsResponse, error) {
+	if req.Session == "" && !req.AllSessions {
+		return nil, backend.Errorf(backend.ErrInvalid, "job list: no session")
+	}
+	resp := &agentpb.ListJobsResponse{}
+	for _, j := range s.jobs.list(req.Session, req.AllSessions) {
+		resp.Jobs = append(resp.Jobs, j.info())
+	}
+	return resp, nil
+}
+
+// JobLogs implements the JobLogs RPC: the kept output from the offset on (a gap
+// first when the offset is older than the log), then with follow new output as it
+// comes until the job has ended and its output is drained; end comes last.
+func (s *server) JobLogs(req *agentpb.JobLogsRequest, stream agentpb.Agent_JobLogsServer) error {
+	j, err := s.jobs.get(req.Session, req.Id)
+	if err != nil {
+		return err
+	}
+	if req.Offset < 0 {
+		return backend.Errorf(backend.ErrInvalid, "job logs: offset %d is negative", req.Offset)
+	}
 	ctx := stream.Context()
-	result := func(code, sig int) error {
-		return snd.send(&agentpb.ExecOutput{Msg: &agentpb.ExecOutput_Result{Result: &agentpb.ExecResult{ExitCode: int32(code), Signal: int32(sig)}}})
-	}
-	stdout := func(b []byte) error {
+	off := req.Offset
+	for {
+		b, dropped, next, over, changed := j.since(off)
+		if dropped > 0 {
+			if err := stream.Send(&agentpb.JobLogsOutput{Msg: &agentpb.JobLogsOutput_Gap{Gap: &agentpb.JobLogsGap{Dropped: dropped}}}); err != nil {
+				return err
+			}
+		}
 		for len(b) > 0 {
 			n := min(len(b), ChunkSize)
-			if err := snd.send(&agentpb.ExecOutput{Msg: &agentpb.ExecOutput_Stdout{Stdout: b[:n]}}); err != nil {
+			if err := stream.Send(&agentpb.JobLogsOutput{Msg: &agentpb.JobLogsOutput_Data{Data: b[:n]}}); err != nil {
 				return err
 			}
 			b = b[n:]
 		}
-		return nil
-	}
-	started := func(pid int) error {
-		return snd.send(&agentpb.ExecOutput{Msg: &agentpb.ExecOutput_Started{Started: &agentpb.ExecStarted{ExecId: id, Pid: int32(pid)}}})
-	}
-	switch backend.JobOp(req.GetOp()) {
-	case backend.JobStart:
-		plan, err := s.prepare(st)
-		if err != nil {
-			return err
-		}
-		if plan.fail != nil {
-			return s.sendFailure(snd, id, plan.name, plan.fail)
-		}
-		j, fail, err := s.startJob(plan, st.Session)
-		if err != nil {
-			return err
-		}
-		if fail != nil {
-			return s.sendFailure(snd, id, plan.name, fail)
-		}
-		if err := started(j.pid); err != nil {
-			return err
-		}
-		if err := stdout([]byte(j.id + "\n")); err != nil {
-			return err
-		}
-		return result(0, 0)
-	case backend.JobList:
-		var b []byte
-		for _, j := range s.jobs.list(st.Session) {
-			line, _ := json.Marshal(j.info())
-			b = append(append(b, line...), '\n')
-		}
-		if err := started(0); err != nil {
-			return err
-		}
-		if err := stdout(b); err != nil {
-			return err
-		}
-		return result(0, 0)
-	case backend.JobLogs:
-		j, err := s.jobs.get(st.Session, req.GetId())
-		if err != nil {
-			return err
-		}
-		if err := started(j.pid); err != nil {
-			return err
-		}
-		var off int64
-		for {
-			b, dropped, next, over, changed := j.since(off)
-			if dropped > 0 {
-				if err := stdout(fmt.Appendf(nil, "[... %d bytes dropped ...]\n", dropped)); err != nil {
-					return err
-				}
-			}
-			if err := stdout(b); err != nil {
-				return err
-			}
-			off = next
-			if !req.GetFollow() {
-				return result(0, 0)
-			}
+		off = next
+		if over || !req.Follow {
+			end := &agentpb.JobLogsEnd{Offset: off}
 			if over {
 				info := j.info()
-				return result(info.ExitCode, info.Signal)
+				end.Ended, end.ExitCode, end.Signal = true, info.ExitCode, info.Signal
 			}
-			select {
-			case <-changed:
-			case <-ctx.Done():
-				return status.FromContextError(ctx.Err()).Err()
-			}
+			return stream.Send(&agentpb.JobLogsOutput{Msg: &agentpb.JobLogsOutput_End{End: end}})
 		}
-	case backend.JobKill:
-		j, err := s.jobs.get(st.Session, req.GetId())
-		if err != nil {
-			return err
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		if err := started(j.pid); err != nil {
-			return err
-		}
-		s.killTree(jobTree(j), s.grace)
-		return result(0, 0)
 	}
-	return status.Errorf(codes.InvalidArgument, "job operation %q: want start, list, logs or kill", req.GetOp())
+}
+
+// KillJob implements the KillJob RPC.
+func (s *server) KillJob(ctx context.Context, req *agentpb.KillJobRequest) (*agentpb.KillJobResponse, error) {
+	j, err := s.jobs.get(req.Session, req.Id)
+	if err != nil {
+		return nil, err
+	}
+	s.killTree(jobTree(j), s.grace)
+	return &agentpb.KillJobResponse{}, nil
 }
 
 // startJob starts plan as a job of session: its own session, stdin /dev/null, stdout
@@ -282,12 +272,12 @@ func (s *server) jobExec(stream agentpb.Agent_ExecServer, st *agentpb.ExecStart)
 func (s *server) startJob(plan *execPlan, session string) (*job, *execFailure, error) {
 	devnull, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, nil, status.Errorf(codes.Unavailable, "opening /dev/null: %v", err)
+		return nil, nil, backend.Errorf(backend.ErrUnavailable, "opening /dev/null: %v", err)
 	}
 	defer unix.Close(devnull)
 	r, w, err := pipe(true, "job output")
 	if err != nil {
-		return nil, nil, status.Errorf(codes.Unavailable, "job output pipe: %v", err)
+		return nil, nil, backend.Errorf(backend.ErrUnavailable, "job output pipe: %v", err)
 	}
 	marker := fmt.Sprintf("%s=%d.%d", jobMarkerVar, os.Getpid(), s.nextID.Add(1))
 	attr := &syscall.ProcAttr{
@@ -305,7 +295,7 @@ func (s *server) startJob(plan *execPlan, session string) (*job, *execFailure, e
 		if f := failureOf(ferr); f != nil {
 			return nil, f, nil
 		}
-		return nil, nil, status.Errorf(codes.Unavailable, "starting job %s: %v", plan.name, ferr)
+		return nil, nil, backend.Errorf(backend.ErrUnavailable, "starting job %s: %v", plan.name, ferr)
 	}
 	j := &job{session: session, argv: plan.argv, pid: pid, marker: marker, started: time.Now().UTC(), running: true, changed: make(chan struct{})}
 	s.jobs.add(j)

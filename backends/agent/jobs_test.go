@@ -3,7 +3,6 @@ package agent
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -12,34 +11,27 @@ import (
 	"github.com/berth-sh/berth/backend"
 )
 
-// jobCall runs one job operation for session and returns its stdout and result.
-func jobCall(t *testing.T, c *Client, session string, job backend.JobRequest, argv ...string) (string, backend.ExecResult, error) {
+func startJob(t *testing.T, c *Client, session string, argv ...string) Job {
 	t.Helper()
-	var out bytes.Buffer
-	p, err := c.Exec(testCtx(t), backend.ExecRequest{Argv: argv, Session: session, Job: &job, Stdout: &out})
+	j, err := c.StartJob(testCtx(t), StartJobRequest{Session: session, Argv: argv})
 	if err != nil {
-		return "", backend.ExecResult{}, err
+		t.Fatalf("StartJob %q: %v", argv, err)
 	}
-	res, err := p.Wait()
-	return out.String(), res, err
+	return j
 }
 
-func jobList(t *testing.T, c *Client, session string) []backend.JobInfo {
+func jobLogs(t *testing.T, c *Client, req JobLogsRequest) (string, JobLogsEnd, error) {
 	t.Helper()
-	out, _, err := jobCall(t, c, session, backend.JobRequest{Op: backend.JobList})
+	var out bytes.Buffer
+	end, err := c.JobLogs(testCtx(t), req, &out)
+	return out.String(), end, err
+}
+
+func jobList(t *testing.T, c *Client, session string) []Job {
+	t.Helper()
+	jobs, err := c.Jobs(testCtx(t), session)
 	if err != nil {
 		t.Fatal(err)
-	}
-	var jobs []backend.JobInfo
-	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		if line == "" {
-			continue
-		}
-		var j backend.JobInfo
-		if err := json.Unmarshal([]byte(line), &j); err != nil {
-			t.Fatalf("job list line %q: %v", line, err)
-		}
-		jobs = append(jobs, j)
 	}
 	return jobs
 }
@@ -47,39 +39,50 @@ func jobList(t *testing.T, c *Client, session string) []backend.JobInfo {
 func TestJobs(t *testing.T) {
 	a := startAgent(t)
 	c := a.c
-	out, res, err := jobCall(t, c, "s1", backend.JobRequest{Op: backend.JobStart}, "sh", "-c", "echo started; echo err >&2; read x < /dev/zero; exit 3")
-	if err != nil || res.ExitCode != 0 {
-		t.Fatalf("job start: %v %+v", err, res)
+	j := startJob(t, c, "s1", "sh", "-c", "echo started; echo err >&2; read x < /dev/zero; exit 3")
+	if j.ID == "" || !j.Running || j.PID == 0 || j.Session != "s1" || j.Started.IsZero() {
+		t.Fatalf("started job %+v", j)
 	}
-	id := strings.TrimSpace(out)
 	jobs := jobList(t, c, "s1")
-	if len(jobs) != 1 || jobs[0].ID != id || !jobs[0].Running || jobs[0].PID == 0 || jobs[0].Argv[0] != "sh" {
-		t.Fatalf("job list %+v, want job %s running", jobs, id)
+	if len(jobs) != 1 || jobs[0].ID != j.ID || !jobs[0].Running || jobs[0].Argv[0] != "sh" {
+		t.Fatalf("job list %+v, want job %s running", jobs, j.ID)
 	}
 	if other := jobList(t, c, "s2"); len(other) != 0 {
 		t.Errorf("another session lists %+v", other)
 	}
-	if _, _, err := jobCall(t, c, "s2", backend.JobRequest{Op: backend.JobLogs, ID: id}); !errors.Is(err, backend.ErrNotFound) {
+	if all, err := c.AllJobs(testCtx(t)); err != nil || len(all) != 1 {
+		t.Errorf("all jobs: %+v %v", all, err)
+	}
+	if _, _, err := jobLogs(t, c, JobLogsRequest{Session: "s2", ID: j.ID}); !errors.Is(err, backend.ErrNotFound) {
 		t.Errorf("logs of another session's job: %v, want ErrNotFound", err)
 	}
 	// The start call has ended; the job runs on and its output is kept.
+	var end JobLogsEnd
 	eventually(t, 10*time.Second, "the job's output", func() bool {
-		out, _, _ := jobCall(t, c, "s1", backend.JobRequest{Op: backend.JobLogs, ID: id})
+		var out string
+		out, end, _ = jobLogs(t, c, JobLogsRequest{Session: "s1", ID: j.ID})
 		return strings.Contains(out, "started\n") && strings.Contains(out, "err\n")
 	})
+	if end.Ended || end.Offset != int64(len("started\nerr\n")) {
+		t.Errorf("logs of a running job ended %+v, want not ended at offset 12", end)
+	}
+	// From an offset: only what comes after it.
+	if out, _, err := jobLogs(t, c, JobLogsRequest{Session: "s1", ID: j.ID, Offset: 8}); err != nil || out != "err\n" {
+		t.Errorf("logs from offset 8: %q %v", out, err)
+	}
 	// Follow returns the job's result once it has been killed.
-	follow := make(chan backend.ExecResult, 1)
+	follow := make(chan JobLogsEnd, 1)
 	go func() {
-		_, res, _ := jobCall(t, c, "s1", backend.JobRequest{Op: backend.JobLogs, ID: id, Follow: true})
-		follow <- res
+		_, end, _ := jobLogs(t, c, JobLogsRequest{Session: "s1", ID: j.ID, Follow: true})
+		follow <- end
 	}()
-	if _, res, err := jobCall(t, c, "s1", backend.JobRequest{Op: backend.JobKill, ID: id}); err != nil || res.ExitCode != 0 {
-		t.Fatalf("job kill: %v %+v", err, res)
+	if err := c.KillJob(testCtx(t), "s1", j.ID); err != nil {
+		t.Fatalf("job kill: %v", err)
 	}
 	select {
-	case res := <-follow:
-		if res.Signal != 15 && res.Signal != 9 {
-			t.Errorf("followed logs of a killed job: %+v, want its signal", res)
+	case end := <-follow:
+		if !end.Ended || end.Signal != 15 && end.Signal != 9 {
+			t.Errorf("followed logs of a killed job: %+v, want ended with its signal", end)
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("logs --follow did not end when the job was killed")
@@ -92,48 +95,52 @@ func TestJobs(t *testing.T) {
 	}
 
 	// A job that exits by itself reports its exit code through a followed log.
-	out, _, _ = jobCall(t, c, "s1", backend.JobRequest{Op: backend.JobStart}, "sh", "-c", "seq 1 3; exit 4")
-	id2 := strings.TrimSpace(out)
-	logs, res, err := jobCall(t, c, "s1", backend.JobRequest{Op: backend.JobLogs, ID: id2, Follow: true})
-	if err != nil || logs != "1\n2\n3\n" || res.ExitCode != 4 {
-		t.Errorf("followed logs of a job that exits 4: %q %+v %v", logs, res, err)
+	j2 := startJob(t, c, "s1", "sh", "-c", "seq 1 3; exit 4")
+	logs, end, err := jobLogs(t, c, JobLogsRequest{Session: "s1", ID: j2.ID, Follow: true})
+	if err != nil || logs != "1\n2\n3\n" || !end.Ended || end.ExitCode != 4 || end.Offset != 6 {
+		t.Errorf("followed logs of a job that exits 4: %q %+v %v", logs, end, err)
 	}
-	if _, _, err := jobCall(t, c, "s1", backend.JobRequest{Op: backend.JobKill, ID: "999"}); !errors.Is(err, backend.ErrNotFound) {
+	if err := c.KillJob(testCtx(t), "s1", "999"); !errors.Is(err, backend.ErrNotFound) {
 		t.Errorf("kill of an unknown job: %v, want ErrNotFound", err)
 	}
-	if _, _, err := jobCall(t, c, "s1", backend.JobRequest{Op: backend.JobStart}, "/nonexistent/cmd"); err != nil {
-		t.Errorf("start of a missing command: %v (want a 127 result, not an error)", err)
+	if _, err := c.StartJob(testCtx(t), StartJobRequest{Session: "s1", Argv: []string{"/nonexistent/cmd"}}); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), "/nonexistent/cmd") {
+		t.Errorf("start of a missing command: %v, want ErrInvalid naming it", err)
+	}
+	if _, err := c.StartJob(testCtx(t), StartJobRequest{Argv: []string{"true"}}); !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf("start without a session: %v, want ErrInvalid", err)
+	}
+	if _, _, err := jobLogs(t, c, JobLogsRequest{Session: "s1", ID: j2.ID, Offset: -1}); !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf("negative offset: %v, want ErrInvalid", err)
 	}
 }
 
 func TestJobLogBounded(t *testing.T) {
 	a := startAgent(t)
-	out, _, err := jobCall(t, a.c, "s", backend.JobRequest{Op: backend.JobStart}, "sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := strings.TrimSpace(out)
+	j := startJob(t, a.c, "s", "sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' x")
 	// Following streams everything as it comes; it ends with the job.
-	followed, res, err := jobCall(t, a.c, "s", backend.JobRequest{Op: backend.JobLogs, ID: id, Follow: true})
-	if err != nil || res.ExitCode != 0 || strings.Count(followed, "x") < backend.JobLogMax {
-		t.Fatalf("logs --follow: %v %+v, %d bytes", err, res, len(followed))
+	followed, end, err := jobLogs(t, a.c, JobLogsRequest{Session: "s", ID: j.ID, Follow: true})
+	if err != nil || end.ExitCode != 0 || !end.Ended || strings.Count(followed, "x") < JobLogMax {
+		t.Fatalf("logs --follow: %v %+v, %d bytes", err, end, len(followed))
 	}
-	logs, _, err := jobCall(t, a.c, "s", backend.JobRequest{Op: backend.JobLogs, ID: id})
+	logs, end, err := jobLogs(t, a.c, JobLogsRequest{Session: "s", ID: j.ID})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "[... 1951424 bytes dropped ...]\n" + strings.Repeat("x", backend.JobLogMax)
-	if logs != want {
-		t.Errorf("log of 3000000 bytes: %d bytes starting %q, want the marker and the last %d bytes", len(logs), logs[:min(len(logs), 40)], backend.JobLogMax)
+	want := "[... 1951424 bytes dropped ...]\n" + strings.Repeat("x", JobLogMax)
+	if logs != want || end.Offset != 3000000 {
+		t.Errorf("log of 3000000 bytes: %d bytes starting %q (offset %d), want the marker and the last %d bytes", len(logs), logs[:min(len(logs), 40)], end.Offset, JobLogMax)
+	}
+	var gap int64
+	var out bytes.Buffer
+	if _, err := a.c.JobLogs(testCtx(t), JobLogsRequest{Session: "s", ID: j.ID, OnGap: func(n int64) { gap += n }}, &out); err != nil || gap != 1951424 || out.Len() != JobLogMax {
+		t.Errorf("with OnGap: gap %d, %d bytes, %v", gap, out.Len(), err)
 	}
 }
 
 func TestJobsEndWithAgent(t *testing.T) {
 	a := startAgent(t)
 	argv := []string{"sleep", "3600"}
-	if _, _, err := jobCall(t, a.c, "s", backend.JobRequest{Op: backend.JobStart}, argv...); err != nil {
-		t.Fatal(err)
-	}
+	startJob(t, a.c, "s", argv...)
 	if len(procsWithArgs(argv...)) == 0 {
 		t.Fatal("the job is not running")
 	}
@@ -150,11 +157,8 @@ func TestJobsEndWithAgent(t *testing.T) {
 func TestEndedJobsCapped(t *testing.T) {
 	a := startAgent(t)
 	for i := 0; i < maxEndedJobs+5; i++ {
-		out, _, err := jobCall(t, a.c, "s", backend.JobRequest{Op: backend.JobStart}, "true")
-		if err != nil {
-			t.Fatal(err)
-		}
-		jobCall(t, a.c, "s", backend.JobRequest{Op: backend.JobLogs, ID: strings.TrimSpace(out), Follow: true})
+		j := startJob(t, a.c, "s", "true")
+		jobLogs(t, a.c, JobLogsRequest{Session: "s", ID: j.ID, Follow: true})
 	}
 	jobs := jobList(t, a.c, "s")
 	if len(jobs) > maxEndedJobs || len(jobs) < maxEndedJobs-1 || jobs[0].ID == "1" {
@@ -168,18 +172,12 @@ func TestJobKillFindsSetsidDescendants(t *testing.T) {
 	a := startAgent(t)
 	escaper := []string{"sleep", "3601"}
 	other := []string{"sleep", "3602"}
-	out, _, err := jobCall(t, a.c, "s", backend.JobRequest{Op: backend.JobStart}, "sh", "-c", "setsid sleep 3601 & exec sleep 3600")
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := strings.TrimSpace(out)
-	if _, _, err := jobCall(t, a.c, "s", backend.JobRequest{Op: backend.JobStart}, other...); err != nil {
-		t.Fatal(err)
-	}
+	j := startJob(t, a.c, "s", "sh", "-c", "setsid sleep 3601 & exec sleep 3600")
+	startJob(t, a.c, "s", other...)
 	eventually(t, 10*time.Second, "both jobs' processes", func() bool {
 		return len(procsWithArgs(escaper...)) == 1 && len(procsWithArgs(other...)) == 1
 	})
-	if _, _, err := jobCall(t, a.c, "s", backend.JobRequest{Op: backend.JobKill, ID: id}); err != nil {
+	if err := a.c.KillJob(testCtx(t), "s", j.ID); err != nil {
 		t.Fatal(err)
 	}
 	if pids := procsWithArgs(escaper...); len(pids) != 0 {

@@ -9,10 +9,16 @@ import (
 // N-1, so that a host one version behind still reaches a newer agent.
 var serverVersions = clientVersions()
 
-// clientVersions are the protocol versions a Client accepts: N and N-1.
+// minProtocol is the oldest protocol a Client speaks: agents before 3 know neither
+// the connection handshake nor the typed shell and job calls, and are reported as
+// agents of an older berth (restart the sandbox to give it the current agent).
+const minProtocol = 3
+
+// clientVersions are the protocol versions a Client accepts: N and N-1, down to
+// minProtocol.
 func clientVersions() []int {
 	v := []int{ProtocolVersion}
-	if ProtocolVersion-1 >= 1 {
+	if ProtocolVersion-1 >= minProtocol {
 		v = append(v, ProtocolVersion-1)
 	}
 	return v

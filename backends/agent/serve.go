@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"sync"
@@ -21,6 +24,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent/agentpb"
+	"github.com/berth-sh/berth/internal/rpcerr"
 )
 
 // ServeOptions configures Serve.
@@ -44,6 +48,20 @@ type ServeOptions struct {
 	// background processes of its execs stay its descendants and are reaped and
 	// killed by it. Use it on the host; PID 1 of a container is a reaper anyway.
 	Subreaper bool
+	// Token, when set, is the token (see TokenName) that every connection must
+	// present in berth's handshake; without one any client that reaches the socket
+	// may use the agent.
+	Token []byte
+	// ExecUser is the default user of execs, shell calls and jobs that name none
+	// ("UID", "UID:GID" or a name); "" is the agent's own user.
+	ExecUser string
+	// OOMCounter is the OOM-kill counter the agent reads around each exec to report
+	// OOM kills: OOMCounterAuto (its own memory cgroup's), a counter file's path, or
+	// "" for none (results never say OOMKilled).
+	OOMCounter string
+	// HandshakeTimeout bounds a new connection's handshake; 0 means
+	// DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
 }
 
 // maxBlocking caps the system calls that block an OS thread (fork, /proc scans,
@@ -101,6 +119,11 @@ func serve(opts ServeOptions, logger *log.Logger) error {
 		return err
 	}
 	s.shells.dir = opts.StateDir
+	s.execUser = opts.ExecUser
+	s.oom = newOOMWatch(opts.OOMCounter)
+	if opts.OOMCounter != "" && !s.oom.on() {
+		logger.Printf("no OOM-kill counter found (--oom-counter %s): results will not report OOM kills", opts.OOMCounter)
+	}
 	// A subreaper or PID 1 finds every process it started among its descendants.
 	// Otherwise orphans move to init, and Shutdown finds them by session id, which
 	// is only safe while those ids are not reused: the set is pruned as sessions die.
@@ -113,10 +136,18 @@ func serve(opts ServeOptions, logger *log.Logger) error {
 	}
 	defer lis.cleanup()
 
-	gs := grpc.NewServer(
+	hs := opts.HandshakeTimeout
+	if hs <= 0 {
+		hs = DefaultHandshakeTimeout
+	}
+	if opts.Token == nil {
+		logger.Printf("serving without a token: any process that reaches the socket may use the agent")
+	}
+	gs := grpc.NewServer(append(rpcerr.ServerOptions(),
+		grpc.Creds(&tokenCreds{token: opts.Token, timeout: hs}),
 		grpc.InitialWindowSize(StreamWindow),
 		grpc.InitialConnWindowSize(StreamWindow),
-	)
+	)...)
 	agentpb.RegisterAgentServer(gs, s)
 
 	errc := make(chan error, 1)
@@ -158,15 +189,19 @@ func serve(opts ServeOptions, logger *log.Logger) error {
 // the program name, optionally starting with the word "agent":
 //
 //	[agent] serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper]
+//	        [--token-file FILE] [--exec-user USER] [--oom-counter auto|FILE]
+//
+// Without --token-file, an agent run as backend.AgentBinaryName (the hard link that
+// PrepareSandbox makes) reads the token file beside itself (TokenName), which
+// PrepareSandbox writes: so every driver that starts the agent from its agent
+// directory gets the token check without passing a flag.
 func Main(args []string) int {
 	if len(args) > 0 && args[0] == "agent" {
 		args = args[1:]
 	}
-	usage := func() {
-		fmt.Fprintln(os.Stderr, "usage: berth agent serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper]")
-	}
+	const synopsis = "usage: berth agent serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper] [--token-file FILE] [--exec-user USER] [--oom-counter auto|FILE]"
 	if len(args) == 0 || args[0] != "serve" {
-		usage()
+		fmt.Fprintln(os.Stderr, synopsis)
 		return 2
 	}
 	fs := flag.NewFlagSet("berth agent serve", flag.ContinueOnError)
@@ -176,19 +211,47 @@ func Main(args []string) int {
 	readyFD := fs.Int("ready-fd", 0, "file descriptor to write \"ready\\n\" to once serving")
 	logPath := fs.String("log", "", "log file (size-capped); default stderr")
 	subreaper := fs.Bool("subreaper", false, "become a child subreaper (host sandboxes)")
+	tokenFile := fs.String("token-file", "", "the token connections must present (default: "+TokenName+" beside the executable when it is "+backend.AgentBinaryName+")")
+	execUser := fs.String("exec-user", "", "default user of execs that name none")
+	oomCounter := fs.String("oom-counter", "", "OOM-kill counter to report OOM kills from: auto (the agent's memory cgroup) or a file")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
 	if *socketDir == "" || fs.NArg() > 0 {
-		usage()
+		fmt.Fprintln(os.Stderr, synopsis)
 		return 2
 	}
-	err := Serve(ServeOptions{SocketDir: *socketDir, StateDir: *stateDir, ReadyFD: *readyFD, LogPath: *logPath, Subreaper: *subreaper})
+	token, err := serveToken(*tokenFile)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "berth agent: %v\n", err)
+		return 1
+	}
+	err = Serve(ServeOptions{
+		SocketDir: *socketDir, StateDir: *stateDir, ReadyFD: *readyFD, LogPath: *logPath, Subreaper: *subreaper,
+		Token: token, ExecUser: *execUser, OOMCounter: *oomCounter,
+	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "berth agent: %v\n", err)
 		return 1
 	}
 	return 0
+}
+
+// serveToken reads the token of --token-file, or beside the executable when that is
+// backend.AgentBinaryName and a token file is there; nil for none.
+func serveToken(file string) ([]byte, error) {
+	if file != "" {
+		return readTokenFile(file)
+	}
+	self, err := os.Executable()
+	if err != nil || filepath.Base(self) != backend.AgentBinaryName {
+		return nil, nil
+	}
+	tok, err := ReadToken(filepath.Dir(self))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	return tok, err
 }
 
 // caughtSignals are caught and dropped. They are caught with a handler rather than
@@ -399,6 +462,11 @@ type server struct {
 	// shells holds the shell-mode state of every session; jobs the background jobs.
 	shells *shells
 	jobs   jobTable
+	// execUser is the default exec user; oom the OOM-kill counter watch; instance a
+	// random id of this agent process (Hello).
+	execUser string
+	oom      oomWatch
+	instance string
 
 	stopCh   chan struct{}
 	stopOnce sync.Once
@@ -420,5 +488,27 @@ func newServer(logger *log.Logger) (*server, error) {
 		sids:     map[int]struct{}{},
 		stopCh:   make(chan struct{}),
 		shells:   newShells("", logger),
+		instance: randomID(),
 	}, nil
+}
+
+// randomID returns 16 random hex digits.
+func randomID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// IsAgent reports whether this process was started as berth's agent: under the name
+// backend.AgentBinaryName (the hard link that PrepareSandbox makes and drivers
+// start), or with "agent" as its first argument. Any Go program can serve as the
+// agent binary (config's agent_path) by calling, before anything else in main:
+//
+//	if agent.IsAgent() {
+//		os.Exit(agent.Main(os.Args[1:]))
+//	}
+//
+// In a container the agent is PID 1; it must be linked statically (CGO_ENABLED=0).
+func IsAgent() bool {
+	return filepath.Base(os.Args[0]) == backend.AgentBinaryName || len(os.Args) > 1 && os.Args[1] == "agent"
 }

@@ -15,14 +15,11 @@ import (
 	"sync"
 	"syscall"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
-
+	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent/agentpb"
 )
 
-// Shell mode (ExecStart.shell): the agent runs the command string with bash (when the
+// Shell mode (the Shell call): the agent runs the command string with bash (when the
 // exec's PATH has it) or sh, as
 //
 //	SHELL -c shellWrapper berth-shell STATEFILE COMMAND
@@ -112,7 +109,7 @@ func (s *shells) acquire(ctx context.Context, key string) (*shellKey, error) {
 		select {
 		case <-k.turn:
 		case <-ctx.Done():
-			return nil, status.FromContextError(ctx.Err()).Err()
+			return nil, ctx.Err()
 		}
 	}
 	if !k.loaded {
@@ -217,11 +214,11 @@ func shellQuote(s string) string {
 // bash (when the exec's PATH has it) or sh, in the directory that state recorded
 // (unless the start names one, or that directory is gone), and returns the call's
 // state file (not created yet: see shellFile.create).
-func (s *server) shellStart(st *agentpb.ExecStart, state shellState) (*agentpb.ExecStart, *shellFile, error) {
-	out := proto.Clone(st).(*agentpb.ExecStart)
-	env, err := mergeEnv(os.Environ(), st.Env)
+func (s *server) shellStart(sh *agentpb.ShellStart, state shellState) (*agentpb.ExecStart, *shellFile, error) {
+	out := &agentpb.ExecStart{Env: sh.Env, Dir: sh.Dir, User: sh.User, Stdin: sh.Stdin, TimeoutNs: sh.TimeoutNs}
+	env, err := mergeEnv(os.Environ(), sh.Env)
 	if err != nil {
-		return nil, nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, nil, backend.Errorf(backend.ErrInvalid, "%v", err)
 	}
 	pathEnv, ok := envGet(env, "PATH")
 	if !ok {
@@ -240,7 +237,7 @@ func (s *server) shellStart(st *agentpb.ExecStart, state shellState) (*agentpb.E
 	s.blk.leave()
 	var restore strings.Builder
 	restore.WriteString(state.exports)
-	for _, kv := range st.Env {
+	for _, kv := range sh.Env {
 		k, v, _ := strings.Cut(kv, "=")
 		if validName(k) {
 			fmt.Fprintf(&restore, "\nexport %s=%s", k, shellQuote(v))
@@ -249,13 +246,12 @@ func (s *server) shellStart(st *agentpb.ExecStart, state shellState) (*agentpb.E
 	restore.WriteString("\n")
 	dir, err := s.shells.runDir()
 	if err != nil {
-		return nil, nil, status.Errorf(codes.Unavailable, "shell mode: %v", err)
+		return nil, nil, backend.Errorf(backend.ErrUnavailable, "shell mode: %v", err)
 	}
 	var rnd [12]byte
 	rand.Read(rnd[:])
 	sf := &shellFile{path: filepath.Join(dir, hex.EncodeToString(rnd[:])), restore: restore.String()}
-	out.Argv = []string{shell, "-c", shellWrapper, "berth-shell", sf.path, st.Shell}
-	out.Shell = ""
+	out.Argv = []string{shell, "-c", shellWrapper, "berth-shell", sf.path, sh.Command}
 	return out, sf, nil
 }
 

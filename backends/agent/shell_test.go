@@ -51,13 +51,28 @@ func shellPaths(t *testing.T) map[string]string {
 	return paths
 }
 
-// shellCall runs cmd in shell mode under key with PATH path ("" = the agent's).
-func shellCall(t *testing.T, c *Client, key, path, cmd string, env ...string) (stdout, stderr string, res backend.ExecResult) {
+// shellDo runs cmd in shell mode under key with PATH path ("" = the agent's).
+func shellDo(t *testing.T, c *Client, key, path, cmd string, env ...string) (stdout, stderr string, res backend.ExecResult) {
 	t.Helper()
 	if path != "" {
 		env = append([]string{"PATH=" + path}, env...)
 	}
-	return run(t, c, backend.ExecRequest{Shell: cmd, Session: key, Env: env})
+	return shellRun(t, c, ShellRequest{Command: cmd, Session: key, Env: env})
+}
+
+// shellRun runs req (Client.Shell) and returns its output and result.
+func shellRun(t *testing.T, c *Client, req ShellRequest) (stdout, stderr string, res backend.ExecResult) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	req.Stdout, req.Stderr = &out, &errb
+	p, err := c.Shell(testCtx(t), req)
+	if err != nil {
+		t.Fatalf("Shell %q: %v", req.Command, err)
+	}
+	if res, err = p.Wait(); err != nil {
+		t.Fatalf("Wait %q: %v", req.Command, err)
+	}
+	return out.String(), errb.String(), res
 }
 
 func TestShellMode(t *testing.T) {
@@ -68,7 +83,7 @@ func TestShellMode(t *testing.T) {
 			tmp := t.TempDir()
 			call := func(cmd string, env ...string) (string, string, backend.ExecResult) {
 				t.Helper()
-				return shellCall(t, c, "s1", path, cmd, env...)
+				return shellDo(t, c, "s1", path, cmd, env...)
 			}
 			if _, _, res := call("cd " + tmp + " && export A=1 B='two words'"); res.ExitCode != 0 || res.Cwd != tmp {
 				t.Fatalf("cd+export: %+v, want exit 0 and cwd %s", res, tmp)
@@ -106,7 +121,7 @@ func TestShellMode(t *testing.T) {
 				t.Errorf("per-call env: %q, want per-call", out)
 			}
 			// Keys are separate.
-			if out, _, res := shellCall(t, c, "s2", path, `echo "[$A]"; pwd`); strings.Contains(out, "[1]") || strings.Contains(out, tmp) || res.Cwd == sub {
+			if out, _, res := shellDo(t, c, "s2", path, `echo "[$A]"; pwd`); strings.Contains(out, "[1]") || strings.Contains(out, tmp) || res.Cwd == sub {
 				t.Errorf("another key sees %q (cwd %s), want none of s1's state", out, res.Cwd)
 			}
 			// A directory that was removed falls back to the default one.
@@ -121,12 +136,12 @@ func TestShellMode(t *testing.T) {
 func TestShellModeBadRequests(t *testing.T) {
 	a := startAgent(t)
 	ctx := testCtx(t)
-	for _, req := range []backend.ExecRequest{
-		{Shell: "true"},
-		{Shell: "true", Session: "k", Argv: []string{"true"}},
+	for _, req := range []ShellRequest{
+		{Command: "true"},
+		{Session: "k"},
 	} {
-		if _, err := a.c.Exec(ctx, req); !errors.Is(err, backend.ErrInvalid) {
-			t.Errorf("Exec(%+v): %v, want ErrInvalid", req, err)
+		if _, err := a.c.Shell(ctx, req); !errors.Is(err, backend.ErrInvalid) {
+			t.Errorf("Shell(%+v): %v, want ErrInvalid", req, err)
 		}
 	}
 }
@@ -136,12 +151,12 @@ func TestShellModeBadRequests(t *testing.T) {
 func TestShellModeTimeoutKeepsState(t *testing.T) {
 	a := startAgent(t)
 	tmp := t.TempDir()
-	shellCall(t, a.c, "k", "", "cd "+tmp)
-	_, _, res := run(t, a.c, backend.ExecRequest{Shell: "cd /; sleep 30", Session: "k", Timeout: 200 * time.Millisecond})
+	shellDo(t, a.c, "k", "", "cd "+tmp)
+	_, _, res := shellRun(t, a.c, ShellRequest{Command: "cd /; sleep 30", Session: "k", Timeout: 200 * time.Millisecond})
 	if !res.TimedOut || res.Cwd != tmp {
 		t.Fatalf("timed-out call: %+v, want TimedOut and the previous cwd %s", res, tmp)
 	}
-	if out, _, _ := shellCall(t, a.c, "k", "", "pwd"); out != tmp+"\n" {
+	if out, _, _ := shellDo(t, a.c, "k", "", "pwd"); out != tmp+"\n" {
 		t.Errorf("after a timed-out call: pwd %q, want %s", out, tmp)
 	}
 }
@@ -167,7 +182,7 @@ func TestShellModeStateOutlivesAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	shellCall(t, c1, "chat:1", "", "cd "+tmp+"; export KEEP=yes")
+	shellDo(t, c1, "chat:1", "", "cd "+tmp+"; export KEEP=yes")
 	c1.Shutdown(ctx, 100*time.Millisecond)
 	c1.Close()
 	<-b.exited
@@ -179,7 +194,7 @@ func TestShellModeStateOutlivesAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c2.Close()
-	if out, _, _ := shellCall(t, c2, "chat:1", "", `echo "$(pwd) $KEEP"`); out != tmp+" yes\n" {
+	if out, _, _ := shellDo(t, c2, "chat:1", "", `echo "$(pwd) $KEEP"`); out != tmp+" yes\n" {
 		t.Errorf("after an agent restart: %q, want %q", out, tmp+" yes")
 	}
 	ents, _ := os.ReadDir(state)
@@ -204,13 +219,13 @@ func TestShellModeSerialised(t *testing.T) {
 	dir := t.TempDir()
 	logf := filepath.Join(dir, "log")
 	ctx := testCtx(t)
-	first, err := a.c.Exec(ctx, backend.ExecRequest{Session: "k", Shell: "while [ ! -e " + dir + "/go ]; do sleep 0.01; done; echo first-end >> " + logf})
+	first, err := a.c.Shell(ctx, ShellRequest{Session: "k", Command: "while [ ! -e " + dir + "/go ]; do sleep 0.01; done; echo first-end >> " + logf})
 	if err != nil {
 		t.Fatal(err)
 	}
 	second := make(chan error, 1)
 	go func() {
-		p, err := a.c.Exec(ctx, backend.ExecRequest{Session: "k", Shell: "echo second-start >> " + logf})
+		p, err := a.c.Shell(ctx, ShellRequest{Session: "k", Command: "echo second-start >> " + logf})
 		if err == nil {
 			_, err = p.Wait()
 		}
@@ -224,7 +239,7 @@ func TestShellModeSerialised(t *testing.T) {
 	if out, _, _ := run(t, a.c, sh("echo plain")); out != "plain\n" {
 		t.Fatalf("plain exec while a shell call runs: %q", out)
 	}
-	if out, _, _ := shellCall(t, a.c, "other", "", "echo other"); out != "other\n" {
+	if out, _, _ := shellDo(t, a.c, "other", "", "echo other"); out != "other\n" {
 		t.Fatalf("another key while k runs: %q", out)
 	}
 	if b, _ := os.ReadFile(logf); len(b) != 0 {
@@ -251,19 +266,19 @@ func TestShellModeSerialised(t *testing.T) {
 func TestShellModeBigAndSecretState(t *testing.T) {
 	a := startAgent(t)
 	dir := t.TempDir()
-	if _, _, res := shellCall(t, a.c, "s", "", `export BIG=$(head -c 300000 /dev/zero | tr '\0' x)`); res.ExitCode != 0 {
+	if _, _, res := shellDo(t, a.c, "s", "", `export BIG=$(head -c 300000 /dev/zero | tr '\0' x)`); res.ExitCode != 0 {
 		t.Fatalf("export of a 300 kB variable: %+v", res)
 	}
-	if out, _, res := shellCall(t, a.c, "s", "", `echo ${#BIG}; unset BIG`); out != "300000\n" || res.ExitCode != 0 {
+	if out, _, res := shellDo(t, a.c, "s", "", `echo ${#BIG}; unset BIG`); out != "300000\n" || res.ExitCode != 0 {
 		t.Fatalf("the call after the big export: %q %+v, want it to run", out, res)
 	}
-	if out, _, _ := shellCall(t, a.c, "s", "", `echo "[${BIG-}]"`); out != "[]\n" {
+	if out, _, _ := shellDo(t, a.c, "s", "", `echo "[${BIG-}]"`); out != "[]\n" {
 		t.Fatalf("unset was not recorded: %q", out)
 	}
 
-	shellCall(t, a.c, "s", "", "export TOKEN=sk-secret-42")
+	shellDo(t, a.c, "s", "", "export TOKEN=sk-secret-42")
 	var seen string
-	p, err := a.c.Exec(testCtx(t), backend.ExecRequest{Session: "s", Shell: `touch ` + dir + `/running; while [ ! -e ` + dir + `/go ]; do sleep 0.01; done; echo "$TOKEN"`, Stdout: writerFunc(func(b []byte) { seen += string(b) })})
+	p, err := a.c.Shell(testCtx(t), ShellRequest{Session: "s", Command: `touch ` + dir + `/running; while [ ! -e ` + dir + `/go ]; do sleep 0.01; done; echo "$TOKEN"`, Stdout: writerFunc(func(b []byte) { seen += string(b) })})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,13 +298,13 @@ func TestShellModeBigAndSecretState(t *testing.T) {
 	}
 
 	lock := dir + "/lock"
-	if _, _, res := shellCall(t, a.c, "s", "", "cd "+dir+"; exec 9>"+lock+"; export AFTER=1"); res.ExitCode != 0 || res.Cwd != dir {
+	if _, _, res := shellDo(t, a.c, "s", "", "cd "+dir+"; exec 9>"+lock+"; export AFTER=1"); res.ExitCode != 0 || res.Cwd != dir {
 		t.Errorf("a call that takes fd 9: %+v, want its cd recorded", res)
 	}
 	if b, _ := os.ReadFile(lock); len(b) != 0 {
 		t.Errorf("the state was written into the command's own fd-9 file: %q", b[:min(len(b), 60)])
 	}
-	if out, _, _ := shellCall(t, a.c, "s", "", `echo "$AFTER $TOKEN"`); out != "1 sk-secret-42\n" {
+	if out, _, _ := shellDo(t, a.c, "s", "", `echo "$AFTER $TOKEN"`); out != "1 sk-secret-42\n" {
 		t.Errorf("after the fd-9 call: %q", out)
 	}
 }
@@ -315,11 +330,11 @@ func waitUntil(timeout time.Duration, cond func() bool) bool {
 func TestShellModeTimeoutCoversQueue(t *testing.T) {
 	a := startAgent(t)
 	dir := t.TempDir()
-	first, err := a.c.Exec(testCtx(t), backend.ExecRequest{Session: "q", Shell: "while [ ! -e " + dir + "/go ]; do sleep 0.01; done"})
+	first, err := a.c.Shell(testCtx(t), ShellRequest{Session: "q", Command: "while [ ! -e " + dir + "/go ]; do sleep 0.01; done"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, errOut, res := run(t, a.c, backend.ExecRequest{Session: "q", Shell: "touch " + dir + "/ran", Timeout: 200 * time.Millisecond})
+	out, errOut, res := shellRun(t, a.c, ShellRequest{Session: "q", Command: "touch " + dir + "/ran", Timeout: 200 * time.Millisecond})
 	if !res.TimedOut || res.ExitCode != 124 || !strings.Contains(errOut, "nothing was run") {
 		t.Errorf("a queued call past its timeout: %+v %q %q, want timed out, 124", res, out, errOut)
 	}

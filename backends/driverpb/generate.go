@@ -1,5 +1,5 @@
 // Package driverpb is the generated gRPC code of berth's driver plugin protocol
-// (driver.proto, package berth.driver.v1, protocol version 1). Package backends is
+// (driver.proto, package berth.driver.v1, protocol version 2). Package backends is
 // its only user; drivers and hosts use backends.Serve and backends.Launch instead.
 package driverpb
 

@@ -4,9 +4,12 @@
 // 	protoc        v3.21.12
 // source: agent.proto
 
-// berth.agent.v1: wire protocol between berth's exec agent (the server, inside every sandbox) and
-// its clients (drivers on the host). Protocol versions are negotiated with Hello;
-// see package github.com/berth-sh/berth/backends/agent.
+// berth.agent.v1: wire protocol between berth's exec agent (the server, inside every
+// sandbox) and its clients (the host: berth's registry, and drivers for lifecycle).
+// Protocol versions are negotiated with Hello; see package
+// github.com/berth-sh/berth/backends/agent. Since protocol 3 every connection starts
+// with berth's token handshake (before HTTP/2), and shell mode and background jobs
+// are calls of their own. Errors are gRPC statuses made by internal/rpcerr.
 
 package agentpb
 
@@ -77,7 +80,14 @@ type HelloResponse struct {
 	// The negotiated version.
 	Protocol int32 `protobuf:"varint,2,opt,name=protocol,proto3" json:"protocol,omitempty"`
 	// The agent's process id (in its own PID namespace).
-	Pid           int32 `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`
+	Pid int32 `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`
+	// A random id of this agent process (protocol 3): a client that reconnects
+	// compares it to tell the same agent from a restarted one.
+	Instance string `protobuf:"bytes,4,opt,name=instance,proto3" json:"instance,omitempty"`
+	// Whether the agent watches its cgroup's OOM-kill counter (ExecResult.oom_killed).
+	OomWatch bool `protobuf:"varint,5,opt,name=oom_watch,json=oomWatch,proto3" json:"oom_watch,omitempty"`
+	// The default user of execs that name none ("" for the agent's own).
+	ExecUser      string `protobuf:"bytes,6,opt,name=exec_user,json=execUser,proto3" json:"exec_user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -131,6 +141,27 @@ func (x *HelloResponse) GetPid() int32 {
 		return x.Pid
 	}
 	return 0
+}
+
+func (x *HelloResponse) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+func (x *HelloResponse) GetOomWatch() bool {
+	if x != nil {
+		return x.OomWatch
+	}
+	return false
+}
+
+func (x *HelloResponse) GetExecUser() string {
+	if x != nil {
+		return x.ExecUser
+	}
+	return ""
 }
 
 type WindowSize struct {
@@ -201,17 +232,7 @@ type ExecStart struct {
 	// Connect stdin messages to the process's stdin; otherwise it reads /dev/null.
 	Stdin bool `protobuf:"varint,7,opt,name=stdin,proto3" json:"stdin,omitempty"`
 	// Kill the process tree after this many nanoseconds; 0 means never.
-	TimeoutNs int64 `protobuf:"varint,8,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
-	// Shell mode (protocol 2): run this command string with bash or sh through eval in
-	// the state (directory, exported variables) recorded for session, then record the
-	// new state; argv must be empty. Shell calls of one session run one at a time.
-	Shell string `protobuf:"bytes,9,opt,name=shell,proto3" json:"shell,omitempty"`
-	// The session the exec belongs to; required with shell and job.
-	Session string `protobuf:"bytes,10,opt,name=session,proto3" json:"session,omitempty"`
-	// A background-job operation (protocol 2; see backend.JobOp): start runs argv as a
-	// job and writes its id; list writes JSON lines; logs writes the job's log (and
-	// follows it); kill ends its tree.
-	Job           *JobRequest `protobuf:"bytes,11,opt,name=job,proto3" json:"job,omitempty"`
+	TimeoutNs     int64 `protobuf:"varint,8,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -302,50 +323,41 @@ func (x *ExecStart) GetTimeoutNs() int64 {
 	return 0
 }
 
-func (x *ExecStart) GetShell() string {
-	if x != nil {
-		return x.Shell
-	}
-	return ""
-}
-
-func (x *ExecStart) GetSession() string {
-	if x != nil {
-		return x.Session
-	}
-	return ""
-}
-
-func (x *ExecStart) GetJob() *JobRequest {
-	if x != nil {
-		return x.Job
-	}
-	return nil
-}
-
-type JobRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Op            string                 `protobuf:"bytes,1,opt,name=op,proto3" json:"op,omitempty"`
-	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
-	Follow        bool                   `protobuf:"varint,3,opt,name=follow,proto3" json:"follow,omitempty"`
+// ShellStart starts a shell-mode call: the command string runs with bash (sh when
+// the sandbox has no bash) through eval, in the directory and with the exported
+// variables that the session's previous call left (env applied over them), and the
+// new state is recorded for the next call.
+type ShellStart struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Command string                 `protobuf:"bytes,1,opt,name=command,proto3" json:"command,omitempty"`
+	// The session whose state the call uses and records; required.
+	Session string   `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
+	Env     []string `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty"`
+	// Working directory instead of the session's current one; empty: the session's.
+	Dir   string `protobuf:"bytes,4,opt,name=dir,proto3" json:"dir,omitempty"`
+	User  string `protobuf:"bytes,5,opt,name=user,proto3" json:"user,omitempty"`
+	Stdin bool   `protobuf:"varint,6,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	// Kill the process tree after this many nanoseconds (the wait for the session's
+	// previous call counts); 0 means never.
+	TimeoutNs     int64 `protobuf:"varint,7,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *JobRequest) Reset() {
-	*x = JobRequest{}
+func (x *ShellStart) Reset() {
+	*x = ShellStart{}
 	mi := &file_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *JobRequest) String() string {
+func (x *ShellStart) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*JobRequest) ProtoMessage() {}
+func (*ShellStart) ProtoMessage() {}
 
-func (x *JobRequest) ProtoReflect() protoreflect.Message {
+func (x *ShellStart) ProtoReflect() protoreflect.Message {
 	mi := &file_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -357,30 +369,58 @@ func (x *JobRequest) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use JobRequest.ProtoReflect.Descriptor instead.
-func (*JobRequest) Descriptor() ([]byte, []int) {
+// Deprecated: Use ShellStart.ProtoReflect.Descriptor instead.
+func (*ShellStart) Descriptor() ([]byte, []int) {
 	return file_agent_proto_rawDescGZIP(), []int{4}
 }
 
-func (x *JobRequest) GetOp() string {
+func (x *ShellStart) GetCommand() string {
 	if x != nil {
-		return x.Op
+		return x.Command
 	}
 	return ""
 }
 
-func (x *JobRequest) GetId() string {
+func (x *ShellStart) GetSession() string {
 	if x != nil {
-		return x.Id
+		return x.Session
 	}
 	return ""
 }
 
-func (x *JobRequest) GetFollow() bool {
+func (x *ShellStart) GetEnv() []string {
 	if x != nil {
-		return x.Follow
+		return x.Env
+	}
+	return nil
+}
+
+func (x *ShellStart) GetDir() string {
+	if x != nil {
+		return x.Dir
+	}
+	return ""
+}
+
+func (x *ShellStart) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *ShellStart) GetStdin() bool {
+	if x != nil {
+		return x.Stdin
 	}
 	return false
+}
+
+func (x *ShellStart) GetTimeoutNs() int64 {
+	if x != nil {
+		return x.TimeoutNs
+	}
+	return 0
 }
 
 type CloseStdin struct {
@@ -428,6 +468,7 @@ type ExecInput struct {
 	//	*ExecInput_CloseStdin
 	//	*ExecInput_Resize
 	//	*ExecInput_Signal
+	//	*ExecInput_Shell
 	Msg           isExecInput_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -515,6 +556,15 @@ func (x *ExecInput) GetSignal() int32 {
 	return 0
 }
 
+func (x *ExecInput) GetShell() *ShellStart {
+	if x != nil {
+		if x, ok := x.Msg.(*ExecInput_Shell); ok {
+			return x.Shell
+		}
+	}
+	return nil
+}
+
 type isExecInput_Msg interface {
 	isExecInput_Msg()
 }
@@ -540,6 +590,11 @@ type ExecInput_Signal struct {
 	Signal int32 `protobuf:"varint,5,opt,name=signal,proto3,oneof"`
 }
 
+type ExecInput_Shell struct {
+	// The first message of a Shell call (protocol 3).
+	Shell *ShellStart `protobuf:"bytes,6,opt,name=shell,proto3,oneof"`
+}
+
 func (*ExecInput_Start) isExecInput_Msg() {}
 
 func (*ExecInput_Stdin) isExecInput_Msg() {}
@@ -549,6 +604,8 @@ func (*ExecInput_CloseStdin) isExecInput_Msg() {}
 func (*ExecInput_Resize) isExecInput_Msg() {}
 
 func (*ExecInput_Signal) isExecInput_Msg() {}
+
+func (*ExecInput_Shell) isExecInput_Msg() {}
 
 type ExecStarted struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1179,21 +1236,697 @@ func (x *CopyOutChunk) GetData() []byte {
 	return nil
 }
 
+type StartJobRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session the job belongs to; required.
+	Session       string   `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Argv          []string `protobuf:"bytes,2,rep,name=argv,proto3" json:"argv,omitempty"`
+	Env           []string `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty"`
+	Dir           string   `protobuf:"bytes,4,opt,name=dir,proto3" json:"dir,omitempty"`
+	User          string   `protobuf:"bytes,5,opt,name=user,proto3" json:"user,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartJobRequest) Reset() {
+	*x = StartJobRequest{}
+	mi := &file_agent_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartJobRequest) ProtoMessage() {}
+
+func (x *StartJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartJobRequest.ProtoReflect.Descriptor instead.
+func (*StartJobRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *StartJobRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *StartJobRequest) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *StartJobRequest) GetEnv() []string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *StartJobRequest) GetDir() string {
+	if x != nil {
+		return x.Dir
+	}
+	return ""
+}
+
+func (x *StartJobRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+// Job describes one background job.
+type Job struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Session  string                 `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
+	Argv     []string               `protobuf:"bytes,3,rep,name=argv,proto3" json:"argv,omitempty"`
+	Pid      int32                  `protobuf:"varint,4,opt,name=pid,proto3" json:"pid,omitempty"`
+	Running  bool                   `protobuf:"varint,5,opt,name=running,proto3" json:"running,omitempty"`
+	ExitCode int32                  `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Signal   int32                  `protobuf:"varint,7,opt,name=signal,proto3" json:"signal,omitempty"`
+	// Unix nanoseconds; ended_ns is 0 while running.
+	StartedNs int64 `protobuf:"varint,8,opt,name=started_ns,json=startedNs,proto3" json:"started_ns,omitempty"`
+	EndedNs   int64 `protobuf:"varint,9,opt,name=ended_ns,json=endedNs,proto3" json:"ended_ns,omitempty"`
+	// Bytes written in all, and how many of them the log no longer keeps.
+	LogBytes      int64 `protobuf:"varint,10,opt,name=log_bytes,json=logBytes,proto3" json:"log_bytes,omitempty"`
+	DroppedBytes  int64 `protobuf:"varint,11,opt,name=dropped_bytes,json=droppedBytes,proto3" json:"dropped_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Job) Reset() {
+	*x = Job{}
+	mi := &file_agent_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Job) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Job) ProtoMessage() {}
+
+func (x *Job) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Job.ProtoReflect.Descriptor instead.
+func (*Job) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *Job) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Job) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *Job) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *Job) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *Job) GetRunning() bool {
+	if x != nil {
+		return x.Running
+	}
+	return false
+}
+
+func (x *Job) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *Job) GetSignal() int32 {
+	if x != nil {
+		return x.Signal
+	}
+	return 0
+}
+
+func (x *Job) GetStartedNs() int64 {
+	if x != nil {
+		return x.StartedNs
+	}
+	return 0
+}
+
+func (x *Job) GetEndedNs() int64 {
+	if x != nil {
+		return x.EndedNs
+	}
+	return 0
+}
+
+func (x *Job) GetLogBytes() int64 {
+	if x != nil {
+		return x.LogBytes
+	}
+	return 0
+}
+
+func (x *Job) GetDroppedBytes() int64 {
+	if x != nil {
+		return x.DroppedBytes
+	}
+	return 0
+}
+
+type ListJobsRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Session string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// List every session's jobs (session is ignored).
+	AllSessions   bool `protobuf:"varint,2,opt,name=all_sessions,json=allSessions,proto3" json:"all_sessions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListJobsRequest) Reset() {
+	*x = ListJobsRequest{}
+	mi := &file_agent_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListJobsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListJobsRequest) ProtoMessage() {}
+
+func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
+func (*ListJobsRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ListJobsRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *ListJobsRequest) GetAllSessions() bool {
+	if x != nil {
+		return x.AllSessions
+	}
+	return false
+}
+
+type ListJobsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Jobs          []*Job                 `protobuf:"bytes,1,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListJobsResponse) Reset() {
+	*x = ListJobsResponse{}
+	mi := &file_agent_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListJobsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListJobsResponse) ProtoMessage() {}
+
+func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
+func (*ListJobsResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ListJobsResponse) GetJobs() []*Job {
+	if x != nil {
+		return x.Jobs
+	}
+	return nil
+}
+
+type JobLogsRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Session string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Id      string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	// Keep streaming new output until the job has ended and its output is drained.
+	Follow bool `protobuf:"varint,3,opt,name=follow,proto3" json:"follow,omitempty"`
+	// Absolute byte offset into the job's output to start from; output before the
+	// oldest kept byte is reported as a gap.
+	Offset        int64 `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobLogsRequest) Reset() {
+	*x = JobLogsRequest{}
+	mi := &file_agent_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobLogsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobLogsRequest) ProtoMessage() {}
+
+func (x *JobLogsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobLogsRequest.ProtoReflect.Descriptor instead.
+func (*JobLogsRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *JobLogsRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *JobLogsRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *JobLogsRequest) GetFollow() bool {
+	if x != nil {
+		return x.Follow
+	}
+	return false
+}
+
+func (x *JobLogsRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+type JobLogsGap struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes between the requested offset and the oldest kept byte, no longer kept.
+	Dropped       int64 `protobuf:"varint,1,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobLogsGap) Reset() {
+	*x = JobLogsGap{}
+	mi := &file_agent_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobLogsGap) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobLogsGap) ProtoMessage() {}
+
+func (x *JobLogsGap) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobLogsGap.ProtoReflect.Descriptor instead.
+func (*JobLogsGap) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *JobLogsGap) GetDropped() int64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
+type JobLogsEnd struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The offset after the last byte sent: pass it to continue later.
+	Offset int64 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	// Whether the job has ended (its output drained); then its result.
+	Ended         bool  `protobuf:"varint,2,opt,name=ended,proto3" json:"ended,omitempty"`
+	ExitCode      int32 `protobuf:"varint,3,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Signal        int32 `protobuf:"varint,4,opt,name=signal,proto3" json:"signal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobLogsEnd) Reset() {
+	*x = JobLogsEnd{}
+	mi := &file_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobLogsEnd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobLogsEnd) ProtoMessage() {}
+
+func (x *JobLogsEnd) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobLogsEnd.ProtoReflect.Descriptor instead.
+func (*JobLogsEnd) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *JobLogsEnd) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *JobLogsEnd) GetEnded() bool {
+	if x != nil {
+		return x.Ended
+	}
+	return false
+}
+
+func (x *JobLogsEnd) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *JobLogsEnd) GetSignal() int32 {
+	if x != nil {
+		return x.Signal
+	}
+	return 0
+}
+
+type JobLogsOutput struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*JobLogsOutput_Gap
+	//	*JobLogsOutput_Data
+	//	*JobLogsOutput_End
+	Msg           isJobLogsOutput_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobLogsOutput) Reset() {
+	*x = JobLogsOutput{}
+	mi := &file_agent_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobLogsOutput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobLogsOutput) ProtoMessage() {}
+
+func (x *JobLogsOutput) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobLogsOutput.ProtoReflect.Descriptor instead.
+func (*JobLogsOutput) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *JobLogsOutput) GetMsg() isJobLogsOutput_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *JobLogsOutput) GetGap() *JobLogsGap {
+	if x != nil {
+		if x, ok := x.Msg.(*JobLogsOutput_Gap); ok {
+			return x.Gap
+		}
+	}
+	return nil
+}
+
+func (x *JobLogsOutput) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*JobLogsOutput_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+func (x *JobLogsOutput) GetEnd() *JobLogsEnd {
+	if x != nil {
+		if x, ok := x.Msg.(*JobLogsOutput_End); ok {
+			return x.End
+		}
+	}
+	return nil
+}
+
+type isJobLogsOutput_Msg interface {
+	isJobLogsOutput_Msg()
+}
+
+type JobLogsOutput_Gap struct {
+	Gap *JobLogsGap `protobuf:"bytes,1,opt,name=gap,proto3,oneof"`
+}
+
+type JobLogsOutput_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+type JobLogsOutput_End struct {
+	End *JobLogsEnd `protobuf:"bytes,3,opt,name=end,proto3,oneof"`
+}
+
+func (*JobLogsOutput_Gap) isJobLogsOutput_Msg() {}
+
+func (*JobLogsOutput_Data) isJobLogsOutput_Msg() {}
+
+func (*JobLogsOutput_End) isJobLogsOutput_Msg() {}
+
+type KillJobRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KillJobRequest) Reset() {
+	*x = KillJobRequest{}
+	mi := &file_agent_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KillJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KillJobRequest) ProtoMessage() {}
+
+func (x *KillJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KillJobRequest.ProtoReflect.Descriptor instead.
+func (*KillJobRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *KillJobRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *KillJobRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type KillJobResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KillJobResponse) Reset() {
+	*x = KillJobResponse{}
+	mi := &file_agent_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KillJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KillJobResponse) ProtoMessage() {}
+
+func (x *KillJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KillJobResponse.ProtoReflect.Descriptor instead.
+func (*KillJobResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{27}
+}
+
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"\vagent.proto\x12\x0eberth.agent.v1\"*\n" +
 	"\fHelloRequest\x12\x1a\n" +
-	"\bversions\x18\x01 \x03(\x05R\bversions\"Y\n" +
+	"\bversions\x18\x01 \x03(\x05R\bversions\"\xaf\x01\n" +
 	"\rHelloResponse\x12\x1a\n" +
 	"\bversions\x18\x01 \x03(\x05R\bversions\x12\x1a\n" +
 	"\bprotocol\x18\x02 \x01(\x05R\bprotocol\x12\x10\n" +
-	"\x03pid\x18\x03 \x01(\x05R\x03pid\"4\n" +
+	"\x03pid\x18\x03 \x01(\x05R\x03pid\x12\x1a\n" +
+	"\binstance\x18\x04 \x01(\tR\binstance\x12\x1b\n" +
+	"\toom_watch\x18\x05 \x01(\bR\boomWatch\x12\x1b\n" +
+	"\texec_user\x18\x06 \x01(\tR\bexecUser\"4\n" +
 	"\n" +
 	"WindowSize\x12\x12\n" +
 	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
-	"\x04cols\x18\x02 \x01(\rR\x04cols\"\xac\x02\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"\xf5\x01\n" +
 	"\tExecStart\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x10\n" +
 	"\x03env\x18\x02 \x03(\tR\x03env\x12\x10\n" +
@@ -1203,25 +1936,29 @@ const file_agent_proto_rawDesc = "" +
 	"\x04size\x18\x06 \x01(\v2\x1a.berth.agent.v1.WindowSizeR\x04size\x12\x14\n" +
 	"\x05stdin\x18\a \x01(\bR\x05stdin\x12\x1d\n" +
 	"\n" +
-	"timeout_ns\x18\b \x01(\x03R\ttimeoutNs\x12\x14\n" +
-	"\x05shell\x18\t \x01(\tR\x05shell\x12\x18\n" +
-	"\asession\x18\n" +
-	" \x01(\tR\asession\x12,\n" +
-	"\x03job\x18\v \x01(\v2\x1a.berth.agent.v1.JobRequestR\x03job\"D\n" +
+	"timeout_ns\x18\b \x01(\x03R\ttimeoutNsJ\x04\b\t\x10\n" +
+	"J\x04\b\n" +
+	"\x10\vJ\x04\b\v\x10\fR\x05shellR\asessionR\x03job\"\xad\x01\n" +
 	"\n" +
-	"JobRequest\x12\x0e\n" +
-	"\x02op\x18\x01 \x01(\tR\x02op\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
-	"\x06follow\x18\x03 \x01(\bR\x06follow\"\f\n" +
+	"ShellStart\x12\x18\n" +
+	"\acommand\x18\x01 \x01(\tR\acommand\x12\x18\n" +
+	"\asession\x18\x02 \x01(\tR\asession\x12\x10\n" +
+	"\x03env\x18\x03 \x03(\tR\x03env\x12\x10\n" +
+	"\x03dir\x18\x04 \x01(\tR\x03dir\x12\x12\n" +
+	"\x04user\x18\x05 \x01(\tR\x04user\x12\x14\n" +
+	"\x05stdin\x18\x06 \x01(\bR\x05stdin\x12\x1d\n" +
 	"\n" +
-	"CloseStdin\"\xec\x01\n" +
+	"timeout_ns\x18\a \x01(\x03R\ttimeoutNs\"\f\n" +
+	"\n" +
+	"CloseStdin\"\xa0\x02\n" +
 	"\tExecInput\x121\n" +
 	"\x05start\x18\x01 \x01(\v2\x19.berth.agent.v1.ExecStartH\x00R\x05start\x12\x16\n" +
 	"\x05stdin\x18\x02 \x01(\fH\x00R\x05stdin\x12=\n" +
 	"\vclose_stdin\x18\x03 \x01(\v2\x1a.berth.agent.v1.CloseStdinH\x00R\n" +
 	"closeStdin\x124\n" +
 	"\x06resize\x18\x04 \x01(\v2\x1a.berth.agent.v1.WindowSizeH\x00R\x06resize\x12\x18\n" +
-	"\x06signal\x18\x05 \x01(\x05H\x00R\x06signalB\x05\n" +
+	"\x06signal\x18\x05 \x01(\x05H\x00R\x06signal\x122\n" +
+	"\x05shell\x18\x06 \x01(\v2\x1a.berth.agent.v1.ShellStartH\x00R\x05shellB\x05\n" +
 	"\x03msg\"8\n" +
 	"\vExecStarted\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\x04R\x06execId\x12\x10\n" +
@@ -1258,14 +1995,67 @@ const file_agent_proto_rawDesc = "" +
 	"\x0eCopyOutRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\"\"\n" +
 	"\fCopyOutChunk\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data2\xbe\x03\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"w\n" +
+	"\x0fStartJobRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x12\n" +
+	"\x04argv\x18\x02 \x03(\tR\x04argv\x12\x10\n" +
+	"\x03env\x18\x03 \x03(\tR\x03env\x12\x10\n" +
+	"\x03dir\x18\x04 \x01(\tR\x03dir\x12\x12\n" +
+	"\x04user\x18\x05 \x01(\tR\x04user\"\xa0\x02\n" +
+	"\x03Job\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\asession\x18\x02 \x01(\tR\asession\x12\x12\n" +
+	"\x04argv\x18\x03 \x03(\tR\x04argv\x12\x10\n" +
+	"\x03pid\x18\x04 \x01(\x05R\x03pid\x12\x18\n" +
+	"\arunning\x18\x05 \x01(\bR\arunning\x12\x1b\n" +
+	"\texit_code\x18\x06 \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06signal\x18\a \x01(\x05R\x06signal\x12\x1d\n" +
+	"\n" +
+	"started_ns\x18\b \x01(\x03R\tstartedNs\x12\x19\n" +
+	"\bended_ns\x18\t \x01(\x03R\aendedNs\x12\x1b\n" +
+	"\tlog_bytes\x18\n" +
+	" \x01(\x03R\blogBytes\x12#\n" +
+	"\rdropped_bytes\x18\v \x01(\x03R\fdroppedBytes\"N\n" +
+	"\x0fListJobsRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12!\n" +
+	"\fall_sessions\x18\x02 \x01(\bR\vallSessions\";\n" +
+	"\x10ListJobsResponse\x12'\n" +
+	"\x04jobs\x18\x01 \x03(\v2\x13.berth.agent.v1.JobR\x04jobs\"j\n" +
+	"\x0eJobLogsRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
+	"\x06follow\x18\x03 \x01(\bR\x06follow\x12\x16\n" +
+	"\x06offset\x18\x04 \x01(\x03R\x06offset\"&\n" +
+	"\n" +
+	"JobLogsGap\x12\x18\n" +
+	"\adropped\x18\x01 \x01(\x03R\adropped\"o\n" +
+	"\n" +
+	"JobLogsEnd\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12\x14\n" +
+	"\x05ended\x18\x02 \x01(\bR\x05ended\x12\x1b\n" +
+	"\texit_code\x18\x03 \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06signal\x18\x04 \x01(\x05R\x06signal\"\x8c\x01\n" +
+	"\rJobLogsOutput\x12.\n" +
+	"\x03gap\x18\x01 \x01(\v2\x1a.berth.agent.v1.JobLogsGapH\x00R\x03gap\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12.\n" +
+	"\x03end\x18\x03 \x01(\v2\x1a.berth.agent.v1.JobLogsEndH\x00R\x03endB\x05\n" +
+	"\x03msg\":\n" +
+	"\x0eKillJobRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\"\x11\n" +
+	"\x0fKillJobResponse2\xab\x06\n" +
 	"\x05Agent\x12D\n" +
 	"\x05Hello\x12\x1c.berth.agent.v1.HelloRequest\x1a\x1d.berth.agent.v1.HelloResponse\x12A\n" +
-	"\x04Exec\x12\x19.berth.agent.v1.ExecInput\x1a\x1a.berth.agent.v1.ExecOutput(\x010\x01\x12G\n" +
+	"\x04Exec\x12\x19.berth.agent.v1.ExecInput\x1a\x1a.berth.agent.v1.ExecOutput(\x010\x01\x12B\n" +
+	"\x05Shell\x12\x19.berth.agent.v1.ExecInput\x1a\x1a.berth.agent.v1.ExecOutput(\x010\x01\x12G\n" +
 	"\x06Cancel\x12\x1d.berth.agent.v1.CancelRequest\x1a\x1e.berth.agent.v1.CancelResponse\x12M\n" +
 	"\bShutdown\x12\x1f.berth.agent.v1.ShutdownRequest\x1a .berth.agent.v1.ShutdownResponse\x12I\n" +
 	"\x06CopyIn\x12\x1d.berth.agent.v1.CopyInRequest\x1a\x1e.berth.agent.v1.CopyInResponse(\x01\x12I\n" +
-	"\aCopyOut\x12\x1e.berth.agent.v1.CopyOutRequest\x1a\x1c.berth.agent.v1.CopyOutChunk0\x01B2Z0github.com/berth-sh/berth/backends/agent/agentpbb\x06proto3"
+	"\aCopyOut\x12\x1e.berth.agent.v1.CopyOutRequest\x1a\x1c.berth.agent.v1.CopyOutChunk0\x01\x12@\n" +
+	"\bStartJob\x12\x1f.berth.agent.v1.StartJobRequest\x1a\x13.berth.agent.v1.Job\x12M\n" +
+	"\bListJobs\x12\x1f.berth.agent.v1.ListJobsRequest\x1a .berth.agent.v1.ListJobsResponse\x12J\n" +
+	"\aJobLogs\x12\x1e.berth.agent.v1.JobLogsRequest\x1a\x1d.berth.agent.v1.JobLogsOutput0\x01\x12J\n" +
+	"\aKillJob\x12\x1e.berth.agent.v1.KillJobRequest\x1a\x1f.berth.agent.v1.KillJobResponseB2Z0github.com/berth-sh/berth/backends/agent/agentpbb\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -1279,13 +2069,13 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_agent_proto_goTypes = []any{
 	(*HelloRequest)(nil),     // 0: berth.agent.v1.HelloRequest
 	(*HelloResponse)(nil),    // 1: berth.agent.v1.HelloResponse
 	(*WindowSize)(nil),       // 2: berth.agent.v1.WindowSize
 	(*ExecStart)(nil),        // 3: berth.agent.v1.ExecStart
-	(*JobRequest)(nil),       // 4: berth.agent.v1.JobRequest
+	(*ShellStart)(nil),       // 4: berth.agent.v1.ShellStart
 	(*CloseStdin)(nil),       // 5: berth.agent.v1.CloseStdin
 	(*ExecInput)(nil),        // 6: berth.agent.v1.ExecInput
 	(*ExecStarted)(nil),      // 7: berth.agent.v1.ExecStarted
@@ -1299,32 +2089,55 @@ var file_agent_proto_goTypes = []any{
 	(*CopyInResponse)(nil),   // 15: berth.agent.v1.CopyInResponse
 	(*CopyOutRequest)(nil),   // 16: berth.agent.v1.CopyOutRequest
 	(*CopyOutChunk)(nil),     // 17: berth.agent.v1.CopyOutChunk
+	(*StartJobRequest)(nil),  // 18: berth.agent.v1.StartJobRequest
+	(*Job)(nil),              // 19: berth.agent.v1.Job
+	(*ListJobsRequest)(nil),  // 20: berth.agent.v1.ListJobsRequest
+	(*ListJobsResponse)(nil), // 21: berth.agent.v1.ListJobsResponse
+	(*JobLogsRequest)(nil),   // 22: berth.agent.v1.JobLogsRequest
+	(*JobLogsGap)(nil),       // 23: berth.agent.v1.JobLogsGap
+	(*JobLogsEnd)(nil),       // 24: berth.agent.v1.JobLogsEnd
+	(*JobLogsOutput)(nil),    // 25: berth.agent.v1.JobLogsOutput
+	(*KillJobRequest)(nil),   // 26: berth.agent.v1.KillJobRequest
+	(*KillJobResponse)(nil),  // 27: berth.agent.v1.KillJobResponse
 }
 var file_agent_proto_depIdxs = []int32{
 	2,  // 0: berth.agent.v1.ExecStart.size:type_name -> berth.agent.v1.WindowSize
-	4,  // 1: berth.agent.v1.ExecStart.job:type_name -> berth.agent.v1.JobRequest
-	3,  // 2: berth.agent.v1.ExecInput.start:type_name -> berth.agent.v1.ExecStart
-	5,  // 3: berth.agent.v1.ExecInput.close_stdin:type_name -> berth.agent.v1.CloseStdin
-	2,  // 4: berth.agent.v1.ExecInput.resize:type_name -> berth.agent.v1.WindowSize
+	3,  // 1: berth.agent.v1.ExecInput.start:type_name -> berth.agent.v1.ExecStart
+	5,  // 2: berth.agent.v1.ExecInput.close_stdin:type_name -> berth.agent.v1.CloseStdin
+	2,  // 3: berth.agent.v1.ExecInput.resize:type_name -> berth.agent.v1.WindowSize
+	4,  // 4: berth.agent.v1.ExecInput.shell:type_name -> berth.agent.v1.ShellStart
 	7,  // 5: berth.agent.v1.ExecOutput.started:type_name -> berth.agent.v1.ExecStarted
 	8,  // 6: berth.agent.v1.ExecOutput.result:type_name -> berth.agent.v1.ExecResult
-	0,  // 7: berth.agent.v1.Agent.Hello:input_type -> berth.agent.v1.HelloRequest
-	6,  // 8: berth.agent.v1.Agent.Exec:input_type -> berth.agent.v1.ExecInput
-	10, // 9: berth.agent.v1.Agent.Cancel:input_type -> berth.agent.v1.CancelRequest
-	12, // 10: berth.agent.v1.Agent.Shutdown:input_type -> berth.agent.v1.ShutdownRequest
-	14, // 11: berth.agent.v1.Agent.CopyIn:input_type -> berth.agent.v1.CopyInRequest
-	16, // 12: berth.agent.v1.Agent.CopyOut:input_type -> berth.agent.v1.CopyOutRequest
-	1,  // 13: berth.agent.v1.Agent.Hello:output_type -> berth.agent.v1.HelloResponse
-	9,  // 14: berth.agent.v1.Agent.Exec:output_type -> berth.agent.v1.ExecOutput
-	11, // 15: berth.agent.v1.Agent.Cancel:output_type -> berth.agent.v1.CancelResponse
-	13, // 16: berth.agent.v1.Agent.Shutdown:output_type -> berth.agent.v1.ShutdownResponse
-	15, // 17: berth.agent.v1.Agent.CopyIn:output_type -> berth.agent.v1.CopyInResponse
-	17, // 18: berth.agent.v1.Agent.CopyOut:output_type -> berth.agent.v1.CopyOutChunk
-	13, // [13:19] is the sub-list for method output_type
-	7,  // [7:13] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	19, // 7: berth.agent.v1.ListJobsResponse.jobs:type_name -> berth.agent.v1.Job
+	23, // 8: berth.agent.v1.JobLogsOutput.gap:type_name -> berth.agent.v1.JobLogsGap
+	24, // 9: berth.agent.v1.JobLogsOutput.end:type_name -> berth.agent.v1.JobLogsEnd
+	0,  // 10: berth.agent.v1.Agent.Hello:input_type -> berth.agent.v1.HelloRequest
+	6,  // 11: berth.agent.v1.Agent.Exec:input_type -> berth.agent.v1.ExecInput
+	6,  // 12: berth.agent.v1.Agent.Shell:input_type -> berth.agent.v1.ExecInput
+	10, // 13: berth.agent.v1.Agent.Cancel:input_type -> berth.agent.v1.CancelRequest
+	12, // 14: berth.agent.v1.Agent.Shutdown:input_type -> berth.agent.v1.ShutdownRequest
+	14, // 15: berth.agent.v1.Agent.CopyIn:input_type -> berth.agent.v1.CopyInRequest
+	16, // 16: berth.agent.v1.Agent.CopyOut:input_type -> berth.agent.v1.CopyOutRequest
+	18, // 17: berth.agent.v1.Agent.StartJob:input_type -> berth.agent.v1.StartJobRequest
+	20, // 18: berth.agent.v1.Agent.ListJobs:input_type -> berth.agent.v1.ListJobsRequest
+	22, // 19: berth.agent.v1.Agent.JobLogs:input_type -> berth.agent.v1.JobLogsRequest
+	26, // 20: berth.agent.v1.Agent.KillJob:input_type -> berth.agent.v1.KillJobRequest
+	1,  // 21: berth.agent.v1.Agent.Hello:output_type -> berth.agent.v1.HelloResponse
+	9,  // 22: berth.agent.v1.Agent.Exec:output_type -> berth.agent.v1.ExecOutput
+	9,  // 23: berth.agent.v1.Agent.Shell:output_type -> berth.agent.v1.ExecOutput
+	11, // 24: berth.agent.v1.Agent.Cancel:output_type -> berth.agent.v1.CancelResponse
+	13, // 25: berth.agent.v1.Agent.Shutdown:output_type -> berth.agent.v1.ShutdownResponse
+	15, // 26: berth.agent.v1.Agent.CopyIn:output_type -> berth.agent.v1.CopyInResponse
+	17, // 27: berth.agent.v1.Agent.CopyOut:output_type -> berth.agent.v1.CopyOutChunk
+	19, // 28: berth.agent.v1.Agent.StartJob:output_type -> berth.agent.v1.Job
+	21, // 29: berth.agent.v1.Agent.ListJobs:output_type -> berth.agent.v1.ListJobsResponse
+	25, // 30: berth.agent.v1.Agent.JobLogs:output_type -> berth.agent.v1.JobLogsOutput
+	27, // 31: berth.agent.v1.Agent.KillJob:output_type -> berth.agent.v1.KillJobResponse
+	21, // [21:32] is the sub-list for method output_type
+	10, // [10:21] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1338,6 +2151,7 @@ func file_agent_proto_init() {
 		(*ExecInput_CloseStdin)(nil),
 		(*ExecInput_Resize)(nil),
 		(*ExecInput_Signal)(nil),
+		(*ExecInput_Shell)(nil),
 	}
 	file_agent_proto_msgTypes[9].OneofWrappers = []any{
 		(*ExecOutput_Started)(nil),
@@ -1349,13 +2163,18 @@ func file_agent_proto_init() {
 		(*CopyInRequest_Dir)(nil),
 		(*CopyInRequest_Data)(nil),
 	}
+	file_agent_proto_msgTypes[25].OneofWrappers = []any{
+		(*JobLogsOutput_Gap)(nil),
+		(*JobLogsOutput_Data)(nil),
+		(*JobLogsOutput_End)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

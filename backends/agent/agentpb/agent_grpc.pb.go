@@ -4,9 +4,12 @@
 // - protoc             v3.21.12
 // source: agent.proto
 
-// berth.agent.v1: wire protocol between berth's exec agent (the server, inside every sandbox) and
-// its clients (drivers on the host). Protocol versions are negotiated with Hello;
-// see package github.com/berth-sh/berth/backends/agent.
+// berth.agent.v1: wire protocol between berth's exec agent (the server, inside every
+// sandbox) and its clients (the host: berth's registry, and drivers for lifecycle).
+// Protocol versions are negotiated with Hello; see package
+// github.com/berth-sh/berth/backends/agent. Since protocol 3 every connection starts
+// with berth's token handshake (before HTTP/2), and shell mode and background jobs
+// are calls of their own. Errors are gRPC statuses made by internal/rpcerr.
 
 package agentpb
 
@@ -25,10 +28,15 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	Agent_Hello_FullMethodName    = "/berth.agent.v1.Agent/Hello"
 	Agent_Exec_FullMethodName     = "/berth.agent.v1.Agent/Exec"
+	Agent_Shell_FullMethodName    = "/berth.agent.v1.Agent/Shell"
 	Agent_Cancel_FullMethodName   = "/berth.agent.v1.Agent/Cancel"
 	Agent_Shutdown_FullMethodName = "/berth.agent.v1.Agent/Shutdown"
 	Agent_CopyIn_FullMethodName   = "/berth.agent.v1.Agent/CopyIn"
 	Agent_CopyOut_FullMethodName  = "/berth.agent.v1.Agent/CopyOut"
+	Agent_StartJob_FullMethodName = "/berth.agent.v1.Agent/StartJob"
+	Agent_ListJobs_FullMethodName = "/berth.agent.v1.Agent/ListJobs"
+	Agent_JobLogs_FullMethodName  = "/berth.agent.v1.Agent/JobLogs"
+	Agent_KillJob_FullMethodName  = "/berth.agent.v1.Agent/KillJob"
 )
 
 // AgentClient is the client API for Agent service.
@@ -46,6 +54,10 @@ type AgentClient interface {
 	// ends with exactly one result. Closing the stream before the result kills the
 	// exec's process tree.
 	Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecInput, ExecOutput], error)
+	// Shell runs one shell-mode call (protocol 3): as Exec, but the first input
+	// message must be shell, and the result carries the directory recorded for the
+	// session's next call. Calls of one session run one at a time, in arrival order.
+	Shell(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecInput, ExecOutput], error)
 	// Cancel kills the process tree of a running exec; its Exec stream then ends
 	// with a result that has canceled set. NOT_FOUND when the exec has finished.
 	Cancel(ctx context.Context, in *CancelRequest, opts ...grpc.CallOption) (*CancelResponse, error)
@@ -57,6 +69,18 @@ type AgentClient interface {
 	CopyIn(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[CopyInRequest, CopyInResponse], error)
 	// CopyOut streams a file or directory as a tar stream.
 	CopyOut(ctx context.Context, in *CopyOutRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CopyOutChunk], error)
+	// StartJob starts a background job (protocol 3). A command that cannot be run
+	// is INVALID_ARGUMENT naming it and the reason.
+	StartJob(ctx context.Context, in *StartJobRequest, opts ...grpc.CallOption) (*Job, error)
+	// ListJobs lists a session's jobs, or every job, oldest first (protocol 3).
+	ListJobs(ctx context.Context, in *ListJobsRequest, opts ...grpc.CallOption) (*ListJobsResponse, error)
+	// JobLogs streams a job's kept output from an offset, and with follow new output
+	// until the job has ended; the last message is end (protocol 3). NOT_FOUND for
+	// an unknown job or a job of another session.
+	JobLogs(ctx context.Context, in *JobLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[JobLogsOutput], error)
+	// KillJob ends a job's process tree (TERM, then KILL after the agent's grace) and
+	// answers once it is gone (protocol 3).
+	KillJob(ctx context.Context, in *KillJobRequest, opts ...grpc.CallOption) (*KillJobResponse, error)
 }
 
 type agentClient struct {
@@ -90,6 +114,19 @@ func (c *agentClient) Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.B
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_ExecClient = grpc.BidiStreamingClient[ExecInput, ExecOutput]
 
+func (c *agentClient) Shell(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecInput, ExecOutput], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[1], Agent_Shell_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExecInput, ExecOutput]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_ShellClient = grpc.BidiStreamingClient[ExecInput, ExecOutput]
+
 func (c *agentClient) Cancel(ctx context.Context, in *CancelRequest, opts ...grpc.CallOption) (*CancelResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CancelResponse)
@@ -112,7 +149,7 @@ func (c *agentClient) Shutdown(ctx context.Context, in *ShutdownRequest, opts ..
 
 func (c *agentClient) CopyIn(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[CopyInRequest, CopyInResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[1], Agent_CopyIn_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[2], Agent_CopyIn_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -125,7 +162,7 @@ type Agent_CopyInClient = grpc.ClientStreamingClient[CopyInRequest, CopyInRespon
 
 func (c *agentClient) CopyOut(ctx context.Context, in *CopyOutRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CopyOutChunk], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[2], Agent_CopyOut_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[3], Agent_CopyOut_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -142,6 +179,55 @@ func (c *agentClient) CopyOut(ctx context.Context, in *CopyOutRequest, opts ...g
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_CopyOutClient = grpc.ServerStreamingClient[CopyOutChunk]
 
+func (c *agentClient) StartJob(ctx context.Context, in *StartJobRequest, opts ...grpc.CallOption) (*Job, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Job)
+	err := c.cc.Invoke(ctx, Agent_StartJob_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) ListJobs(ctx context.Context, in *ListJobsRequest, opts ...grpc.CallOption) (*ListJobsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListJobsResponse)
+	err := c.cc.Invoke(ctx, Agent_ListJobs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) JobLogs(ctx context.Context, in *JobLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[JobLogsOutput], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[4], Agent_JobLogs_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[JobLogsRequest, JobLogsOutput]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_JobLogsClient = grpc.ServerStreamingClient[JobLogsOutput]
+
+func (c *agentClient) KillJob(ctx context.Context, in *KillJobRequest, opts ...grpc.CallOption) (*KillJobResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KillJobResponse)
+	err := c.cc.Invoke(ctx, Agent_KillJob_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -157,6 +243,10 @@ type AgentServer interface {
 	// ends with exactly one result. Closing the stream before the result kills the
 	// exec's process tree.
 	Exec(grpc.BidiStreamingServer[ExecInput, ExecOutput]) error
+	// Shell runs one shell-mode call (protocol 3): as Exec, but the first input
+	// message must be shell, and the result carries the directory recorded for the
+	// session's next call. Calls of one session run one at a time, in arrival order.
+	Shell(grpc.BidiStreamingServer[ExecInput, ExecOutput]) error
 	// Cancel kills the process tree of a running exec; its Exec stream then ends
 	// with a result that has canceled set. NOT_FOUND when the exec has finished.
 	Cancel(context.Context, *CancelRequest) (*CancelResponse, error)
@@ -168,6 +258,18 @@ type AgentServer interface {
 	CopyIn(grpc.ClientStreamingServer[CopyInRequest, CopyInResponse]) error
 	// CopyOut streams a file or directory as a tar stream.
 	CopyOut(*CopyOutRequest, grpc.ServerStreamingServer[CopyOutChunk]) error
+	// StartJob starts a background job (protocol 3). A command that cannot be run
+	// is INVALID_ARGUMENT naming it and the reason.
+	StartJob(context.Context, *StartJobRequest) (*Job, error)
+	// ListJobs lists a session's jobs, or every job, oldest first (protocol 3).
+	ListJobs(context.Context, *ListJobsRequest) (*ListJobsResponse, error)
+	// JobLogs streams a job's kept output from an offset, and with follow new output
+	// until the job has ended; the last message is end (protocol 3). NOT_FOUND for
+	// an unknown job or a job of another session.
+	JobLogs(*JobLogsRequest, grpc.ServerStreamingServer[JobLogsOutput]) error
+	// KillJob ends a job's process tree (TERM, then KILL after the agent's grace) and
+	// answers once it is gone (protocol 3).
+	KillJob(context.Context, *KillJobRequest) (*KillJobResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -184,6 +286,9 @@ func (UnimplementedAgentServer) Hello(context.Context, *HelloRequest) (*HelloRes
 func (UnimplementedAgentServer) Exec(grpc.BidiStreamingServer[ExecInput, ExecOutput]) error {
 	return status.Error(codes.Unimplemented, "method Exec not implemented")
 }
+func (UnimplementedAgentServer) Shell(grpc.BidiStreamingServer[ExecInput, ExecOutput]) error {
+	return status.Error(codes.Unimplemented, "method Shell not implemented")
+}
 func (UnimplementedAgentServer) Cancel(context.Context, *CancelRequest) (*CancelResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Cancel not implemented")
 }
@@ -195,6 +300,18 @@ func (UnimplementedAgentServer) CopyIn(grpc.ClientStreamingServer[CopyInRequest,
 }
 func (UnimplementedAgentServer) CopyOut(*CopyOutRequest, grpc.ServerStreamingServer[CopyOutChunk]) error {
 	return status.Error(codes.Unimplemented, "method CopyOut not implemented")
+}
+func (UnimplementedAgentServer) StartJob(context.Context, *StartJobRequest) (*Job, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartJob not implemented")
+}
+func (UnimplementedAgentServer) ListJobs(context.Context, *ListJobsRequest) (*ListJobsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListJobs not implemented")
+}
+func (UnimplementedAgentServer) JobLogs(*JobLogsRequest, grpc.ServerStreamingServer[JobLogsOutput]) error {
+	return status.Error(codes.Unimplemented, "method JobLogs not implemented")
+}
+func (UnimplementedAgentServer) KillJob(context.Context, *KillJobRequest) (*KillJobResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method KillJob not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -241,6 +358,13 @@ func _Agent_Exec_Handler(srv interface{}, stream grpc.ServerStream) error {
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_ExecServer = grpc.BidiStreamingServer[ExecInput, ExecOutput]
+
+func _Agent_Shell_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(AgentServer).Shell(&grpc.GenericServerStream[ExecInput, ExecOutput]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_ShellServer = grpc.BidiStreamingServer[ExecInput, ExecOutput]
 
 func _Agent_Cancel_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CancelRequest)
@@ -296,6 +420,71 @@ func _Agent_CopyOut_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_CopyOutServer = grpc.ServerStreamingServer[CopyOutChunk]
 
+func _Agent_StartJob_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartJobRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).StartJob(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_StartJob_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).StartJob(ctx, req.(*StartJobRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_ListJobs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListJobsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ListJobs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ListJobs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ListJobs(ctx, req.(*ListJobsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_JobLogs_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(JobLogsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AgentServer).JobLogs(m, &grpc.GenericServerStream[JobLogsRequest, JobLogsOutput]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_JobLogsServer = grpc.ServerStreamingServer[JobLogsOutput]
+
+func _Agent_KillJob_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(KillJobRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).KillJob(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_KillJob_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).KillJob(ctx, req.(*KillJobRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -315,11 +504,29 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Shutdown",
 			Handler:    _Agent_Shutdown_Handler,
 		},
+		{
+			MethodName: "StartJob",
+			Handler:    _Agent_StartJob_Handler,
+		},
+		{
+			MethodName: "ListJobs",
+			Handler:    _Agent_ListJobs_Handler,
+		},
+		{
+			MethodName: "KillJob",
+			Handler:    _Agent_KillJob_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "Exec",
 			Handler:       _Agent_Exec_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "Shell",
+			Handler:       _Agent_Shell_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},
@@ -331,6 +538,11 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "CopyOut",
 			Handler:       _Agent_CopyOut_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "JobLogs",
+			Handler:       _Agent_JobLogs_Handler,
 			ServerStreams: true,
 		},
 	},

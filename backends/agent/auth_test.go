@@ -1,0 +1,177 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent/agentpb"
+)
+
+// An agent started with a token accepts only connections that present it: no
+// token and a wrong token are refused as a conflict naming why, the right one
+// (read from the agent directory as the host does) works.
+func TestTokenHandshake(t *testing.T) {
+	dir := t.TempDir()
+	if err := ensureToken(dir); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := ReadToken(dir)
+	if err != nil || len(tok) != tokenLen {
+		t.Fatalf("ReadToken: %x %v", tok, err)
+	}
+	// ensureToken keeps an existing token.
+	if err := ensureToken(dir); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := ReadToken(dir); !bytes.Equal(again, tok) {
+		t.Fatal("ensureToken replaced an existing token")
+	}
+	a := &testAgent{sockDir: deepDir(t), logPath: filepath.Join(t.TempDir(), "agent.log"), exited: make(chan struct{}),
+		extra: []string{"--token-file", filepath.Join(dir, TokenName)}, opts: []ClientOption{WithToken(tok)}}
+	a.start(t)
+	ctx := testCtx(t)
+	for name, opts := range map[string][]ClientOption{
+		"none":  nil,
+		"wrong": {WithToken(bytes.Repeat([]byte{7}, tokenLen))},
+	} {
+		_, err := NewClient(ctx, DialSocketDir(a.sockDir), opts...)
+		if !errors.Is(err, backend.ErrConflict) || !strings.Contains(err.Error(), "token") {
+			t.Errorf("%s token: %v, want ErrConflict about the token", name, err)
+		}
+	}
+	c, err := NewClient(ctx, DialSocketDir(a.sockDir), WithTokenFrom(dir))
+	if err != nil {
+		t.Fatalf("with the token: %v", err)
+	}
+	defer c.Close()
+	if out, _, _ := run(t, c, sh("echo in")); out != "in\n" {
+		t.Errorf("exec with the token: %q", out)
+	}
+	if c.Instance() == "" || c.PID() != a.pid {
+		t.Errorf("Hello: instance %q pid %d, want an instance and pid %d", c.Instance(), c.PID(), a.pid)
+	}
+	// A damaged token file is reported as such, naming the remedy.
+	bad := t.TempDir()
+	os.WriteFile(filepath.Join(bad, TokenName), []byte("xyz\n"), 0o644)
+	if _, err := ReadToken(bad); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), "--recreate") {
+		t.Errorf("damaged token: %v", err)
+	}
+}
+
+// A gRPC server that does not know berth's handshake (an agent of protocol 2, made
+// by an older berth) is reported as such, not as a hang or a generic failure.
+func TestOlderAgentReported(t *testing.T) {
+	dir := t.TempDir()
+	lis, err := net.Listen("unix", filepath.Join(dir, backend.AgentSocketName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	agentpb.RegisterAgentServer(gs, agentpb.UnimplementedAgentServer{})
+	go gs.Serve(lis)
+	defer gs.Stop()
+	_, err = NewClient(testCtx(t), DialSocketDir(dir))
+	if !errors.Is(err, backend.ErrUnsupported) || !strings.Contains(err.Error(), "older berth") {
+		t.Fatalf("older agent: %v, want ErrUnsupported saying it is an older berth's", err)
+	}
+}
+
+// A listener that accepts and never answers (a paused sandbox, something squatting
+// on the socket) is caught by the hello timeout: whenever the deadline passes, the
+// outcome is ErrTimeout naming it, since nothing ever answers.
+func TestHelloTimeout(t *testing.T) {
+	dir := t.TempDir()
+	lis, err := net.Listen("unix", filepath.Join(dir, backend.AgentSocketName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	var held []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c) // never read, never answered
+		}
+	}()
+	_, err = NewClient(context.Background(), DialSocketDir(dir), WithHelloTimeout(50e6))
+	if !errors.Is(err, backend.ErrTimeout) || !strings.Contains(err.Error(), "50ms") {
+		t.Errorf("silent listener: %v, want ErrTimeout naming the 50ms hello timeout", err)
+	}
+	lis.Close()
+	<-done
+	for _, c := range held {
+		c.Close()
+	}
+}
+
+// The agent's default exec user applies to execs, shell calls and jobs that name
+// none, and Hello reports it.
+func TestDefaultExecUser(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to run execs as another user")
+	}
+	a := &testAgent{sockDir: deepDir(t), logPath: filepath.Join(t.TempDir(), "agent.log"), exited: make(chan struct{}),
+		extra: []string{"--exec-user", "65534:65534"}}
+	a.start(t)
+	c, err := NewClient(testCtx(t), DialSocketDir(a.sockDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.ExecUser() != "65534:65534" {
+		t.Errorf("Hello exec user %q", c.ExecUser())
+	}
+	if out, _, _ := run(t, c, backend.ExecRequest{Argv: []string{"id", "-u"}, Dir: "/"}); out != "65534\n" {
+		t.Errorf("default user: id -u = %q", out)
+	}
+	if out, _, _ := run(t, c, backend.ExecRequest{Argv: []string{"id", "-u"}, Dir: "/", User: "0"}); out != "0\n" {
+		t.Errorf("explicit user 0: id -u = %q", out)
+	}
+	if out, _, _ := shellRun(t, c, ShellRequest{Command: "id -u", Session: "s", Dir: "/"}); out != "65534\n" {
+		t.Errorf("shell: id -u = %q", out)
+	}
+}
+
+// With an OOM-kill counter, a result says OOMKilled exactly when the counter grew
+// during the exec. The counter here is a plain file the exec itself bumps, which is
+// what the kernel does to memory.events or memory.oom_control.
+func TestOOMCounter(t *testing.T) {
+	counter := filepath.Join(t.TempDir(), "memory.events")
+	os.WriteFile(counter, []byte("oom 0\noom_kill 0\n"), 0o666)
+	a := &testAgent{sockDir: deepDir(t), logPath: filepath.Join(t.TempDir(), "agent.log"), exited: make(chan struct{}),
+		extra: []string{"--oom-counter", counter}}
+	a.start(t)
+	c, err := NewClient(testCtx(t), DialSocketDir(a.sockDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if !c.WatchesOOM() {
+		t.Fatal("Hello says the agent does not watch OOM kills")
+	}
+	if _, _, res := run(t, c, sh("true")); res.OOMKilled {
+		t.Error("OOMKilled without a kill")
+	}
+	if _, _, res := run(t, c, sh("printf 'oom 1\\noom_kill 1\\n' > "+counter+"; exit 137")); !res.OOMKilled || res.ExitCode != 137 {
+		t.Errorf("counter grew: %+v, want OOMKilled", res)
+	}
+	// Without a counter, Hello says so.
+	b := startAgent(t)
+	if b.c.WatchesOOM() {
+		t.Error("an agent without --oom-counter says it watches OOM kills")
+	}
+}

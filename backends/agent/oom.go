@@ -1,0 +1,101 @@
+package agent
+
+import (
+	"bufio"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// OOMCounterAuto, as ServeOptions.OOMCounter (--oom-counter auto), makes the agent
+// find its own cgroup's OOM-kill counter (see findOOMCounter).
+const OOMCounterAuto = "auto"
+
+// oomWatch reads the OOM-kill counter of the agent's cgroup, so that an exec's result
+// says whether the kernel killed a process of the sandbox for lack of memory while
+// it ran (ExecResult.oom_killed). It needs no runtime call: the counter is a file.
+type oomWatch struct {
+	path string // "" when there is none
+}
+
+// newOOMWatch returns the watch for spec: "" (none), OOMCounterAuto or a counter
+// file's path. A counter that cannot be read is no watch.
+func newOOMWatch(spec string) oomWatch {
+	path := spec
+	if spec == OOMCounterAuto {
+		path = findOOMCounter()
+	}
+	if path == "" || readOOMCount(path) < 0 {
+		return oomWatch{}
+	}
+	return oomWatch{path: path}
+}
+
+// on reports whether the watch has a counter.
+func (w oomWatch) on() bool { return w.path != "" }
+
+// count returns the counter's value, or -1 without one.
+func (w oomWatch) count() int64 { return readOOMCount(w.path) }
+
+// grew reports whether the counter is past before (a count from count).
+func (w oomWatch) grew(before int64) bool {
+	return before >= 0 && w.count() > before
+}
+
+// findOOMCounter finds the counter of the agent's own memory cgroup as the agent sees
+// the cgroup filesystem: cgroup v2's memory.events, or cgroup v1's
+// memory.oom_control, first at the path /proc/self/cgroup names (the host's view,
+// or a container with the whole hierarchy), then at the mount's root (a container's
+// view of its own cgroup: runc mounts the container's cgroup there). "" when there
+// is none.
+func findOOMCounter() string {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return ""
+	}
+	var candidates []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		if f[0] == "0" && f[1] == "" {
+			candidates = append(candidates, filepath.Join("/sys/fs/cgroup", f[2], "memory.events"), "/sys/fs/cgroup/memory.events")
+			continue
+		}
+		for _, ctl := range strings.Split(f[1], ",") {
+			if ctl == "memory" {
+				candidates = append([]string{filepath.Join("/sys/fs/cgroup/memory", f[2], "memory.oom_control"), "/sys/fs/cgroup/memory/memory.oom_control"}, candidates...)
+			}
+		}
+	}
+	for _, c := range candidates {
+		if readOOMCount(c) >= 0 {
+			return c
+		}
+	}
+	return ""
+}
+
+// readOOMCount returns the "oom_kill N" value of the counter file path, or -1 when
+// path is empty or holds no such line.
+func readOOMCount(path string) int64 {
+	if path == "" {
+		return -1
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return -1
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if v, ok := strings.CutPrefix(s.Text(), "oom_kill "); ok {
+			if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+				return n
+			}
+		}
+	}
+	return -1
+}
