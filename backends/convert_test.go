@@ -36,9 +36,9 @@ func TestRoundTrip(t *testing.T) {
 	caps := backend.Capabilities{
 		FSIsolation: backend.FSIsolationImage, PIDIsolation: true, NetworkModes: []string{"none", "bridge"},
 		TTY: true, CPULimit: true, MemoryLimit: true, PidsLimit: true, DropCapabilities: true, Copy: true,
-		StopStart: true, ExecUser: true, ImagePull: true, ImageImport: true, Config: true, Shell: true, Jobs: true,
+		StopStart: true, ExecUser: true, ImagePull: true, ImageImport: true, Config: true, Agent: backend.AgentSocket, AgentDial: true, Validate: true,
 	}
-	if reflect.ValueOf(caps).NumField() != 16 {
+	if reflect.ValueOf(caps).NumField() != 17 {
 		t.Fatal("backend.Capabilities changed: update capsToPB/capsFromPB and this test")
 	}
 	info := backend.Info{Name: "docker", Version: "1.2.3", ProtocolVersions: []int{1, 2}, Protocol: 1, Capabilities: caps}
@@ -88,7 +88,7 @@ func TestRoundTrip(t *testing.T) {
 		Argv: []string{"sh", "-c", "echo hi"}, Env: []string{"X=1"}, Dir: "/tmp", User: "root",
 		TTY: true, Size: backend.WindowSize{Rows: 24, Cols: 80}, Stdin: true, Timeout: 1500 * time.Millisecond,
 	}
-	if reflect.ValueOf(req).NumField() != 13 {
+	if reflect.ValueOf(req).NumField() != 10 {
 		t.Fatal("backend.ExecRequest changed: update execSetupToPB/execSetupFromPB and this test (writers stay local)")
 	}
 	name, back := execSetupFromPB(wire(t, execSetupToPB("sb", req)))
@@ -96,12 +96,6 @@ func TestRoundTrip(t *testing.T) {
 		t.Errorf("sandbox name %q", name)
 	}
 	check(t, "ExecRequest", req, back)
-	shellReq := backend.ExecRequest{Shell: "cd /tmp && ls", Session: "chat:1", Env: []string{"A=1"}}
-	_, back = execSetupFromPB(wire(t, execSetupToPB("sb", shellReq)))
-	check(t, "shell-mode ExecRequest", shellReq, back)
-	jobReq := backend.ExecRequest{Session: "chat:1", Job: &backend.JobRequest{Op: backend.JobLogs, ID: "7", Follow: true}}
-	_, back = execSetupFromPB(wire(t, execSetupToPB("sb", jobReq)))
-	check(t, "job ExecRequest", jobReq, back)
 
 	res := backend.ExecResult{ExitCode: 137, Signal: 9, TimedOut: true, Canceled: true, OOMKilled: true, Duration: 1234567 * time.Microsecond, Cwd: "/tmp"}
 	if reflect.ValueOf(res).NumField() != 7 {

@@ -147,6 +147,15 @@ func TestDescribeHangKilled(t *testing.T) {
 	}
 }
 
+// A plugin built against protocol 1 (exec through the driver; before the host
+// reached agents itself) is refused with both version lists, not half used.
+func TestProtocolOneRefused(t *testing.T) {
+	_, err := Launch(ctxT(t), LaunchOptions{Path: pluginBin, Env: []string{"BERTH_TESTPLUGIN_MODE=future", "BERTH_TESTPLUGIN_VERSIONS=1"}})
+	if err == nil || !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "[1]") || !strings.Contains(err.Error(), "[2]") {
+		t.Fatalf("protocol-1 plugin: %v, want a refusal naming [1] and [2]", err)
+	}
+}
+
 func TestProtocolMismatchRefused(t *testing.T) {
 	pidfile := filepath.Join(t.TempDir(), "pids")
 	_, err := Launch(ctxT(t), LaunchOptions{Path: pluginBin, Env: []string{"BERTH_TESTPLUGIN_MODE=future", "BERTH_TESTPLUGIN_PIDFILE=" + pidfile}})
@@ -155,7 +164,7 @@ func TestProtocolMismatchRefused(t *testing.T) {
 	}
 	t.Log(err)
 	msg := err.Error()
-	if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(msg, pluginBin) || !strings.Contains(msg, "[98 99]") || !strings.Contains(msg, "[1]") {
+	if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(msg, pluginBin) || !strings.Contains(msg, "[98 99]") || !strings.Contains(msg, "[2]") {
 		t.Errorf("error does not name the file and both version lists: %v", err)
 	}
 	if strings.Contains(msg, "\n") {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,11 +39,11 @@ func TestInfoThroughPlugin(t *testing.T) {
 	if info.Name != "test" || info.Version != "0.0.1" {
 		t.Errorf("Info = %+v", info)
 	}
-	if info.Protocol != 1 {
-		t.Errorf("negotiated protocol %d, want 1", info.Protocol)
+	if info.Protocol != 2 {
+		t.Errorf("negotiated protocol %d, want 2", info.Protocol)
 	}
-	if len(info.ProtocolVersions) != 1 || info.ProtocolVersions[0] != 1 {
-		t.Errorf("ProtocolVersions = %v, want [1] (filled in by Serve)", info.ProtocolVersions)
+	if len(info.ProtocolVersions) != 1 || info.ProtocolVersions[0] != 2 {
+		t.Errorf("ProtocolVersions = %v, want [2] (filled in by Serve)", info.ProtocolVersions)
 	}
 	want := backend.Capabilities{FSIsolation: backend.FSIsolationNone, NetworkModes: []string{"none"}, StopStart: true, Config: true}
 	if fmt.Sprint(info.Capabilities) != fmt.Sprint(want) {
@@ -712,6 +713,60 @@ func TestOptionalCallsForwarded(t *testing.T) {
 	refs, err := c.ImportImage(ctx, bytes.NewReader(data))
 	if err != nil || len(refs) != 1 || refs[0] != fmt.Sprintf("imported:%d", len(data)) {
 		t.Errorf("ImportImage: %v, %v", refs, err)
+	}
+}
+
+// DialAgent through the plugin carries bytes both ways (more than the stream's
+// windows, so flow control is exercised), ends the host's half on CloseWrite, and
+// passes the driver's error kinds on.
+func TestDialAgentThroughPlugin(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "echo.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }() // echo until EOF, then close
+		}
+	}()
+	c, _ := launch(t, "BERTH_TESTPLUGIN_MODE=full", "BERTH_TESTPLUGIN_DIAL="+sock)
+	ctx := ctxT(t)
+	conn, err := c.DialAgent(ctx, "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("agent bytes "), 300_000) // 3.6 MB
+	werr := make(chan error, 1)
+	go func() {
+		_, err := conn.Write(data)
+		if err == nil {
+			err = conn.(interface{ CloseWrite() error }).CloseWrite()
+		}
+		werr <- err
+	}()
+	back, err := io.ReadAll(conn)
+	if err != nil || !bytes.Equal(back, data) {
+		t.Errorf("echo through DialAgent: %d bytes back (want %d), %v", len(back), len(data), err)
+	}
+	if err := <-werr; err != nil {
+		t.Errorf("write: %v", err)
+	}
+	conn.Close()
+	conn, err = c.DialAgent(ctx, "stopped")
+	if err == nil {
+		_, err = conn.Read(make([]byte, 1))
+	}
+	if !errors.Is(err, backend.ErrConflict) {
+		t.Errorf("DialAgent of a stopped sandbox: %v, want ErrConflict", err)
+	}
+	if err := c.Validate(ctx, backend.SandboxSpec{Name: "x"}); !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf("Validate: %v, want ErrInvalid", err)
 	}
 }
 

@@ -37,7 +37,6 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/containerutil"
 )
 
@@ -113,7 +112,6 @@ type Driver struct {
 	owner       string
 	stateDir    string
 	cli         *client.Client
-	conns       *containerutil.Conns
 	creating    containerutil.NameLocks
 }
 
@@ -142,7 +140,6 @@ func WithSeccomp(profile string) Option { return func(d *Driver) { d.seccomp = p
 // connection is made until the first call that needs one.
 func New(opts ...Option) *Driver {
 	d := &Driver{}
-	d.conns = agent.NewConnCache(d.connect, d.identify)
 	for _, o := range opts {
 		o(d)
 	}
@@ -152,7 +149,6 @@ func New(opts ...Option) *Driver {
 var (
 	_ backend.TerminalBackend = (*Driver)(nil)
 	_ backend.Configurer      = (*Driver)(nil)
-	_ backend.Copier          = (*Driver)(nil)
 	_ backend.ImageImporter   = (*Driver)(nil)
 	_ backend.ImagePuller     = (*Driver)(nil)
 )
@@ -178,8 +174,7 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 			ImagePull:        true,
 			ImageImport:      true,
 			Config:           true,
-			Shell:            true, // shell mode and jobs come with berth's agent
-			Jobs:             true,
+			Agent:            backend.AgentSocket, // the host reaches the agent itself
 		},
 	}, nil
 }
@@ -351,7 +346,6 @@ func (d *Driver) api(ctx context.Context) (*client.Client, context.Context, erro
 
 // Close closes the agent connections and the client; containers keep running.
 func (d *Driver) Close() error {
-	d.conns.Close()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.cli != nil {

@@ -159,7 +159,6 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 			}
 		}
 		d.destroy(nctx, cli, c)
-		d.conns.Forget(spec.Name)
 		return backend.Sandbox{}, d.wrap("start container "+spec.Name, err)
 	}
 }
@@ -283,11 +282,12 @@ func (d *Driver) adopt(ctx context.Context, cli *client.Client, spec backend.San
 		}
 		return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "containerd sandbox %s: a container of that id exists in namespace %s and %s; berth leaves it alone: remove it or use another session", spec.Name, d.settings().namespace, who)
 	}
-	// A running sandbox keeps its agent connection: other calls may be using it (a
-	// shared sandbox's sessions), and start would close it.
+	// A running sandbox whose agent answers is adopted as it is: other calls may be
+	// using it (a shared sandbox's sessions).
 	if t, err := c.Task(ctx, nil); err == nil {
 		if st, err := t.Status(ctx); err == nil && st.Status == client.Running {
-			if _, err := d.conns.Get(ctx, spec.Name); err == nil {
+			if ac, err := d.dial(ctx, spec.Name, agentFiles(info), connTimeout); err == nil {
+				ac.Close()
 				sb := toSandbox(info, backend.StateRunning)
 				sb.Adopted = true
 				return sb, nil
@@ -296,7 +296,6 @@ func (d *Driver) adopt(ctx context.Context, cli *client.Client, spec backend.San
 	}
 	if info.SnapshotKey != "" && info.Snapshotter != "" {
 		if _, err := cli.SnapshotService(info.Snapshotter).Stat(ctx, info.SnapshotKey); cerrdefs.IsNotFound(err) {
-			d.conns.Forget(spec.Name)
 			if err := d.destroy(ctx, cli, c); err != nil {
 				return backend.Sandbox{}, fmt.Errorf("containerd sandbox %s: its snapshot %q is gone, and removing the container failed: %w", spec.Name, info.SnapshotKey, err)
 			}
@@ -311,8 +310,8 @@ func (d *Driver) adopt(ctx context.Context, cli *client.Client, spec backend.San
 	return sb, nil
 }
 
-// start makes sure container c has a running task whose agent answers, and caches the
-// connection: a running task is connected to; so is a task in created state when its
+// start makes sure container c has a running task whose agent answers and knows its
+// default user: a running task is connected to; so is a task in created state when its
 // agent answers within connTimeout (another process's Create is starting it); a
 // stopped task, or a created one whose agent never comes, is deleted and a new task is
 // started on the container's snapshot. When NewTask says the task exists but there is
@@ -322,8 +321,8 @@ func (d *Driver) adopt(ctx context.Context, cli *client.Client, spec backend.San
 // says c was just made (it has no task yet).
 func (d *Driver) start(ctx context.Context, cli *client.Client, c client.Container, info containers.Container, user string, fresh bool) (backend.Sandbox, error) {
 	name := c.ID()
-	d.conns.Forget(name)
-	sockDir := socketDir(info)
+	files := agentFiles(info)
+	sockDir := files.SocketDir
 	if sockDir == "" {
 		return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "containerd sandbox %s: the container has no %s mount; it was not made by this driver: remove it", name, backend.SocketMountDir)
 	}
@@ -339,9 +338,10 @@ func (d *Driver) start(ctx context.Context, cli *client.Client, c client.Contain
 			st, serr := t.Status(ctx)
 			running := serr == nil && (st.Status == client.Running || st.Status == client.Paused || st.Status == client.Pausing)
 			if running || serr == nil && st.Status == client.Created {
-				sc, cerr := d.dial(ctx, name, sockDir, t.Pid(), user, connTimeout)
+				ac, cerr := d.dial(ctx, name, files, connTimeout)
 				if cerr == nil {
-					if err := containerutil.Cache(ctx, d.conns, Name, name, sc); err != nil {
+					defer ac.Close()
+					if err := containerutil.CheckUser(ctx, ac, Name, name, user); err != nil {
 						return backend.Sandbox{}, err
 					}
 					return toSandbox(info, backend.StateRunning), nil
@@ -417,7 +417,7 @@ func (d *Driver) start(ctx context.Context, cli *client.Client, c client.Contain
 		case <-wctx.Done():
 		}
 	}()
-	c2, err := waitAgent(wctx, sockDir)
+	c2, err := waitAgent(wctx, files)
 	if err != nil {
 		select {
 		case st := <-exited:
@@ -431,8 +431,9 @@ func (d *Driver) start(ctx context.Context, cli *client.Client, c client.Contain
 		}
 		return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "containerd sandbox %s: the agent in the task did not answer on %s within %s (%v); if containerd does not share this host's filesystem, berth cannot reach its agent%s", name, sockDir, agentStartTimeout, err, agentLogTail(sockDir))
 	}
-	sc := containerutil.NewConn(c2, taskID(t.Pid()), int(t.Pid()), user)
-	if err := containerutil.Cache(ctx, d.conns, Name, name, sc); err != nil {
+	defer c2.Close()
+	if err := containerutil.CheckUser(ctx, c2, Name, name, user); err != nil {
+		d.deleteTask(ctx, t)
 		return backend.Sandbox{}, err
 	}
 	return toSandbox(info, backend.StateRunning), nil
@@ -443,9 +444,10 @@ const agentPoll = time.Millisecond
 
 // waitAgent waits for the socket of a just-started agent in sockDir (a stat every
 // agentPoll: the agent needs some 10 ms to start, and agent.WaitReady's back-off alone
-// would add up to as much again), then connects with agent.WaitReady.
-func waitAgent(ctx context.Context, sockDir string) (*agent.Client, error) {
-	sock := filepath.Join(sockDir, backend.AgentSocketName)
+// would add up to as much again), then connects with agent.WaitReady (with the
+// sandbox's token).
+func waitAgent(ctx context.Context, files backend.AgentFiles) (*agent.Client, error) {
+	sock := filepath.Join(files.SocketDir, backend.AgentSocketName)
 	tick := time.NewTicker(agentPoll)
 	defer tick.Stop()
 	for {
@@ -459,7 +461,7 @@ func waitAgent(ctx context.Context, sockDir string) (*agent.Client, error) {
 		}
 		break
 	}
-	return agent.WaitReady(ctx, agent.DialSocketDir(sockDir))
+	return agent.WaitReady(ctx, agent.DialSocketDir(files.SocketDir), agent.WithTokenFrom(files.Dir))
 }
 
 // taskExists reports whether NewTask failed because a task of that id is being made
@@ -555,22 +557,30 @@ func crashStart(log string) int {
 	return i + 1
 }
 
-// socketDir returns the host directory bind-mounted at backend.SocketMountDir in the
+// agentFiles returns the host directories bind-mounted at backend.AgentMountDir (Dir)
+// and backend.SocketMountDir (SocketDir) in the
 // container's spec, or "".
-func socketDir(info containers.Container) string {
+func agentFiles(info containers.Container) backend.AgentFiles {
+	var f backend.AgentFiles
 	if info.Spec == nil {
-		return ""
+		return f
 	}
 	var s specs.Spec
 	if err := json.Unmarshal(info.Spec.GetValue(), &s); err != nil {
-		return ""
+		return f
 	}
 	for _, m := range s.Mounts {
-		if m.Destination == backend.SocketMountDir && m.Type == "bind" {
-			return m.Source
+		if m.Type != "bind" {
+			continue
+		}
+		switch m.Destination {
+		case backend.SocketMountDir:
+			f.SocketDir = m.Source
+		case backend.AgentMountDir:
+			f.Dir = m.Source
 		}
 	}
-	return ""
+	return f
 }
 
 // toSandbox converts a container record.
@@ -668,8 +678,8 @@ func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(
 		opts := []oci.SpecOpts{
 			oci.WithImageConfig(img),
 			// The agent: root, from its read-only mount; execs run as the sandbox's
-			// user (LabelUser).
-			oci.WithProcessArgs(backend.AgentMountDir+"/"+backend.AgentBinaryName, "serve", "--socket-dir", backend.SocketMountDir, "--state-dir", containerutil.AgentStateDir, "--log", backend.SocketMountDir+"/"+AgentLogName),
+			// user (--exec-user, also in LabelUser).
+			oci.WithProcessArgs(append([]string{backend.AgentMountDir + "/" + backend.AgentBinaryName}, containerutil.AgentArgs(user, "--log", backend.SocketMountDir+"/"+AgentLogName)...)...),
 			oci.WithUIDGID(0, 0),
 			oci.WithEnv(env),
 			oci.WithHostname(spec.Name),

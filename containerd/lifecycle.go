@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"strconv"
 	"time"
 
 	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
@@ -17,7 +15,6 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
-	"github.com/berth-sh/berth/internal/containerutil"
 )
 
 // DefaultStopGrace is Stop's grace when the caller passes 0.
@@ -141,7 +138,6 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 	}
 	cli, nctx, c, info, err := d.load(ctx, name)
 	if errors.Is(err, backend.ErrNotFound) {
-		d.conns.Forget(name)
 		return nil
 	}
 	if err != nil {
@@ -150,10 +146,8 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 	if err := d.ours(name, info); err != nil {
 		return err
 	}
-	sc := d.conns.Take(name)
 	t, err := c.Task(nctx, nil)
 	if err != nil {
-		sc.Close()
 		if cerrdefs.IsNotFound(err) {
 			// A Stop or Remove killed while containerd deleted the task may have left
 			// its shim registered (see deleteStaleTask).
@@ -163,32 +157,20 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 	}
 	st, err := t.Status(nctx)
 	if err != nil && !cerrdefs.IsNotFound(err) {
-		sc.Close()
 		return d.wrap("task status "+name, err)
 	}
 	if st.Status == client.Running || st.Status == client.Paused || st.Status == client.Pausing {
 		sctx, cancel := context.WithTimeout(nctx, grace+3*time.Second)
 		exitC, werr := t.Wait(sctx)
-		var ac *agent.Client
-		if sc != nil && sc.Identity == taskID(t.Pid()) {
-			ac = sc.Client
-			sc = nil
-		} else if dir := socketDir(info); dir != "" {
-			ac, _ = agent.NewClient(sctx, agent.DialSocketDir(dir))
-		}
-		if ac != nil {
-			if ac.Shutdown(sctx, grace) == nil && werr == nil {
-				// The agent exits after answering: wait for the task to end.
-				select {
-				case <-exitC:
-				case <-sctx.Done():
-				}
+		if agent.Shutdown(sctx, agentFiles(info), grace) == nil && werr == nil {
+			// The agent exits after answering: wait for the task to end.
+			select {
+			case <-exitC:
+			case <-sctx.Done():
 			}
-			ac.Close()
 		}
 		cancel()
 	}
-	sc.Close()
 	// Whatever still runs (an agent that did not answer) is killed; then the task is
 	// deleted, which keeps the container and its snapshot.
 	return d.killDelete(nctx, name, t)
@@ -240,7 +222,6 @@ func (d *Driver) remove(ctx context.Context, name string, owned bool) (err error
 		defer func() { fl.Unlock(err == nil) }()
 	}
 	cli, nctx, c, info, err := d.load(ctx, name)
-	d.conns.Forget(name)
 	if errors.Is(err, backend.ErrNotFound) {
 		return nil
 	}
@@ -302,73 +283,14 @@ func (d *Driver) deleteStaleTask(ctx context.Context, cli *client.Client, id str
 	return nil
 }
 
-// taskID names a task by its PID 1 on the host for the connection cache: a new task
-// of the container has another.
-func taskID(pid uint32) string { return strconv.FormatUint(uint64(pid), 10) }
-
-// dial connects to the agent in sockDir of the task with PID 1 pid.
-func (d *Driver) dial(ctx context.Context, name, sockDir string, pid uint32, user string, timeout time.Duration) (*containerutil.Conn, error) {
+// dial connects to the agent of files (a running task's), with the sandbox's token,
+// waiting up to timeout for it to answer.
+func (d *Driver) dial(ctx context.Context, name string, files backend.AgentFiles, timeout time.Duration) (*agent.Client, error) {
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	c, err := agent.WaitReady(cctx, agent.DialSocketDir(sockDir))
+	c, err := agent.WaitReady(cctx, agent.DialSocketDir(files.SocketDir), agent.WithTokenFrom(files.Dir))
 	if err != nil {
 		return nil, fmt.Errorf("containerd sandbox %s: %w", name, err)
 	}
-	return containerutil.NewConn(c, taskID(pid), int(pid), user), nil
-}
-
-// connect is the connection cache's ConnectFunc: it connects to the agent of the
-// running sandbox name.
-func (d *Driver) connect(ctx context.Context, name string) (*containerutil.Conn, error) {
-	cli, nctx, _, info, err := d.load(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	if err := d.ours(name, info); err != nil {
-		return nil, err
-	}
-	p, err := d.taskOf(nctx, cli, name)
-	if err != nil {
-		return nil, err
-	}
-	if st := stateOf(p); st != backend.StateRunning {
-		return nil, backend.Errorf(backend.ErrConflict, "containerd sandbox %s is %s; start it with Create", name, st)
-	}
-	dir := socketDir(info)
-	if dir == "" {
-		return nil, backend.Errorf(backend.ErrConflict, "containerd sandbox %s: the container has no %s mount; it was not made by this driver", name, backend.SocketMountDir)
-	}
-	return d.dial(ctx, name, dir, p.GetPid(), info.Labels[LabelUser], connTimeout)
-}
-
-// identify is the connection cache's IdentifyFunc: the running task of sandbox
-// name, "" when it has none.
-func (d *Driver) identify(ctx context.Context, name string) (string, error) {
-	cli, nctx, err := d.api(ctx)
-	if err != nil {
-		return "", err
-	}
-	t, err := d.taskOf(nctx, cli, name)
-	if err != nil || stateOf(t) != backend.StateRunning {
-		return "", err
-	}
-	return taskID(t.GetPid()), nil
-}
-
-// Exec runs req through the sandbox's agent, as the sandbox's user unless req.User
-// says otherwise. A stopped sandbox is ErrConflict. The result's OOMKilled is set when
-// the task's memory cgroup counted an OOM kill during the exec.
-func (d *Driver) Exec(ctx context.Context, name string, req backend.ExecRequest) (backend.Process, error) {
-	return containerutil.Exec(ctx, d.conns, name, req)
-}
-
-// CopyIn extracts the tar stream r into dir in the sandbox through the agent, never
-// following links out of dir.
-func (d *Driver) CopyIn(ctx context.Context, name, dir string, r io.Reader) error {
-	return d.conns.CopyIn(ctx, name, dir, r)
-}
-
-// CopyOut writes path in the sandbox to w as a tar stream, through the agent.
-func (d *Driver) CopyOut(ctx context.Context, name, path string, w io.Writer) error {
-	return d.conns.CopyOut(ctx, name, path, w)
+	return c, nil
 }

@@ -76,7 +76,6 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
 			api.ContainerRemove(rctx, resp.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
 			cancel()
-			d.conns.Forget(spec.Name)
 			return backend.Sandbox{}, err
 		}
 		return sb, nil
@@ -115,9 +114,14 @@ func (d *Driver) adopt(ctx context.Context, spec backend.SandboxSpec, info conta
 		return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "docker sandbox %s: a container of that name exists and %s; berth leaves it alone: remove or rename it, or use another session", spec.Name, who)
 	}
 	if info.State != nil && info.State.Running {
-		if _, err := d.conns.Get(ctx, spec.Name); err != nil {
-			return backend.Sandbox{}, err
+		files := agentFiles(info)
+		cctx, cancel := context.WithTimeout(ctx, connTimeout)
+		c, err := agent.WaitReady(cctx, agent.DialSocketDir(files.SocketDir), agent.WithTokenFrom(files.Dir))
+		cancel()
+		if err != nil {
+			return backend.Sandbox{}, fmt.Errorf("docker sandbox %s: %w", spec.Name, err)
 		}
+		c.Close()
 		sb := toSandbox(info)
 		sb.Adopted = true
 		return sb, nil
@@ -130,20 +134,20 @@ func (d *Driver) adopt(ctx context.Context, spec backend.SandboxSpec, info conta
 	return sb, nil
 }
 
-// start starts container id (created or stopped), waits for its agent and caches the
-// connection. When the container exits before its agent answers, the error carries
-// the end of its log.
+// start starts container id (created or stopped), waits for its agent and checks
+// its default user. When the container exits before its agent answers, the error
+// carries the end of its log.
 func (d *Driver) start(ctx context.Context, name, id, user string) (backend.Sandbox, error) {
 	api, err := d.api()
 	if err != nil {
 		return backend.Sandbox{}, err
 	}
-	d.conns.Forget(name)
 	info, err := api.ContainerInspect(ctx, id)
 	if err != nil {
 		return backend.Sandbox{}, d.wrap("inspect container "+name, err)
 	}
-	sockDir := socketDir(info)
+	files := agentFiles(info)
+	sockDir := files.SocketDir
 	if sockDir == "" {
 		return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "docker sandbox %s: the container has no %s mount; it was not made by this driver: remove it", name, backend.SocketMountDir)
 	}
@@ -172,7 +176,7 @@ func (d *Driver) start(ctx context.Context, name, id, user string) (backend.Sand
 		case <-wctx.Done():
 		}
 	}()
-	c, err := agent.WaitReady(wctx, agent.DialSocketDir(sockDir))
+	c, err := agent.WaitReady(wctx, agent.DialSocketDir(sockDir), agent.WithTokenFrom(files.Dir))
 	if err != nil {
 		select {
 		case <-exited:
@@ -184,13 +188,13 @@ func (d *Driver) start(ctx context.Context, name, id, user string) (backend.Sand
 		}
 		return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "docker sandbox %s: the agent in the container did not answer on %s within %s (%v); if the engine does not share this host's filesystem (a socket forwarded from a VM or another machine), berth cannot reach its agent%s", name, sockDir, agentStartTimeout, err, d.logTail(id))
 	}
+	defer c.Close()
+	if err := containerutil.CheckUser(ctx, c, Name, name, user); err != nil {
+		return backend.Sandbox{}, err
+	}
 	info, err = api.ContainerInspect(ctx, id)
 	if err != nil {
-		c.Close()
 		return backend.Sandbox{}, d.wrap("inspect container "+name, err)
-	}
-	if err := containerutil.Cache(ctx, d.conns, Name, name, containerutil.NewConn(c, runID(info), info.State.Pid, user)); err != nil {
-		return backend.Sandbox{}, err
 	}
 	return toSandbox(info), nil
 }
@@ -230,14 +234,23 @@ func (d *Driver) logTail(id string) string {
 	return "; container log: " + s
 }
 
-// socketDir returns the host directory mounted at backend.SocketMountDir.
-func socketDir(info container.InspectResponse) string {
+// agentFiles returns the host directories of the container's agent: the ones mounted
+// at backend.AgentMountDir (Dir, with the token) and backend.SocketMountDir
+// (SocketDir); "" for a mount the container lacks.
+func agentFiles(info container.InspectResponse) backend.AgentFiles {
+	var f backend.AgentFiles
 	for _, m := range info.Mounts {
-		if m.Destination == backend.SocketMountDir && m.Type == mount.TypeBind {
-			return m.Source
+		if m.Type != mount.TypeBind {
+			continue
+		}
+		switch m.Destination {
+		case backend.SocketMountDir:
+			f.SocketDir = m.Source
+		case backend.AgentMountDir:
+			f.Dir = m.Source
 		}
 	}
-	return ""
+	return f
 }
 
 // toSandbox converts an inspect response.
@@ -330,9 +343,9 @@ func (d *Driver) containerConfig(spec backend.SandboxSpec, a backend.AgentFiles)
 		Env:        append([]string(nil), spec.Env...),
 		WorkingDir: spec.Workdir,
 		Labels:     labels,
-		User:       "0:0", // the agent; execs run as the sandbox's user (LabelUser)
+		User:       "0:0", // the agent; execs run as the sandbox's user (--exec-user)
 		Entrypoint: []string{backend.AgentMountDir + "/" + backend.AgentBinaryName},
-		Cmd:        []string{"serve", "--socket-dir", backend.SocketMountDir, "--state-dir", AgentStateDir},
+		Cmd:        containerutil.AgentArgs(user),
 	}
 	hcfg := &container.HostConfig{
 		NetworkMode: container.NetworkMode(network),

@@ -1,9 +1,10 @@
 // Package docker is berth's Docker driver: a sandbox is one hardened container made
 // through the Docker Engine API (github.com/docker/docker/client, API version
 // negotiated, so Engine API 1.41 of Debian's docker.io 20.10 works), with berth's agent
-// as its PID 1. Every exec, copy and stop request goes through that agent over a unix
-// socket in the sandbox's socket directory, which the container bind-mounts; the driver
-// does lifecycle and placement only.
+// as its PID 1. The host reaches that agent itself, over a unix socket in the
+// sandbox's socket directory, which the container bind-mounts (Capabilities.Agent
+// "socket"); the driver does lifecycle and placement only, and asks the agent to shut
+// down when it stops a sandbox.
 //
 // Defaults (see docs/docker.md for the reasons): network none, every Linux capability
 // dropped except DefaultCapabilities, no-new-privileges, a pids limit of
@@ -27,7 +28,6 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/containerutil"
 )
 
@@ -56,7 +56,7 @@ var NetworkModes = []string{"none", "bridge", "host"}
 // Labels the driver puts on its containers besides the spec's.
 const (
 	// LabelUser holds SandboxSpec.User as resolved at Create: the default user of
-	// every exec (the agent itself runs as root).
+	// every exec (the agent itself runs as root, started with --exec-user).
 	LabelUser = "berth.docker.user"
 )
 
@@ -67,7 +67,6 @@ type Driver struct {
 	owner    string
 	stateDir string
 	cli      *client.Client
-	conns    *containerutil.Conns
 	creating containerutil.NameLocks
 }
 
@@ -82,7 +81,6 @@ func WithHost(host string) Option { return func(d *Driver) { d.host = host } }
 // the first call that needs one.
 func New(opts ...Option) *Driver {
 	d := &Driver{}
-	d.conns = agent.NewConnCache(d.connect, d.identify)
 	for _, o := range opts {
 		o(d)
 	}
@@ -92,7 +90,6 @@ func New(opts ...Option) *Driver {
 var (
 	_ backend.TerminalBackend = (*Driver)(nil)
 	_ backend.Configurer      = (*Driver)(nil)
-	_ backend.Copier          = (*Driver)(nil)
 	_ backend.ImageImporter   = (*Driver)(nil)
 	_ backend.ImagePuller     = (*Driver)(nil)
 )
@@ -108,8 +105,7 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 			PIDIsolation:     true,
 			NetworkModes:     append([]string(nil), NetworkModes...),
 			TTY:              true,
-			Shell:            true,
-			Jobs:             true,
+			Agent:            backend.AgentSocket,
 			CPULimit:         true,
 			MemoryLimit:      true,
 			PidsLimit:        true,
@@ -221,9 +217,8 @@ func (d *Driver) api() (*client.Client, error) {
 	return c, nil
 }
 
-// Close closes the agent connections and the engine client; containers keep running.
+// Close closes the engine client; containers keep running.
 func (d *Driver) Close() error {
-	d.conns.Close()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.cli != nil {

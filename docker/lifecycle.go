@@ -15,7 +15,6 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
-	"github.com/berth-sh/berth/internal/containerutil"
 )
 
 // DefaultStopGrace is Stop's grace when the caller passes 0.
@@ -106,7 +105,6 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 	}
 	info, err := d.inspect(ctx, name)
 	if errors.Is(err, backend.ErrNotFound) {
-		d.conns.Forget(name)
 		return nil
 	}
 	if err != nil {
@@ -115,36 +113,21 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 	if err := ours(name, info); err != nil {
 		return err
 	}
-	sc := d.conns.Take(name)
 	if !info.State.Running {
-		sc.Close()
 		return nil
 	}
 	api, err := d.api()
 	if err != nil {
-		sc.Close()
 		return err
 	}
 	sctx, cancel := context.WithTimeout(ctx, grace+3*time.Second)
-	var c *agent.Client
-	if sc != nil && sc.Identity == runID(info) {
-		c = sc.Client
-	} else {
-		sc.Close()
-		if dir := socketDir(info); dir != "" {
-			c, _ = agent.NewClient(sctx, agent.DialSocketDir(dir))
+	if agent.Shutdown(sctx, agentFiles(info), grace) == nil {
+		// The agent exits after answering: wait for the container to stop.
+		waitC, errC := api.ContainerWait(sctx, info.ID, container.WaitConditionNotRunning)
+		select {
+		case <-waitC:
+		case <-errC:
 		}
-	}
-	if c != nil {
-		if c.Shutdown(sctx, grace) == nil {
-			// The agent exits after answering: wait for the container to stop.
-			waitC, errC := api.ContainerWait(sctx, info.ID, container.WaitConditionNotRunning)
-			select {
-			case <-waitC:
-			case <-errC:
-			}
-		}
-		c.Close()
 	}
 	cancel()
 	// Whatever still runs (an agent that did not answer) is killed; a stopped
@@ -162,7 +145,6 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 // succeeds.
 func (d *Driver) Remove(ctx context.Context, name string) error {
 	info, err := d.inspect(ctx, name)
-	d.conns.Forget(name)
 	if errors.Is(err, backend.ErrNotFound) {
 		return nil
 	}
@@ -193,68 +175,6 @@ func (d *Driver) Remove(ctx context.Context, name string) error {
 			return werr
 		}
 	}
-}
-
-// runID names the current run of a container for the connection cache (its id and
-// start time: a restarted container has another), "" when it is not running.
-func runID(info container.InspectResponse) string {
-	if info.State == nil || !info.State.Running {
-		return ""
-	}
-	return info.ID + "@" + info.State.StartedAt
-}
-
-// connect is the connection cache's ConnectFunc: it connects to the agent of the
-// running sandbox name.
-func (d *Driver) connect(ctx context.Context, name string) (*containerutil.Conn, error) {
-	info, err := d.inspect(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	if err := ours(name, info); err != nil {
-		return nil, err
-	}
-	if !info.State.Running {
-		return nil, backend.Errorf(backend.ErrConflict, "docker sandbox %s is %s; start it with Create", name, info.State.Status)
-	}
-	dir := socketDir(info)
-	if dir == "" {
-		return nil, backend.Errorf(backend.ErrConflict, "docker sandbox %s: the container has no %s mount; it was not made by this driver", name, backend.SocketMountDir)
-	}
-	cctx, cancel := context.WithTimeout(ctx, connTimeout)
-	defer cancel()
-	c, err := agent.WaitReady(cctx, agent.DialSocketDir(dir))
-	if err != nil {
-		return nil, fmt.Errorf("docker sandbox %s: %w", name, err)
-	}
-	return containerutil.NewConn(c, runID(info), info.State.Pid, info.Config.Labels[LabelUser]), nil
-}
-
-// identify is the connection cache's IdentifyFunc: the current run of sandbox name.
-func (d *Driver) identify(ctx context.Context, name string) (string, error) {
-	info, err := d.inspect(ctx, name)
-	if err != nil {
-		return "", err
-	}
-	return runID(info), nil
-}
-
-// Exec runs req through the sandbox's agent, as the sandbox's user unless req.User
-// says otherwise. A stopped sandbox is ErrConflict. The result's OOMKilled is set when
-// the container's memory cgroup counted an OOM kill during the exec.
-func (d *Driver) Exec(ctx context.Context, name string, req backend.ExecRequest) (backend.Process, error) {
-	return containerutil.Exec(ctx, d.conns, name, req)
-}
-
-// CopyIn extracts the tar stream r into dir in the sandbox through the agent, never
-// following links out of dir.
-func (d *Driver) CopyIn(ctx context.Context, name, dir string, r io.Reader) error {
-	return d.conns.CopyIn(ctx, name, dir, r)
-}
-
-// CopyOut writes path in the sandbox to w as a tar stream, through the agent.
-func (d *Driver) CopyOut(ctx context.Context, name, path string, w io.Writer) error {
-	return d.conns.CopyOut(ctx, name, path, w)
 }
 
 // ImportImage loads a `docker save` archive into the engine and returns the

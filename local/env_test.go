@@ -1,9 +1,10 @@
 package local
 
 import (
-	"github.com/berth-sh/berth/backend"
 	"slices"
 	"testing"
+
+	"github.com/berth-sh/berth/backend"
 )
 
 func TestDedupEnvLastWins(t *testing.T) {

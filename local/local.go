@@ -13,7 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -42,7 +42,6 @@ type Driver struct {
 	stateDir  string
 	owner     string
 	allowlist []string
-	conns     *agent.ConnCache[struct{}]
 }
 
 // Option configures a Driver built with New.
@@ -62,7 +61,6 @@ func WithEnvAllowlist(names ...string) Option {
 // Configure (as the registry and the plugin host do) before any sandbox call.
 func New(opts ...Option) *Driver {
 	d := &Driver{allowlist: append([]string(nil), backend.DefaultEnvAllowlist...)}
-	d.conns = agent.NewConnCache(d.connect, d.identify)
 	for _, o := range opts {
 		o(d)
 	}
@@ -72,11 +70,12 @@ func New(opts ...Option) *Driver {
 var (
 	_ backend.TerminalBackend = (*Driver)(nil)
 	_ backend.Configurer      = (*Driver)(nil)
-	_ backend.Copier          = (*Driver)(nil)
+	_ backend.AgentDialer     = (*Driver)(nil)
 )
 
 // Info reports the local driver's capabilities: no filesystem, PID or network
-// isolation and no resource limits; TTY, copy and stop/start persistence.
+// isolation and no resource limits; TTY, copy and stop/start persistence; its agents
+// are reached through their sockets (and DialAgent).
 func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 	return backend.Info{
 		Name:             Name,
@@ -87,9 +86,9 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 			PIDIsolation: false,
 			NetworkModes: []string{"host"},
 			TTY:          true,
-			Shell:        true,
-			Jobs:         true,
 			Copy:         true,
+			Agent:        backend.AgentSocket,
+			AgentDial:    true,
 			StopStart:    true,
 			Config:       true,
 		},
@@ -427,38 +426,10 @@ func (d *Driver) Remove(ctx context.Context, name string) error {
 	return nil
 }
 
-// Exec runs req through the sandbox's agent. A sandbox whose agent is not running is
-// ErrConflict (Create starts it again).
-func (d *Driver) Exec(ctx context.Context, name string, req backend.ExecRequest) (backend.Process, error) {
-	return d.conns.Exec(ctx, name, req)
-}
-
-// CopyIn extracts the tar stream r into dir (absolute, or relative to the home
-// directory) through the agent, never following links out of dir.
-func (d *Driver) CopyIn(ctx context.Context, name, dir string, r io.Reader) error {
-	return d.conns.CopyIn(ctx, name, dir, r)
-}
-
-// CopyOut writes path as a tar stream to w through the agent.
-func (d *Driver) CopyOut(ctx context.Context, name, path string, w io.Writer) error {
-	return d.conns.CopyOut(ctx, name, path, w)
-}
-
-// Close closes the agent connections; sandboxes keep running.
-func (d *Driver) Close() error { return d.conns.Close() }
-
-// agentID names the sandbox's agent process for the connection cache (its PID and
-// start time: a restarted agent has others), "" when it is not running.
-func (d *Driver) agentID(m *meta) string {
-	if !d.alive(m) {
-		return ""
-	}
-	return fmt.Sprintf("%d@%d", m.AgentPID, m.AgentTick)
-}
-
-// connect is the connection cache's ConnectFunc: it connects to the agent of the
-// running sandbox name.
-func (d *Driver) connect(ctx context.Context, name string) (*agent.Conn[struct{}], error) {
+// DialAgent connects to the agent of the running sandbox name through its socket
+// (agent.DialSocketDir). The host presents the sandbox's token over it. Errors: a
+// missing sandbox (ErrNotFound), a stopped one (ErrConflict), those of the dial.
+func (d *Driver) DialAgent(ctx context.Context, name string) (net.Conn, error) {
 	dir, err := d.sandboxDir(name)
 	if err != nil {
 		return nil, err
@@ -467,30 +438,14 @@ func (d *Driver) connect(ctx context.Context, name string) (*agent.Conn[struct{}
 	if err != nil {
 		return nil, err
 	}
-	id := d.agentID(m)
-	if id == "" {
+	if !d.alive(m) {
 		return nil, backend.Errorf(backend.ErrConflict, "local sandbox %s is stopped; start it with Create", name)
 	}
-	c, err := agent.NewClient(ctx, agent.DialSocketDir(m.Agent.SocketDir))
-	if err != nil {
-		return nil, fmt.Errorf("local sandbox %s: %w", name, err)
-	}
-	return &agent.Conn[struct{}]{Client: c, Identity: id}, nil
+	return agent.DialSocketDir(m.Agent.SocketDir)(ctx)
 }
 
-// identify is the connection cache's IdentifyFunc: the agent that sandbox name runs
-// now.
-func (d *Driver) identify(ctx context.Context, name string) (string, error) {
-	dir, err := d.sandboxDir(name)
-	if err != nil {
-		return "", err
-	}
-	m, err := readMeta(dir)
-	if err != nil {
-		return "", err
-	}
-	return d.agentID(m), nil
-}
+// Close releases nothing (the driver holds no connections); sandboxes keep running.
+func (d *Driver) Close() error { return nil }
 
 // removeAll deletes dir even when the sandbox left read-only directories in it.
 func removeAll(dir string) error {

@@ -183,21 +183,13 @@ func (d *Driver) stop(ctx context.Context, dir string, m *meta, grace time.Durat
 	if grace <= 0 {
 		grace = DefaultStopGrace
 	}
-	// The cached connection is closed only after the agent's Shutdown, so that the
-	// execs still running on it get their results.
-	defer d.conns.Take(m.Name).Close()
 	if d.alive(m) {
 		pidfd, perr := unix.PidfdOpen(m.AgentPID, 0)
 		if perr == nil {
 			defer unix.Close(pidfd)
 		}
-		sctx, cancel := context.WithTimeout(ctx, grace+2*time.Second)
-		c, err := agent.NewClient(sctx, agent.DialSocketDir(m.Agent.SocketDir))
-		if err == nil {
-			err = c.Shutdown(sctx, grace)
-			c.Close()
-		}
-		cancel()
+		// An agent that cannot be asked is killed below.
+		agent.Shutdown(ctx, m.Agent, grace)
 		if perr == nil && d.alive(m) {
 			// Wait for the agent to exit: its pidfd becomes readable.
 			fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}

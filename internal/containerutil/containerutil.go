@@ -1,13 +1,10 @@
 // Package containerutil holds what berth's container drivers (docker, containerd)
 // share: the Linux capabilities a sandbox keeps, the checks of agent files, users and
-// host mounts, the memory cgroup's OOM-kill counter, and the cache of agent
-// connections with each container's default user and OOM counter. It is internal: drivers
-// outside this module get the same behaviour from the conformance suite, not from
-// this code.
+// host mounts, and the agent's command line. It is internal: drivers outside this
+// module get the same behaviour from the conformance suite, not from this code.
 package containerutil
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -196,93 +193,6 @@ func resolved(path string) []string {
 	return out
 }
 
-// OOMCounterPath finds the file on this host that counts OOM kills in the cgroup of
-// process pid (a container's PID 1): memory.oom_control of the cgroup v1 memory
-// controller, or memory.events on cgroup v2. It returns "" when it cannot be read
-// (the caller runs in another cgroup namespace, or the kernel has no counter).
-func OOMCounterPath(pid int) string {
-	if pid <= 0 {
-		return ""
-	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
-	if err != nil {
-		return ""
-	}
-	var path string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.SplitN(line, ":", 3)
-		if len(f) != 3 {
-			continue
-		}
-		if f[0] == "0" && f[1] == "" {
-			if path == "" {
-				path = "/sys/fs/cgroup" + f[2] + "/memory.events"
-			}
-			continue
-		}
-		for _, ctl := range strings.Split(f[1], ",") {
-			if ctl == "memory" {
-				path = "/sys/fs/cgroup/memory" + f[2] + "/memory.oom_control"
-			}
-		}
-	}
-	if path == "" || ReadOOMCount(path) < 0 {
-		return ""
-	}
-	return path
-}
-
-// ReadOOMCount returns the "oom_kill N" value of the counter file path (see
-// OOMCounterPath), or -1 when path is empty or holds no such line.
-func ReadOOMCount(path string) int64 {
-	if path == "" {
-		return -1
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return -1
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if v, ok := strings.CutPrefix(s.Text(), "oom_kill "); ok {
-			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			if err == nil {
-				return n
-			}
-		}
-	}
-	return -1
-}
-
-// OOMProcess wraps an exec's Process so that Wait sets ExecResult.OOMKilled when the
-// counter at Path grew past Before (read just before the exec started).
-type OOMProcess struct {
-	backend.Process
-	// Path is the counter file (OOMCounterPath).
-	Path string
-	// Before is ReadOOMCount(Path) before the exec.
-	Before int64
-}
-
-// Wait waits for the process and compares the OOM counter.
-func (p *OOMProcess) Wait() (backend.ExecResult, error) {
-	res, err := p.Process.Wait()
-	if after := ReadOOMCount(p.Path); after > p.Before {
-		res.OOMKilled = true
-	}
-	return res, err
-}
-
-// WatchOOM returns p wrapped in an OOMProcess when path is a readable counter and
-// before is a count, else p itself.
-func WatchOOM(p backend.Process, path string, before int64) backend.Process {
-	if path == "" || before < 0 {
-		return p
-	}
-	return &OOMProcess{Process: p, Path: path, Before: before}
-}
-
 // NameLocks holds one in-process mutex per sandbox name, so that concurrent Creates of
 // one name in a driver run one at a time. The zero value is ready to use.
 type NameLocks struct {
@@ -305,69 +215,32 @@ func (l *NameLocks) Lock(name string) *sync.Mutex {
 	return m
 }
 
-// ConnInfo is what a container driver keeps with the agent connection of a running
-// container (agent.Conn.Meta).
-type ConnInfo struct {
-	// User is the default exec user (the driver's user label), "" for the image's.
-	User string
-	// OOMCounter is the container's OOM counter file on the host (OOMCounterPath), ""
-	// when unknown.
-	OOMCounter string
-}
-
-// Conns is a container driver's cache of agent connections. The driver's Identity
-// of a connection names the container's current run: a new run has another.
-type Conns = agent.ConnCache[ConnInfo]
-
-// Conn is the cached agent connection of one running container.
-type Conn = agent.Conn[ConnInfo]
-
-// NewConn returns the connection c to the agent of a running container whose PID 1
-// is pid on this host, as identity, with the container's default exec user.
-func NewConn(c *agent.Client, identity string, pid int, user string) *Conn {
-	return &Conn{Client: c, Identity: identity, Meta: ConnInfo{User: user, OOMCounter: OOMCounterPath(pid)}}
-}
-
-// Exec runs req in container name through its agent (conns.Do), as the container's
-// default user unless req.User names one. The result's OOMKilled is set when the
-// container's memory cgroup counted an OOM kill during the exec. An empty argv is
-// ErrInvalid.
-func Exec(ctx context.Context, conns *Conns, name string, req backend.ExecRequest) (backend.Process, error) {
-	if err := backend.CheckArgv(req); err != nil {
-		return nil, err
+// CheckUser runs `true` through c, the agent of the container name that driver
+// ("docker", "containerd") has just started, as its default exec user, so that a user
+// unknown in the image is an error of Create, not of every exec. It does nothing when
+// user (the spec's, resolved) is "". The error wraps backend.ErrInvalid.
+func CheckUser(ctx context.Context, c *agent.Client, driver, name, user string) error {
+	if user == "" {
+		return nil
 	}
-	var p backend.Process
-	err := conns.Do(ctx, name, func(c *Conn) error {
-		r := req
-		if r.User == "" {
-			r.User = c.Meta.User
-		}
-		before := ReadOOMCount(c.Meta.OOMCounter)
-		proc, err := c.Client.Exec(ctx, r)
-		if err == nil {
-			p = WatchOOM(proc, c.Meta.OOMCounter, before)
-		}
-		return err
-	})
-	return p, err
-}
-
-// Cache caches c as the connection of the container name that driver ("docker",
-// "containerd") has just started or reached, replacing any other. When c has a
-// default user, it first runs `true` as that user, so that a user unknown in the
-// image is an error of Create, not of every exec: that error wraps
-// backend.ErrInvalid, and c is closed.
-func Cache(ctx context.Context, conns *Conns, driver, name string, c *Conn) error {
-	if u := c.Meta.User; u != "" {
-		p, err := c.Client.Exec(ctx, backend.ExecRequest{Argv: []string{"true"}, User: u, Stderr: io.Discard})
-		if err == nil {
-			_, err = p.Wait()
-		}
-		if err != nil {
-			c.Close()
-			return backend.Errorf(backend.ErrInvalid, "%s sandbox %s: user %q: %v", driver, name, u, err)
-		}
+	p, err := c.Exec(ctx, backend.ExecRequest{Argv: []string{"true"}, Stderr: io.Discard})
+	if err == nil {
+		_, err = p.Wait()
 	}
-	conns.Put(name, c)
+	if err != nil {
+		return backend.Errorf(backend.ErrInvalid, "%s sandbox %s: user %q: %v", driver, name, user, err)
+	}
 	return nil
+}
+
+// AgentArgs returns the arguments after the agent binary that start berth's agent as
+// PID 1 of a container sandbox: serving on backend.SocketMountDir, its state in
+// AgentStateDir, reporting OOM kills from its own memory cgroup, with the resolved
+// default exec user (when set), then extra.
+func AgentArgs(user string, extra ...string) []string {
+	args := []string{"serve", "--socket-dir", backend.SocketMountDir, "--state-dir", AgentStateDir, "--oom-counter", agent.OOMCounterAuto}
+	if user != "" {
+		args = append(args, "--exec-user", user)
+	}
+	return append(args, extra...)
 }

@@ -161,21 +161,3 @@ func TestCheckAgent(t *testing.T) {
 		}
 	}
 }
-
-func TestReadOOMCount(t *testing.T) {
-	dir := t.TempDir()
-	v1 := filepath.Join(dir, "memory.oom_control")
-	os.WriteFile(v1, []byte("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n"), 0o644)
-	v2 := filepath.Join(dir, "memory.events")
-	os.WriteFile(v2, []byte("low 0\nhigh 0\nmax 5\noom 2\noom_kill 2\n"), 0o644)
-	none := filepath.Join(dir, "none")
-	os.WriteFile(none, []byte("under_oom 0\n"), 0o644)
-	for path, want := range map[string]int64{v1: 3, v2: 2, none: -1, "": -1, filepath.Join(dir, "missing"): -1} {
-		if got := ReadOOMCount(path); got != want {
-			t.Errorf("ReadOOMCount(%q) = %d, want %d", path, got, want)
-		}
-	}
-	if got := OOMCounterPath(os.Getpid()); got != "" && ReadOOMCount(got) < 0 {
-		t.Errorf("OOMCounterPath of this process: %q holds no oom_kill counter", got)
-	}
-}

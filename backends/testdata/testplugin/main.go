@@ -3,9 +3,12 @@
 // each in its own process group. BERTH_TESTPLUGIN_MODE changes it: "garbage"
 // writes text to stdout, then hangs; "exit" exits 3 at once; "hang" never
 // completes the handshake and starts a child in its process group; "future"
-// speaks only protocol versions 98 and 99 (and says so in describe); "full"
-// serves a driver that also implements backend.Copier, backend.ImagePuller and
-// backend.ImageImporter. BERTH_TESTPLUGIN_PIDFILE, when set, receives one pid
+// speaks only protocol versions 98 and 99, or those of BERTH_TESTPLUGIN_VERSIONS
+// ("1", "3,4"), and says so in describe; "full"
+// serves a driver that also implements backend.Copier, backend.ImagePuller,
+// backend.ImageImporter, backend.Validator and backend.AgentDialer (which dials the
+// unix socket BERTH_TESTPLUGIN_DIAL names, whatever the sandbox, except sandbox
+// "stopped": ErrConflict). BERTH_TESTPLUGIN_PIDFILE, when set, receives one pid
 // per line of every process it starts. "testplugin write N FILE" writes N bytes
 // of a fixed pattern to stdout in 4 KiB writes, recording the count written so
 // far in FILE.
@@ -13,10 +16,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -87,19 +92,46 @@ func (futurePlugin) GRPCClient(context.Context, *plugin.GRPCBroker, *grpc.Client
 
 // serveFuture serves futurePlugin with berth's handshake and answers describe.
 func serveFuture() {
+	versions := []int{98, 99}
+	if v := os.Getenv("BERTH_TESTPLUGIN_VERSIONS"); v != "" {
+		versions = nil
+		for _, f := range strings.Split(v, ",") {
+			n, _ := strconv.Atoi(f)
+			versions = append(versions, n)
+		}
+	}
 	if len(os.Args) > 1 && os.Args[1] == "describe" {
-		fmt.Println(`{"name":"future","version":"9.0.0","protocol_versions":[98,99],"capabilities":{},"config_schema":[]}`)
+		js, _ := json.Marshal(versions)
+		fmt.Printf(`{"name":"future","version":"9.0.0","protocol_versions":%s,"capabilities":{},"config_schema":[]}`+"\n", js)
 		return
 	}
 	recordPid(os.Getpid())
+	sets := map[int]plugin.PluginSet{}
+	for _, v := range versions {
+		sets[v] = plugin.PluginSet{backends.PluginName: futurePlugin{}}
+	}
 	plugin.Serve(&plugin.ServeConfig{
-		HandshakeConfig: backends.Handshake,
-		VersionedPlugins: map[int]plugin.PluginSet{
-			98: {backends.PluginName: futurePlugin{}},
-			99: {backends.PluginName: futurePlugin{}},
-		},
-		GRPCServer: plugin.DefaultGRPCServer,
+		HandshakeConfig:  backends.Handshake,
+		VersionedPlugins: sets,
+		GRPCServer:       plugin.DefaultGRPCServer,
 	})
+}
+
+// DialAgent dials the unix socket of BERTH_TESTPLUGIN_DIAL.
+func (f *fullDriver) DialAgent(ctx context.Context, name string) (net.Conn, error) {
+	if name == "stopped" {
+		return nil, backend.Errorf(backend.ErrConflict, "sandbox %s is stopped", name)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", os.Getenv("BERTH_TESTPLUGIN_DIAL"))
+}
+
+// Validate refuses a spec without an image.
+func (f *fullDriver) Validate(_ context.Context, spec backend.SandboxSpec) error {
+	if spec.Image == "" {
+		return backend.Errorf(backend.ErrInvalid, "sandbox %s: no image", spec.Name)
+	}
+	return nil
 }
 
 // fullDriver adds the optional interfaces: CopyIn stores the stream under
