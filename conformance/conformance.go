@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sync"
 	"testing"
 	"time"
 
@@ -60,6 +61,10 @@ type Case struct {
 	Serial bool
 	// Run runs the case. It fails through t and skips through t with a reason.
 	Run func(t T, h *Harness)
+
+	// registry marks cases that run through a registry (Options.OpenRegistry): they
+	// reach agents as a registry does, so they have no @dial copy.
+	registry bool
 }
 
 // FullName returns "group/name", the name that Filter matches and that Run gives the
@@ -150,6 +155,12 @@ type Harness struct {
 	RunID string
 	// Options are the run's options with defaults filled in.
 	Options Options
+
+	// reach is how the cases' execs reach sandboxes; files the agent files that
+	// Create prepared, by sandbox name (shared by the copies withReach makes).
+	reach   Reach
+	filesMu *sync.Mutex
+	files   map[string]backend.AgentFiles
 }
 
 // RunLabel is the user label every sandbox of a suite run carries, with Harness.RunID
@@ -170,7 +181,8 @@ func newHarness(b backend.TerminalBackend, info backend.Info, opts Options, stat
 	if opts.CaseTimeout <= 0 {
 		opts.CaseTimeout = DefaultCaseTimeout
 	}
-	return &Harness{Backend: b, Info: info, Owner: opts.Owner, RunID: randHex(8), Options: opts}
+	return &Harness{Backend: b, Info: info, Owner: opts.Owner, RunID: randHex(8), Options: opts,
+		filesMu: &sync.Mutex{}, files: map[string]backend.AgentFiles{}}
 }
 
 // Spec returns the spec of a sandbox called name with every berth label set
@@ -219,6 +231,7 @@ func (h *Harness) CreateIn(t T, stateDir string, spec backend.SandboxSpec) (back
 	if err != nil {
 		t.Fatalf("preparing agent files for sandbox %s under %s: %v", spec.Name, stateDir, err)
 	}
+	h.recordFiles(spec.Name, files)
 	h.removeOnCleanup(t, spec.Name)
 	ctx, cancel := context.WithTimeout(t.Context(), createTimeout)
 	defer cancel()
@@ -291,8 +304,10 @@ func (f Filter) Match(c Case) bool {
 }
 
 // Cases returns every case of the suite, grouped and in a fixed order: lifecycle,
-// idempotence, exec, tty, isolation, resources, terminal, retention, recovery. The
-// slice is new on each call.
+// idempotence, exec, tty, isolation, resources, terminal, retention, recovery, then
+// the copies of the exec, tty and terminal cases that run through the driver's
+// AgentDialer (groups exec@dial, tty@dial, terminal@dial; they skip for drivers that
+// offer one way only). The slice is new on each call.
 func Cases() []Case {
 	var all []Case
 	all = append(all, lifecycleCases()...)
@@ -305,6 +320,7 @@ func Cases() []Case {
 	all = append(all, terminalCases()...)
 	all = append(all, retentionCases()...)
 	all = append(all, recoveryCases()...)
+	all = append(all, dialVariants(all)...)
 	return all
 }
 

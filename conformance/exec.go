@@ -104,7 +104,7 @@ func caseSignalTerm(t T, h *Harness) {
 	ctx, cancel := context.WithTimeout(t.Context(), execTimeout)
 	defer cancel()
 	stdout := newNotifyWriter("ready\n")
-	p, err := h.Backend.Exec(ctx, sb, backend.ExecRequest{Argv: []string{"sh", "-c", "echo ready; exec sleep 300"}, Stdout: stdout})
+	p, err := h.Exec(ctx, sb, backend.ExecRequest{Argv: []string{"sh", "-c", "echo ready; exec sleep 300"}, Stdout: stdout})
 	if err != nil {
 		t.Fatalf("Exec: %v", err)
 	}
@@ -257,7 +257,7 @@ func caseStdinStream(t T, h *Harness) {
 	stderr := &syncBuffer{}
 	ctx, cancel := context.WithTimeout(t.Context(), execTimeout)
 	defer cancel()
-	p, err := h.Backend.Exec(ctx, sb, backend.ExecRequest{Argv: []string{"cat"}, Stdin: true, Stdout: v, Stderr: stderr})
+	p, err := h.Exec(ctx, sb, backend.ExecRequest{Argv: []string{"cat"}, Stdin: true, Stdout: v, Stderr: stderr})
 	if err != nil {
 		t.Fatalf("Exec cat: %v", err)
 	}
@@ -357,7 +357,7 @@ func caseCancelKillsTree(t T, h *Harness) {
 	ctx, cancel := context.WithTimeout(t.Context(), execTimeout)
 	defer cancel()
 	stdout := newNotifyWriter("started\n")
-	p, err := h.Backend.Exec(ctx, sb, backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 300 & echo started; sleep 300"}, Env: []string{mark}, Stdout: stdout})
+	p, err := h.Exec(ctx, sb, backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 300 & echo started; sleep 300"}, Env: []string{mark}, Stdout: stdout})
 	if err != nil {
 		t.Fatalf("Exec: %v", err)
 	}

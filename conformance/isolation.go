@@ -8,8 +8,8 @@ func isolationCases() []Case {
 	g := "isolation"
 	return []Case{
 		{Group: g, Name: "files-private", Run: caseFilesPrivate},
-		{Group: g, Name: "sessions-isolated", Requires: "a registry (Options.OpenRegistry)", Run: caseSessionsIsolated},
-		{Group: g, Name: "sessions-shared", Requires: "a registry (Options.OpenRegistry)", Run: caseSessionsShared},
+		{Group: g, Name: "sessions-isolated", Requires: "a registry (Options.OpenRegistry)", Run: caseSessionsIsolated, registry: true},
+		{Group: g, Name: "sessions-shared", Requires: "a registry (Options.OpenRegistry)", Run: caseSessionsShared, registry: true},
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"regexp"
 	"strconv"
@@ -13,16 +14,18 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/registry"
 )
 
 // markerRE finds the truncation marker line of capped output and its count.
 var markerRE = regexp.MustCompile(`\n\[\.\.\. (\d+) bytes truncated \.\.\.\]\n`)
 
-// needShell is Case.Needs for the shell-mode cases.
-func needShell(c backend.Capabilities) (bool, string) {
-	if !c.Shell {
-		return false, "driver does not claim Capabilities.Shell (shell mode)"
+// needAgent is Case.Needs for the shell-mode and job cases: they come with berth's
+// agent.
+func needAgent(c backend.Capabilities) (bool, string) {
+	if !c.HasAgent() {
+		return false, "driver's sandboxes run no berth agent (Capabilities.Agent is empty), which shell mode and jobs need"
 	}
 	return true, ""
 }
@@ -30,12 +33,12 @@ func needShell(c backend.Capabilities) (bool, string) {
 func terminalCases() []Case {
 	g := "terminal"
 	return []Case{
-		{Group: g, Name: "shell-state-persists", Requires: "Capabilities.Shell", Needs: needShell, Run: caseShellStatePersists},
-		{Group: g, Name: "shell-survives-bad-calls", Requires: "Capabilities.Shell", Needs: needShell, Run: caseShellSurvivesBadCalls},
-		{Group: g, Name: "shell-keys-parallel", Requires: "Capabilities.Shell", Needs: needShell, Run: caseShellKeysParallel},
-		{Group: g, Name: "shell-output-capped", Requires: "Capabilities.Shell, a registry", Needs: needShell, Run: caseShellOutputCapped},
-		{Group: g, Name: "shell-sessions-parallel", Requires: "Capabilities.Shell, a registry", Needs: needShell, Run: caseShellSessionsParallel},
-		{Group: g, Name: "job-lifecycle", Requires: "Capabilities.Jobs", Needs: needJobs, Run: caseJobLifecycle},
+		{Group: g, Name: "shell-state-persists", Requires: "Capabilities.Agent", Needs: needAgent, Run: caseShellStatePersists},
+		{Group: g, Name: "shell-survives-bad-calls", Requires: "Capabilities.Agent", Needs: needAgent, Run: caseShellSurvivesBadCalls},
+		{Group: g, Name: "shell-keys-parallel", Requires: "Capabilities.Agent", Needs: needAgent, Run: caseShellKeysParallel},
+		{Group: g, Name: "shell-output-capped", Requires: "Capabilities.Agent, a registry", Needs: needAgent, Run: caseShellOutputCapped, registry: true},
+		{Group: g, Name: "shell-sessions-parallel", Requires: "Capabilities.Agent, a registry", Needs: needAgent, Run: caseShellSessionsParallel, registry: true},
+		{Group: g, Name: "job-lifecycle", Requires: "Capabilities.Agent", Needs: needAgent, Run: caseJobLifecycle},
 		{Group: g, Name: "copy-round-trip", Requires: "Capabilities.Copy", Needs: needCopy, Run: caseCopyRoundTrip},
 		{Group: g, Name: "copy-symlink-contained", Requires: "Capabilities.Copy", Needs: needCopy, Run: caseCopySymlinkContained},
 	}
@@ -47,6 +50,46 @@ func needCopy(c backend.Capabilities) (bool, string) {
 		return false, "driver does not claim Capabilities.Copy"
 	}
 	return true, ""
+}
+
+// copyIn extracts the tar stream tr into dir of sandbox sb the way berth's host
+// does: through the agent, or the driver's Copier for drivers without one.
+func (h *Harness) copyIn(ctx context.Context, sb, dir string, tr []byte) error {
+	if !h.Info.Capabilities.HasAgent() {
+		return h.Backend.(backend.Copier).CopyIn(ctx, sb, dir, bytes.NewReader(tr))
+	}
+	c, err := h.Connect(ctx, sb)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return c.CopyIn(ctx, dir, bytes.NewReader(tr))
+}
+
+// copyOut writes path of sandbox sb to w as a tar stream (see copyIn).
+func (h *Harness) copyOut(ctx context.Context, sb, path string, w io.Writer) error {
+	if !h.Info.Capabilities.HasAgent() {
+		return h.Backend.(backend.Copier).CopyOut(ctx, sb, path, w)
+	}
+	c, err := h.Connect(ctx, sb)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return c.CopyOut(ctx, path, w)
+}
+
+// client connects to sb's agent (Connect) for the case, closed when it ends.
+func (h *Harness) client(t T, sb string) *agent.Client {
+	t.Helper()
+	ctx, cancel := h.ctx(t)
+	defer cancel()
+	c, err := h.Connect(ctx, sb)
+	if err != nil {
+		t.Fatalf("connecting to the agent of %s: %v", sb, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // tarEntry is one entry of a tar stream that a copy case builds.
@@ -86,7 +129,6 @@ func caseCopyRoundTrip(t T, h *Harness) {
 	sb := h.NewSandbox(t)
 	dir := "/tmp/berth-cp-" + randHex(4)
 	h.sh(t, sb, `mkdir -p "$1"`, dir)
-	copier := h.Backend.(backend.Copier)
 	mtime := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
 	in := []tarEntry{
 		{name: "tree/", dir: true, mode: 0o750, mtime: mtime},
@@ -95,11 +137,11 @@ func caseCopyRoundTrip(t T, h *Harness) {
 	}
 	ctx, cancel := h.ctx(t)
 	defer cancel()
-	if err := copier.CopyIn(ctx, sb, dir, bytes.NewReader(makeTar(t, in))); err != nil {
+	if err := h.copyIn(ctx, sb, dir, makeTar(t, in)); err != nil {
 		t.Fatalf("CopyIn: %v", err)
 	}
 	var out bytes.Buffer
-	if err := copier.CopyOut(ctx, sb, dir+"/tree", &out); err != nil {
+	if err := h.copyOut(ctx, sb, dir+"/tree", &out); err != nil {
 		t.Fatalf("CopyOut: %v", err)
 	}
 	got := map[string]*tar.Header{}
@@ -139,7 +181,7 @@ func caseCopySymlinkContained(t T, h *Harness) {
 	})
 	ctx, cancel := h.ctx(t)
 	defer cancel()
-	err := h.Backend.(backend.Copier).CopyIn(ctx, sb, dst, bytes.NewReader(evil))
+	err := h.copyIn(ctx, sb, dst, evil)
 	if err == nil {
 		t.Errorf("CopyIn of a stream that writes through a link succeeded")
 	}
@@ -148,72 +190,83 @@ func caseCopySymlinkContained(t T, h *Harness) {
 	}
 }
 
-// needJobs is Case.Needs for the background-job cases.
-func needJobs(c backend.Capabilities) (bool, string) {
-	if !c.Jobs {
-		return false, "driver does not claim Capabilities.Jobs (background jobs)"
-	}
-	return true, ""
-}
-
-// job runs one job operation in sb for session and fails the case if it cannot.
-func (h *Harness) job(t T, sb, session string, req backend.JobRequest, argv ...string) execOut {
-	t.Helper()
-	out, err := h.exec(t, sb, backend.ExecRequest{Argv: argv, Session: session, Job: &req})
-	if err != nil {
-		t.Fatalf("job %s %s in %s: %v", req.Op, req.ID, sb, err)
-	}
-	return out
-}
-
 // A job running `while :; do date; sleep 1; done` is listed, its log grows after the
 // call that started it has ended, kill stops it, and no process of it is left once
 // the sandbox is removed.
 func caseJobLifecycle(t T, h *Harness) {
 	sb := h.NewSandbox(t)
+	c := h.client(t, sb)
+	ctx, cancel := h.ctx(t)
+	defer cancel()
 	marker := newMarker()
-	started := h.job(t, sb, "s", backend.JobRequest{Op: backend.JobStart}, "env", marker, "sh", "-c", "while :; do date; sleep 1; done")
-	id := strings.TrimSpace(started.Stdout)
-	if started.ExitCode != 0 || id == "" {
-		t.Fatalf("job start: %s", started.describe())
+	j, err := c.StartJob(ctx, agent.StartJobRequest{Session: "s", Argv: []string{"env", marker, "sh", "-c", "while :; do date; sleep 1; done"}})
+	if err != nil || j.ID == "" || !j.Running {
+		t.Fatalf("job start: %+v %v", j, err)
 	}
-	list := h.job(t, sb, "s", backend.JobRequest{Op: backend.JobList})
-	if !strings.Contains(list.Stdout, `"id":"`+id+`"`) || !strings.Contains(list.Stdout, `"running":true`) {
-		t.Fatalf("job list %q: want job %s running", list.Stdout, id)
+	jobs, err := c.Jobs(ctx, "s")
+	if err != nil || len(jobs) != 1 || jobs[0].ID != j.ID || !jobs[0].Running {
+		t.Fatalf("job list %+v %v: want job %s running", jobs, err, j.ID)
 	}
-	if other := h.job(t, sb, "other", backend.JobRequest{Op: backend.JobList}); strings.TrimSpace(other.Stdout) != "" {
-		t.Errorf("another session lists %q", other.Stdout)
+	if other, err := c.Jobs(ctx, "other"); err != nil || len(other) != 0 {
+		t.Errorf("another session lists %+v %v", other, err)
 	}
 	lines := func() int {
-		return strings.Count(h.job(t, sb, "s", backend.JobRequest{Op: backend.JobLogs, ID: id}).Stdout, "\n")
+		var out bytes.Buffer
+		if _, err := c.JobLogs(ctx, agent.JobLogsRequest{Session: "s", ID: j.ID}, &out); err != nil {
+			t.Fatalf("job logs: %v", err)
+		}
+		return strings.Count(out.String(), "\n")
 	}
 	first := lines()
 	if !poll(t.Context(), execTimeout, 100*time.Millisecond, func() bool { return lines() >= first+2 }) {
 		t.Fatalf("the job's log did not grow from %d lines", first)
 	}
-	h.job(t, sb, "s", backend.JobRequest{Op: backend.JobKill, ID: id})
-	list = h.job(t, sb, "s", backend.JobRequest{Op: backend.JobList})
-	if !strings.Contains(list.Stdout, `"running":false`) {
-		t.Errorf("job list after kill %q: want it ended", list.Stdout)
+	if err := c.KillJob(ctx, "s", j.ID); err != nil {
+		t.Fatalf("job kill: %v", err)
+	}
+	if jobs, err = c.Jobs(ctx, "s"); err != nil || len(jobs) != 1 || jobs[0].Running {
+		t.Errorf("job list after kill %+v %v: want it ended", jobs, err)
 	}
 	n := lines()
 	if again := lines(); again != n {
 		t.Errorf("the killed job's log still grows (%d, then %d lines)", n, again)
 	}
 	// A second job dies with the sandbox.
-	h.job(t, sb, "s", backend.JobRequest{Op: backend.JobStart}, "env", marker, "sleep", "3600")
+	if _, err := c.StartJob(ctx, agent.StartJobRequest{Session: "s", Argv: []string{"env", marker, "sleep", "3600"}}); err != nil {
+		t.Fatalf("job start: %v", err)
+	}
 	h.remove(t, sb)
 	if !h.Info.Capabilities.PIDIsolation && !poll(t.Context(), execTimeout, 50*time.Millisecond, func() bool { return len(hostMarked(marker)) == 0 }) {
 		t.Errorf("job processes %v outlived their removed sandbox", hostMarked(marker))
 	}
 }
 
+// shellExec runs cmd in shell mode under key in sb through the sandbox's agent.
+func (h *Harness) shellExec(t T, sb, key, cmd string) (execOut, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), execTimeout)
+	defer cancel()
+	c, err := h.Connect(ctx, sb)
+	if err != nil {
+		return execOut{}, err
+	}
+	defer c.Close()
+	var stdout, stderr syncBuffer
+	start := time.Now()
+	p, err := c.Shell(ctx, agent.ShellRequest{Command: cmd, Session: key, Stdout: &stdout, Stderr: &stderr})
+	if err != nil {
+		return execOut{}, err
+	}
+	res, err := p.Wait()
+	return execOut{ExecResult: res, Stdout: stdout.String(), Stderr: stderr.String(), Elapsed: time.Since(start)}, err
+}
+
 // shell runs cmd in shell mode under key in sb and fails the case if it cannot be run.
 func (h *Harness) shell(t T, sb, key, cmd string) execOut {
 	t.Helper()
-	out, err := h.exec(t, sb, backend.ExecRequest{Shell: cmd, Session: key})
+	out, err := h.shellExec(t, sb, key, cmd)
 	if err != nil {
-		t.Fatalf("shell-mode exec %q (key %s) in %s: %v", cmd, key, sb, err)
+		t.Fatalf("shell-mode call %q (key %s) in %s: %v", cmd, key, sb, err)
 	}
 	return out
 }
@@ -278,7 +331,7 @@ func caseShellKeysParallel(t T, h *Harness) {
 				if i == 0 {
 					cmd = fmt.Sprintf(`[ -z "${K-}" ] && echo ok; export K=%s N=0`, key)
 				}
-				out, err := h.exec(t, sb, backend.ExecRequest{Shell: cmd, Session: key})
+				out, err := h.shellExec(t, sb, key, cmd)
 				if err != nil || out.Stdout != "ok\n" {
 					errs <- fmt.Sprintf("key %s call %d: %v %s", key, i, err, out.describe())
 					return

@@ -71,7 +71,7 @@ func caseTTYResize(t T, h *Harness) {
 	ctx, cancel := context.WithTimeout(t.Context(), execTimeout)
 	defer cancel()
 	out := &syncBuffer{}
-	p, err := h.Backend.Exec(ctx, sb, backend.ExecRequest{Argv: []string{"sh"}, TTY: true, Size: ttySize, Stdin: true, Stdout: out, Stderr: out, Env: []string{"PS1=$ "}})
+	p, err := h.Exec(ctx, sb, backend.ExecRequest{Argv: []string{"sh"}, TTY: true, Size: ttySize, Stdin: true, Stdout: out, Stderr: out, Env: []string{"PS1=$ "}})
 	if err != nil {
 		t.Fatalf("Exec sh with a TTY: %v", err)
 	}
@@ -132,7 +132,7 @@ func caseResizeNoTTY(t T, h *Harness) {
 	sb := h.NewSandbox(t)
 	ctx, cancel := context.WithTimeout(t.Context(), execTimeout)
 	defer cancel()
-	p, err := h.Backend.Exec(ctx, sb, backend.ExecRequest{Argv: []string{"cat"}, Stdin: true})
+	p, err := h.Exec(ctx, sb, backend.ExecRequest{Argv: []string{"cat"}, Stdin: true})
 	if err != nil {
 		t.Fatalf("Exec cat: %v", err)
 	}

@@ -81,7 +81,7 @@ func (h *Harness) exec(t T, sb string, req backend.ExecRequest) (execOut, error)
 		req.Stderr = stderr
 	}
 	start := time.Now()
-	p, err := h.Backend.Exec(ctx, sb, req)
+	p, err := h.Exec(ctx, sb, req)
 	if err != nil {
 		return execOut{}, err
 	}

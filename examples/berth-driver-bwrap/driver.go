@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,9 +38,10 @@ const (
 const startTimeout = 10 * time.Second
 
 // Driver is the bubblewrap driver. Each sandbox is one detached bwrap process whose
-// first process (PID 1 of a new PID namespace) is berth's agent; every exec goes
-// through that agent (agent.Pool), so the driver itself only does lifecycle and
-// placement. It is safe for concurrent use, and several plugin processes may share
+// first process (PID 1 of a new PID namespace) is berth's agent, which berth reaches
+// itself through the socket directory it prepared (Capabilities.Agent "socket";
+// DialAgent offers the same socket through the plugin), so the driver itself only
+// does lifecycle and placement. It is safe for concurrent use, and several plugin processes may share
 // one state dir (Create and Remove take a per-sandbox file lock).
 type Driver struct {
 	mu       sync.Mutex
@@ -48,23 +49,17 @@ type Driver struct {
 	owner    string
 	bwrap    string
 	roBinds  []string
-
-	pool *agent.Pool
 }
 
 var (
 	_ backend.TerminalBackend = (*Driver)(nil)
 	_ backend.Configurer      = (*Driver)(nil)
-	_ backend.Copier          = (*Driver)(nil)
+	_ backend.AgentDialer     = (*Driver)(nil)
 )
 
 // New returns an unconfigured driver; the host calls Configure before any sandbox
 // call (berth does so with the driver's state dir and its driver "bwrap" {} block).
-func New() *Driver {
-	d := &Driver{}
-	d.pool = agent.NewPool(d.resolve)
-	return d
-}
+func New() *Driver { return &Driver{} }
 
 // Info reports the driver's capabilities, honestly: a private root filesystem (host
 // /usr read-only, private writable home and /tmp), its own PID, IPC, UTS and network
@@ -84,8 +79,8 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 			Copy:             true,
 			StopStart:        true,
 			Config:           true,
-			Shell:            true, // shell mode and jobs come with berth's agent
-			Jobs:             true,
+			Agent:            backend.AgentSocket, // shell mode, jobs and copy come with berth's agent
+			AgentDial:        true,
 		},
 	}, nil
 }
@@ -492,8 +487,10 @@ func (d *Driver) Remove(ctx context.Context, name string) error {
 	return nil
 }
 
-// resolve is the agent.Pool's Resolver: the dialer of a running sandbox's agent.
-func (d *Driver) resolve(ctx context.Context, name string) (backend.Dialer, error) {
+// DialAgent connects to the agent of the running sandbox name through the socket in
+// its socket directory; berth presents the sandbox's token over it. Errors: a
+// missing sandbox (ErrNotFound), a stopped one (ErrConflict), those of the dial.
+func (d *Driver) DialAgent(ctx context.Context, name string) (net.Conn, error) {
 	dir, err := d.sandboxDir(name)
 	if err != nil {
 		return nil, err
@@ -505,26 +502,11 @@ func (d *Driver) resolve(ctx context.Context, name string) (backend.Dialer, erro
 	if !alive(m.InitPID, m.InitTicks) {
 		return nil, backend.Errorf(backend.ErrConflict, "bwrap sandbox %s is stopped; start it with Create", name)
 	}
-	return agent.DialSocketDir(m.Agent.SocketDir), nil
+	return agent.DialSocketDir(m.Agent.SocketDir)(ctx)
 }
 
-// Exec runs req through the sandbox's agent (agent.Pool).
-func (d *Driver) Exec(ctx context.Context, name string, req backend.ExecRequest) (backend.Process, error) {
-	return d.pool.Exec(ctx, name, req)
-}
-
-// CopyIn extracts the tar stream r into dir in the sandbox, through its agent.
-func (d *Driver) CopyIn(ctx context.Context, name, dir string, r io.Reader) error {
-	return d.pool.CopyIn(ctx, name, dir, r)
-}
-
-// CopyOut writes path in the sandbox to w as a tar stream, through its agent.
-func (d *Driver) CopyOut(ctx context.Context, name, path string, w io.Writer) error {
-	return d.pool.CopyOut(ctx, name, path, w)
-}
-
-// Close closes the agent connections; sandboxes keep running.
-func (d *Driver) Close() error { return d.pool.Close() }
+// Close releases nothing: the driver keeps no connections. Sandboxes keep running.
+func (d *Driver) Close() error { return nil }
 
 // removeAll deletes dir even when the sandbox left read-only directories in it.
 func removeAll(dir string) error {

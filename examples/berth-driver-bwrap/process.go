@@ -107,7 +107,6 @@ func env(spec backend.SandboxSpec) []string {
 // not killed with the plugin: a sandbox outlives the call that created it), waits
 // for the agent to report ready, and records the pids in meta.
 func (d *Driver) start(ctx context.Context, dir string, m *meta) error {
-	d.pool.Forget(m.Name)
 	d.mu.Lock()
 	bw := d.bwrap
 	d.mu.Unlock()
@@ -205,7 +204,6 @@ func (d *Driver) stop(ctx context.Context, m *meta, grace time.Duration) error {
 	if grace <= 0 {
 		grace = DefaultStopGrace
 	}
-	d.pool.Forget(m.Name)
 	if !alive(m.InitPID, m.InitTicks) && !alive(m.BwrapPID, m.BwrapTicks) {
 		return nil
 	}
@@ -214,7 +212,7 @@ func (d *Driver) stop(ctx context.Context, m *meta, grace time.Duration) error {
 	defer closeFD(initFD)
 	defer closeFD(bwrapFD)
 	if initFD >= 0 {
-		err := d.pool.Shutdown(ctx, m.Name, agent.DialSocketDir(m.Agent.SocketDir), grace)
+		err := agent.Shutdown(ctx, m.Agent, grace)
 		if err == nil {
 			waitExit(initFD, grace+2*time.Second)
 		}
