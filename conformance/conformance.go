@@ -211,7 +211,11 @@ func SandboxName() string { return "bconf-" + randHex(6) }
 // AgentFiles prepares the agent files of sandbox name under stateDir with
 // Options.PrepareAgent (DefaultPrepareAgent when the caller gave none).
 func (h *Harness) AgentFiles(stateDir, name string) (backend.AgentFiles, error) {
-	return h.Options.PrepareAgent(stateDir, name)
+	f, err := h.Options.PrepareAgent(stateDir, name)
+	if err == nil {
+		h.recordFiles(name, f)
+	}
+	return f, err
 }
 
 // Create prepares the agent files of spec.Name under Options.StateDir, calls
@@ -231,7 +235,6 @@ func (h *Harness) CreateIn(t T, stateDir string, spec backend.SandboxSpec) (back
 	if err != nil {
 		t.Fatalf("preparing agent files for sandbox %s under %s: %v", spec.Name, stateDir, err)
 	}
-	h.recordFiles(spec.Name, files)
 	h.removeOnCleanup(t, spec.Name)
 	ctx, cancel := context.WithTimeout(t.Context(), createTimeout)
 	defer cancel()
@@ -306,7 +309,7 @@ func (f Filter) Match(c Case) bool {
 // Cases returns every case of the suite, grouped and in a fixed order: lifecycle,
 // idempotence, exec, tty, isolation, resources, terminal, retention, recovery, then
 // the copies of the exec, tty and terminal cases that run through the driver's
-// AgentDialer (groups exec@dial, tty@dial, terminal@dial; they skip for drivers that
+// AgentDialer (groups exec-dial, tty-dial, terminal-dial; they skip for drivers that
 // offer one way only). The slice is new on each call.
 func Cases() []Case {
 	var all []Case

@@ -69,13 +69,13 @@ func acquire(t T, r *registry.Registry, session string) *registry.Lease {
 		if err := r.RemoveSession(ctx, session); err != nil && !errors.Is(err, backend.ErrNotFound) {
 			t.Errorf("cleanup: RemoveSession(%s): %v", session, err)
 		}
-		if err := lease.Backend.Remove(ctx, lease.Sandbox); err != nil {
+		if err := driverOf(t, r, lease).Remove(ctx, lease.Sandbox); err != nil {
 			t.Errorf("cleanup: Remove(%s): %v", lease.Sandbox, err)
 		}
 	})
 	ictx, icancel := context.WithTimeout(t.Context(), callTimeout)
 	defer icancel()
-	sb, err := lease.Backend.Inspect(ictx, lease.Sandbox)
+	sb, err := driverOf(t, r, lease).Inspect(ictx, lease.Sandbox)
 	if err != nil {
 		t.Fatalf("Inspect(%s) of session %s's sandbox: %v", lease.Sandbox, session, err)
 	}
@@ -85,11 +85,24 @@ func acquire(t T, r *registry.Registry, session string) *registry.Lease {
 	return lease
 }
 
-// leaseSh runs `sh -c script sh args...` in a lease's sandbox; it must exit 0.
-func leaseSh(t T, lease *registry.Lease, script string, args ...string) execOut {
+// leaseSh runs `sh -c script sh args...` in a lease's session through r; it must exit
+// 0.
+func leaseSh(t T, r *registry.Registry, lease *registry.Lease, script string, args ...string) execOut {
 	t.Helper()
-	lh := &Harness{Backend: lease.Backend}
-	return lh.sh(t, lease.Sandbox, script, args...)
+	out, _ := regExec(t, r, lease.Session, script, args...)
+	return execOut{Stdout: out}
+}
+
+// driverOf returns the driver of a lease's sandbox, as r runs it.
+func driverOf(t T, r *registry.Registry, lease *registry.Lease) backend.TerminalBackend {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	b, err := r.Backend(ctx, lease.Driver)
+	if err != nil {
+		t.Fatalf("driver %s of session %s: %v", lease.Driver, lease.Session, err)
+	}
+	return b
 }
 
 // Two sessions under a session-isolated rule get different sandboxes, and a file one
@@ -107,11 +120,11 @@ func caseSessionsIsolated(t T, h *Harness) {
 		t.Errorf("session %s got sandbox %s, then %s", s1, l1.Sandbox, again.Sandbox)
 	}
 	file := "berth-conf-session-" + randHex(4)
-	leaseSh(t, l1, `echo secret > "$1"`, file)
-	if out := leaseSh(t, l1, `cat "$1"`, file); out.Stdout != "secret\n" {
+	leaseSh(t, r, l1, `echo secret > "$1"`, file)
+	if out := leaseSh(t, r, l1, `cat "$1"`, file); out.Stdout != "secret\n" {
 		t.Fatalf("reading the file back in session %s: %q", s1, out.Stdout)
 	}
-	if out := leaseSh(t, l2, `if [ -e "$1" ]; then echo present; fi`, file); strings.TrimSpace(out.Stdout) != "" {
+	if out := leaseSh(t, r, l2, `if [ -e "$1" ]; then echo present; fi`, file); strings.TrimSpace(out.Stdout) != "" {
 		t.Errorf("a file written in session %s is in session %s's directory", s1, s2)
 	}
 }
@@ -127,8 +140,8 @@ func caseSessionsShared(t T, h *Harness) {
 		t.Fatalf("sessions %s and %s under a shared rule got sandboxes %s and %s, want one", s1, s2, l1.Sandbox, l2.Sandbox)
 	}
 	file := "berth-conf-shared-" + randHex(4)
-	leaseSh(t, l1, `echo shared > "$1"`, file)
-	if out := leaseSh(t, l2, `cat "$1"`, file); out.Stdout != "shared\n" {
+	leaseSh(t, r, l1, `echo shared > "$1"`, file)
+	if out := leaseSh(t, r, l2, `cat "$1"`, file); out.Stdout != "shared\n" {
 		t.Errorf("a file written in session %s is not in session %s's sandbox: %q", s1, s2, out.Stdout)
 	}
 }

@@ -215,7 +215,7 @@ func caseListFilterExcludes(t T, h *Harness) {
 	}
 }
 
-// After Stop, Inspect says stopped, labels are kept, and Exec is refused with ErrConflict.
+// After Stop, Inspect says stopped, labels are kept, and an exec is refused (wantRefused).
 func caseStopInspectStopped(t T, h *Harness) {
 	name := h.NewSandbox(t)
 	h.stop(t, name)
@@ -227,7 +227,7 @@ func caseStopInspectStopped(t T, h *Harness) {
 		t.Errorf("Inspect after Stop: owner label %q, want %q", got.Labels[backend.LabelOwner], h.Owner)
 	}
 	_, err := h.exec(t, name, backend.ExecRequest{Argv: []string{"true"}})
-	wantKind(t, "Exec in a stopped sandbox", err, backend.ErrConflict)
+	h.wantRefused(t, "Exec in a stopped sandbox", err, backend.ErrConflict)
 	// A second Stop of a stopped sandbox succeeds.
 	h.stop(t, name)
 }
@@ -289,7 +289,8 @@ func caseStopEndsProcesses(t T, h *Harness) {
 	}
 }
 
-// Remove deletes the sandbox: Inspect and Exec say ErrNotFound, List lacks it.
+// Remove deletes the sandbox: Inspect says ErrNotFound, an exec is refused
+// (wantRefused), List lacks it.
 func caseRemoveNotFound(t T, h *Harness) {
 	name := h.NewSandbox(t)
 	h.remove(t, name)
@@ -298,7 +299,7 @@ func caseRemoveNotFound(t T, h *Harness) {
 	_, err := h.Backend.Inspect(ctx, name)
 	wantKind(t, "Inspect after Remove", err, backend.ErrNotFound)
 	_, err = h.exec(t, name, backend.ExecRequest{Argv: []string{"true"}})
-	wantKind(t, "Exec after Remove", err, backend.ErrNotFound)
+	h.wantRefused(t, "Exec after Remove", err, backend.ErrNotFound)
 	if sbs := h.list(t, map[string]string{RunLabel: h.RunID}); len(sbs) > 0 {
 		if _, ok := findSandbox(sbs, name); ok {
 			t.Errorf("List after Remove still has %s", name)
@@ -333,7 +334,7 @@ func caseInspectMissing(t T, h *Harness) {
 
 func caseExecMissing(t T, h *Harness) {
 	_, err := h.exec(t, SandboxName(), backend.ExecRequest{Argv: []string{"true"}})
-	wantKind(t, "Exec in a missing sandbox", err, backend.ErrNotFound)
+	h.wantRefused(t, "Exec in a missing sandbox", err, backend.ErrNotFound)
 }
 
 // A Create whose owner label differs from the existing sandbox's is ErrConflict, and

@@ -3,7 +3,6 @@ package conformance
 import (
 	"context"
 	"net"
-	"sync"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
@@ -18,7 +17,7 @@ const (
 	// its AgentDialer (AgentDial), or its Execer (no agent).
 	ReachDefault Reach = ""
 	// ReachDial goes through the driver's AgentDialer although the driver's agents
-	// listen on their sockets too: the "@dial" copies of the exec, tty and terminal
+	// listen on their sockets too: the "-dial" copies of the exec, tty and terminal
 	// cases, for drivers that claim both (Capabilities.AgentDial).
 	ReachDial Reach = "dial"
 )
@@ -28,7 +27,7 @@ const (
 var dialVariantGroups = map[string]bool{"exec": true, "tty": true, "terminal": true}
 
 // dialVariants returns a copy of every case of dialVariantGroups that does not need
-// a registry (a registry reaches agents its own way), in group GROUP@dial, run with
+// a registry (a registry reaches agents its own way), in group GROUP-dial, run with
 // ReachDial, needing Capabilities.AgentDial besides what the case needs.
 func dialVariants(cases []Case) []Case {
 	var out []Case
@@ -37,7 +36,7 @@ func dialVariants(cases []Case) []Case {
 			continue
 		}
 		v := c
-		v.Group = c.Group + "@" + string(ReachDial)
+		v.Group = c.Group + "-" + string(ReachDial)
 		v.Requires = joinRequires(c.Requires, "Capabilities.AgentDial")
 		needs := c.Needs
 		v.Needs = func(caps backend.Capabilities) (bool, string) {
@@ -92,10 +91,12 @@ func (h *Harness) recordFiles(name string, f backend.AgentFiles) {
 // agent (ErrUnsupported), those of agent.NewClient.
 func (h *Harness) Connect(ctx context.Context, name string) (*agent.Client, error) {
 	files, ok := h.agentFilesOf(name)
-	if !ok {
-		return nil, backend.Errorf(backend.ErrInvalid, "conformance: sandbox %s was not created through the harness; its agent files are unknown", name)
-	}
 	caps := h.Info.Capabilities
+	if !ok && (caps.Agent == backend.AgentSocket && h.reach != ReachDial) {
+		// The host prepared no agent files for it: there is no socket to dial, as
+		// for a sandbox that does not exist.
+		return nil, backend.Errorf(backend.ErrUnavailable, "conformance: no agent files were prepared for sandbox %s, so no agent socket can be dialled", name)
+	}
 	useDial := caps.Agent == backend.AgentDial || h.reach == ReachDial
 	switch {
 	case useDial:
@@ -109,6 +110,19 @@ func (h *Harness) Connect(ctx context.Context, name string) (*agent.Client, erro
 		return agent.Connect(ctx, files)
 	}
 	return nil, backend.Errorf(backend.ErrUnsupported, "conformance: driver %s runs no berth agent (Capabilities.Agent is empty)", h.Info.Name)
+}
+
+// wantRefused checks the error of an exec that no agent can take: the sandbox is
+// stopped, removed or missing. Through the agent's socket nothing answers
+// (ErrUnavailable, from which berth's registry runs the lifecycle); through the
+// driver's AgentDialer or Execer the driver says why (kind: ErrNotFound for a missing
+// sandbox, ErrConflict for a stopped one).
+func (h *Harness) wantRefused(t T, what string, err error, kind error) {
+	t.Helper()
+	if h.Info.Capabilities.Agent == backend.AgentSocket && h.reach != ReachDial {
+		kind = backend.ErrUnavailable
+	}
+	wantKind(t, what, err, kind)
 }
 
 // Exec starts req in sandbox name the way berth's host does: through the sandbox's
@@ -126,23 +140,5 @@ func (h *Harness) Exec(ctx context.Context, name string, req backend.ExecRequest
 	if err != nil {
 		return nil, err
 	}
-	p, err := c.Exec(ctx, req)
-	if err != nil {
-		c.Close()
-		return nil, err
-	}
-	return &closingProcess{Process: p, close: c.Close}, nil
-}
-
-// closingProcess closes its agent connection once Wait has returned.
-type closingProcess struct {
-	backend.Process
-	close func() error
-	once  sync.Once
-}
-
-func (p *closingProcess) Wait() (backend.ExecResult, error) {
-	res, err := p.Process.Wait()
-	p.once.Do(func() { p.close() })
-	return res, err
+	return agent.ExecOnce(ctx, c, req)
 }

@@ -24,7 +24,7 @@ func retentionCases() []Case {
 		{Group: g, Name: "idle-remove-recreates", Requires: reg, Run: caseIdleRemove},
 		{Group: g, Name: "idle-stop-keeps-files", Requires: reg + ", Capabilities.StopStart", Needs: needsStopStart, Run: caseIdleStop},
 		{Group: g, Name: "running-exec-not-idle", Requires: reg, Run: caseRunningNotIdle},
-		{Group: g, Name: "running-job-not-idle", Requires: reg + ", Capabilities.Jobs", Needs: needJobs, Run: caseJobNotIdle},
+		{Group: g, Name: "running-job-not-idle", Requires: reg + ", Capabilities.Jobs", Needs: needAgent, Run: caseJobNotIdle},
 		{Group: g, Name: "max-age-removes-in-use", Requires: reg, Run: caseMaxAgeInUse},
 		{Group: g, Name: "reconcile-leaves-others", Requires: reg, Run: caseReconcileOthers},
 		{Group: g, Name: "reconcile-adopts-lost", Requires: reg, Run: caseReconcileAdopts},
@@ -221,7 +221,7 @@ func caseOnCloseKeep(t T, h *Harness) {
 	s := "conf-keep-" + id + ":1"
 	lease := startSession(t, r, s)
 	closeSession(t, r, s)
-	if st := sandboxState(t, lease.Backend, lease.Sandbox); st != string(backend.StateRunning) {
+	if st := sandboxState(t, driverOf(t, r, lease), lease.Sandbox); st != string(backend.StateRunning) {
 		t.Errorf("after close with on_close keep the sandbox is %s, want running", st)
 	}
 	readBack(t, r, s, lease)
@@ -234,11 +234,11 @@ func caseOnCloseStop(t T, h *Harness) {
 	s := "conf-stop-" + id + ":1"
 	lease := startSession(t, r, s)
 	closeSession(t, r, s)
-	if st := sandboxState(t, lease.Backend, lease.Sandbox); st != string(backend.StateStopped) {
+	if st := sandboxState(t, driverOf(t, r, lease), lease.Sandbox); st != string(backend.StateStopped) {
 		t.Errorf("after close with on_close stop the sandbox is %s, want stopped", st)
 	}
 	readBack(t, r, s, lease)
-	if st := sandboxState(t, lease.Backend, lease.Sandbox); st != string(backend.StateRunning) {
+	if st := sandboxState(t, driverOf(t, r, lease), lease.Sandbox); st != string(backend.StateRunning) {
 		t.Errorf("after the next exec the sandbox is %s, want running", st)
 	}
 }
@@ -251,7 +251,7 @@ func caseOnCloseRemove(t T, h *Harness) {
 	s := "conf-rm-" + id + ":1"
 	lease := startSession(t, r, s)
 	closeSession(t, r, s)
-	if st := sandboxState(t, lease.Backend, lease.Sandbox); st != "missing" {
+	if st := sandboxState(t, driverOf(t, r, lease), lease.Sandbox); st != "missing" {
 		t.Errorf("after close with on_close remove the sandbox is %s, want it gone", st)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
@@ -287,7 +287,7 @@ func caseIdleRemove(t T, h *Harness) {
 	if a.Action != registry.PruneRemove || a.Cause != registry.CauseIdle || !a.Done || !strings.Contains(a.Reason, "idle since") {
 		t.Fatalf("prune 61 minutes after the last use: %+v, want remove (idle) done, with the idle time in the reason", a)
 	}
-	if st := sandboxState(t, lease.Backend, lease.Sandbox); st != "missing" {
+	if st := sandboxState(t, driverOf(t, r, lease), lease.Sandbox); st != "missing" {
 		t.Errorf("prune reported remove but the sandbox is %s", st)
 	}
 	out, again := regExec(t, r, s, "cat berth-conf-retention 2>/dev/null || echo none")
@@ -307,7 +307,7 @@ func caseIdleStop(t T, h *Harness) {
 	if a := prune(t, r, lease.Sandbox); a.Action != registry.PruneStop || a.Cause != registry.CauseIdle || !a.Done {
 		t.Fatalf("prune 61 minutes after the last use: %+v, want stop (idle) done", a)
 	}
-	if st := sandboxState(t, lease.Backend, lease.Sandbox); st != string(backend.StateStopped) {
+	if st := sandboxState(t, driverOf(t, r, lease), lease.Sandbox); st != string(backend.StateStopped) {
 		t.Errorf("after an idle stop the sandbox is %s", st)
 	}
 	readBack(t, r, s, lease)
@@ -351,7 +351,7 @@ func caseRunningNotIdle(t T, h *Harness) {
 	if a := prune(t, r, lease.Sandbox); a.Action != registry.PruneKeep || a.Cause != registry.CauseInUse {
 		t.Errorf("prune 3 hours into a running exec (idle_ttl 1h): %+v, want keep (in use)", a)
 	}
-	if st := sandboxState(t, lease.Backend, lease.Sandbox); st != string(backend.StateRunning) {
+	if st := sandboxState(t, driverOf(t, r, lease), lease.Sandbox); st != string(backend.StateRunning) {
 		t.Errorf("the sandbox of a running exec is %s", st)
 	}
 	cancel()
@@ -402,7 +402,7 @@ func caseMaxAgeInUse(t T, h *Harness) {
 	if a.Action != registry.PruneRemove || a.Cause != registry.CauseAge || !a.Done {
 		t.Fatalf("prune 61 minutes after create (max_age 1h) with an exec running: %+v, want remove (age) done", a)
 	}
-	if st := sandboxState(t, lease.Backend, lease.Sandbox); st != "missing" {
+	if st := sandboxState(t, driverOf(t, r, lease), lease.Sandbox); st != "missing" {
 		t.Errorf("after max_age the sandbox is %s", st)
 	}
 	ended := make(chan struct{})
@@ -432,10 +432,11 @@ func (h *Harness) plant(t T, r *registry.Registry, spec backend.SandboxSpec, cre
 	if err != nil {
 		t.Fatalf("the registry's driver %s: %v", h.Info.Name, err)
 	}
-	files, err := h.AgentFiles(r.StateDir(), spec.Name)
+	files, err := r.PrepareAgent(h.Info.Name, spec.Name)
 	if err != nil {
 		t.Fatalf("preparing agent files for %s: %v", spec.Name, err)
 	}
+	h.recordFiles(spec.Name, files)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), createTimeout)
 		defer cancel()
@@ -505,9 +506,8 @@ func caseReconcileAdopts(t T, h *Harness) {
 	s := "conf-keep-" + id + ":lost"
 	spec := explain(t, r, s)
 	removeSessionOnCleanup(t, r, s)
-	b := h.plant(t, r, spec, clk.Now(), nil)
-	lh := &Harness{Backend: b}
-	lh.sh(t, spec.Name, "echo kept > berth-conf-retention")
+	h.plant(t, r, spec, clk.Now(), nil)
+	h.sh(t, spec.Name, "echo kept > berth-conf-retention")
 	clk.Advance(r.OrphanGrace() + time.Minute)
 	a := prune(t, r, spec.Name)
 	if a.Action != registry.PruneAdopt || a.Cause != registry.CauseAdopt || !a.Done {

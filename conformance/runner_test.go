@@ -256,7 +256,7 @@ func TestCasesWellFormed(t *testing.T) {
 			groups = append(groups, c.Group)
 		}
 	}
-	if want := []string{"lifecycle", "idempotence", "exec", "tty", "isolation", "resources", "terminal", "retention", "recovery"}; !slices.Equal(groups, want) {
+	if want := []string{"lifecycle", "idempotence", "exec", "tty", "isolation", "resources", "terminal", "retention", "recovery", "exec-dial", "tty-dial", "terminal-dial"}; !slices.Equal(groups, want) {
 		t.Errorf("groups in order %v, want %v (each contiguous)", groups, want)
 	}
 	if len(seen) < 40 {
@@ -272,7 +272,7 @@ func TestCasesWellFormed(t *testing.T) {
 		}
 		all := backend.Capabilities{FSIsolation: backend.FSIsolationImage, PIDIsolation: true, NetworkModes: []string{"none"},
 			TTY: true, CPULimit: true, MemoryLimit: true, PidsLimit: true, DropCapabilities: true, Copy: true,
-			StopStart: true, ExecUser: true, ImagePull: true, ImageImport: true, Config: true, Shell: true, Jobs: true}
+			StopStart: true, ExecUser: true, ImagePull: true, ImageImport: true, Config: true, Agent: backend.AgentSocket, AgentDial: true, Validate: true}
 		if ok, _ := c.Needs(all); !ok {
 			t.Errorf("%s: Needs(all caps) = false", c.FullName())
 		}

@@ -23,8 +23,10 @@ import (
 	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/containerd"
+	"github.com/berth-sh/berth/internal/benchreg"
 	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/internal/testimage"
+	"github.com/berth-sh/berth/registry"
 )
 
 // benchNamespace is the containerd namespace of the benchmarks: not the tests', so
@@ -136,8 +138,8 @@ func (f *benchFixture) clientRemove(c client.Container, t client.Task) {
 	}
 }
 
-func runTrue(d backend.TerminalBackend, name string) error {
-	p, err := d.Exec(context.Background(), name, backend.ExecRequest{Argv: []string{"true"}})
+func runTrue(files backend.AgentFiles) error {
+	p, err := agent.Exec(context.Background(), files, backend.ExecRequest{Argv: []string{"true"}})
 	if err != nil {
 		return err
 	}
@@ -182,7 +184,7 @@ func BenchmarkCreateToFirstExec(b *testing.B) {
 				if _, err := f.plug.Create(ctx, req); err != nil {
 					b.Fatal(err)
 				}
-				if err := runTrue(f.plug, name); err != nil {
+				if err := runTrue(req.Agent); err != nil {
 					b.Fatal(err)
 				}
 				berth = append(berth, time.Since(start))
@@ -214,37 +216,74 @@ func BenchmarkCreateToFirstExec(b *testing.B) {
 }
 
 // BenchmarkExecRoundTrip measures, on each daemon, the round trip of `true` in a
-// running sandbox through berth's agent (the driver in-process and through its
-// plugin) against the client's own task exec in a container started by the client,
-// interleaved; p50 and p95 in milliseconds over at least 20 rounds.
+// running sandbox: through berth's agent over a kept connection and over a new one
+// per exec, through the registry as a library (the direct path: no driver call), the
+// whole `berth exec -s S -- true` command, against the client's own task exec and
+// `ctr task exec` in a container started by the client, interleaved; p50 and p95 in
+// milliseconds over at least 20 rounds.
 //
 //	go test ./containerd -run '^$' -bench ExecRoundTrip -benchtime 30x
 func BenchmarkExecRoundTrip(b *testing.B) {
+	ctrBin, err := exec.LookPath("ctr")
+	if err != nil {
+		b.Skip("no ctr binary: ", err)
+	}
 	for _, dm := range daemons {
 		b.Run(dm.name, func(b *testing.B) {
 			f := newBenchFixture(b, dm)
 			ctx := context.Background()
 			inproc := containerd.New(containerd.WithAddress(f.addr), containerd.WithNamespace(benchNamespace))
 			defer inproc.Close()
-			if _, err := inproc.Create(ctx, f.request(b, "bench-inproc-"+dm.major)); err != nil {
+			req := f.request(b, "bench-inproc-"+dm.major)
+			if _, err := inproc.Create(ctx, req); err != nil {
 				b.Fatal(err)
 			}
 			defer inproc.Remove(ctx, "bench-inproc-"+dm.major)
-			if _, err := f.plug.Create(ctx, f.request(b, "bench-plugin-"+dm.major)); err != nil {
-				b.Fatal(err)
-			}
-			c, t, err := f.clientContainer(benchName("exec", 0))
+			id := benchName("exec", 0)
+			c, t, err := f.clientContainer(id)
 			defer f.clientRemove(c, t)
 			if err != nil {
 				b.Fatal(err)
 			}
+			cfg := fmt.Sprintf("driver \"containerd\" {\n  address   = %q\n  namespace = %q\n}\nscope \"*\" {\n  driver = \"containerd\"\n  image  = %q\n}\n", f.addr, benchNamespace, testimage.Ref)
+			reg := benchreg.OpenRegistry(b, cfg, filepath.Join(f.state, "lib"), registry.WithBerthBinary(berthBin))
+			berth := f.berthCLI(b, cfg)
+			if err := berth("exec", "-s", "bench", "--", "true"); err != nil {
+				b.Fatal(err)
+			}
+			defer berth("rm", "bench")
 			n := 0
 			benchutil.Interleave(b, []benchutil.Way{
-				{Name: "in-process", Run: func() error { return runTrue(inproc, "bench-inproc-"+dm.major) }},
-				{Name: "plugin", Run: func() error { return runTrue(f.plug, "bench-plugin-"+dm.major) }},
+				{Name: "agent-kept", Run: benchutil.AgentKept(b, req.Agent)},
+				{Name: "agent-dial", Run: benchutil.AgentDial(b, req.Agent)},
+				{Name: "registry", Run: benchreg.RegistryExec(b, reg, "bench")},
+				{Name: "berth-exec-cli", Run: func() error { return berth("exec", "-s", "bench", "--", "true") }},
 				{Name: "client-task-exec", Run: func() error { n++; return f.clientExec(t, n) }},
+				{Name: "ctr-task-exec", Run: func() error {
+					n++
+					return exec.Command(ctrBin, "-a", f.addr, "-n", benchNamespace, "task", "exec", "--exec-id", fmt.Sprintf("ctr-%d", n), id, "true").Run()
+				}},
 			})
 		})
+	}
+}
+
+// berthCLI writes cfg as the config of a berth CLI with its own state dir and
+// returns a function that runs that berth with args.
+func (f *benchFixture) berthCLI(b *testing.B, cfg string) func(args ...string) error {
+	cliState := filepath.Join(f.state, "cli")
+	xdg := filepath.Join(f.state, "xdg")
+	os.MkdirAll(filepath.Join(xdg, "berth"), 0o755)
+	if err := os.WriteFile(filepath.Join(xdg, "berth", "config.hcl"), []byte(cfg), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	return func(args ...string) error {
+		cmd := exec.Command(berthBin, append([]string{"--state-dir", cliState}, args...)...)
+		cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+xdg)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("berth %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return nil
 	}
 }
 
@@ -262,21 +301,8 @@ func BenchmarkWholeCommand(b *testing.B) {
 	for _, dm := range daemons {
 		b.Run(dm.name, func(b *testing.B) {
 			f := newBenchFixture(b, dm)
-			cliState := filepath.Join(f.state, "cli")
-			xdg := filepath.Join(f.state, "xdg")
-			os.MkdirAll(filepath.Join(xdg, "berth"), 0o755)
 			cfg := fmt.Sprintf("driver \"containerd\" {\n  address   = %q\n  namespace = %q\n}\nscope \"*\" {\n  driver = \"containerd\"\n  image  = %q\n}\n", f.addr, benchNamespace, testimage.Ref)
-			if err := os.WriteFile(filepath.Join(xdg, "berth", "config.hcl"), []byte(cfg), 0o644); err != nil {
-				b.Fatal(err)
-			}
-			berth := func(args ...string) error {
-				cmd := exec.Command(berthBin, append([]string{"--state-dir", cliState}, args...)...)
-				cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+xdg)
-				if out, err := cmd.CombinedOutput(); err != nil {
-					return fmt.Errorf("berth %s: %v\n%s", strings.Join(args, " "), err, out)
-				}
-				return nil
-			}
+			berth := f.berthCLI(b, cfg)
 			var berthT, ctrT []time.Duration
 			for i := 0; i < max(b.N, benchutil.MinRounds); i++ {
 				session := fmt.Sprintf("bench:%d", i)

@@ -419,6 +419,15 @@ func (d *Driver) start(ctx context.Context, cli *client.Client, c client.Contain
 	}()
 	c2, err := waitAgent(wctx, files)
 	if err != nil {
+		if errors.Is(err, backend.ErrConflict) {
+			// Something other than a socket sits where the agent makes its own: the
+			// agent refuses to start over it, and its log says so once it has exited.
+			select {
+			case st := <-exited:
+				exited <- st
+			case <-wctx.Done():
+			}
+		}
 		select {
 		case st := <-exited:
 			d.deleteTask(ctx, t)
@@ -647,6 +656,9 @@ func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(
 	mounts := []specs.Mount{
 		{Type: "bind", Source: a.Dir, Destination: backend.AgentMountDir, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
 		{Type: "bind", Source: a.SocketDir, Destination: backend.SocketMountDir, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
+		// The sandbox's own cgroups, read-only, as Docker mounts them: the agent reads
+		// its memory cgroup's OOM-kill counter there (--oom-counter auto).
+		{Type: "cgroup", Source: "cgroup", Destination: "/sys/fs/cgroup", Options: []string{"ro", "nosuid", "noexec", "nodev", "relatime"}},
 	}
 	socks := d.runtimeSockets()
 	for _, m := range spec.Mounts {

@@ -25,7 +25,7 @@ import (
 func (f *fixture) run(name string, argv ...string) string {
 	f.t.Helper()
 	var out, errb bytes.Buffer
-	p, err := f.d.Exec(f.ctx, name, backend.ExecRequest{Argv: argv, Stdout: &out, Stderr: &errb})
+	p, err := f.exec(name, backend.ExecRequest{Argv: argv, Stdout: &out, Stderr: &errb})
 	if err != nil {
 		f.t.Fatalf("Exec %q: %v", argv, err)
 	}
@@ -92,8 +92,8 @@ func TestStopKeepsSnapshot(t *testing.T) {
 		if _, err := f.cli.SnapshotService(containerd.DefaultSnapshotter).Stat(f.ctx, name); err != nil {
 			t.Errorf("after Stop the snapshot is gone: %v", err)
 		}
-		if _, err := f.d.Exec(f.ctx, name, backend.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, backend.ErrConflict) {
-			t.Errorf("Exec in a stopped sandbox: %v, want ErrConflict", err)
+		if _, err := f.exec(name, backend.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, backend.ErrUnavailable) {
+			t.Errorf("Exec in a stopped sandbox: %v, want ErrUnavailable (no agent answers)", err)
 		}
 		if err := f.d.Stop(f.ctx, name, 0); err != nil {
 			t.Errorf("second Stop: %v", err)
@@ -265,7 +265,7 @@ func TestSnapshotterNative(t *testing.T) {
 			t.Errorf("no native snapshot %s: %v", name, err)
 		}
 		var out bytes.Buffer
-		p, err := d.Exec(f.ctx, name, backend.ExecRequest{Argv: []string{"cat", "/etc/hostname"}, Stdout: &out})
+		p, err := f.exec(name, backend.ExecRequest{Argv: []string{"cat", "/etc/hostname"}, Stdout: &out})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -323,9 +323,9 @@ func TestConcurrentCreateAcrossDrivers(t *testing.T) {
 			if adopted != 1 {
 				t.Errorf("round %d: %d of the two Creates adopted, want exactly one", round, adopted)
 			}
-			for _, d := range []*containerd.Driver{f.d, other} {
+			for range 2 {
 				var out bytes.Buffer
-				p, err := d.Exec(f.ctx, name, backend.ExecRequest{Argv: []string{"echo", "ok"}, Stdout: &out})
+				p, err := f.exec(name, backend.ExecRequest{Argv: []string{"echo", "ok"}, Stdout: &out})
 				if err != nil {
 					t.Fatalf("round %d: Exec: %v", round, err)
 				}

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/containerd"
 )
@@ -93,7 +94,7 @@ func TestSeccompSettings(t *testing.T) {
 			}
 			run := func(argv ...string) (int, string) {
 				var out bytes.Buffer
-				p, err := d.Exec(f.ctx, name, backend.ExecRequest{Argv: argv, Stdout: &out, Stderr: &out})
+				p, err := f.exec(name, backend.ExecRequest{Argv: argv, Stdout: &out, Stderr: &out})
 				if err != nil {
 					t.Fatalf("seccomp %q: Exec %q: %v", c.setting, argv, err)
 				}
@@ -107,7 +108,13 @@ func TestSeccompSettings(t *testing.T) {
 			if want := map[bool]string{true: "Seccomp:\t2", false: "Seccomp:\t0"}[c.filtered]; !strings.Contains(status, want) {
 				t.Errorf("seccomp %q: /proc/self/status says %q, want %q", c.setting, status, want)
 			}
-			if err := d.CopyIn(f.ctx, name, "/tmp", tarOf(t, "i386", i386Program())); err != nil {
+			ac, err := agent.Connect(f.ctx, f.files[name])
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = ac.CopyIn(f.ctx, "/tmp", tarOf(t, "i386", i386Program()))
+			ac.Close()
+			if err != nil {
 				t.Fatal(err)
 			}
 			if code, out := run("/tmp/i386"); code != c.i386Exit {

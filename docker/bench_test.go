@@ -18,6 +18,7 @@ import (
 	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/docker"
+	"github.com/berth-sh/berth/internal/benchreg"
 	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/internal/shellbench"
 	"github.com/berth-sh/berth/internal/testimage"
@@ -25,11 +26,11 @@ import (
 )
 
 // BenchmarkExecRoundTrip measures the round trip of `true` in a running sandbox,
-// interleaved so that machine noise hits each way alike: the docker driver
-// in-process and through its plugin (both through berth's agent), the Docker SDK's
-// exec called directly (create + attach + inspect), the `docker exec` CLI, and the
-// whole `berth exec -s S -- true` command. It reports p50 and p95 in milliseconds
-// (at least 20 rounds).
+// interleaved so that machine noise hits each way alike: berth's agent over a kept
+// connection and over a new one per exec, the registry as a library (the direct path:
+// no driver call), the Docker SDK's exec called directly (create + attach + inspect),
+// the `docker exec` CLI, and the whole `berth exec -s S -- true` command. It reports
+// p50 and p95 in milliseconds (at least 20 rounds).
 //
 //	go test ./docker -run '^$' -bench ExecRoundTrip -benchtime 30x
 func BenchmarkExecRoundTrip(b *testing.B) {
@@ -44,33 +45,16 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	prepare := func(name string) backend.CreateRequest {
-		files, err := agent.PrepareSandbox(filepath.Join(state, "sandboxes", name), bin)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return backend.CreateRequest{Spec: backend.SandboxSpec{Name: name, Image: testimage.Ref, Labels: map[string]string{backend.LabelOwner: owner}}, Agent: files}
-	}
-	inproc := docker.New(docker.WithHost(host))
-	defer inproc.Close()
-	if _, err := inproc.Create(ctx, prepare("bench-inproc")); err != nil {
-		b.Fatal(err)
-	}
-	defer inproc.Remove(ctx, "bench-inproc")
-
-	path, args := backends.BuiltinCommand(berthBin, docker.Name)
-	plug, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args})
+	files, err := agent.PrepareSandbox(filepath.Join(state, "sandboxes", "bench-inproc"), bin)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer plug.Kill()
-	if err := plug.Configure(ctx, backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "docker"), Owner: owner, Config: []byte(`{"host":"` + host + `"}`)}); err != nil {
+	inproc := docker.New(docker.WithHost(host))
+	defer inproc.Close()
+	if _, err := inproc.Create(ctx, backend.CreateRequest{Spec: backend.SandboxSpec{Name: "bench-inproc", Image: testimage.Ref, Labels: map[string]string{backend.LabelOwner: owner}}, Agent: files}); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := plug.Create(ctx, prepare("bench-plugin")); err != nil {
-		b.Fatal(err)
-	}
-	defer plug.Remove(ctx, "bench-plugin")
+	defer inproc.Remove(ctx, "bench-inproc")
 
 	api, err := client.NewClientWithOpts(client.WithHost(host), client.WithAPIVersionNegotiation())
 	if err != nil {
@@ -124,20 +108,12 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 		cmd.Run()
 	}()
 
-	run := func(d backend.TerminalBackend, name string) error {
-		p, err := d.Exec(ctx, name, backend.ExecRequest{Argv: []string{"true"}})
-		if err != nil {
-			return err
-		}
-		res, err := p.Wait()
-		if err == nil && res.ExitCode != 0 {
-			b.Fatalf("true exited %d", res.ExitCode)
-		}
-		return err
-	}
+	// The registry as a library, on a session whose sandbox runs: the direct path.
+	reg := benchreg.OpenRegistry(b, cfg, filepath.Join(state, "lib"), registry.WithBerthBinary(berthBin))
 	benchutil.Interleave(b, []benchutil.Way{
-		{Name: "in-process", Run: func() error { return run(inproc, "bench-inproc") }},
-		{Name: "plugin", Run: func() error { return run(plug, "bench-plugin") }},
+		{Name: "agent-kept", Run: benchutil.AgentKept(b, files)},
+		{Name: "agent-dial", Run: benchutil.AgentDial(b, files)},
+		{Name: "registry", Run: benchreg.RegistryExec(b, reg, "bench")},
 		{Name: "sdk-exec", Run: sdkExec},
 		{Name: "docker-exec-cli", Run: dockerCLI},
 		{Name: "berth-exec-cli", Run: berthCLI},
@@ -165,7 +141,7 @@ func BenchmarkCreateToFirstExec(b *testing.B) {
 		if _, err := plug.Create(ctx, backend.CreateRequest{Spec: backend.SandboxSpec{Name: name, Image: testimage.Ref, Labels: map[string]string{backend.LabelOwner: owner}}, Agent: files}); err != nil {
 			b.Fatal(err)
 		}
-		p, err := plug.Exec(ctx, name, backend.ExecRequest{Argv: []string{"true"}})
+		p, err := agent.Exec(ctx, files, backend.ExecRequest{Argv: []string{"true"}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -214,7 +190,7 @@ func BenchmarkConcurrentSessions(b *testing.B) {
 					errs[i] = err
 					return
 				}
-				p, err := plug.Exec(ctx, name, backend.ExecRequest{Argv: []string{"true"}})
+				p, err := agent.Exec(ctx, files, backend.ExecRequest{Argv: []string{"true"}})
 				if err == nil {
 					var res backend.ExecResult
 					if res, err = p.Wait(); err == nil && res.ExitCode != 0 {

@@ -178,6 +178,14 @@ func (d *Driver) start(ctx context.Context, name, id, user string) (backend.Sand
 	}()
 	c, err := agent.WaitReady(wctx, agent.DialSocketDir(sockDir), agent.WithTokenFrom(files.Dir))
 	if err != nil {
+		if errors.Is(err, backend.ErrConflict) {
+			// Something other than a socket sits where the agent makes its own: the
+			// agent refuses to start over it, and its log says so once it has exited.
+			select {
+			case <-exited:
+			case <-wctx.Done():
+			}
+		}
 		select {
 		case <-exited:
 			return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "docker sandbox %s: the container exited before its agent answered%s", name, d.logTail(id))

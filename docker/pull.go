@@ -94,8 +94,9 @@ func (d *Driver) PullImage(ctx context.Context, ref string, policy backend.PullP
 			}
 			return backend.Errorf(backend.ErrUnavailable, "docker: pull image %s: reading the engine's progress: %v", ref, err)
 		}
+		//lint:ignore SA1019 an engine may send the error only in the old "error" field
 		if m.Error != nil || m.ErrorMessage != "" {
-			msg := m.ErrorMessage
+			msg := m.ErrorMessage //lint:ignore SA1019 as above
 			if m.Error != nil {
 				msg = m.Error.Message
 			}

@@ -2,13 +2,11 @@ package local_test
 
 import (
 	"context"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/internal/shellbench"
@@ -16,62 +14,37 @@ import (
 	"github.com/berth-sh/berth/registry"
 )
 
-// BenchmarkExecRoundTrip measures the round trip of `true` four ways, interleaved so
-// that machine noise hits each alike: os/exec on the host, the local driver in-process,
-// the local driver through its plugin, and the whole `berth exec -- true` command.
-// It reports p50 and p95 in milliseconds for each (at least 20 rounds).
+// BenchmarkExecRoundTrip measures the round trip of `true` three ways, interleaved so
+// that machine noise hits each alike: os/exec on the host, berth's agent in a local
+// sandbox over one kept connection (what a long-lived host pays per exec), and a new
+// connection per exec (agent.Exec: dial, handshake, Hello, exec). The whole command
+// and the registry's round trip are in package cmd/berth's BenchmarkWholeCommand. It
+// reports p50 and p95 in milliseconds for each (at least 20 rounds).
 //
 //	go test ./local -run '^$' -bench ExecRoundTrip -benchtime 50x
 func BenchmarkExecRoundTrip(b *testing.B) {
 	ctx := context.Background()
 	state := b.TempDir()
-	owner := "bench"
-	prepare := func(name string) backend.CreateRequest {
-		bin, err := agent.Install(state, berthBin)
-		if err != nil {
-			b.Fatal(err)
-		}
-		files, err := agent.PrepareSandbox(filepath.Join(state, "sandboxes", name), bin)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return backend.CreateRequest{Spec: backend.SandboxSpec{Name: name, Labels: map[string]string{backend.LabelOwner: owner}}, Agent: files}
-	}
-
-	inproc := local.New(local.WithStateDir(filepath.Join(state, "drivers", "local")))
-	defer inproc.Close()
-	if _, err := inproc.Create(ctx, prepare("bench-inproc")); err != nil {
-		b.Fatal(err)
-	}
-	defer inproc.Remove(ctx, "bench-inproc")
-
-	path, args := backends.BuiltinCommand(berthBin, local.Name)
-	plug, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args})
+	bin, err := agent.Install(state, berthBin)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer plug.Kill()
-	if err := plug.Configure(ctx, backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "local"), Owner: owner}); err != nil {
+	files, err := agent.PrepareSandbox(filepath.Join(state, "sandboxes", "bench"), bin)
+	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := plug.Create(ctx, prepare("bench-plugin")); err != nil {
+	d := local.New(local.WithStateDir(filepath.Join(state, "drivers", "local")))
+	defer d.Close()
+	if _, err := d.Create(ctx, backend.CreateRequest{Spec: backend.SandboxSpec{Name: "bench", Labels: map[string]string{backend.LabelOwner: "bench"}}, Agent: files}); err != nil {
 		b.Fatal(err)
 	}
-	defer plug.Remove(ctx, "bench-plugin")
-
-	cliState := filepath.Join(state, "cli")
-	cli := func() error {
-		cmd := exec.Command(berthBin, "--state-dir", cliState, "exec", "--", "true")
-		cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+filepath.Join(state, "xdg")) // no config file: local
-		return cmd.Run()
+	defer d.Remove(ctx, "bench")
+	kept, err := agent.Connect(ctx, files)
+	if err != nil {
+		b.Fatal(err)
 	}
-	if err := cli(); err != nil { // creates the main session's sandbox
-		b.Fatalf("berth exec: %v", err)
-	}
-	defer exec.Command(berthBin, "--state-dir", cliState, "rm", "main").Run()
-
-	run := func(d backend.TerminalBackend, name string) error {
-		p, err := d.Exec(ctx, name, backend.ExecRequest{Argv: []string{"true"}})
+	defer kept.Close()
+	wait := func(p backend.Process, err error) error {
 		if err != nil {
 			return err
 		}
@@ -81,11 +54,11 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 		}
 		return err
 	}
+	req := backend.ExecRequest{Argv: []string{"true"}}
 	benchutil.Interleave(b, []benchutil.Way{
 		{Name: "os-exec", Run: func() error { return exec.Command("true").Run() }},
-		{Name: "in-process", Run: func() error { return run(inproc, "bench-inproc") }},
-		{Name: "plugin", Run: func() error { return run(plug, "bench-plugin") }},
-		{Name: "berth-exec", Run: cli},
+		{Name: "agent-kept", Run: func() error { return wait(kept.Exec(ctx, req)) }},
+		{Name: "agent-dial", Run: func() error { return wait(agent.Exec(ctx, files, req)) }},
 	})
 }
 

@@ -67,7 +67,7 @@ func TestDeletedDirectory(t *testing.T) {
 			t.Fatal(err)
 		}
 		var out bytes.Buffer
-		p, err := d.Exec(ctx, "sb", backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 300 & echo started"}, Env: []string{mark + "=1"}, Stdout: &out})
+		p, err := agent.Exec(ctx, files, backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 300 & echo started"}, Env: []string{mark + "=1"}, Stdout: &out})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -147,7 +147,7 @@ func TestSameNameOtherDriver(t *testing.T) {
 		if _, err := x.d.Create(ctx, x.req); err != nil {
 			t.Fatal(err)
 		}
-		p, err := x.d.Exec(ctx, "sb", backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 300 &"}, Env: []string{x.mark + "=1"}})
+		p, err := agent.Exec(ctx, x.req.Agent, backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 300 &"}, Env: []string{x.mark + "=1"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -168,7 +168,7 @@ func TestSameNameOtherDriver(t *testing.T) {
 			t.Fatalf("after %s, the first driver's background process is gone", after)
 		}
 		var out bytes.Buffer
-		p, err := x.d.Exec(ctx, "sb", backend.ExecRequest{Argv: []string{"sh", "-c", "echo $HOME"}, Stdout: &out})
+		p, err := agent.Exec(ctx, x.req.Agent, backend.ExecRequest{Argv: []string{"sh", "-c", "echo $HOME"}, Stdout: &out})
 		if err != nil {
 			t.Fatalf("after %s, exec in the first driver's sandbox: %v", after, err)
 		}

@@ -17,8 +17,11 @@ type busyMarker struct {
 }
 
 // unlock releases the marker's lock (LOCK_UN before close, see flock.Release); with
-// remove it first deletes the marker file.
+// remove it first deletes the marker file. A nil marker does nothing.
 func (b *busyMarker) unlock(remove bool) {
+	if b == nil {
+		return
+	}
 	if remove {
 		os.Remove(b.path)
 	}

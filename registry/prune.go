@@ -175,7 +175,6 @@ func (r *Registry) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, 
 	}
 	listed := map[sbKey]bool{}    // sandboxes of ours that exist after this run
 	listedOK := map[string]bool{} // drivers that were listed
-	freed := map[string]bool{}    // names whose old-layout dir a sandbox removed here used
 	allListed := true
 	for _, name := range r.hostDrivers(recs) {
 		pd := PruneDriver{Name: name}
@@ -202,10 +201,9 @@ func (r *Registry) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, 
 			pd.Sandboxes++
 			key := sbKey{name, sb.Name}
 			listed[key] = true
-			act, legacy := r.pruneSandbox(ctx, b, name, sb, foreign, opts.DryRun, now)
+			act := r.pruneSandbox(ctx, b, name, sb, foreign, opts.DryRun, now)
 			if act.Action == PruneRemove && act.Done {
 				delete(listed, key)
-				freed[sb.Name] = freed[sb.Name] || legacy
 			}
 			if act.Action != PruneKeep {
 				r.log.Info("prune", "driver", name, "sandbox", sb.Name, "action", act.Action, "reason", act.Reason, "dry_run", opts.DryRun, "error", act.Error)
@@ -216,7 +214,7 @@ func (r *Registry) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, 
 		rep.Drivers = append(rep.Drivers, pd)
 	}
 	if !foreign {
-		rep.Actions = append(rep.Actions, r.pruneFiles(listed, listedOK, freed, allListed, opts.DryRun)...)
+		rep.Actions = append(rep.Actions, r.pruneFiles(listed, listedOK, allListed, opts.DryRun)...)
 	}
 	return rep, nil
 }
@@ -235,13 +233,12 @@ func sandboxCreated(sb backend.Sandbox) time.Time {
 
 // pruneSandbox decides about one listed sandbox of the owner and, unless dry, acts.
 // Outside a dry run it holds the sandbox's lock and decides on a fresh Inspect and
-// store read. legacy reports that it removed a sandbox that used an old-layout dir,
-// which it leaves to pruneFiles (another driver's sandbox of the name may use it too).
-func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, driver string, sb backend.Sandbox, foreign, dry bool, now time.Time) (_ PruneAction, legacy bool) {
+// store read.
+func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, driver string, sb backend.Sandbox, foreign, dry bool, now time.Time) PruneAction {
 	act := PruneAction{Driver: driver, Sandbox: sb.Name, State: string(sb.State), Action: PruneKeep}
-	failed := func(err error) (PruneAction, bool) {
+	failed := func(err error) PruneAction {
 		act.Error = err.Error()
-		return act, false
+		return act
 	}
 	removed := false
 	if !dry && !foreign {
@@ -253,13 +250,13 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 		fresh, err := b.Inspect(ctx, sb.Name)
 		if errors.Is(err, backend.ErrNotFound) {
 			act.Cause, act.Reason = CauseRecorded, "removed meanwhile by another berth process"
-			return act, false
+			return act
 		} else if err != nil {
 			return failed(fmt.Errorf("inspecting sandbox %s: %w", sb.Name, err))
 		}
 		if fresh.Labels[backend.LabelOwner] != sb.Labels[backend.LabelOwner] {
 			act.Cause, act.Reason = CauseRecorded, "replaced meanwhile by a sandbox of another owner; left alone"
-			return act, false
+			return act
 		}
 		sb = fresh
 		act.State = string(sb.State)
@@ -296,7 +293,7 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 		}
 		v := retentionVerdict(rule, created, last, sb.State, busy, now)
 		if sb.State == backend.StateRunning {
-			v = r.notIdleIfJobs(ctx, b, sb.Name, v)
+			v = r.notIdleIfJobs(ctx, b, driver, sb.Name, v)
 		}
 		act.Action, act.Cause, act.Reason = v.action, v.cause, v.reason
 		if v.action == PruneKeep && drift != "" && v.cause == CauseRecorded {
@@ -319,7 +316,7 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 		}
 	}
 	if dry || act.Action == PruneKeep {
-		return act, false
+		return act
 	}
 	switch act.Action {
 	case PruneStop:
@@ -327,8 +324,7 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 			return failed(fmt.Errorf("stopping sandbox %s: %w", sb.Name, r.crashed(driver, err)))
 		}
 	case PruneRemove:
-		var dir string
-		dir, legacy = r.hostDir(driver, sb.Name, true)
+		dir := r.sandboxDir(driver, sb.Name)
 		if err := b.Remove(ctx, sb.Name); err != nil {
 			return failed(fmt.Errorf("removing sandbox %s: %w", sb.Name, r.crashed(driver, err)))
 		}
@@ -339,10 +335,8 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 				return failed(fmt.Errorf("sandbox %s is removed, but recording that failed: %w", sb.Name, err))
 			}
 			os.Remove(r.busyPath(driver, sb.Name))
-			if !legacy {
-				if err := os.RemoveAll(dir); err != nil {
-					r.log.Warn("deleting sandbox dir", "dir", dir, "error", err)
-				}
+			if err := os.RemoveAll(dir); err != nil {
+				r.log.Warn("deleting sandbox dir", "dir", dir, "error", err)
 			}
 		}
 	case PruneAdopt:
@@ -350,14 +344,21 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 			key := sb.Labels[backend.LabelSession]
 			rec := record{Session: key, Driver: driver, Sandbox: sb.Name, Scope: rule.Glob,
 				SpecHash: sb.Labels[backend.LabelSpecHash], Created: created, LastUsed: now}
-			if _, err := r.store.putIfAbsent(rec); err != nil {
+			if caps, err := r.capabilities(ctx, b); err == nil {
+				rec.Agent = caps.Agent
+			}
+			wrote, err := r.store.putIfAbsent(rec)
+			if err != nil {
 				return failed(fmt.Errorf("recording adopted sandbox %s: %w", sb.Name, err))
+			}
+			if wrote {
+				r.store.touch(key, sb.Name, now) // a last use left from before counts no more
 			}
 			act.Sessions = []string{key}
 		}
 	}
 	act.Done = true
-	return act, legacy && !foreign
+	return act
 }
 
 // ruleOf returns the rule that maps one of sessions (recorded on sb) to sb on
@@ -405,15 +406,13 @@ func (r *Registry) ruleMapping(driver string, sb backend.Sandbox) *config.Rule {
 
 // pruneFiles deletes state dir files that nothing references and that were last
 // modified longer ago than the grace period (real time: WithClock does not date
-// files): per-sandbox dirs and busy markers of both layouts (see hostdirs.go), lock
-// files, agent copies and full-output files. listed holds the sandboxes of ours that
-// the drivers listed (less those this run removed), listedOK the drivers that could
-// be listed, freed the names whose old-layout dir a sandbox removed in this run used
-// (that dir goes without waiting for the grace period, once nothing else uses it).
-// A driver's own files are kept while it cannot be listed (or is not known); old-layout
-// dirs, old busy markers and lock files, which do not say whose they are, while any
-// driver cannot be listed.
-func (r *Registry) pruneFiles(listed map[sbKey]bool, listedOK, freed map[string]bool, allListed, dry bool) []PruneAction {
+// files): per-sandbox dirs and busy markers (see hostdirs.go), lock files, agent
+// copies, full-output files and last-use files. listed holds the sandboxes of ours
+// that the drivers listed (less those this run removed), listedOK the drivers that
+// could be listed. A driver's own files are kept while it cannot be listed (or is
+// not known); lock files, which do not say whose they are, while any driver cannot
+// be listed.
+func (r *Registry) pruneFiles(listed map[sbKey]bool, listedOK map[string]bool, allListed, dry bool) []PruneAction {
 	var out []PruneAction
 	recs, err := r.store.all()
 	if err != nil {
@@ -465,29 +464,9 @@ func (r *Registry) pruneFiles(listed map[sbKey]bool, listedOK, freed map[string]
 		if !allListed {
 			continue
 		}
-		kind, x := fileLegacyBusy, rest
-		if !busyFile {
-			var ok bool
-			if x, ok = strings.CutSuffix(l.Name(), ".lock"); !ok {
-				continue
-			}
-			kind = fileNameLock
-		}
-		if backend.ValidateSandboxName(x) == nil && !nameUsed(x, listed, recs) {
-			add(fileCandidate{path: p, name: x, kind: kind})
-		}
-	}
-	// The old layout: STATE/sandboxes/SANDBOX, used by sandboxes of any driver made
-	// by earlier versions.
-	if !allListed {
-		out = append(out, PruneAction{Path: filepath.Join(r.stateDir, "sandboxes"), Action: PruneKeep, Cause: CauseInUse,
-			Reason: "old-layout per-sandbox dirs (sandboxes/SANDBOX) and lock files are not cleaned while a driver cannot be listed: its sandboxes may use them"})
-	} else {
-		ents, _ := os.ReadDir(filepath.Join(r.stateDir, "sandboxes"))
-		for _, e := range ents {
-			if x := e.Name(); r.isLegacyEntry(x) && !r.legacyUsed(x, listed, recs) {
-				add(fileCandidate{path: r.legacySandboxDir(x), name: x, kind: fileLegacyDir, noGrace: freed[x]})
-			}
+		x, ok := strings.CutSuffix(l.Name(), ".lock")
+		if ok && backend.ValidateSandboxName(x) == nil && !nameUsed(x, listed, recs) {
+			add(fileCandidate{path: p, name: x, kind: fileNameLock})
 		}
 	}
 	names := make([]string, 0, len(byName))
@@ -500,6 +479,39 @@ func (r *Registry) pruneFiles(listed map[sbKey]bool, listedOK, freed map[string]
 	}
 	out = append(out, r.pruneAgentCopies(old, dry)...)
 	out = append(out, r.pruneOutputs(recs, old, dry)...)
+	out = append(out, r.pruneLastUse(recs, old, dry)...)
+	return out
+}
+
+// pruneLastUse deletes the last-use files (STATE/lastuse/HASH, see store.touch) of
+// sessions that have no record any more.
+func (r *Registry) pruneLastUse(recs []record, old func(os.FileInfo) bool, dry bool) []PruneAction {
+	live := map[string]bool{}
+	for _, rec := range recs {
+		live[filepath.Base(r.store.lastUsePath(rec.Session))] = true
+	}
+	dir := r.store.lastUseDir()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var out []PruneAction
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		fi, err := os.Lstat(p)
+		if err != nil || !fi.Mode().IsRegular() || live[e.Name()] || !old(fi) {
+			continue
+		}
+		a := PruneAction{Path: p, Action: PruneDelete, Cause: CauseOrphan, Reason: "last-use time of a session that has no record any more"}
+		if !dry {
+			if err := os.Remove(p); err != nil {
+				a.Error = err.Error()
+			} else {
+				a.Done = true
+			}
+		}
+		out = append(out, a)
+	}
 	return out
 }
 
@@ -510,18 +522,13 @@ type fileCandidate struct {
 	name   string // the sandbox name
 	driver string // for fileDir and fileBusy
 	kind   int
-	// noGrace: the old-layout dir of a sandbox that this run removed; it goes at
-	// once (nothing can be in the middle of creating it).
-	noGrace bool
 }
 
 // Kinds of fileCandidate.
 const (
-	fileDir        = iota // STATE/sandboxes/DRIVER/SANDBOX
-	fileBusy              // STATE/locks/SANDBOX.DRIVER.busy
-	fileLegacyDir         // STATE/sandboxes/SANDBOX
-	fileLegacyBusy        // STATE/locks/SANDBOX.busy
-	fileNameLock          // STATE/locks/SANDBOX.lock
+	fileDir      = iota // STATE/sandboxes/DRIVER/SANDBOX
+	fileBusy            // STATE/locks/SANDBOX.DRIVER.busy
+	fileNameLock        // STATE/locks/SANDBOX.lock
 )
 
 // liveSandboxes returns the sandboxes that recs name and retention has not removed.
@@ -543,19 +550,6 @@ func nameUsed(name string, listed map[sbKey]bool, recs []record) bool {
 		}
 	}
 	return slices.ContainsFunc(recs, func(rec record) bool { return rec.Sandbox == name && rec.Removed.IsZero() })
-}
-
-// legacyUsed reports whether a listed sandbox or a live record named name may use the
-// old-layout dir: it has no dir in the current layout.
-func (r *Registry) legacyUsed(name string, listed map[sbKey]bool, recs []record) bool {
-	for k := range listed {
-		if k.name == name && !fileExists(r.sandboxDir(k.driver, name)) {
-			return true
-		}
-	}
-	return slices.ContainsFunc(recs, func(rec record) bool {
-		return rec.Sandbox == name && rec.Removed.IsZero() && !fileExists(r.sandboxDir(rec.Driver, name))
-	})
 }
 
 // pruneDriverDir deletes the empty STATE/sandboxes/DRIVER dir once it is older than
@@ -630,7 +624,7 @@ func (r *Registry) pruneNameFiles(name string, cands []fileCandidate, old func(o
 		if err != nil {
 			continue
 		}
-		if !c.noGrace && !old(fi) {
+		if !old(fi) {
 			return []PruneAction{{Path: c.path, Action: PruneKeep, Cause: CauseGrace,
 				Reason: fmt.Sprintf("unreferenced, but younger than the grace period %s: a sandbox may be in the middle of a create", FormatDuration(r.grace))}}
 		}
@@ -641,8 +635,6 @@ func (r *Registry) pruneNameFiles(name string, cands []fileCandidate, old func(o
 		switch c.kind {
 		case fileDir, fileBusy:
 			reason = fmt.Sprintf("no session record or sandbox of ours is named %s on driver %s", name, c.driver)
-		case fileLegacyDir:
-			reason = fmt.Sprintf("old-layout dir that no sandbox named %s uses any more", name)
 		}
 		return PruneAction{Path: c.path, Action: PruneDelete, Cause: CauseOrphan, Reason: reason}
 	}
@@ -669,11 +661,6 @@ func (r *Registry) pruneNameFiles(name string, cands []fileCandidate, old func(o
 		return nil
 	}
 	live := liveSandboxes(recs)
-	legacyBusy, err := isBusy(r.legacyBusyPath(name))
-	if err != nil || legacyBusy {
-		lock.Unlock(false)
-		return nil
-	}
 	removeLock := !lockExisted
 	var out []PruneAction
 	for _, c := range present {
@@ -682,11 +669,7 @@ func (r *Registry) pruneNameFiles(name string, cands []fileCandidate, old func(o
 			if busy, err := isBusy(r.busyPath(c.driver, name)); live[sbKey{c.driver, name}] || err != nil || busy {
 				continue
 			}
-		case fileLegacyDir:
-			if r.legacyUsed(name, nil, recs) {
-				continue
-			}
-		case fileLegacyBusy, fileNameLock:
+		case fileNameLock:
 			if nameUsed(name, nil, recs) {
 				continue
 			}

@@ -270,18 +270,19 @@ func (r *Registry) Explain(session string) (Explanation, error) {
 type Lease struct {
 	// Session is the session name.
 	Session string
-	// Driver is the driver's name; Backend the driver itself (owned by the Registry:
-	// do not Close it).
-	Driver  string
-	Backend backend.TerminalBackend
+	// Driver is the driver's name (Registry.Backend returns the driver).
+	Driver string
 	// Sandbox is the sandbox name.
 	Sandbox string
 	// Rule is the matching scope rule.
 	Rule *config.Rule
+	// Direct is set when the call reached the sandbox's running agent without
+	// starting its driver (the session's recorded sandbox answered on its socket).
+	Direct bool
 	// Created is set when this call created the sandbox, clear when it adopted one.
 	Created bool
-	// Drift is set when the adopted sandbox's LabelSpecHash differs from the rule's
-	// current spec (the config changed since it was created).
+	// Drift is set when the sandbox's LabelSpecHash differs from the rule's current
+	// spec (the config changed since it was created).
 	Drift bool
 	// Recreated is set when the session had a sandbox before and this call had to
 	// create a new, empty one: retention removed the old one (idle_ttl with
@@ -297,14 +298,16 @@ type Lease struct {
 	MovedReason string
 }
 
-// pending is an acquired sandbox whose session lock is still held and whose record
-// is not yet written.
+// pending is an acquired sandbox whose lock is still held and whose record is not
+// yet written.
 type pending struct {
 	lease    *Lease
+	b        backend.TerminalBackend
+	caps     backend.Capabilities
+	files    backend.AgentFiles
 	spec     backend.SandboxSpec
 	driver   string
 	dir      string
-	legacy   bool // dir is an old-layout dir (see hostdirs.go)
 	madeDir  bool
 	lock     *flock.Held
 	rec      record
@@ -315,8 +318,9 @@ func (r *Registry) lockPath(sandbox string) string {
 	return filepath.Join(r.stateDir, "locks", sandbox+".lock")
 }
 
-// acquire resolves session, takes its sandbox's lock, and creates or adopts the
-// sandbox. On error it holds no lock and has left nothing behind.
+// acquire resolves session, takes its sandbox's lock, and creates, adopts or starts
+// the sandbox through its driver (the slow path of every call). On error it holds no
+// lock and has left nothing behind.
 func (r *Registry) acquire(ctx context.Context, session string) (*pending, error) {
 	rule, _, err := r.cfg.Match(session)
 	if err != nil {
@@ -326,56 +330,87 @@ func (r *Registry) acquire(ctx context.Context, session string) (*pending, error
 		return nil, err
 	}
 	spec := rule.Spec(r.owner, session)
-	name := spec.Name
-	lock, err := flock.Lock(ctx, r.lockPath(name))
+	lock, err := flock.Lock(ctx, r.lockPath(spec.Name))
 	if err != nil {
 		return nil, fmt.Errorf("session %q: %w", session, err)
 	}
-	p := &pending{spec: spec, lock: lock, driver: rule.Driver}
-	fail := func(err error) (*pending, error) {
+	p := &pending{spec: spec, lock: lock, driver: rule.Driver, dir: r.sandboxDir(rule.Driver, spec.Name)}
+	if err := r.createIn(ctx, p, session, rule); err != nil {
 		r.release(p, true)
 		return nil, err
 	}
+	return p, nil
+}
+
+// createIn is acquire's work under the sandbox's lock: expiry of the session's own
+// sandbox, the agent files, the image, the driver's Create, and the lease and record
+// it leads to.
+func (r *Registry) createIn(ctx context.Context, p *pending, session string, rule *config.Rule) error {
+	name := p.spec.Name
 	b, err := r.driver(ctx, rule.Driver)
 	if err != nil {
-		return fail(fmt.Errorf("session %q: %w", session, err))
+		return fmt.Errorf("session %q: %w", session, err)
 	}
+	if p.caps, err = r.capabilities(ctx, b); err != nil {
+		return fmt.Errorf("session %q: driver %s: %w", session, rule.Driver, err)
+	}
+	p.b = b
 	old, recorded, err := r.store.get(session)
 	if err != nil {
-		return fail(fmt.Errorf("session %q: %w", session, err))
+		return fmt.Errorf("session %q: %w", session, err)
 	}
 	hadOld := recorded && old.Sandbox == name && old.Driver == rule.Driver
 	if hadOld {
 		if old, err = r.expireOwn(ctx, b, rule, old); err != nil {
-			return fail(fmt.Errorf("session %q: %w", session, err))
+			return fmt.Errorf("session %q: %w", session, err)
 		}
 	}
 	moved := recorded && !hadOld && old.Removed.IsZero()
 	if moved && old.Driver != rule.Driver {
 		r.markDriver(old.Driver) // so that prune finds the sandbox left behind
 	}
-	p.dir, p.legacy = r.resolveHostDir(ctx, b, rule.Driver, name)
 	p.madeDir = !fileExists(p.dir)
 	if err := os.MkdirAll(filepath.Dir(p.dir), 0o700); err != nil {
-		return fail(stateDirError(r.stateDir, err.Error()))
+		return stateDirError(r.stateDir, err.Error())
 	}
-	files, err := r.prepare(p.dir)
-	if err != nil {
-		return fail(r.dropDir(p, fmt.Errorf("session %q: preparing the agent for sandbox %s: %w", session, name, err)))
+	if p.files, err = r.prepare(p.dir); err != nil {
+		return r.dropDir(p, fmt.Errorf("session %q: preparing the agent for sandbox %s: %w", session, name, err))
 	}
 	if err := r.pull(ctx, b, rule, session, name); err != nil {
-		return fail(r.dropDir(p, err))
+		return r.dropDir(p, err)
 	}
 	now := r.now()
-	spec.Labels[backend.LabelCreated] = now.Format(time.RFC3339)
-	sb, err := b.Create(ctx, backend.CreateRequest{Spec: spec, Agent: files})
+	p.spec.Labels[backend.LabelCreated] = now.Format(time.RFC3339)
+	sb, err := b.Create(ctx, backend.CreateRequest{Spec: p.spec, Agent: p.files})
 	if err != nil {
-		return fail(r.dropDir(p, fmt.Errorf("session %q: creating sandbox %s on driver %s: %w", session, name, rule.Driver, err)))
+		return r.dropDir(p, fmt.Errorf("session %q: creating sandbox %s on driver %s: %w", session, name, rule.Driver, err))
 	}
 	if o := sb.Labels[backend.LabelOwner]; o != "" && o != r.owner {
-		return fail(backend.Errorf(backend.ErrConflict, "session %q: driver %s returned sandbox %s of owner %s, not ours (%s); refusing to use it", session, rule.Driver, name, o, r.owner))
+		return backend.Errorf(backend.ErrConflict, "session %q: driver %s returned sandbox %s of owner %s, not ours (%s); refusing to use it", session, rule.Driver, name, o, r.owner)
 	}
-	want := spec.Labels[backend.LabelSpecHash]
+	p.lease, p.rec = r.leaseOf(session, rule, p, sb, now)
+	switch {
+	case hadOld && !sb.Adopted:
+		p.lease.Recreated, p.lease.RecreatedReason = true, recreatedReason(old, rule.Driver)
+		r.log.Warn("session's sandbox was gone; created a new one", "session", session, "sandbox", name, "reason", p.lease.RecreatedReason)
+	case moved && !sb.Adopted:
+		p.lease.Recreated, p.lease.RecreatedReason = true, movedReason(old, rule, name)
+	case moved:
+		p.lease.Moved, p.lease.MovedReason = true, movedBackReason(old, rule, name)
+	}
+	if recorded && !hadOld {
+		r.log.Warn("session moves to another sandbox; the old one is left for prune", "session", session,
+			"old_driver", old.Driver, "old_sandbox", old.Sandbox, "driver", rule.Driver, "sandbox", name)
+	}
+	return nil
+}
+
+// leaseOf makes the lease and the record of session on sb, which the driver has just
+// created or adopted at now: the creation time is the sandbox's (its LabelCreated,
+// else the runtime's) for an adopted one, the spec hash the sandbox's, and drift
+// their difference from the rule's current spec.
+func (r *Registry) leaseOf(session string, rule *config.Rule, p *pending, sb backend.Sandbox, now time.Time) (*Lease, record) {
+	want := p.spec.Labels[backend.LabelSpecHash]
 	have := sb.Labels[backend.LabelSpecHash]
 	if have == "" {
 		have = want
@@ -386,31 +421,18 @@ func (r *Registry) acquire(ctx context.Context, session string) (*pending, error
 	} else if sb.Adopted && !sb.CreatedAt.IsZero() {
 		created = sb.CreatedAt.UTC()
 	}
-	p.lease = &Lease{
-		Session: session, Driver: rule.Driver, Backend: b, Sandbox: name, Rule: rule,
+	lease := &Lease{
+		Session: session, Driver: rule.Driver, Sandbox: p.spec.Name, Rule: rule,
 		Created: !sb.Adopted, Drift: sb.Adopted && have != want,
 	}
-	switch {
-	case hadOld && !sb.Adopted:
-		p.lease.Recreated, p.lease.RecreatedReason = true, recreatedReason(old, rule.Driver)
-		r.log.Warn("session's sandbox was gone; created a new one", "session", session, "sandbox", name, "reason", p.lease.RecreatedReason)
-	case moved && !sb.Adopted:
-		p.lease.Recreated, p.lease.RecreatedReason = true, movedReason(old, rule, name)
-	case moved:
-		p.lease.Moved, p.lease.MovedReason = true, movedBackReason(old, rule, name)
+	if lease.Drift {
+		r.log.Warn("sandbox differs from its rule's current spec (drift)", "session", session, "sandbox", p.spec.Name, "rule", rule.Pos())
 	}
-	p.rec = record{
-		Session: session, Driver: rule.Driver, Sandbox: name, Scope: rule.Glob,
-		SpecHash: have, Created: created, LastUsed: now,
+	rec := record{
+		Session: session, Driver: rule.Driver, Sandbox: p.spec.Name, Scope: rule.Glob,
+		SpecHash: have, Created: created, LastUsed: now, Agent: p.caps.Agent,
 	}
-	if p.lease.Drift {
-		r.log.Warn("sandbox differs from its rule's current spec (drift)", "session", session, "sandbox", name, "rule", rule.Pos())
-	}
-	if recorded && !hadOld {
-		r.log.Warn("session moves to another sandbox; the old one is left for prune", "session", session,
-			"old_driver", old.Driver, "old_sandbox", old.Sandbox, "driver", rule.Driver, "sandbox", name)
-	}
-	return p, nil
+	return lease, rec
 }
 
 // pull makes sure the rule's image is there, by the rule's pull policy, when sandbox
@@ -440,7 +462,7 @@ func (r *Registry) pull(ctx context.Context, b backend.TerminalBackend, rule *co
 
 // dropDir removes the sandbox dir that acquire made, and returns err.
 func (r *Registry) dropDir(p *pending, err error) error {
-	if p.madeDir && !p.legacy {
+	if p.madeDir {
 		os.RemoveAll(p.dir)
 	}
 	return err
@@ -454,13 +476,11 @@ func (r *Registry) undo(p *pending) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := p.lease.Backend.Remove(ctx, p.lease.Sandbox); err != nil {
+	if err := p.b.Remove(ctx, p.lease.Sandbox); err != nil {
 		r.log.Error("removing a sandbox after a failed call", "sandbox", p.lease.Sandbox, "error", err)
 		return
 	}
-	if !p.legacy {
-		os.RemoveAll(p.dir)
-	}
+	os.RemoveAll(p.dir)
 }
 
 // release drops p's lock; failed releases remove the busy marker when no record
@@ -498,13 +518,16 @@ func (r *Registry) recorded(driver, sandbox string) (onDriver, anyDriver bool) {
 	return onDriver, anyDriver
 }
 
-// Acquire returns session's sandbox, creating it or adopting it by name, and records
-// session → sandbox with its last use in the store. It holds the sandbox's lock
-// (STATE/locks/SANDBOX.lock, an flock shared with other processes) while it works.
-// Errors: a bad session name or no matching rule (ErrInvalid); the driver cannot be
-// started or configured; the driver's Create error (ErrConflict when the name is
-// held by something not ours, ErrUnavailable, ...), wrapped with the session and
-// sandbox. A failed Acquire leaves the store unchanged and no new sandbox behind.
+// Acquire returns session's sandbox, ready for execs: the recorded sandbox when its
+// agent answers (Lease.Direct, no driver started), else created or adopted (and
+// started) by its driver, and records session → sandbox with its last use in the
+// store. It holds the sandbox's lock (STATE/locks/SANDBOX.lock, an flock shared with
+// other processes) while it changes anything. Errors: a bad session name or no
+// matching rule (ErrInvalid); the driver cannot be started or configured; the
+// driver's Create error (ErrConflict when the name is held by something not ours,
+// ErrUnavailable, ...), wrapped with the session and sandbox; an agent that does not
+// answer as it should (see Exec). A failed Acquire leaves the store unchanged and no
+// new sandbox behind.
 //
 // Before it uses the session's recorded sandbox, Acquire applies the rule's
 // idle_ttl and max_age to it (and to nothing else): an idle sandbox with
@@ -513,92 +536,85 @@ func (r *Registry) recorded(driver, sandbox string) (onDriver, anyDriver bool) {
 // replaced, and the Lease says Recreated with the reason. The same holds for a
 // recorded sandbox that its driver no longer has.
 func (r *Registry) Acquire(ctx context.Context, session string) (*Lease, error) {
-	p, err := r.acquire(ctx, session)
+	if err := config.ValidateSession(session); err != nil {
+		return nil, err
+	}
+	c, err := r.open(ctx, session, openCreate)
 	if err != nil {
 		return nil, err
 	}
-	if err := r.store.put(p.rec); err != nil {
-		r.undo(p)
-		r.release(p, true)
-		return nil, fmt.Errorf("session %q: recording sandbox %s: %w", session, p.lease.Sandbox, err)
+	if err := c.commit(); err != nil {
+		c.fail()
+		return nil, err
 	}
-	r.release(p, false)
-	return p.lease, nil
+	c.done()
+	return c.lease, nil
 }
 
-// Exec acquires session's sandbox and starts req in it, with DefaultExecEnv added
-// for the variables that neither req nor the rule's env sets. The session's record (and
-// last use) is written only once the exec has started, and last use is touched
-// again when Wait returns. Errors: those of Acquire and of the driver's Exec
-// (ErrInvalid for a missing req.Dir, ...); when Exec fails in a sandbox that this
-// call created, the sandbox is removed again and the store is left unchanged.
-// Expiry and Lease.Recreated are as for Acquire. Until Wait returns, the exec holds
-// a shared flock on STATE/locks/SANDBOX.DRIVER.busy, so no berth process counts the
+// Exec starts req in session's sandbox (see Acquire for how it is reached, created
+// and expired), with DefaultExecEnv added for the variables that neither req nor the
+// rule's env sets. A session whose recorded sandbox's agent answers is served
+// without starting its driver; otherwise the lifecycle runs first, the session's
+// record is written only once the exec has started, and when the exec fails to start
+// in a sandbox that this call created, the sandbox is removed again and the store is
+// left unchanged. Last use is touched when Wait returns. Until then the exec holds a
+// shared flock on STATE/locks/SANDBOX.DRIVER.busy, so no berth process counts the
 // sandbox as idle; call Wait for every started exec.
+//
+// Errors: those of Acquire; the agent's (ErrInvalid for a missing req.Dir, ...); a
+// sandbox whose agent socket was replaced from inside it (ErrConflict), whose agent
+// is of an older berth (ErrUnsupported), or whose agent accepts but does not answer
+// within the config's agent_timeout (ErrTimeout): each names the session and the
+// way out (berth stop, berth exec --recreate, berth rm).
 func (r *Registry) Exec(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *Lease, error) {
 	if err := backend.CheckExecText(req); err != nil {
 		return nil, nil, fmt.Errorf("session %q: %w", session, err)
 	}
-	p, err := r.acquire(ctx, session)
+	if err := config.ValidateSession(session); err != nil {
+		return nil, nil, err
+	}
+	c, err := r.open(ctx, session, openCreate)
 	if err != nil {
 		return nil, nil, err
 	}
-	req.Env = withDefaultEnv(p.lease.Rule, req.Env)
-	req.Session = session
-	// The busy marker is taken under the sandbox's lock, so Prune, which checks it
-	// under the same lock, never sees a started exec as idle.
-	busy, madeBusy, err := holdBusy(r.busyPath(p.lease.Driver, p.lease.Sandbox))
-	if err != nil {
-		r.undo(p)
-		r.release(p, true)
-		return nil, nil, fmt.Errorf("session %q: %w", session, err)
+	req.Env = withDefaultEnv(c.lease.Rule, req.Env)
+	var proc backend.Process
+	if c.client != nil {
+		proc, err = c.client.Exec(ctx, req)
+	} else if ex, ok := c.b.(backend.Execer); ok {
+		proc, err = ex.Exec(ctx, c.lease.Sandbox, req)
+	} else {
+		err = backend.Errorf(backend.ErrUnsupported, "driver %s runs no berth agent and does not implement Exec", c.lease.Driver)
 	}
-	proc, err := p.lease.Backend.Exec(ctx, p.lease.Sandbox, req)
 	if err != nil {
-		busy.unlock(madeBusy)
-		r.undo(p)
-		r.release(p, true)
-		return nil, nil, fmt.Errorf("session %q: exec in sandbox %s: %w", session, p.lease.Sandbox, r.crashed(p.lease.Driver, err))
+		c.fail()
+		return nil, nil, c.callErr("exec", err)
 	}
-	p.rec.LastUsed = r.now()
-	if err := r.store.put(p.rec); err != nil {
+	if err := c.commit(); err != nil {
 		proc.Signal(9)
 		proc.Wait()
-		busy.unlock(madeBusy)
-		r.undo(p)
-		r.release(p, true)
-		return nil, nil, fmt.Errorf("session %q: recording sandbox %s: %w", session, p.lease.Sandbox, err)
+		c.fail()
+		return nil, nil, err
 	}
-	r.release(p, false)
-	return &touchProcess{Process: proc, r: r, session: session, sandbox: p.lease.Sandbox, driver: p.lease.Driver, busy: busy}, p.lease, nil
+	return &callProcess{Process: proc, c: c}, c.lease, nil
 }
 
-// touchProcess records the session's last use when Wait returns, and holds the
-// sandbox's busy marker until then.
-type touchProcess struct {
+// callProcess ends its call (sessionConn.done) when Wait returns: last use touched,
+// busy marker let go, connection closed.
+type callProcess struct {
 	backend.Process
-	r       *Registry
-	session string
-	sandbox string
-	driver  string
-	busy    *busyMarker
-	once    sync.Once
+	c    *sessionConn
+	once sync.Once
 }
 
-// Wait waits for the exec (see backend.Process), records the session's last use
-// and releases the sandbox's busy marker (so the sandbox counts as idle from now
-// on); a failure to record is logged, not returned. When the driver's plugin
-// crashed during the exec, the error (ErrUnavailable) says so.
-func (t *touchProcess) Wait() (backend.ExecResult, error) {
-	res, err := t.Process.Wait()
-	t.once.Do(func() {
-		if terr := t.r.store.touch(t.session, t.sandbox, t.r.now()); terr != nil {
-			t.r.log.Warn("recording last use", "session", t.session, "error", terr)
-		}
-		t.busy.unlock(false)
-	})
+// Wait waits for the exec (see backend.Process) and ends the call; a failure to
+// record the last use is logged, not returned. When the driver's plugin crashed
+// during an exec through it, the error (ErrUnavailable) says so.
+func (p *callProcess) Wait() (backend.ExecResult, error) {
+	res, err := p.Process.Wait()
+	p.once.Do(p.c.done)
 	if err != nil {
-		err = t.r.crashed(t.driver, err)
+		err = p.c.callErr("exec", err)
 	}
 	return res, err
 }
@@ -627,9 +643,23 @@ func (r *Registry) lockRecord(ctx context.Context, session string) (rec record, 
 	}
 }
 
-func noSession(session string) error {
-	return backend.Errorf(backend.ErrNotFound, "session %q has no sandbox (see berth sessions)", session)
+// errNoSession is in the errors of calls on a session that the store does not
+// record (with backend.ErrNotFound).
+var errNoSession = errors.New("no sandbox recorded")
+
+// noSessionError says that a session has no recorded sandbox; it is both
+// backend.ErrNotFound and errNoSession.
+type noSessionError struct{ session string }
+
+func (e noSessionError) Error() string {
+	return fmt.Sprintf("session %q has no sandbox (see berth sessions)", e.session)
 }
+
+func (e noSessionError) Is(target error) bool {
+	return target == backend.ErrNotFound || target == errNoSession
+}
+
+func noSession(session string) error { return noSessionError{session} }
 
 // CloseSession applies the on_close policy of session's rule to its sandbox: keep
 // does nothing, stop stops it, remove removes it, forgets the session and deletes
@@ -651,23 +681,51 @@ func (r *Registry) CloseSession(ctx context.Context, session string) error {
 	if rule.Retention.OnClose == config.OnCloseRemove {
 		return r.removeSession(ctx, session)
 	}
+	if _, ok, err := r.store.get(session); err != nil {
+		return err
+	} else if !ok {
+		return noSession(session)
+	}
+	if rule.Retention.OnClose != config.OnCloseStop {
+		return nil
+	}
+	return r.stopSession(ctx, session, "closing")
+}
+
+// StopSession stops session's sandbox whatever its rule's on_close says: every
+// process in it ends (the agent asks them, then they are killed), its files stay
+// where the driver keeps them (Capabilities.StopStart), and the session's next call
+// starts it again, with the agent binary of the berth that makes that call (the way
+// to move a sandbox onto a new berth's agent). For a shared sandbox every session on
+// it is stopped. Stopping a stopped sandbox, or a session without one, succeeds.
+// Errors: a bad session name (ErrInvalid); the driver's.
+func (r *Registry) StopSession(ctx context.Context, session string) error {
+	if err := config.ValidateSession(session); err != nil {
+		return err
+	}
+	if err := r.ensure(); err != nil {
+		return err
+	}
+	return r.stopSession(ctx, session, "stopping")
+}
+
+// stopSession stops session's recorded sandbox under its lock; doing says what for
+// in errors. A session without a record succeeds.
+func (r *Registry) stopSession(ctx context.Context, session, doing string) error {
 	rec, lock, ok, err := r.lockRecord(ctx, session)
 	if err != nil {
 		return err
 	}
 	if !ok {
-		return noSession(session)
-	}
-	defer lock.Unlock(false)
-	if rule.Retention.OnClose != config.OnCloseStop {
 		return nil
 	}
+	defer lock.Unlock(false)
 	b, err := r.driver(ctx, rec.Driver)
 	if err != nil {
-		return fmt.Errorf("closing session %q: %w", session, err)
+		return fmt.Errorf("%s session %q: %w", doing, session, err)
 	}
 	if err := b.Stop(ctx, rec.Sandbox, 0); err != nil {
-		return fmt.Errorf("closing session %q: stopping sandbox %s: %w", session, rec.Sandbox, err)
+		return fmt.Errorf("%s session %q: stopping sandbox %s: %w", doing, session, rec.Sandbox, err)
 	}
 	return nil
 }
@@ -703,14 +761,13 @@ func (r *Registry) removeSession(ctx context.Context, session string) error {
 	if err != nil {
 		return fmt.Errorf("removing session %q: %w", session, err)
 	}
-	dir, legacy := r.resolveHostDir(ctx, b, rec.Driver, rec.Sandbox) // before it is gone
 	if err := b.Remove(ctx, rec.Sandbox); err != nil {
 		return fmt.Errorf("removing session %q: sandbox %s: %w", session, rec.Sandbox, err)
 	}
 	if _, err := r.store.forgetSandbox(rec.Driver, rec.Sandbox); err != nil {
 		return fmt.Errorf("removing session %q: sandbox %s is removed, but forgetting it failed: %w", session, rec.Sandbox, err)
 	}
-	r.removeHostFiles(ctx, rec.Driver, rec.Sandbox, dir, legacy)
+	r.removeHostFiles(rec.Driver, rec.Sandbox)
 	os.RemoveAll(filepath.Dir(r.outputPath(session, "x"))) // its full-output files
 	removed = true
 	return nil

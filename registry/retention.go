@@ -153,7 +153,7 @@ func (r *Registry) expireOwn(ctx context.Context, b backend.TerminalBackend, rul
 	// The state matters only to "already stopped"; stopping twice is harmless, so
 	// no Inspect is spent on it.
 	v := retentionVerdict(rule, old.Created, idleSince, backend.StateRunning, busy, now)
-	v = r.notIdleIfJobs(ctx, b, old.Sandbox, v)
+	v = r.notIdleIfJobs(ctx, b, old.Driver, old.Sandbox, v)
 	switch v.action {
 	case PruneStop:
 		r.log.Info("stopping an idle sandbox before use", "session", old.Session, "sandbox", old.Sandbox, "reason", v.reason)

@@ -476,7 +476,7 @@ scope "docker:*" {
 	_, l := run(t, r, "keep:1", "true")
 	// Files nothing references: a sandbox dir and a lock from a lost sandbox.
 	stray := config.SandboxName(mustOwner(t, r), "keep:stray")
-	os.MkdirAll(filepath.Join(e.stateDir, "sandboxes", stray, "agent"), 0o700)
+	os.MkdirAll(filepath.Join(e.stateDir, "sandboxes", "local", stray, "agent"), 0o700)
 	os.WriteFile(filepath.Join(e.stateDir, "locks", stray+".lock"), nil, 0o600)
 
 	rep := prune(t, r, false)
@@ -490,7 +490,7 @@ scope "docker:*" {
 	if a := actionFor(t, rep, l.Sandbox); a.Action != PruneKeep {
 		t.Errorf("the healthy driver's sandbox: %+v", a)
 	}
-	if _, err := os.Stat(filepath.Join(e.stateDir, "sandboxes", stray)); err != nil {
+	if _, err := os.Stat(filepath.Join(e.stateDir, "sandboxes", "local", stray)); err != nil {
 		t.Error("prune deleted sandbox files while a driver was down")
 	}
 
@@ -505,18 +505,18 @@ scope "docker:*" {
 	if rep.Failed() {
 		t.Errorf("prune: %+v", rep)
 	}
-	if _, err := os.Stat(filepath.Join(e.stateDir, "sandboxes", stray)); err != nil {
+	if _, err := os.Stat(filepath.Join(e.stateDir, "sandboxes", "local", stray)); err != nil {
 		t.Error("prune deleted young stray files (grace)")
 	}
 	// Files are dated in real time: a clock ahead does not age them...
 	clk.Advance(DefaultOrphanGrace + time.Minute)
 	prune(t, r2, false)
-	if _, err := os.Stat(filepath.Join(e.stateDir, "sandboxes", stray)); err != nil {
+	if _, err := os.Stat(filepath.Join(e.stateDir, "sandboxes", "local", stray)); err != nil {
 		t.Error("prune deleted stray files that are young in real time because its clock is ahead")
 	}
 	// ... their modification time does.
 	past := time.Now().Add(-DefaultOrphanGrace - time.Minute)
-	for _, p := range []string{filepath.Join(e.stateDir, "sandboxes", stray), filepath.Join(e.stateDir, "locks", stray+".lock"),
+	for _, p := range []string{filepath.Join(e.stateDir, "sandboxes", "local", stray), filepath.Join(e.stateDir, "locks", stray+".lock"),
 		filepath.Join(e.stateDir, "sandboxes", "local", l.Sandbox), filepath.Join(e.stateDir, "locks", l.Sandbox+".lock")} {
 		if err := os.Chtimes(p, past, past); err != nil {
 			t.Fatal(err)
@@ -532,7 +532,7 @@ scope "docker:*" {
 	if deleted != 2 {
 		t.Errorf("deleted %d stray paths, want 2 (dir and lock): %+v", deleted, rep.Actions)
 	}
-	for _, p := range []string{filepath.Join(e.stateDir, "sandboxes", stray), filepath.Join(e.stateDir, "locks", stray+".lock")} {
+	for _, p := range []string{filepath.Join(e.stateDir, "sandboxes", "local", stray), filepath.Join(e.stateDir, "locks", stray+".lock")} {
 		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s still exists", p)
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/output"
 	"github.com/berth-sh/berth/registry/config"
 )
@@ -122,43 +123,6 @@ func (r *Registry) capabilities(ctx context.Context, b backend.TerminalBackend) 
 	return info.Capabilities, nil
 }
 
-// sessionDriver returns session's rule once its driver is started and claims what has
-// checks; otherwise ErrUnsupported saying the driver lacks (a phrase: "has no shell
-// mode ..."), or the error of Match or of starting the driver.
-func (r *Registry) sessionDriver(ctx context.Context, session string, has func(backend.Capabilities) bool, lacks string) (*config.Rule, error) {
-	rule, _, err := r.cfg.Match(session)
-	if err != nil {
-		return nil, err
-	}
-	b, err := r.Backend(ctx, rule.Driver)
-	if err != nil {
-		return nil, fmt.Errorf("session %q: %w", session, err)
-	}
-	caps, err := r.capabilities(ctx, b)
-	if err != nil {
-		return nil, fmt.Errorf("session %q: driver %s: %w", session, rule.Driver, err)
-	}
-	if !has(caps) {
-		return nil, backend.Errorf(backend.ErrUnsupported, "session %q: driver %s %s", session, rule.Driver, lacks)
-	}
-	return rule, nil
-}
-
-// haveSandbox returns ErrNotFound ("session S has no sandbox" and then what) when the
-// store records no sandbox for session: the calls that only read a sandbox never
-// create one.
-func (r *Registry) haveSandbox(session, what string) error {
-	if err := r.ensure(); err != nil {
-		return err
-	}
-	if _, ok, err := r.store.get(session); err != nil {
-		return err
-	} else if !ok {
-		return backend.Errorf(backend.ErrNotFound, "session %q has no sandbox%s", session, what)
-	}
-	return nil
-}
-
 // spillSeq makes full-output file names unique within a process.
 var spillSeq atomic.Uint64
 
@@ -174,33 +138,71 @@ func (r *Registry) outputPath(session, stream string) string {
 // error or `exec` end only that call), and the calls of one session run one at a
 // time, in order of arrival, while other sessions and plain execs go on. Output is
 // capped per stream (ShellRequest.MaxOutput) and kept whole in host-only files when
-// it did not fit. Errors: those of Exec; ErrInvalid for an empty command;
-// ErrUnsupported when the session's driver has no shell mode (Capabilities.Shell).
-// A command that fails is not an error: see the result's ExitCode.
+// it did not fit. The sandbox is reached, created and expired as for Exec. Errors:
+// those of Exec; ErrInvalid for an empty command; ErrUnsupported when the session's
+// driver runs no berth agent. A command that fails is not an error: see the result's
+// ExitCode.
 func (r *Registry) Shell(ctx context.Context, session string, req ShellRequest) (ShellResult, error) {
 	if strings.TrimSpace(req.Command) == "" {
 		return ShellResult{}, backend.Errorf(backend.ErrInvalid, "session %q: shell mode: empty command", session)
 	}
-	rule, err := r.sessionDriver(ctx, session, func(c backend.Capabilities) bool { return c.Shell },
-		"has no shell mode (it does not run berth's agent); use a plain exec (berth exec -- sh -c ...)")
-	if err != nil {
-		return ShellResult{}, err
-	}
-	limit := req.MaxOutput
+	var out ShellResult
+	err := r.agentCall(ctx, session, openCreate, "has no shell mode (its sandboxes run no berth agent); use a plain exec (berth exec -- sh -c ...)", func(c *sessionConn) error {
+		lease := c.lease
+		out = ShellResult{Session: session, Driver: lease.Driver, Sandbox: lease.Sandbox,
+			Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason,
+			Moved: lease.Moved, MovedReason: lease.MovedReason}
+		streams := r.shellStreams(session, r.shellLimit(lease.Rule, req.MaxOutput), req.Stdout, req.Stderr)
+		p, err := c.client.Shell(ctx, agent.ShellRequest{
+			Command: req.Command, Session: session, Env: withDefaultEnv(lease.Rule, req.Env), Dir: req.Dir,
+			Timeout: req.Timeout, Stdin: req.Stdin != nil, Stdout: streams[0].w, Stderr: streams[1].w,
+		})
+		if err != nil {
+			streams.discard()
+			return c.callErr("shell call", err)
+		}
+		if req.Stdin != nil {
+			go func() {
+				io.Copy(processStdin{p}, req.Stdin)
+				p.CloseStdin()
+			}()
+		}
+		res, err := p.Wait()
+		out.ExecResult = res
+		streams.fill(r, &out)
+		return c.callErr("shell call", err)
+	})
+	return out, err
+}
+
+// shellLimit is a call's per-stream cap: the call's, else the rule's max_output,
+// else DefaultShellMaxOutput; negative means none.
+func (r *Registry) shellLimit(rule *config.Rule, limit int64) int64 {
 	if limit == 0 {
 		limit = rule.MaxOutput
 	}
 	if limit == 0 {
 		limit = DefaultShellMaxOutput
 	}
-	type stream struct {
-		capture *output.Capture
-		spill   *output.Spill
-		w       io.Writer
-	}
-	streams := [2]*stream{}
+	return limit
+}
+
+// shellStream is one output stream of a shell call: its capped text, the spill file
+// of its full bytes, and the writer the call writes to (both, and the caller's).
+type shellStream struct {
+	capture *output.Capture
+	spill   *output.Spill
+	w       io.Writer
+}
+
+type shellStreams [2]*shellStream
+
+// shellStreams makes the stdout and stderr streams of a call of session capped at
+// limit, each also writing to the caller's writer when set.
+func (r *Registry) shellStreams(session string, limit int64, stdout, stderr io.Writer) shellStreams {
+	var streams shellStreams
 	for i, name := range []string{"stdout", "stderr"} {
-		st := &stream{}
+		st := &shellStream{}
 		var ws []io.Writer
 		if limit >= 0 {
 			st.capture = output.NewCapture(limit)
@@ -210,39 +212,26 @@ func (r *Registry) Shell(ctx context.Context, session string, req ShellRequest) 
 			st.capture = output.NewCapture(1<<62 - 1)
 			ws = append(ws, st.capture)
 		}
-		if user := []io.Writer{req.Stdout, req.Stderr}[i]; user != nil {
+		if user := []io.Writer{stdout, stderr}[i]; user != nil {
 			ws = append(ws, user)
 		}
 		st.w = io.MultiWriter(ws...)
 		streams[i] = st
 	}
-	ereq := backend.ExecRequest{
-		Shell: req.Command, Session: session, Env: req.Env, Dir: req.Dir, Timeout: req.Timeout,
-		Stdin: req.Stdin != nil, Stdout: streams[0].w, Stderr: streams[1].w,
-	}
-	p, lease, err := r.Exec(ctx, session, ereq)
-	if err != nil {
-		return ShellResult{}, err
-	}
-	if req.Stdin != nil {
-		go func() {
-			io.Copy(processStdin{p}, req.Stdin)
-			p.CloseStdin()
-		}()
-	}
-	res, err := p.Wait()
-	out := ShellResult{ExecResult: res, Session: session, Driver: lease.Driver, Sandbox: lease.Sandbox,
-		Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason,
-		Moved: lease.Moved, MovedReason: lease.MovedReason}
-	out.Stdout, out.StdoutTruncatedBytes = streams[0].capture.Text()
-	out.Stderr, out.StderrTruncatedBytes = streams[1].capture.Text()
-	for i, st := range streams {
+	return streams
+}
+
+// fill puts the streams' text and spill files into out.
+func (s shellStreams) fill(r *Registry, out *ShellResult) {
+	out.Stdout, out.StdoutTruncatedBytes = s[0].capture.Text()
+	out.Stderr, out.StderrTruncatedBytes = s[1].capture.Text()
+	for i, st := range s {
 		if st.spill == nil {
 			continue
 		}
-		path, dropped, serr := st.spill.Close()
-		if serr != nil {
-			r.log.Warn("writing a full-output file", "session", session, "path", path, "error", serr)
+		path, dropped, err := st.spill.Close()
+		if err != nil {
+			r.log.Warn("writing a full-output file", "session", out.Session, "path", path, "error", err)
 		}
 		if i == 0 {
 			out.StdoutFile, out.StdoutFileTruncatedBytes = path, dropped
@@ -250,10 +239,17 @@ func (r *Registry) Shell(ctx context.Context, session string, req ShellRequest) 
 			out.StderrFile, out.StderrFileTruncatedBytes = path, dropped
 		}
 	}
-	if err != nil {
-		return out, fmt.Errorf("session %q: shell call in sandbox %s: %w", session, lease.Sandbox, err)
+}
+
+// discard closes the spill files of a call that did not run.
+func (s shellStreams) discard() {
+	for _, st := range s {
+		if st.spill != nil {
+			if path, _, _ := st.spill.Close(); path != "" {
+				os.Remove(path)
+			}
+		}
 	}
-	return out, nil
 }
 
 // processStdin adapts a Process to io.Writer for io.Copy.

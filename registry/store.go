@@ -2,13 +2,16 @@ package registry
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -51,6 +54,10 @@ type record struct {
 	// says why.
 	Removed       time.Time `json:"removed,omitzero"`
 	RemovedReason string    `json:"removed_reason,omitempty"`
+	// Agent is how the host reaches the sandbox's agent (the driver's
+	// Capabilities.Agent when the record was written): with AgentSocket a call dials
+	// the socket in the sandbox's host dir without starting the driver.
+	Agent backend.AgentReach `json:"agent,omitempty"`
 }
 
 // store is the bbolt state store, opened for each transaction so that concurrent
@@ -266,12 +273,15 @@ func putRecord(tx *bolt.Tx, r record) error {
 	return tx.Bucket(bucketSessions).Put([]byte(r.Session), b)
 }
 
-// get returns session's record.
+// get returns session's record, with its last use (touch) merged in.
 func (s *store) get(session string) (r record, ok bool, err error) {
 	err = s.view(func(tx *bolt.Tx) error {
 		r, ok, err = getRecord(tx, session)
 		return err
 	})
+	if ok {
+		r = s.withLastUse(r)
+	}
 	return r, ok, err
 }
 
@@ -286,7 +296,7 @@ func (s *store) put(r record) error {
 func (r record) equal(o record) bool {
 	return r.Session == o.Session && r.Driver == o.Driver && r.Sandbox == o.Sandbox && r.Scope == o.Scope &&
 		r.SpecHash == o.SpecHash && r.Created.Equal(o.Created) && r.LastUsed.Equal(o.LastUsed) &&
-		r.Removed.Equal(o.Removed) && r.RemovedReason == o.RemovedReason
+		r.Removed.Equal(o.Removed) && r.RemovedReason == o.RemovedReason && r.Agent == o.Agent
 }
 
 // markRemoved sets Removed and RemovedReason on every record that points at sandbox
@@ -369,19 +379,68 @@ func (s *store) forgetSandbox(driver, sandbox string) ([]string, error) {
 		}
 		return nil
 	})
+	if err == nil {
+		s.forgetLastUse(gone)
+	}
 	return gone, err
 }
 
-// touch sets session's LastUsed to t when its record still points at sandbox.
+// touch records t as session's last use of sandbox. It is not a store transaction:
+// the time goes to a small file of its own (lastUsePath), written without fsync, so
+// that a call's end costs no synchronous disk write. The last touch wins (a clock set
+// back moves it back, as it moved the record's LastUsed before). After a crash of the
+// machine the file may hold an older time, or be gone: then the record's LastUsed
+// counts, which a call that created or changed the record wrote durably (and touched
+// too). get and all merge it in.
 func (s *store) touch(session, sandbox string, t time.Time) error {
-	return s.update(func(tx *bolt.Tx) error {
-		r, ok, err := getRecord(tx, session)
-		if err != nil || !ok || r.Sandbox != sandbox {
-			return err
-		}
-		r.LastUsed = t.UTC()
-		return putRecord(tx, r)
-	})
+	path := s.lastUsePath(session)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	tmp := path + ".tmp-" + randomHex(4)
+	if err := os.WriteFile(tmp, []byte(sandbox+" "+t.UTC().Format(time.RFC3339Nano)+"\n"), 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// lastUseDir is STATE/lastuse, where touch keeps each session's last use.
+func (s *store) lastUseDir() string { return filepath.Join(filepath.Dir(s.path), "lastuse") }
+
+// lastUsePath is session's last-use file: lastUseDir/HASH, HASH 32 hex digits of
+// sha256(session) (a session name is never used raw as a path).
+func (s *store) lastUsePath(session string) string {
+	sum := sha256.Sum256([]byte(session))
+	return filepath.Join(s.lastUseDir(), hex.EncodeToString(sum[:16]))
+}
+
+// withLastUse returns r with LastUsed set to the time its last-use file holds for r's
+// sandbox. A missing or damaged file (a machine crash before it reached the disk), or
+// one about another sandbox, changes nothing.
+func (s *store) withLastUse(r record) record {
+	b, err := os.ReadFile(s.lastUsePath(r.Session))
+	if err != nil || len(b) > 256 {
+		return r
+	}
+	sb, ts, ok := strings.Cut(strings.TrimSpace(string(b)), " ")
+	if !ok || sb != r.Sandbox {
+		return r
+	}
+	if t, err := time.Parse(time.RFC3339Nano, ts); err == nil {
+		r.LastUsed = t
+	}
+	return r
+}
+
+// forgetLastUse deletes the last-use files of sessions.
+func (s *store) forgetLastUse(sessions []string) {
+	for _, session := range sessions {
+		os.Remove(s.lastUsePath(session))
+	}
 }
 
 // all returns every record, sorted by session.
@@ -393,7 +452,7 @@ func (s *store) all() ([]record, error) {
 			if err := json.Unmarshal(v, &r); err != nil {
 				return fmt.Errorf("state store: record of session %q is corrupt: %w", k, err)
 			}
-			out = append(out, r)
+			out = append(out, s.withLastUse(r))
 			return nil
 		})
 	})

@@ -712,3 +712,38 @@ func (c *Client) CopyOut(ctx context.Context, path string, w io.Writer) error {
 		}
 	}
 }
+
+// ExecOnce starts req on c (Client.Exec) and closes c once Wait has returned, or at
+// once when the start fails: one exec on a connection made for it.
+func ExecOnce(ctx context.Context, c *Client, req backend.ExecRequest) (backend.Process, error) {
+	p, err := c.Exec(ctx, req)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &closingProcess{Process: p, close: c.Close}, nil
+}
+
+// Exec connects to the agent of files (Connect), starts req and closes the
+// connection once Wait has returned: one exec without keeping a Client, as a driver's
+// tests or a one-off tool run one. Errors: those of Connect and Client.Exec.
+func Exec(ctx context.Context, files backend.AgentFiles, req backend.ExecRequest, opts ...ClientOption) (backend.Process, error) {
+	c, err := Connect(ctx, files, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return ExecOnce(ctx, c, req)
+}
+
+// closingProcess closes its connection once Wait has returned.
+type closingProcess struct {
+	backend.Process
+	close func() error
+	once  sync.Once
+}
+
+func (p *closingProcess) Wait() (backend.ExecResult, error) {
+	res, err := p.Process.Wait()
+	p.once.Do(func() { p.close() })
+	return res, err
+}

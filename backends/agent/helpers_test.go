@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,7 +30,8 @@ func TestMain(m *testing.M) {
 	agentBin = filepath.Join(dir, "berth-agent")
 	goTool, err := exec.LookPath("go")
 	if err != nil {
-		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+		fmt.Fprintf(os.Stderr, "building the test agent needs the go tool in PATH: %v\n", err)
+		os.Exit(1)
 	}
 	cmd := exec.Command(goTool, "build", "-o", agentBin, "./testdata/agentmain")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

@@ -112,10 +112,13 @@ func capsSummary(c backend.Capabilities) string {
 	}{{c.TTY, "tty"}, {c.CPULimit, "cpu"}, {c.MemoryLimit, "memory"}, {c.PidsLimit, "pids"},
 		{c.DropCapabilities, "cap-drop"}, {c.Copy, "copy"}, {c.StopStart, "stop-start"},
 		{c.ExecUser, "user"}, {c.ImagePull, "pull"}, {c.ImageImport, "import"}, {c.Config, "config"},
-		{c.Shell, "shell"}, {c.Jobs, "jobs"}} {
+		{c.HasAgent(), "shell"}, {c.HasAgent(), "jobs"}, {c.AgentDial, "dial-agent"}, {c.Validate, "validate"}} {
 		if f.on {
 			s = append(s, f.name)
 		}
+	}
+	if c.Agent != backend.AgentNone {
+		s = append(s, "agent="+string(c.Agent))
 	}
 	return strings.Join(s, ",")
 }

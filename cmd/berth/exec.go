@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -379,16 +378,6 @@ func (h *headWriter) Write(b []byte) (int, error) {
 	}
 	h.dropped += int64(len(b)) - keep
 	return len(b), nil
-}
-
-// errorsIsAny reports whether err is any of kinds.
-func errorsIsAny(err error, kinds ...error) bool {
-	for _, k := range kinds {
-		if errors.Is(err, k) {
-			return true
-		}
-	}
-	return false
 }
 
 // startGrace is how long a signal that came while berth was still getting the

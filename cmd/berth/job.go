@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/registry"
 )
 
@@ -57,7 +57,7 @@ or the sandbox stops. The host reads that output only through the agent.`,
 		Short: "List the session's jobs",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			jobs, err := query(cmd.Context(), g, func(reg *registry.Registry, ctx context.Context) ([]backend.JobInfo, error) {
+			jobs, err := query(cmd.Context(), g, func(reg *registry.Registry, ctx context.Context) ([]agent.Job, error) {
 				return reg.Jobs(ctx, session)
 			})
 			if err != nil {
@@ -103,10 +103,10 @@ or the sandbox stops. The host reads that output only through the agent.`,
 				case <-ctx.Done():
 				}
 			}()
-			var res backend.ExecResult
+			var res agent.JobLogsEnd
 			err := g.withRegistry(ctx, func(reg *registry.Registry) error {
 				var err error
-				res, err = reg.JobLogs(ctx, session, args[0], follow, os.Stdout)
+				res, err = reg.JobLogs(ctx, session, registry.JobLogsRequest{ID: args[0], Follow: follow}, os.Stdout)
 				return err
 			})
 			select {

@@ -77,8 +77,8 @@ scope "*" {
 	var list []driverJSON
 	decodeOne(t, e.must("drivers", "--json"), &list)
 	i := slices.IndexFunc(list, func(d driverJSON) bool { return d.Name == "tlocal" })
-	if i < 0 || list[i].Protocol != 1 || list[i].Health != "ok" || list[i].Version != "0.0.1-test" || list[i].Path != path {
-		t.Errorf("drivers --json: want tlocal at protocol 1 from %s: %+v", path, list)
+	if i < 0 || list[i].Protocol != 2 || list[i].Health != "ok" || list[i].Version != "0.0.1-test" || list[i].Path != path {
+		t.Errorf("drivers --json: want tlocal at protocol 2 from %s: %+v", path, list)
 	}
 	r = e.must("drivers")
 	if !strings.Contains(r.stdout, "tlocal") || !strings.Contains(r.stdout, path) {

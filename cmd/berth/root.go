@@ -90,7 +90,7 @@ Without a config file every session runs on the local driver.`,
 	pf.MarkHidden("in-process")
 
 	root.AddCommand(
-		newExecCmd(g), newShellCmd(g), newSessionsCmd(g), newCloseCmd(g), newRmCmd(g), newPruneCmd(g),
+		newExecCmd(g), newShellCmd(g), newSessionsCmd(g), newCloseCmd(g), newStopCmd(g), newRmCmd(g), newPruneCmd(g),
 		newDriversCmd(g), newConfigCmd(g), newConformanceCmd(g), newVersionCmd(),
 		newDriverCmd(g), newImageCmd(g), newJobCmd(g), newCpCmd(g),
 	)

@@ -105,3 +105,21 @@ func newRmCmd(g *globals) *cobra.Command {
 		},
 	}
 }
+
+func newStopCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "stop SESSION",
+		Short: "Stop a session's sandbox, keeping its files; the next command starts it again",
+		Long: `Stop the sandbox of SESSION whatever its rule's on_close says: every process in it
+ends (the agent asks them, then they are killed), its files stay (where the driver
+keeps files across a stop), and the session's next command starts it again, with
+this berth's agent. For a sandbox that several sessions share, all of them are
+stopped. Stopping a stopped sandbox, or a session without one, succeeds.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
+				return reg.StopSession(cmd.Context(), args[0])
+			})
+		},
+	}
+}

@@ -3,10 +3,14 @@
 package benchutil
 
 import (
+	"context"
 	"sort"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
 )
 
 // MinRounds is the fewest rounds a comparison runs, whatever b.N is.
@@ -62,4 +66,43 @@ func Report(b *testing.B, names []string, samples [][]time.Duration) {
 		summary = append(summary, name+" p50 "+p50.Round(10*time.Microsecond).String()+" p95 "+p95.Round(10*time.Microsecond).String())
 	}
 	b.Log(strings.Join(summary, "; "))
+}
+
+// AgentKept returns a way that runs `true` through the agent of files over one
+// connection kept for the whole benchmark (what a long-lived host pays per exec).
+func AgentKept(b *testing.B, files backend.AgentFiles) func() error {
+	b.Helper()
+	c, err := agent.Connect(context.Background(), files)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	return func() error {
+		p, err := c.Exec(context.Background(), TrueReq)
+		return WaitTrue(b, p, err)
+	}
+}
+
+// AgentDial returns a way that runs `true` through the agent of files over a new
+// connection each time (agent.Exec: dial, handshake, Hello, exec, close).
+func AgentDial(b *testing.B, files backend.AgentFiles) func() error {
+	return func() error {
+		p, err := agent.Exec(context.Background(), files, TrueReq)
+		return WaitTrue(b, p, err)
+	}
+}
+
+// TrueReq is the exec request of `true`.
+var TrueReq = backend.ExecRequest{Argv: []string{"true"}}
+
+// WaitTrue waits for an exec of `true` and fails b when it did not exit 0.
+func WaitTrue(b *testing.B, p backend.Process, err error) error {
+	if err != nil {
+		return err
+	}
+	res, err := p.Wait()
+	if err == nil && res.ExitCode != 0 {
+		b.Fatalf("true exited %d", res.ExitCode)
+	}
+	return err
 }

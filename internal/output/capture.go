@@ -78,7 +78,7 @@ func (c *Capture) Text() (string, int64) {
 	t0 := tail[partialPrefix(tail):]
 	// The marker's length with the largest possible count bounds the real one.
 	budget := max(c.max-int64(len(fmt.Sprintf(Marker, c.total))), 0)
-	k, hlen := fitPrefix(h0, budget/2)
+	_, hlen := fitPrefix(h0, budget/2)
 	k, tlen := fitSuffix(t0, budget-hlen)
 	tail = t0[len(t0)-k:]
 	k, _ = fitPrefix(h0, budget-tlen) // the tail may have left room

@@ -215,6 +215,11 @@ type Config struct {
 	StateDir string
 	// AgentPath is agent_path, an absolute path, or empty (the berth binary).
 	AgentPath string
+	// AgentTimeout is agent_timeout: how long connecting to a sandbox's agent (the
+	// dial, berth's handshake and Hello) may take before the call fails with
+	// ErrTimeout, naming the sandbox (a paused container, something squatting on the
+	// agent's socket). Zero means DefaultAgentTimeout.
+	AgentTimeout time.Duration
 	// PluginDirs is plugin_dirs, absolute paths.
 	PluginDirs []string
 	// LogLevel is log_level: trace, debug, info, warn, error, off, or empty.
@@ -667,7 +672,7 @@ func (d *decoder) driverBlock(b *hcl.Block) *DriverBlock {
 
 var rootSchema = &hcl.BodySchema{
 	Attributes: []hcl.AttributeSchema{
-		{Name: "state_dir"}, {Name: "agent_path"}, {Name: "plugin_dirs"}, {Name: "log_level"},
+		{Name: "state_dir"}, {Name: "agent_path"}, {Name: "plugin_dirs"}, {Name: "log_level"}, {Name: "agent_timeout"},
 	},
 	Blocks: []hcl.BlockHeaderSchema{
 		{Type: "driver", LabelNames: []string{"name"}},
@@ -698,6 +703,9 @@ var retentionSchema = &hcl.BodySchema{
 	Attributes: []hcl.AttributeSchema{{Name: "on_close"}, {Name: "idle_ttl"}, {Name: "idle_action"}, {Name: "max_age"}},
 }
 
+// DefaultAgentTimeout is agent_timeout's default, 10 seconds.
+const DefaultAgentTimeout = 10 * time.Second
+
 // LogLevels lists the accepted log levels of log_level (and of berth's --log-level
 // and BERTH_LOG), as go-hclog names them (hclog.LevelFromString).
 var LogLevels = []string{"trace", "debug", "info", "warn", "error", "off"}
@@ -713,6 +721,15 @@ func (d *decoder) config(body hcl.Body) *Config {
 	}
 	if a := c.Attributes["agent_path"]; a != nil {
 		cfg.AgentPath, _ = d.absPath(a, true)
+	}
+	if a := c.Attributes["agent_timeout"]; a != nil {
+		if v, ok := d.duration(a); ok {
+			if v <= 0 {
+				d.errf(a.Expr.Range(), "Invalid duration", "agent_timeout must be positive, such as \"10s\".")
+			} else {
+				cfg.AgentTimeout = v
+			}
+		}
 	}
 	if a := c.Attributes["plugin_dirs"]; a != nil {
 		if dirs, ok := d.strList(a); ok {

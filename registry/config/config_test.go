@@ -215,7 +215,7 @@ func TestConfigBadInput(t *testing.T) {
 		{"bad max_age", "scope \"*\" {\n  retention { max_age = \"-1h\" }\n}\n",
 			[]string{"config.hcl:2:25: error: Invalid duration", `"-1h"`}},
 		{"unknown top key", "stat_dir = \"/x\"\n",
-			[]string{"config.hcl:1:1: error: Unsupported argument", `"stat_dir"`, `Did you mean "state_dir"?`, "Valid arguments in the config file: state_dir, agent_path, plugin_dirs, log_level; valid blocks: driver, scope."}},
+			[]string{"config.hcl:1:1: error: Unsupported argument", `"stat_dir"`, `Did you mean "state_dir"?`, "Valid arguments in the config file: state_dir, agent_path, plugin_dirs, log_level, agent_timeout; valid blocks: driver, scope."}},
 		{"unknown scope key", "scope \"*\" {\n  drivr = \"local\"\n}\n",
 			[]string{"config.hcl:2:3: error: Unsupported argument", `Did you mean "driver"?`, `Valid arguments in scope "*": driver, name, image, pull, env, env_passthrough, workdir, user, network, allow_host_paths, isolation, max_output; valid blocks: mount, resources, retention.`}},
 		{"unknown block", "scope \"*\" {\n  limits {}\n}\n",

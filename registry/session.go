@@ -1,0 +1,313 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"time"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/flock"
+	"github.com/berth-sh/berth/registry/config"
+)
+
+// One call on a session's sandbox (an exec, a shell call, a job operation, a copy)
+// reaches the sandbox's agent in one of two ways:
+//
+//   - directly (the fast path): the session's record names the sandbox its rule maps
+//     it to, its driver's agents listen on the sockets the host prepared
+//     (backend.AgentSocket), nothing of retention is due, and the agent answers on
+//     STATE/sandboxes/DRIVER/SANDBOX/run: no driver is started, no runtime is asked,
+//     and nothing is written to the store before the call (its last use is touched
+//     after it, without fsync);
+//   - through the lifecycle (the slow path): anything else (no record, a moved rule,
+//     retention due, --recreate, an agent that does not answer because the sandbox is
+//     stopped or gone) starts the driver, which creates, adopts or starts the sandbox,
+//     and then the agent is dialled as the driver's Capabilities.Agent says.
+//
+// Either way the call holds the sandbox's busy marker from before the dial until it
+// ends, so prune never sees it as idle; the marker is taken under the sandbox's lock,
+// which prune, remove and create hold while they decide.
+
+// openMode says what a call may do to reach a session's sandbox.
+type openMode int
+
+const (
+	// openCreate: create a sandbox for a session without one, start a stopped one
+	// (exec, shell, job start, upload).
+	openCreate openMode = iota
+	// openExisting: the session must have a recorded sandbox (ErrNotFound
+	// otherwise); a stopped one is started (download).
+	openExisting
+	// openRunning: the session must have a recorded, running sandbox: nothing is
+	// created or started (job list, logs, kill: jobs end with their sandbox).
+	// errNotRunning when it is not running.
+	openRunning
+)
+
+// errNotRunning is what a direct dial says when no agent answers on the sandbox's
+// socket (it is stopped or gone): the slow path decides what that means.
+var errNotRunning = errors.New("the sandbox's agent does not answer on its socket")
+
+// sessionConn is a session's sandbox reached for one call: its lease and either an
+// agent client or (drivers without agent) the driver itself. Release it with done,
+// after commit (the call started) or fail (it did not).
+type sessionConn struct {
+	r        *Registry
+	session  string
+	lease    *Lease
+	client   *agent.Client           // nil for drivers without berth's agent
+	b        backend.TerminalBackend // set on the slow path
+	busy     *busyMarker
+	madeBusy bool
+	p        *pending // slow path: the sandbox's lock is held and its record unwritten
+	ended    bool
+}
+
+// open reaches session's sandbox for one call (see the comment above openMode).
+// Errors: a bad session or no rule (ErrInvalid), no recorded sandbox with
+// openExisting/openRunning (ErrNotFound), a sandbox that is not running with
+// openRunning (errNotRunning), a tampered agent socket (ErrConflict), an agent of an
+// older berth (ErrUnsupported), an agent that accepts but does not answer
+// (ErrTimeout), and those of the lifecycle (acquire).
+func (r *Registry) open(ctx context.Context, session string, mode openMode) (*sessionConn, error) {
+	rule, _, err := r.cfg.Match(session)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.ensure(); err != nil {
+		return nil, err
+	}
+	spec := rule.Spec(r.owner, session)
+	rec, recorded, err := r.store.get(session)
+	if err != nil {
+		return nil, fmt.Errorf("session %q: %w", session, err)
+	}
+	if !recorded && mode != openCreate {
+		return nil, noSession(session)
+	}
+	if recorded && r.direct(rule, spec, rec) {
+		c, err := r.dialDirect(ctx, session, rule, spec, rec)
+		if err == nil || !errors.Is(err, errNotRunning) {
+			return c, err
+		}
+		r.log.Debug("the sandbox's agent does not answer; running the lifecycle", "session", session, "sandbox", rec.Sandbox)
+	}
+	if mode == openRunning {
+		running, err := r.sandboxRunning(ctx, rec)
+		if err != nil {
+			return nil, err
+		}
+		if !running {
+			return nil, errNotRunning
+		}
+	}
+	return r.openSlow(ctx, session)
+}
+
+// direct reports whether a call may try the session's recorded sandbox without its
+// driver: the record names the sandbox the rule maps the session to now, on the
+// rule's driver, reached through its socket, and neither max_age nor idle_ttl is
+// due (due ones take the slow path, which applies them).
+func (r *Registry) direct(rule *config.Rule, spec backend.SandboxSpec, rec record) bool {
+	if rec.Agent != backend.AgentSocket || !rec.Removed.IsZero() || rec.Driver != rule.Driver || rec.Sandbox != spec.Name {
+		return false
+	}
+	ret, now := rule.Retention, r.now()
+	if ret.MaxAge > 0 && !rec.Created.IsZero() && now.Sub(rec.Created) >= ret.MaxAge {
+		return false
+	}
+	// A shared sandbox's idle time is that of its most recent session: the slow
+	// path works it out.
+	if ret.IdleTTL > 0 && (rule.Isolation == config.IsolationShared || now.Sub(rec.LastUsed) >= ret.IdleTTL) {
+		return false
+	}
+	return true
+}
+
+// dialDirect takes the sandbox's busy marker (under its lock) and dials its agent
+// through the socket in its host dir. errNotRunning when nothing answers there.
+func (r *Registry) dialDirect(ctx context.Context, session string, rule *config.Rule, spec backend.SandboxSpec, rec record) (*sessionConn, error) {
+	lock, err := flock.Lock(ctx, r.lockPath(rec.Sandbox))
+	if err != nil {
+		return nil, fmt.Errorf("session %q: %w", session, err)
+	}
+	busy, made, err := holdBusy(r.busyPath(rec.Driver, rec.Sandbox))
+	lock.Unlock(false)
+	if err != nil {
+		return nil, fmt.Errorf("session %q: %w", session, err)
+	}
+	dir := r.sandboxDir(rec.Driver, rec.Sandbox)
+	client, err := agent.NewClient(ctx, agent.DialSocketDir(filepath.Join(dir, "run")),
+		agent.WithTokenFrom(filepath.Join(dir, "agent")), agent.WithHelloTimeout(r.cfg.AgentTimeout))
+	if err != nil {
+		busy.unlock(false)
+		return nil, r.agentError(session, rec.Driver, rec.Sandbox, err)
+	}
+	lease := &Lease{
+		Session: session, Driver: rec.Driver, Sandbox: rec.Sandbox, Rule: rule, Direct: true,
+		Drift: rec.SpecHash != "" && rec.SpecHash != spec.Labels[backend.LabelSpecHash],
+	}
+	return &sessionConn{r: r, session: session, lease: lease, client: client, busy: busy, madeBusy: made}, nil
+}
+
+// agentError says what a failed dial of sandbox's agent means for session: nothing
+// listens (errNotRunning, for the slow path), or an error that names the session and
+// how to recover.
+func (r *Registry) agentError(session, driver, sandbox string, err error) error {
+	switch {
+	case errors.Is(err, backend.ErrUnavailable):
+		return fmt.Errorf("%w: %v", errNotRunning, err)
+	case errors.Is(err, backend.ErrConflict):
+		return fmt.Errorf("session %q: sandbox %s on driver %s: %w; something in the sandbox took over its agent's socket: start over with `berth exec --recreate -s %s -- true` (a new, empty sandbox) or remove it with `berth rm %s`", session, sandbox, driver, err, session, session)
+	case errors.Is(err, backend.ErrUnsupported):
+		return fmt.Errorf("session %q: sandbox %s on driver %s: %w; stop it with `berth stop %s` (its files are kept) and the next call starts it with this berth's agent, or start over with `berth exec --recreate -s %s -- true`", session, sandbox, driver, err, session, session)
+	case errors.Is(err, backend.ErrTimeout):
+		return fmt.Errorf("session %q: sandbox %s on driver %s: %w; raise agent_timeout in the config if the machine is that busy, or `berth stop %s` and try again", session, sandbox, driver, err, session)
+	}
+	return fmt.Errorf("session %q: sandbox %s on driver %s: %w", session, sandbox, driver, err)
+}
+
+// openSlow runs the lifecycle (acquire: the driver creates, adopts or starts the
+// sandbox, under its lock), takes the busy marker, and connects to the agent the way
+// the driver says. The lock stays held until commit or fail.
+func (r *Registry) openSlow(ctx context.Context, session string) (*sessionConn, error) {
+	p, err := r.acquire(ctx, session)
+	if err != nil {
+		return nil, err
+	}
+	c := &sessionConn{r: r, session: session, lease: p.lease, b: p.b, p: p}
+	if c.busy, c.madeBusy, err = holdBusy(r.busyPath(p.lease.Driver, p.lease.Sandbox)); err != nil {
+		c.fail()
+		return nil, fmt.Errorf("session %q: %w", session, err)
+	}
+	if !p.caps.HasAgent() {
+		return c, nil
+	}
+	c.client, err = r.connectAgent(ctx, p.b, p.caps.Agent, p.lease.Sandbox, p.files)
+	if err != nil {
+		c.fail()
+		err = r.agentError(session, p.lease.Driver, p.lease.Sandbox, err)
+		if errors.Is(err, errNotRunning) {
+			err = backend.Errorf(backend.ErrUnavailable, "session %q: driver %s started sandbox %s, but its agent does not answer: %v", session, p.lease.Driver, p.lease.Sandbox, errors.Unwrap(err))
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+// connectAgent dials the agent of sandbox on driver b as reach says: the socket of
+// files, or b's AgentDialer; with the sandbox's token either way.
+func (r *Registry) connectAgent(ctx context.Context, b backend.TerminalBackend, reach backend.AgentReach, sandbox string, files backend.AgentFiles) (*agent.Client, error) {
+	opts := []agent.ClientOption{agent.WithTokenFrom(files.Dir), agent.WithHelloTimeout(r.cfg.AgentTimeout)}
+	if reach == backend.AgentDial {
+		d, ok := b.(backend.AgentDialer)
+		if !ok {
+			return nil, backend.Errorf(backend.ErrUnsupported, "the driver says its agents are reached through it (agent %q) but does not implement DialAgent", reach)
+		}
+		return agent.NewClient(ctx, func(ctx context.Context) (net.Conn, error) { return d.DialAgent(ctx, sandbox) }, opts...)
+	}
+	return agent.NewClient(ctx, agent.DialSocketDir(files.SocketDir), opts...)
+}
+
+// commit records the session on its sandbox (slow path: the record is written only
+// once the call has started) and lets go of the sandbox's lock. On a failure to
+// record, the call must be ended and fail called.
+func (c *sessionConn) commit() error {
+	if c.p == nil {
+		return nil
+	}
+	c.p.rec.LastUsed = c.r.now()
+	if err := c.r.store.put(c.p.rec); err != nil {
+		return fmt.Errorf("session %q: recording sandbox %s: %w", c.session, c.lease.Sandbox, err)
+	}
+	if err := c.r.store.touch(c.session, c.lease.Sandbox, c.p.rec.LastUsed); err != nil {
+		c.r.log.Warn("recording last use", "session", c.session, "error", err)
+	}
+	c.r.release(c.p, false)
+	c.p = nil
+	return nil
+}
+
+// fail undoes what the call did: a sandbox that it created is removed again, the
+// lock is let go, and the connection closed.
+func (c *sessionConn) fail() {
+	if c.p != nil {
+		c.r.undo(c.p)
+		c.busy.unlock(c.madeBusy)
+		c.r.release(c.p, true)
+		c.p = nil
+		c.busy = nil
+	}
+	c.end(false)
+}
+
+// done ends a call that started: last use is touched, the busy marker let go, the
+// connection closed.
+func (c *sessionConn) done() { c.end(true) }
+
+func (c *sessionConn) end(touch bool) {
+	if c.ended {
+		return
+	}
+	c.ended = true
+	if touch {
+		if err := c.r.store.touch(c.session, c.lease.Sandbox, c.r.now()); err != nil {
+			c.r.log.Warn("recording last use", "session", c.session, "error", err)
+		}
+	}
+	c.busy.unlock(false)
+	if c.client != nil {
+		c.client.Close()
+	}
+}
+
+// callErr wraps err, an error of the call on the agent, with the session and sandbox,
+// and says when the driver's plugin has crashed meanwhile.
+func (c *sessionConn) callErr(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("session %q: %s in sandbox %s: %w", c.session, what, c.lease.Sandbox, c.r.crashed(c.lease.Driver, err))
+}
+
+// sandboxRunning reports whether rec's sandbox is running on its driver (false when
+// it is stopped or gone), asking the driver.
+func (r *Registry) sandboxRunning(ctx context.Context, rec record) (bool, error) {
+	b, err := r.driver(ctx, rec.Driver)
+	if err != nil {
+		return false, fmt.Errorf("session %q: %w", rec.Session, err)
+	}
+	sb, err := b.Inspect(ctx, rec.Sandbox)
+	if errors.Is(err, backend.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("session %q: sandbox %s: %w", rec.Session, rec.Sandbox, err)
+	}
+	return sb.State == backend.StateRunning, nil
+}
+
+// dialSandbox connects to the agent of sandbox on driver b, which runs (prune's
+// question whether background jobs run there): its socket in the sandbox's host dir,
+// or b's AgentDialer. It fails for drivers without agent.
+func (r *Registry) dialSandbox(ctx context.Context, b backend.TerminalBackend, driver, sandbox string) (*agent.Client, error) {
+	caps, err := r.capabilities(ctx, b)
+	if err != nil {
+		return nil, err
+	}
+	if !caps.HasAgent() {
+		return nil, backend.Errorf(backend.ErrUnsupported, "driver %s runs no berth agent", driver)
+	}
+	dir := r.sandboxDir(driver, sandbox)
+	files := backend.AgentFiles{Dir: filepath.Join(dir, "agent"), SocketDir: filepath.Join(dir, "run")}
+	ctx, cancel := context.WithTimeout(ctx, agentQueryTimeout)
+	defer cancel()
+	return r.connectAgent(ctx, b, caps.Agent, sandbox, files)
+}
+
+// agentQueryTimeout bounds prune's question to a sandbox's agent.
+const agentQueryTimeout = 10 * time.Second
