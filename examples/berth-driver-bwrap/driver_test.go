@@ -235,7 +235,7 @@ func TestStopStartRemove(t *testing.T) {
 	run := func(script string) string {
 		t.Helper()
 		var out bytes.Buffer
-		p, err := d.Exec(ctx, spec.Name, backend.ExecRequest{Argv: []string{"sh", "-c", script}, Stdout: &out})
+		p, err := agent.Exec(ctx, files, backend.ExecRequest{Argv: []string{"sh", "-c", script}, Stdout: &out})
 		if err != nil {
 			t.Fatal(err)
 		}
