@@ -21,23 +21,35 @@ type JobStartRequest struct {
 
 // agentCall reaches session's sandbox with mode and runs f on its agent, ending the
 // call afterwards. A driver without berth's agent is ErrUnsupported (lacks says what
-// is missing). With openRunning, a sandbox that is not running is errNotRunning.
+// is missing). With openRunning, a sandbox that is not running is errNotRunning. When
+// f returns errRetry (the start of its call failed on a kept connection that had
+// gone: nothing ran), the call is made once more on a new connection.
 func (r *Registry) agentCall(ctx context.Context, session string, mode openMode, lacks string, f func(*sessionConn) error) error {
-	c, err := r.open(ctx, session, mode)
-	if err != nil {
+	for attempt := 0; ; attempt++ {
+		c, err := r.open(ctx, session, mode)
+		if err != nil {
+			return err
+		}
+		if c.client == nil {
+			c.fail()
+			return backend.Errorf(backend.ErrUnsupported, "session %q: driver %s %s", session, c.lease.Driver, lacks)
+		}
+		if err := c.commit(); err != nil {
+			c.fail()
+			return err
+		}
+		err = f(c)
+		c.done()
+		if errors.Is(err, errRetry) && attempt == 0 {
+			continue
+		}
 		return err
 	}
-	if c.client == nil {
-		c.fail()
-		return backend.Errorf(backend.ErrUnsupported, "session %q: driver %s %s", session, c.lease.Driver, lacks)
-	}
-	if err := c.commit(); err != nil {
-		c.fail()
-		return err
-	}
-	defer c.done()
-	return f(c)
 }
+
+// errRetry is what a call's f returns when sessionConn.lost says to make the call
+// once more.
+var errRetry = errors.New("the kept connection to the agent had gone; making the call again")
 
 const noJobs = "has no background jobs (its sandboxes run no berth agent); run the command with & in a plain exec instead"
 

@@ -63,6 +63,9 @@ type Registry struct {
 	drvMu   sync.Mutex
 	drivers map[string]*driverEntry
 	closed  bool
+
+	// agents are the clients of the agents that calls reached directly.
+	agents agentCache
 }
 
 type driverEntry struct {
@@ -573,30 +576,37 @@ func (r *Registry) Exec(ctx context.Context, session string, req backend.ExecReq
 	if err := config.ValidateSession(session); err != nil {
 		return nil, nil, err
 	}
-	c, err := r.open(ctx, session, openCreate)
-	if err != nil {
-		return nil, nil, err
+	for attempt := 0; ; attempt++ {
+		c, err := r.open(ctx, session, openCreate)
+		if err != nil {
+			return nil, nil, err
+		}
+		req := req
+		req.Env = withDefaultEnv(c.lease.Rule, req.Env)
+		var proc backend.Process
+		if c.client != nil {
+			proc, err = c.client.Exec(ctx, req)
+		} else if ex, ok := c.b.(backend.Execer); ok {
+			proc, err = ex.Exec(ctx, c.lease.Sandbox, req)
+		} else {
+			err = backend.Errorf(backend.ErrUnsupported, "driver %s runs no berth agent and does not implement Exec", c.lease.Driver)
+		}
+		if err != nil {
+			lost := attempt == 0 && c.lost(err)
+			c.fail()
+			if lost {
+				continue // a kept connection had gone: nothing ran; once more
+			}
+			return nil, nil, c.callErr("exec", err)
+		}
+		if err := c.commit(); err != nil {
+			proc.Signal(9)
+			proc.Wait()
+			c.fail()
+			return nil, nil, err
+		}
+		return &callProcess{Process: proc, c: c}, c.lease, nil
 	}
-	req.Env = withDefaultEnv(c.lease.Rule, req.Env)
-	var proc backend.Process
-	if c.client != nil {
-		proc, err = c.client.Exec(ctx, req)
-	} else if ex, ok := c.b.(backend.Execer); ok {
-		proc, err = ex.Exec(ctx, c.lease.Sandbox, req)
-	} else {
-		err = backend.Errorf(backend.ErrUnsupported, "driver %s runs no berth agent and does not implement Exec", c.lease.Driver)
-	}
-	if err != nil {
-		c.fail()
-		return nil, nil, c.callErr("exec", err)
-	}
-	if err := c.commit(); err != nil {
-		proc.Signal(9)
-		proc.Wait()
-		c.fail()
-		return nil, nil, err
-	}
-	return &callProcess{Process: proc, c: c}, c.lease, nil
 }
 
 // callProcess ends its call (sessionConn.done) when Wait returns: last use touched,
@@ -1050,9 +1060,11 @@ func (r *Registry) configure(ctx context.Context, name string, b backend.Termina
 }
 
 // Close ends every driver this Registry started (closing in-process ones, killing
-// plugins). Sandboxes keep running. Later calls that need a driver fail with
-// ErrUnavailable.
+// plugins) and closes its agent connections (execs still running on them lose their
+// client, and their trees are killed). Sandboxes keep running. Later calls that need
+// a driver fail with ErrUnavailable.
 func (r *Registry) Close() error {
+	r.agents.closeAll()
 	r.drvMu.Lock()
 	r.closed = true
 	entries := r.drivers

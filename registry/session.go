@@ -60,11 +60,27 @@ type sessionConn struct {
 	session  string
 	lease    *Lease
 	client   *agent.Client           // nil for drivers without berth's agent
+	cached   bool                    // client is the Registry's (agentCache): not closed at the end
 	b        backend.TerminalBackend // set on the slow path
 	busy     *busyMarker
 	madeBusy bool
 	p        *pending // slow path: the sandbox's lock is held and its record unwritten
 	ended    bool
+}
+
+// key is the sandbox the call reached.
+func (c *sessionConn) key() sbKey { return sbKey{c.lease.Driver, c.lease.Sandbox} }
+
+// lost reports whether err, an error of the start of a call, says that a client the
+// Registry kept has lost its connection; the client is then dropped, and the caller
+// may make the call once more (nothing has run).
+func (c *sessionConn) lost(err error) bool {
+	if !c.cached || !agent.ConnectionLost(err) {
+		return false
+	}
+	c.r.agents.drop(c.key(), c.client)
+	c.cached = false
+	return true
 }
 
 // open reaches session's sandbox for one call (see the comment above openMode).
@@ -140,18 +156,23 @@ func (r *Registry) dialDirect(ctx context.Context, session string, rule *config.
 	if err != nil {
 		return nil, fmt.Errorf("session %q: %w", session, err)
 	}
-	dir := r.sandboxDir(rec.Driver, rec.Sandbox)
-	client, err := agent.NewClient(ctx, agent.DialSocketDir(filepath.Join(dir, "run")),
-		agent.WithTokenFrom(filepath.Join(dir, "agent")), agent.WithHelloTimeout(r.cfg.AgentTimeout))
-	if err != nil {
-		busy.unlock(false)
-		return nil, r.agentError(session, rec.Driver, rec.Sandbox, err)
+	key := sbKey{rec.Driver, rec.Sandbox}
+	client := r.agents.get(key)
+	if client == nil {
+		dir := r.sandboxDir(rec.Driver, rec.Sandbox)
+		client, err = agent.NewClient(ctx, agent.DialSocketDir(filepath.Join(dir, "run")),
+			agent.WithTokenFrom(filepath.Join(dir, "agent")), agent.WithHelloTimeout(r.cfg.AgentTimeout))
+		if err != nil {
+			busy.unlock(false)
+			return nil, r.agentError(session, rec.Driver, rec.Sandbox, err)
+		}
+		client = r.agents.put(key, client)
 	}
 	lease := &Lease{
 		Session: session, Driver: rec.Driver, Sandbox: rec.Sandbox, Rule: rule, Direct: true,
 		Drift: rec.SpecHash != "" && rec.SpecHash != spec.Labels[backend.LabelSpecHash],
 	}
-	return &sessionConn{r: r, session: session, lease: lease, client: client, busy: busy, madeBusy: made}, nil
+	return &sessionConn{r: r, session: session, lease: lease, client: client, cached: true, busy: busy, madeBusy: made}, nil
 }
 
 // agentError says what a failed dial of sandbox's agent means for session: nothing
@@ -179,6 +200,9 @@ func (r *Registry) openSlow(ctx context.Context, session string) (*sessionConn, 
 	if err != nil {
 		return nil, err
 	}
+	// The sandbox may have a new agent now (started, made anew): a client kept for
+	// its old one must not be used.
+	r.agents.forget(sbKey{p.lease.Driver, p.lease.Sandbox})
 	c := &sessionConn{r: r, session: session, lease: p.lease, b: p.b, p: p}
 	if c.busy, c.madeBusy, err = holdBusy(r.busyPath(p.lease.Driver, p.lease.Sandbox)); err != nil {
 		c.fail()
@@ -260,7 +284,7 @@ func (c *sessionConn) end(touch bool) {
 		}
 	}
 	c.busy.unlock(false)
-	if c.client != nil {
+	if c.client != nil && !c.cached {
 		c.client.Close()
 	}
 }

@@ -159,6 +159,9 @@ func (r *Registry) Shell(ctx context.Context, session string, req ShellRequest) 
 		})
 		if err != nil {
 			streams.discard()
+			if c.lost(err) {
+				return errRetry
+			}
 			return c.callErr("shell call", err)
 		}
 		if req.Stdin != nil {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -262,6 +263,10 @@ func (c *Client) ExecUser() string { return c.execUser }
 // agent kills their process trees.
 func (c *Client) Close() error { return c.conn.Close() }
 
+// State returns the state of the client's connection (gRPC's connectivity state):
+// Ready or Idle while it is usable, TransientFailure once the agent went away.
+func (c *Client) State() connectivity.State { return c.conn.GetState() }
+
 // wireErr turns a gRPC error from the agent into an error with its backend kind,
 // prefixed with op. gRPC's own Unavailable (the connection broke) says the agent is
 // unreachable; a cancelled or expired call wraps the context error.
@@ -280,9 +285,26 @@ func wireErr(op string, err error) error {
 	case st.Code() == codes.DeadlineExceeded:
 		return fmt.Errorf("%s: %w", op, context.DeadlineExceeded)
 	case st.Code() == codes.Unavailable:
-		return backend.Errorf(backend.ErrUnavailable, "%s: agent unreachable: %s", op, st.Message())
+		return &connLostError{backend.Errorf(backend.ErrUnavailable, "%s: agent unreachable: %s", op, st.Message())}
 	}
 	return fmt.Errorf("%s: %w", op, rpcerr.FromStatus(err))
+}
+
+// connLostError is an error of a call whose connection to the agent broke (or could
+// not be made again), as opposed to one the agent answered: ConnectionLost tells them
+// apart.
+type connLostError struct{ err error }
+
+func (e *connLostError) Error() string { return e.err.Error() }
+func (e *connLostError) Unwrap() error { return e.err }
+
+// ConnectionLost reports whether err (of a call on a Client) says the connection to
+// the agent broke or could not be made, rather than that the agent answered with an
+// error: a host that keeps clients drops the client then and connects again. Such
+// errors wrap backend.ErrUnavailable.
+func ConnectionLost(err error) bool {
+	var c *connLostError
+	return errors.As(err, &c)
 }
 
 // errExecDone is returned by Process calls made after the exec has finished.
@@ -481,7 +503,7 @@ func (p *process) recvLoop() {
 				default:
 					err = wireErr("exec", err)
 					if errors.Is(err, context.Canceled) {
-						err = backend.Errorf(backend.ErrUnavailable, "exec: connection to the agent lost")
+						err = &connLostError{backend.Errorf(backend.ErrUnavailable, "exec: connection to the agent lost")}
 					}
 				}
 				p.err = err

@@ -1,0 +1,87 @@
+package registry
+
+import (
+	"sync"
+
+	"google.golang.org/grpc/connectivity"
+
+	"github.com/berth-sh/berth/backends/agent"
+)
+
+// agentCache keeps one agent client per sandbox that a call reached directly, for
+// the life of the Registry: a long-lived registry (a library user, berth serve)
+// then pays the dial, the token handshake and Hello once per sandbox, not per call.
+// A client whose connection failed is dropped at its next use (its state is no
+// longer ready), or when a call's start fails for a lost connection (the call is
+// then made once more on a new one); Close closes every client.
+type agentCache struct {
+	mu sync.Mutex
+	m  map[sbKey]*agent.Client
+}
+
+// get returns the cached client of k when its connection is usable (ready, idle or
+// connecting), dropping one that failed.
+func (a *agentCache) get(k sbKey) *agent.Client {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := a.m[k]
+	if c == nil {
+		return nil
+	}
+	switch c.State() {
+	case connectivity.Ready, connectivity.Idle, connectivity.Connecting:
+		return c
+	}
+	delete(a.m, k)
+	c.Close()
+	return nil
+}
+
+// put caches c for k and returns the client to use: c, or the one another call
+// cached meanwhile (c is then closed).
+func (a *agentCache) put(k sbKey, c *agent.Client) *agent.Client {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.m == nil {
+		a.m = map[sbKey]*agent.Client{}
+	}
+	if old := a.m[k]; old != nil {
+		c.Close()
+		return old
+	}
+	a.m[k] = c
+	return c
+}
+
+// drop forgets and closes c when it is still k's client.
+func (a *agentCache) drop(k sbKey, c *agent.Client) {
+	a.mu.Lock()
+	if a.m[k] == c {
+		delete(a.m, k)
+	}
+	a.mu.Unlock()
+	c.Close()
+}
+
+// forget closes and forgets k's client, if any: its sandbox was stopped, removed or
+// made anew.
+func (a *agentCache) forget(k sbKey) {
+	a.mu.Lock()
+	c := a.m[k]
+	delete(a.m, k)
+	a.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+}
+
+// closeAll closes and forgets every client.
+func (a *agentCache) closeAll() {
+	a.mu.Lock()
+	m := a.m
+	a.m = nil
+	a.mu.Unlock()
+	for _, c := range m {
+		c.Close()
+	}
+}
