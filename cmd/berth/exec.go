@@ -121,58 +121,18 @@ type execJSON struct {
 }
 
 func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error {
-	if err := checkEnvFlags(f.env); err != nil {
+	if err := checkExecFlags(f); err != nil {
 		return err
 	}
-	if f.timeout < 0 {
-		return usageError("--timeout %v: must not be negative", f.timeout)
-	}
-	if f.json && f.tty {
-		return usageError("--json and -t cannot be combined: a terminal merges stdout and stderr")
-	}
-	capBytes := f.maxOutput
-	if f.json && capBytes < 0 {
-		capBytes = defaultJSONCap
-	}
-
 	req := backend.ExecRequest{Argv: argv, Env: f.env, Dir: f.workdir, Timeout: f.timeout, Stdin: f.stdin || f.tty, TTY: f.tty}
-	// berth's own stdout and stderr: the first failed write stops the command (as a
-	// closed pipe does) and berth exits 125 saying why; output is never lost silently.
-	stopOnce := make(chan struct{})
-	var stopExec sync.Once
-	stop := func() { stopExec.Do(func() { close(stopOnce) }) }
-	stdout := &outWriter{w: os.Stdout, name: "stdout", fail: stop}
-	stderr := &outWriter{w: os.Stderr, name: "stderr", fail: stop}
-	var outCap, errCap *output.Capture
-	var outStream, errStream *headWriter
-	switch {
-	case f.json:
-		outCap, errCap = output.NewCapture(capBytes), output.NewCapture(capBytes)
-		req.Stdout, req.Stderr = outCap, errCap
-	case capBytes >= 0:
-		outStream, errStream = &headWriter{w: stdout, n: capBytes}, &headWriter{w: stderr, n: capBytes}
-		req.Stdout, req.Stderr = outStream, errStream
-	default:
-		req.Stdout, req.Stderr = stdout, stderr
-	}
-
-	var restore func()
+	out := newExecOutput(f, &req)
 	if f.tty {
-		fd := int(os.Stdin.Fd())
-		if !term.IsTerminal(fd) {
-			return usageError("-t needs a terminal on stdin; drop -t or run from a terminal")
-		}
-		if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil {
-			req.Size = backend.WindowSize{Rows: uint16(h), Cols: uint16(w)}
-		} else {
-			req.Size = backend.WindowSize{Rows: 24, Cols: 80}
-		}
-		state, err := term.MakeRaw(fd)
+		restore, err := rawTerminal(&req)
 		if err != nil {
-			return failure(fmt.Errorf("cannot put the terminal in raw mode: %w", err))
+			return err
 		}
-		restore = func() { term.Restore(fd, state) }
 		defer restore()
+		out.restore = restore
 	}
 
 	g.onPull = newPullDisplay(f.json).event
@@ -186,7 +146,7 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 	defer cancel()
 	go func() {
 		select {
-		case <-stopOnce:
+		case <-out.stopped:
 			cancel()
 		case <-execCtx.Done():
 		}
@@ -195,14 +155,120 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGWINCH)
 	defer signal.Stop(sigs)
 
-	// Until reg.Exec returns, a sandbox may be being created or pulled, or the command
-	// may have just started while its session is recorded. A signal then is kept: when
-	// the call succeeds it is forwarded to the command, as one a moment later would be;
-	// when the call is still busy startGrace later (or at a second signal) the call is
-	// cancelled, and berth exits 128+N leaving nothing half made.
+	p, lease, recreated, early, err := startExec(execCtx, cancel, reg, f, req, sigs)
+	if err != nil {
+		if len(early.signals) > 0 {
+			return &exitError{code: 128 + int(early.signals[0].(syscall.Signal)), err: fmt.Errorf("session %s: interrupted before the command ran: %v", f.session, err)}
+		}
+		return failure(err)
+	}
+	if !f.json {
+		reportLease(f.session, lease)
+	}
+	if recreated { // asked for: said in --json only
+		lease.Recreated, lease.RecreatedReason = true, recreateReason
+	}
+	fw := &signalForwarder{p: p, tty: f.tty, cancel: cancel}
+	fw.replay(early)
+	done := make(chan struct{})
+	defer close(done)
+	go fw.run(sigs, done)
+	if req.Stdin {
+		go func() {
+			io.Copy(processWriter{p}, os.Stdin)
+			p.CloseStdin()
+		}()
+	}
+	res, err := p.Wait()
+	return out.finish(f, lease, res, err)
+}
+
+// checkExecFlags checks the flags of a plain exec that cobra cannot.
+func checkExecFlags(f *execFlags) error {
+	if err := checkEnvFlags(f.env); err != nil {
+		return err
+	}
+	if f.timeout < 0 {
+		return usageError("--timeout %v: must not be negative", f.timeout)
+	}
+	if f.json && f.tty {
+		return usageError("--json and -t cannot be combined: a terminal merges stdout and stderr")
+	}
+	return nil
+}
+
+// execOutput is where a plain exec's output goes: berth's own stdout and stderr
+// (the first failed write stops the command, as a closed pipe does, and berth exits
+// 125 saying why: output is never lost silently), capped by --max-output, or
+// captured for --json.
+type execOutput struct {
+	stdout, stderr       *outWriter
+	outCap, errCap       *output.Capture
+	outStream, errStream *headWriter
+	stopped              chan struct{} // closed at the first failed write
+	restore              func()        // puts the terminal back (-t)
+}
+
+// newExecOutput sets req's writers as f asks and returns them.
+func newExecOutput(f *execFlags, req *backend.ExecRequest) *execOutput {
+	o := &execOutput{stopped: make(chan struct{})}
+	var once sync.Once
+	stop := func() { once.Do(func() { close(o.stopped) }) }
+	o.stdout = &outWriter{w: os.Stdout, name: "stdout", fail: stop}
+	o.stderr = &outWriter{w: os.Stderr, name: "stderr", fail: stop}
+	capBytes := f.maxOutput
+	if f.json && capBytes < 0 {
+		capBytes = defaultJSONCap
+	}
+	switch {
+	case f.json:
+		o.outCap, o.errCap = output.NewCapture(capBytes), output.NewCapture(capBytes)
+		req.Stdout, req.Stderr = o.outCap, o.errCap
+	case capBytes >= 0:
+		o.outStream, o.errStream = &headWriter{w: o.stdout, n: capBytes}, &headWriter{w: o.stderr, n: capBytes}
+		req.Stdout, req.Stderr = o.outStream, o.errStream
+	default:
+		req.Stdout, req.Stderr = o.stdout, o.stderr
+	}
+	return o
+}
+
+// rawTerminal checks that stdin is a terminal, sets req's initial size from
+// berth's terminal and puts it in raw mode; the returned function restores it.
+func rawTerminal(req *backend.ExecRequest) (func(), error) {
+	fd := int(os.Stdin.Fd())
+	if !term.IsTerminal(fd) {
+		return nil, usageError("-t needs a terminal on stdin; drop -t or run from a terminal")
+	}
+	if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil {
+		req.Size = backend.WindowSize{Rows: uint16(h), Cols: uint16(w)}
+	} else {
+		req.Size = backend.WindowSize{Rows: 24, Cols: 80}
+	}
+	state, err := term.MakeRaw(fd)
+	if err != nil {
+		return nil, failure(fmt.Errorf("cannot put the terminal in raw mode: %w", err))
+	}
+	var once sync.Once
+	return func() { once.Do(func() { term.Restore(fd, state) }) }, nil
+}
+
+// earlySignals are the signals that came while the command was being started.
+type earlySignals struct {
+	signals []os.Signal
+	resized bool // a SIGWINCH came: the terminal's size is sent once the command runs
+}
+
+// startExec starts the command (after --recreate's removal, which recreated reports),
+// watching sigs meanwhile.
+// Until reg.Exec returns, a sandbox may be being created or pulled, or the command may
+// have just started while its session is recorded. A signal then is kept: when the
+// call succeeds it is forwarded to the command (earlySignals), as one a moment later
+// would be; when the call is still busy startGrace later (or at a second signal) the
+// call is cancelled, and berth exits 128+N leaving nothing half made.
+func startExec(ctx context.Context, cancel context.CancelFunc, reg *registry.Registry, f *execFlags, req backend.ExecRequest, sigs <-chan os.Signal) (backend.Process, *registry.Lease, bool, earlySignals, error) {
 	starting := make(chan struct{})
-	var early []os.Signal
-	resized := false // a SIGWINCH came: the terminal's size is sent once the command runs
+	var early earlySignals
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
@@ -216,11 +282,11 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 				return
 			case s := <-sigs:
 				if s == syscall.SIGWINCH {
-					resized = true
+					early.resized = true
 					continue
 				}
-				early = append(early, s)
-				if len(early) > 1 {
+				early.signals = append(early.signals, s)
+				if len(early.signals) > 1 {
 					cancel()
 					return
 				}
@@ -228,74 +294,77 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 			}
 		}
 	}()
-	recreated, err := recreateFirst(execCtx, reg, f.session, f.recreate)
+	recreated, err := recreateFirst(ctx, reg, f.session, f.recreate)
 	var p backend.Process
 	var lease *registry.Lease
 	if err == nil {
-		p, lease, err = reg.Exec(execCtx, f.session, req)
+		p, lease, err = reg.Exec(ctx, f.session, req)
 	}
 	close(starting)
 	<-watched
-	if err != nil {
-		if len(early) > 0 {
-			return &exitError{code: 128 + int(early[0].(syscall.Signal)), err: fmt.Errorf("session %s: interrupted before the command ran: %v", f.session, err)}
+	return p, lease, recreated, early, err
+}
+
+// signalForwarder passes berth's signals on to the running command: SIGWINCH as a
+// resize (-t), a second SIGINT as the kill of its tree, the others to its process
+// group.
+type signalForwarder struct {
+	p          backend.Process
+	tty        bool
+	cancel     context.CancelFunc
+	interrupts int
+}
+
+func (fw *signalForwarder) handle(s os.Signal) {
+	sig := s.(syscall.Signal)
+	switch {
+	case sig == syscall.SIGWINCH:
+		if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil && fw.tty {
+			fw.p.Resize(backend.WindowSize{Rows: uint16(h), Cols: uint16(w)})
 		}
-		return failure(err)
+	case sig == syscall.SIGINT && fw.interrupts > 0:
+		fw.cancel() // the second interrupt kills the tree
+	default:
+		if sig == syscall.SIGINT {
+			fw.interrupts++
+		}
+		fw.p.Signal(int(sig))
 	}
-	if !f.json {
-		reportLease(f.session, lease)
+}
+
+// replay forwards what came while the command was being started: it started after
+// all, so they are the command's.
+func (fw *signalForwarder) replay(early earlySignals) {
+	if early.resized {
+		fw.handle(syscall.SIGWINCH)
 	}
-	if recreated {
-		lease.Recreated, lease.RecreatedReason = true, recreateReason
+	for _, s := range early.signals {
+		fw.handle(s)
 	}
-	interrupts := 0
-	handle := func(s os.Signal) {
-		sig := s.(syscall.Signal)
-		switch {
-		case sig == syscall.SIGWINCH:
-			if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil && f.tty {
-				p.Resize(backend.WindowSize{Rows: uint16(h), Cols: uint16(w)})
-			}
-		case sig == syscall.SIGINT && interrupts > 0:
-			cancel() // the second interrupt kills the tree
-		default:
-			if sig == syscall.SIGINT {
-				interrupts++
-			}
-			p.Signal(int(sig))
+}
+
+// run forwards sigs until done is closed.
+func (fw *signalForwarder) run(sigs <-chan os.Signal, done <-chan struct{}) {
+	for {
+		select {
+		case <-done:
+			return
+		case s := <-sigs:
+			fw.handle(s)
 		}
 	}
-	if resized {
-		handle(syscall.SIGWINCH)
+}
+
+// finish reports the command's end: a failed write of berth's own output, the
+// call's error, the --json object or the --max-output note, and berth's exit code
+// (the command's, 124 for a timeout, 130 for an exec cancelled by a second SIGINT).
+func (o *execOutput) finish(f *execFlags, lease *registry.Lease, res backend.ExecResult, err error) error {
+	if o.restore != nil {
+		o.restore()
 	}
-	for _, s := range early { // it started after all: they are the command's
-		handle(s)
-	}
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		for {
-			select {
-			case <-done:
-				return
-			case s := <-sigs:
-				handle(s)
-			}
-		}
-	}()
-	if req.Stdin {
-		go func() {
-			io.Copy(processWriter{p}, os.Stdin)
-			p.CloseStdin()
-		}()
-	}
-	res, err := p.Wait()
-	if restore != nil {
-		restore()
-	}
-	for _, o := range []*outWriter{stdout, stderr} {
-		if o.err != nil {
-			return failure(fmt.Errorf("writing the command's %s: %v; the command was stopped", o.name, o.err))
+	for _, w := range []*outWriter{o.stdout, o.stderr} {
+		if w.err != nil {
+			return failure(fmt.Errorf("writing the command's %s: %v; the command was stopped", w.name, w.err))
 		}
 	}
 	if err != nil {
@@ -308,27 +377,26 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 			Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason,
 			Moved: lease.Moved, MovedReason: lease.MovedReason,
 		}
-		out.Stdout, out.StdoutTruncatedBytes = outCap.Text()
-		out.Stderr, out.StderrTruncatedBytes = errCap.Text()
+		out.Stdout, out.StdoutTruncatedBytes = o.outCap.Text()
+		out.Stderr, out.StderrTruncatedBytes = o.errCap.Text()
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetEscapeHTML(false)
 		if err := enc.Encode(out); err != nil {
 			return failure(err)
 		}
 	} else {
-		for _, h := range []*headWriter{outStream, errStream} {
+		for _, h := range []*headWriter{o.outStream, o.errStream} {
 			if h != nil && h.dropped > 0 {
 				fmt.Fprintf(os.Stderr, "berth: output capped by --max-output: %d bytes dropped\n", h.dropped)
 			}
 		}
 	}
-	if res.TimedOut {
+	switch {
+	case res.TimedOut:
 		return exitCode(exitTimeout)
-	}
-	if res.Canceled && res.ExitCode == 0 {
+	case res.Canceled && res.ExitCode == 0:
 		return exitCode(128 + int(syscall.SIGINT))
-	}
-	if res.ExitCode != 0 {
+	case res.ExitCode != 0:
 		return exitCode(res.ExitCode)
 	}
 	return nil
