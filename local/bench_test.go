@@ -2,9 +2,12 @@ package local_test
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
@@ -69,4 +72,46 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 //	go test ./local -run '^$' -bench ShellMode -benchtime 50x
 func BenchmarkShellMode(b *testing.B) {
 	shellbench.ShellVsExec(b, "scope \"*\" {\n  driver = \"local\"\n}\n", "bench:shell", registry.WithBerthBinary(berthBin))
+}
+
+// BenchmarkWholeCommand measures the whole `berth exec -s S -- true` command on a
+// running local sandbox (the direct path) against `sh -c true`, both started from
+// this process with os/exec and interleaved, and attributes berth's time to its
+// phases (BERTH_TRACE): spawn → main (process start and Go's init), config, open,
+// store, lock, dial, started, ended, exit, and exit → reaped. p50 and p95 in
+// milliseconds over at least 20 rounds.
+//
+//	go test ./local -run '^$' -bench WholeCommand -benchtime 50x
+func BenchmarkWholeCommand(b *testing.B) {
+	state := b.TempDir()
+	xdg := filepath.Join(state, "xdg") // no config file: every session on local
+	run := func(trace bool) (string, error) {
+		cmd := exec.Command(berthBin, "--state-dir", filepath.Join(state, "cli"), "exec", "-s", "bench", "--", "true")
+		cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+xdg)
+		if trace {
+			cmd.Env = append(cmd.Env, "BERTH_TRACE=1")
+		}
+		var errb strings.Builder
+		cmd.Stderr = &errb
+		err := cmd.Run()
+		return errb.String(), err
+	}
+	if out, err := run(false); err != nil { // creates the session's sandbox
+		b.Fatalf("berth exec: %v\n%s", err, out)
+	}
+	b.Cleanup(func() { exec.Command(berthBin, "--state-dir", filepath.Join(state, "cli"), "rm", "bench").Run() })
+	phases := benchutil.NewPhases()
+	benchutil.Interleave(b, []benchutil.Way{
+		{Name: "sh-c-true", Run: func() error { return exec.Command("sh", "-c", "true").Run() }},
+		{Name: "berth-exec", Run: func() error { _, err := run(false); return err }},
+		{Name: "berth-exec-traced", Run: func() error {
+			start := time.Now()
+			out, err := run(true)
+			if err == nil {
+				err = phases.Add(start, time.Now(), out)
+			}
+			return err
+		}},
+	})
+	phases.Report(b)
 }

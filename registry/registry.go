@@ -15,6 +15,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/flock"
+	"github.com/berth-sh/berth/internal/phase"
 	"github.com/berth-sh/berth/registry/config"
 )
 
@@ -605,6 +606,7 @@ func (r *Registry) Exec(ctx context.Context, session string, req backend.ExecReq
 			c.fail()
 			return nil, nil, err
 		}
+		phase.Mark("started")
 		return &callProcess{Process: proc, c: c}, c.lease, nil
 	}
 }
@@ -622,6 +624,7 @@ type callProcess struct {
 // during an exec through it, the error (ErrUnavailable) says so.
 func (p *callProcess) Wait() (backend.ExecResult, error) {
 	res, err := p.Process.Wait()
+	phase.Mark("ended")
 	p.once.Do(p.c.done)
 	if err != nil {
 		err = p.c.callErr("exec", err)

@@ -11,6 +11,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/flock"
+	"github.com/berth-sh/berth/internal/phase"
 	"github.com/berth-sh/berth/registry/config"
 )
 
@@ -94,14 +95,12 @@ func (r *Registry) open(ctx context.Context, session string, mode openMode) (*se
 	if err != nil {
 		return nil, err
 	}
-	if err := r.ensure(); err != nil {
+	rec, recorded, err := r.ownerAndRecord(session)
+	if err != nil {
 		return nil, err
 	}
 	spec := rule.Spec(r.owner, session)
-	rec, recorded, err := r.store.get(session)
-	if err != nil {
-		return nil, fmt.Errorf("session %q: %w", session, err)
-	}
+	phase.Mark("store")
 	if !recorded && mode != openCreate {
 		return nil, noSession(session)
 	}
@@ -122,6 +121,32 @@ func (r *Registry) open(ctx context.Context, session string, mode openMode) (*se
 		}
 	}
 	return r.openSlow(ctx, session)
+}
+
+// ownerAndRecord makes sure of the store and the owner id (ensure) and returns
+// session's record: in one read of the store when the owner id is not known yet and
+// the store exists (the first call of a berth command).
+func (r *Registry) ownerAndRecord(session string) (record, bool, error) {
+	r.initMu.Lock()
+	known := r.owner != ""
+	r.initMu.Unlock()
+	if !known {
+		owner, rec, ok, err := r.store.ownerAndGet(session)
+		if err == nil && owner != "" {
+			r.initMu.Lock()
+			r.owner = owner
+			r.initMu.Unlock()
+			return rec, ok, nil
+		}
+	}
+	if err := r.ensure(); err != nil {
+		return record{}, false, err
+	}
+	rec, ok, err := r.store.get(session)
+	if err != nil {
+		return record{}, false, fmt.Errorf("session %q: %w", session, err)
+	}
+	return rec, ok, nil
 }
 
 // direct reports whether a call may try the session's recorded sandbox without its
@@ -156,6 +181,7 @@ func (r *Registry) dialDirect(ctx context.Context, session string, rule *config.
 	if err != nil {
 		return nil, fmt.Errorf("session %q: %w", session, err)
 	}
+	phase.Mark("lock")
 	key := sbKey{rec.Driver, rec.Sandbox}
 	client := r.agents.get(key)
 	if client == nil {
@@ -168,6 +194,7 @@ func (r *Registry) dialDirect(ctx context.Context, session string, rule *config.
 		}
 		client = r.agents.put(key, client)
 	}
+	phase.Mark("dial")
 	lease := &Lease{
 		Session: session, Driver: rec.Driver, Sandbox: rec.Sandbox, Rule: rule, Direct: true,
 		Drift: rec.SpecHash != "" && rec.SpecHash != spec.Labels[backend.LabelSpecHash],

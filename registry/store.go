@@ -273,6 +273,25 @@ func putRecord(tx *bolt.Tx, r record) error {
 	return tx.Bucket(bucketSessions).Put([]byte(r.Session), b)
 }
 
+// ownerAndGet reads the owner id and session's record in one read transaction (a
+// command on a running sandbox needs both, and nothing else of the store). owner is
+// "" when the store does not exist or is not complete yet (init makes it).
+func (s *store) ownerAndGet(session string) (owner string, r record, ok bool, err error) {
+	err = s.viewIfExists(func(tx *bolt.Tx) error {
+		m, b := tx.Bucket(bucketMeta), tx.Bucket(bucketSessions)
+		if m == nil || b == nil {
+			return nil
+		}
+		owner = string(m.Get(keyOwner))
+		r, ok, err = getRecord(tx, session)
+		return err
+	})
+	if ok {
+		r = s.withLastUse(r)
+	}
+	return owner, r, ok, err
+}
+
 // get returns session's record, with its last use (touch) merged in.
 func (s *store) get(session string) (r record, ok bool, err error) {
 	err = s.view(func(tx *bolt.Tx) error {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -170,6 +171,28 @@ func readLine(r io.Reader) (string, error) {
 	return string(line), nil
 }
 
+// readClientLine reads the client's handshake line in as few reads as it arrives
+// in: the client sends nothing after it until the agent has answered, so whatever a
+// read returns is the line (bytes after its "\n" are a protocol error).
+func readClientLine(r io.Reader) (string, error) {
+	buf := make([]byte, handshakeMax)
+	n := 0
+	for n < len(buf) {
+		m, err := r.Read(buf[n:])
+		n += m
+		if i := bytes.IndexByte(buf[:n], '\n'); i >= 0 {
+			if i != n-1 {
+				return "", errors.New("bytes after the handshake line before the answer")
+			}
+			return string(buf[:i]), nil
+		}
+		if err != nil {
+			return "", err
+		}
+	}
+	return "", fmt.Errorf("handshake line longer than %d bytes", handshakeMax)
+}
+
 // tokenCreds is the agent side of the handshake, as gRPC transport credentials: gRPC
 // runs ServerHandshake for each new connection in a goroutine of its own, before
 // HTTP/2, so a connection that never sends its line holds up no other.
@@ -185,7 +208,7 @@ func (tokenAuth) AuthType() string { return "berth-token" }
 func (c *tokenCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	conn.SetDeadline(time.Now().Add(c.timeout))
 	defer conn.SetDeadline(time.Time{})
-	line, err := readLine(conn)
+	line, err := readClientLine(conn)
 	if err != nil {
 		return nil, nil, fmt.Errorf("agent handshake: %w", err)
 	}

@@ -9,10 +9,9 @@ package main
 
 import (
 	"os"
-	"path/filepath"
 
-	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/phase"
 )
 
 // Exit codes of berth itself; every other code is the command's.
@@ -23,11 +22,19 @@ const (
 
 func main() {
 	// The agent runs as PID 1 in containers: dispatch before anything else is set up.
-	if filepath.Base(os.Args[0]) == backend.AgentBinaryName {
+	if agent.IsAgent() {
 		os.Exit(agent.Main(os.Args[1:]))
 	}
-	if len(os.Args) > 1 && os.Args[1] == "agent" {
-		os.Exit(agent.Main(os.Args[2:]))
+	if os.Getenv(envTrace) != "" {
+		phase.Enable()
+		phase.Mark("main")
 	}
-	os.Exit(run(os.Args[1:]))
+	code := run(os.Args[1:])
+	phase.Report(os.Stderr)
+	os.Exit(code)
 }
+
+// envTrace, when set, makes berth print when it reached each phase of its work to
+// stderr at the end ("phase NAME UNIX-NANOS" lines; see internal/phase): a
+// developer's setting, for the breakdown of a command's time.
+const envTrace = "BERTH_TRACE"

@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
+	"github.com/berth-sh/berth/internal/phase"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/registry/config"
 )
@@ -75,10 +76,12 @@ func (g *globals) open(ctx context.Context) (*registry.Registry, error) {
 	if err != nil {
 		return nil, err
 	}
+	phase.Mark("config")
 	r, err := registry.Open(ctx, s.cfg, s.opts...)
 	if err != nil {
 		return nil, err
 	}
+	phase.Mark("open")
 	g.log.SetPath(filepath.Join(r.StateDir(), "berth.log"))
 	return r, nil
 }

@@ -4,7 +4,9 @@ package benchutil
 
 import (
 	"context"
+	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -105,4 +107,58 @@ func WaitTrue(b *testing.B, p backend.Process, err error) error {
 		b.Fatalf("true exited %d", res.ExitCode)
 	}
 	return err
+}
+
+// Phases collects the phase lines (internal/phase) of traced runs of a berth command
+// and reports the p50 and p95 of each phase's share of the wall time.
+type Phases struct {
+	names []string
+	durs  map[string][]time.Duration
+}
+
+// NewPhases returns an empty collection.
+func NewPhases() *Phases { return &Phases{durs: map[string][]time.Duration{}} }
+
+// Add attributes one run that was started at start and reaped at end, whose stderr
+// holds its "phase NAME NANOS" lines: spawn→first phase, each phase since the one
+// before, and last phase→reaped. Errors: no phase lines.
+func (p *Phases) Add(start, end time.Time, stderr string) error {
+	prev, prevName := start, "spawn"
+	found := false
+	for _, line := range strings.Split(stderr, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 || f[0] != "phase" {
+			continue
+		}
+		ns, err := strconv.ParseInt(f[2], 10, 64)
+		if err != nil {
+			continue
+		}
+		t := time.Unix(0, ns)
+		p.add(prevName+"→"+f[1], t.Sub(prev))
+		prev, prevName, found = t, f[1], true
+	}
+	if !found {
+		return fmt.Errorf("no phase lines in the traced run's stderr: %q", stderr)
+	}
+	p.add(prevName+"→reaped", end.Sub(prev))
+	return nil
+}
+
+func (p *Phases) add(name string, d time.Duration) {
+	if _, ok := p.durs[name]; !ok {
+		p.names = append(p.names, name)
+	}
+	p.durs[name] = append(p.durs[name], d)
+}
+
+// Report reports each phase (Report's metrics, named after the phases).
+func (p *Phases) Report(b *testing.B) {
+	var samples [][]time.Duration
+	var names []string
+	for _, n := range p.names {
+		names = append(names, strings.NewReplacer("→", "-to-").Replace(n))
+		samples = append(samples, p.durs[n])
+	}
+	Report(b, names, samples)
 }
