@@ -1,20 +1,15 @@
 package backends
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/filehash"
 )
 
 // PluginPrefix starts the file name of every third-party driver executable:
@@ -160,54 +155,14 @@ func FindPlugin(name, plugin string, dirs []string) (string, error) {
 }
 
 // FileSHA256 returns the lowercase hex SHA-256 of the file at path.
-func FileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
-}
+func FileSHA256(path string) (string, error) { return filehash.Sum(path, "") }
 
-// CachedFileSHA256 is FileSHA256 with a cache in cacheDir ("" means none): the
-// sum is stored under a key made of the file's device, inode, size, mtime and
-// ctime. Any write to the file, or a replacement, changes the ctime, which no
-// user can set back, so a cached sum is never stale. The file is hashed through
-// the descriptor it was stat'ed by. Cache write failures are ignored.
-func CachedFileSHA256(path, cacheDir string) (string, error) {
-	if cacheDir == "" {
-		return FileSHA256(path)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return "", err
-	}
-	key := filepath.Join(cacheDir, fmt.Sprintf("%x-%x-%x-%x.%x-%x.%x", st.Dev, st.Ino, st.Size, st.Mtim.Sec, st.Mtim.Nsec, st.Ctim.Sec, st.Ctim.Nsec))
-	if b, err := os.ReadFile(key); err == nil && ValidSHA256(strings.TrimSpace(string(b))) {
-		return strings.TrimSpace(string(b)), nil
-	}
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	sum := hex.EncodeToString(h.Sum(nil))
-	if err := os.MkdirAll(cacheDir, 0o700); err == nil {
-		tmp := key + ".tmp-" + strconv.Itoa(os.Getpid())
-		if os.WriteFile(tmp, []byte(sum+"\n"), 0o600) == nil && os.Rename(tmp, key) != nil {
-			os.Remove(tmp)
-		}
-	}
-	return sum, nil
-}
+// CachedFileSHA256 is FileSHA256 with a cache in cacheDir ("" means none): the sum
+// is stored under a key made of the file's device, inode, size, mtime and ctime (the
+// one hash cache of internal/filehash, which the agent's install uses too). Any
+// write to the file, or a replacement, changes the ctime, which no user can set
+// back, so a cached sum is never stale. Cache write failures are ignored.
+func CachedFileSHA256(path, cacheDir string) (string, error) { return filehash.Sum(path, cacheDir) }
 
 // VerifySHA256 checks that the file at path has the SHA-256 want (hex, case
 // ignored). A mismatch wraps backend.ErrInvalid and shows both sums and what
@@ -232,13 +187,7 @@ func verifySHA256(path, want, cacheDir string) error {
 
 // ValidSHA256 reports whether s is 64 hex digits (either case), the form of a
 // sha256 pin.
-func ValidSHA256(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
-	_, err := hex.DecodeString(s)
-	return err == nil
-}
+func ValidSHA256(s string) bool { return filehash.Valid(s) }
 
 // describeError formats an error of Describe.
 func describeError(path, format string, args ...any) error {

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"crypto/rand"
-	"crypto/sha256"
 	"debug/elf"
 	"encoding/hex"
 	"errors"
@@ -11,11 +10,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
-	"sync/atomic"
 	"syscall"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/filehash"
 )
 
 // Binary is the agent executable installed in a state dir.
@@ -30,13 +28,10 @@ type Binary struct {
 	Static bool
 }
 
-// hashCount counts the files Install hashed (tests check the cache).
-var hashCount atomic.Int64
-
 // Install puts the agent binary src in stateDir: a copy at
 // stateDir/agent/bin/<sha256>, made once per content. The hash of src is cached in
-// stateDir/agent/hashcache/ under src's device, inode, size and mtime, so a second
-// Install of an unchanged file reads no content at all. The copy is written to a
+// stateDir/agent/hashcache/ (internal/filehash: under src's device, inode, size, mtime
+// and ctime), so a second Install of an unchanged file reads no content at all. The copy is written to a
 // temporary file while syscall.ForkLock is held (no fork can inherit the writable
 // descriptor, so starting the copy never fails with ETXTBSY) and then linked into
 // place atomically. Errors: src is not a regular file (ErrInvalid), or stateDir
@@ -63,14 +58,9 @@ func Install(stateDir, src string) (Binary, error) {
 			return Binary{}, fmt.Errorf("agent install: %w", err)
 		}
 	}
-	st := fi.Sys().(*syscall.Stat_t)
-	key := fmt.Sprintf("%x-%x-%x-%x", st.Dev, st.Ino, st.Size, fi.ModTime().UnixNano())
-	hash := readHashCache(filepath.Join(cacheDir, key))
-	if hash == "" {
-		if hash, err = hashFile(src); err != nil {
-			return Binary{}, fmt.Errorf("agent install: hashing %s: %w", src, err)
-		}
-		writeFileAtomic(filepath.Join(cacheDir, key), []byte(hash+"\n"), 0o644)
+	hash, err := filehash.Sum(src, cacheDir)
+	if err != nil {
+		return Binary{}, fmt.Errorf("agent install: hashing %s: %w", src, err)
 	}
 	dst := filepath.Join(binDir, hash)
 	if dfi, err := os.Lstat(dst); err != nil || !dfi.Mode().IsRegular() || dfi.Size() != fi.Size() {
@@ -83,35 +73,6 @@ func Install(stateDir, src string) (Binary, error) {
 		return Binary{}, err
 	}
 	return Binary{Path: dst, Hash: hash, Static: static}, nil
-}
-
-func readHashCache(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	h := strings.TrimSpace(string(b))
-	if len(h) != 64 {
-		return ""
-	}
-	if _, err := hex.DecodeString(h); err != nil {
-		return ""
-	}
-	return h
-}
-
-func hashFile(path string) (string, error) {
-	hashCount.Add(1)
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 func tempName(dir, prefix string) string {

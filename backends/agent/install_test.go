@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/filehash"
 )
 
 func TestIsStatic(t *testing.T) {
@@ -33,13 +34,13 @@ func TestIsStatic(t *testing.T) {
 
 func TestInstallOnce(t *testing.T) {
 	state := deepDir(t)
-	before := hashCount.Load()
+	before := filehash.Hashed()
 	b1, err := Install(state, agentBin)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if hashCount.Load() != before+1 {
-		t.Errorf("first Install hashed %d files", hashCount.Load()-before)
+	if filehash.Hashed() != before+1 {
+		t.Errorf("first Install hashed %d files", filehash.Hashed()-before)
 	}
 	if b1.Path != filepath.Join(state, "agent", "bin", b1.Hash) || len(b1.Hash) != 64 || !b1.Static {
 		t.Errorf("Install = %+v", b1)
@@ -55,7 +56,7 @@ func TestInstallOnce(t *testing.T) {
 	if b2 != b1 {
 		t.Errorf("second Install = %+v, first %+v", b2, b1)
 	}
-	if hashCount.Load() != before+1 {
+	if filehash.Hashed() != before+1 {
 		t.Error("second Install hashed the file again (hash cache miss)")
 	}
 	fi2, _ := os.Stat(b2.Path)
