@@ -81,18 +81,6 @@ func tempName(dir, prefix string) string {
 	return filepath.Join(dir, prefix+hex.EncodeToString(b[:]))
 }
 
-func writeFileAtomic(path string, data []byte, mode fs.FileMode) error {
-	tmp := tempName(filepath.Dir(path), ".tmp-")
-	if err := os.WriteFile(tmp, data, mode); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
-}
-
 // copyExecutable copies src to a new file tmp (mode 0755) while holding
 // syscall.ForkLock for writing, so no process forked meanwhile holds tmp open for
 // writing when it is executed later, and syncs it.
