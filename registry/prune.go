@@ -143,12 +143,12 @@ func validOwner(owner string) error {
 //     never while younger than the grace period (WithOrphanGrace), measured from
 //     LabelCreated.
 //   - sandboxes without our owner label are never listed, stopped or removed.
-//   - per-sandbox directories (STATE/sandboxes/DRIVER/SANDBOX, and the old layout's
-//     STATE/sandboxes/SANDBOX), busy markers, lock files and agent copies that
-//     nothing references, older than the grace period, are deleted; a driver's own
-//     files not while it could not be listed, old-layout dirs and lock files not
-//     while any driver could not be listed, as its sandboxes may still use them.
-//     A dir that a live sandbox uses is never deleted.
+//   - per-sandbox directories (STATE/sandboxes/DRIVER/SANDBOX), busy markers, lock
+//     files, agent copies and full-output files that nothing references, older than
+//     the grace period, are deleted; a driver's own files not while it could not be
+//     listed, lock files not while any driver could not be listed, as its sandboxes
+//     may still use them. A dir that a live sandbox uses is never deleted. A live
+//     session's full-output files older than output_max_age are deleted.
 //
 // A driver that cannot be started or listed is reported in PruneReport.Drivers and
 // skipped; the rest go on. Each action holds the sandbox's lock and decides again
@@ -448,8 +448,7 @@ func (r *Registry) pruneFiles(listed map[sbKey]bool, listedOK map[string]bool, a
 			}
 		}
 	}
-	// STATE/locks: SANDBOX.DRIVER.busy per driver; SANDBOX.lock and the old
-	// SANDBOX.busy per name.
+	// STATE/locks: SANDBOX.DRIVER.busy per driver; SANDBOX.lock per name.
 	locks, _ := os.ReadDir(filepath.Join(r.stateDir, "locks"))
 	for _, l := range locks {
 		p := filepath.Join(r.stateDir, "locks", l.Name())
@@ -580,7 +579,8 @@ func (r *Registry) pruneDriverDir(root, driver string, listed map[sbKey]bool, ol
 }
 
 // pruneOutputs deletes the full-output files (STATE/output/SESSION-HASH/) of
-// sessions that no longer have a sandbox: no live record names them.
+// sessions that no longer have a sandbox (no live record names them), and those of
+// live sessions older than output_max_age.
 func (r *Registry) pruneOutputs(recs []record, old func(os.FileInfo) bool, dry bool) []PruneAction {
 	live := map[string]bool{}
 	for _, rec := range recs {
@@ -597,12 +597,51 @@ func (r *Registry) pruneOutputs(recs []record, old func(os.FileInfo) bool, dry b
 	for _, e := range ents {
 		p := filepath.Join(dir, e.Name())
 		fi, err := os.Lstat(p)
-		if err != nil || !fi.IsDir() || live[e.Name()] || !old(fi) {
+		if err != nil || !fi.IsDir() {
+			continue
+		}
+		if live[e.Name()] {
+			out = append(out, r.pruneOldOutputs(p, dry)...)
+			continue
+		}
+		if !old(fi) {
 			continue
 		}
 		a := PruneAction{Path: p, Action: PruneDelete, Cause: CauseOrphan, Reason: "full-output files of a session that no longer has a sandbox"}
 		if !dry {
 			if err := os.RemoveAll(p); err != nil {
+				a.Error = err.Error()
+			} else {
+				a.Done = true
+			}
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// pruneOldOutputs deletes the full-output files in dir (one live session's) last
+// modified longer ago than output_max_age, in real time like every file age.
+func (r *Registry) pruneOldOutputs(dir string, dry bool) []PruneAction {
+	maxAge := r.cfg.OutputMaxAge
+	if maxAge <= 0 {
+		maxAge = config.DefaultOutputMaxAge
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var out []PruneAction
+	for _, e := range ents {
+		fi, err := e.Info()
+		if err != nil || !fi.Mode().IsRegular() || time.Since(fi.ModTime()) <= maxAge {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		a := PruneAction{Path: p, Action: PruneDelete, Cause: CauseAge,
+			Reason: fmt.Sprintf("full-output file older than output_max_age %s", FormatDuration(maxAge))}
+		if !dry {
+			if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
 				a.Error = err.Error()
 			} else {
 				a.Done = true

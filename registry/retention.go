@@ -21,7 +21,8 @@ func (r *Registry) now() time.Time { return r.clock().UTC() }
 
 // Causes of prune actions and expiry (PruneAction.Cause).
 const (
-	// CauseAge: the sandbox is older than its rule's max_age.
+	// CauseAge: the sandbox is older than its rule's max_age, or a full-output file
+	// (ShellResult.StdoutFile) is older than output_max_age.
 	CauseAge = "age"
 	// CauseIdle: no exec has run in the sandbox for longer than its rule's idle_ttl.
 	CauseIdle = "idle"

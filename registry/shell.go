@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -107,6 +109,10 @@ type ShellResult struct {
 	// left out.
 	StdoutFile, StderrFile                             string
 	StdoutFileTruncatedBytes, StderrFileTruncatedBytes int64
+	// OutputFilesRemoved counts the session's older full-output files this call
+	// deleted so that the session's files stay within output_max_total
+	// (config.Config.OutputMaxTotal); never this call's own.
+	OutputFilesRemoved int
 }
 
 // capabilities returns b's capabilities, asking it once per driver instance (a
@@ -173,6 +179,9 @@ func (r *Registry) Shell(ctx context.Context, session string, req ShellRequest) 
 		res, err := p.Wait()
 		out.ExecResult = res
 		streams.fill(r, &out)
+		if out.StdoutFile != "" || out.StderrFile != "" {
+			out.OutputFilesRemoved = r.trimOutputs(session, out.StdoutFile, out.StderrFile)
+		}
 		return c.callErr("shell call", err)
 	})
 	return out, err
@@ -259,3 +268,67 @@ func (s shellStreams) discard() {
 type processStdin struct{ p backend.Process }
 
 func (w processStdin) Write(b []byte) (int, error) { return w.p.Write(b) }
+
+// outputMaxTotal is the config's output_max_total in bytes, or negative for none.
+func (r *Registry) outputMaxTotal() int64 {
+	if r.cfg.OutputMaxTotal == 0 {
+		return config.DefaultOutputMaxTotal
+	}
+	return r.cfg.OutputMaxTotal
+}
+
+// trimOutputs deletes session's oldest full-output files (by modification time, then
+// name) until the rest hold at most output_max_total bytes, never deleting keep, and
+// returns how many it deleted. Files it cannot stat or delete are logged and left.
+func (r *Registry) trimOutputs(session string, keep ...string) int {
+	limit := r.outputMaxTotal()
+	if limit < 0 {
+		return 0
+	}
+	dir := filepath.Dir(r.outputPath(session, "x"))
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	type file struct {
+		path string
+		size int64
+		mod  time.Time
+	}
+	var files []file
+	var total int64
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		total += fi.Size()
+		files = append(files, file{p, fi.Size(), fi.ModTime()})
+	}
+	sort.Slice(files, func(i, j int) bool {
+		if !files[i].mod.Equal(files[j].mod) {
+			return files[i].mod.Before(files[j].mod)
+		}
+		return files[i].path < files[j].path
+	})
+	removed := 0
+	for _, f := range files {
+		if total <= limit {
+			break
+		}
+		if slices.Contains(keep, f.path) {
+			continue
+		}
+		if err := os.Remove(f.path); err != nil && !os.IsNotExist(err) {
+			r.log.Warn("deleting an old full-output file", "session", session, "path", f.path, "error", err)
+			continue
+		}
+		total -= f.size
+		removed++
+	}
+	return removed
+}

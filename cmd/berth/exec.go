@@ -113,11 +113,16 @@ type execJSON struct {
 	Stderr               string `json:"stderr"`
 	StdoutTruncatedBytes int64  `json:"stdout_truncated_bytes"`
 	StderrTruncatedBytes int64  `json:"stderr_truncated_bytes"`
-	// Shell mode only: the session's directory for its next call, and the files that
-	// hold a capped stream whole.
-	Cwd        string `json:"cwd,omitempty"`
-	StdoutFile string `json:"stdout_file,omitempty"`
-	StderrFile string `json:"stderr_file,omitempty"`
+	// Shell mode only: the session's directory for its next call; the files that
+	// hold a capped stream whole (or, when even the file was cut, its first
+	// DefaultFullOutputMax bytes and the count left out); how many of the session's
+	// older such files this call deleted to stay within output_max_total.
+	Cwd                      string `json:"cwd,omitempty"`
+	StdoutFile               string `json:"stdout_file,omitempty"`
+	StderrFile               string `json:"stderr_file,omitempty"`
+	StdoutFileTruncatedBytes int64  `json:"stdout_file_truncated_bytes,omitempty"`
+	StderrFileTruncatedBytes int64  `json:"stderr_file_truncated_bytes,omitempty"`
+	OutputFilesRemoved       int    `json:"output_files_removed,omitempty"`
 }
 
 func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error {

@@ -77,7 +77,9 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 			Stdout: res.Stdout, Stderr: res.Stderr,
 			StdoutTruncatedBytes: res.StdoutTruncatedBytes, StderrTruncatedBytes: res.StderrTruncatedBytes,
 			Cwd: res.Cwd, StdoutFile: res.StdoutFile, StderrFile: res.StderrFile,
-			Recreated: res.Recreated, RecreatedReason: res.RecreatedReason,
+			StdoutFileTruncatedBytes: res.StdoutFileTruncatedBytes, StderrFileTruncatedBytes: res.StderrFileTruncatedBytes,
+			OutputFilesRemoved: res.OutputFilesRemoved,
+			Recreated:          res.Recreated, RecreatedReason: res.RecreatedReason,
 			Moved: res.Moved, MovedReason: res.MovedReason,
 		}
 		if recreated {
@@ -99,17 +101,17 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 		}
 		io.WriteString(os.Stderr, res.Stderr)
 		for _, s := range []struct {
-			name string
-			left int64
-			file string
-		}{{"stdout", res.StdoutTruncatedBytes, res.StdoutFile}, {"stderr", res.StderrTruncatedBytes, res.StderrFile}} {
+			name           string
+			left, fileLeft int64
+			file           string
+		}{{"stdout", res.StdoutTruncatedBytes, res.StdoutFileTruncatedBytes, res.StdoutFile},
+			{"stderr", res.StderrTruncatedBytes, res.StderrFileTruncatedBytes, res.StderrFile}} {
 			if s.left > 0 {
-				where := ""
-				if s.file != "" {
-					where = "; the whole stream is in " + s.file
-				}
-				fmt.Fprintf(os.Stderr, "berth: %s: %d bytes left out in the middle%s\n", s.name, s.left, where)
+				fmt.Fprintf(os.Stderr, "berth: %s: %d bytes left out in the middle%s\n", s.name, s.left, spillNote(s.file, s.fileLeft))
 			}
+		}
+		if res.OutputFilesRemoved > 0 {
+			fmt.Fprintf(os.Stderr, "berth: session %s: deleted its %d oldest full-output files to stay within output_max_total\n", res.Session, res.OutputFilesRemoved)
 		}
 	}
 	switch {
@@ -126,4 +128,16 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 		return exitCode(res.ExitCode)
 	}
 	return nil
+}
+
+// spillNote says where a capped stream's bytes are: the whole stream in file, or,
+// when the file was cut too (left bytes past registry.DefaultFullOutputMax), its head.
+func spillNote(file string, left int64) string {
+	switch {
+	case file == "":
+		return ""
+	case left > 0:
+		return fmt.Sprintf("; its first %d bytes are in %s (%d more were not kept)", registry.DefaultFullOutputMax, file, left)
+	}
+	return "; the whole stream is in " + file
 }

@@ -215,6 +215,14 @@ type Config struct {
 	StateDir string
 	// AgentPath is agent_path, an absolute path, or empty (the berth binary).
 	AgentPath string
+	// OutputMaxTotal is output_max_total, in bytes: how much one session's full-output
+	// files (registry.ShellResult.StdoutFile) may hold in all; a shell call that
+	// leaves more deletes the session's oldest ones. Zero means
+	// DefaultOutputMaxTotal; negative means no bound.
+	OutputMaxTotal int64
+	// OutputMaxAge is output_max_age: prune deletes full-output files older than
+	// this. Zero means DefaultOutputMaxAge.
+	OutputMaxAge time.Duration
 	// AgentTimeout is agent_timeout: how long connecting to a sandbox's agent (the
 	// dial, berth's handshake and Hello) may take before the call fails with
 	// ErrTimeout, naming the sandbox (a paused container, something squatting on the
@@ -673,6 +681,7 @@ func (d *decoder) driverBlock(b *hcl.Block) *DriverBlock {
 var rootSchema = &hcl.BodySchema{
 	Attributes: []hcl.AttributeSchema{
 		{Name: "state_dir"}, {Name: "agent_path"}, {Name: "plugin_dirs"}, {Name: "log_level"}, {Name: "agent_timeout"},
+		{Name: "output_max_total"}, {Name: "output_max_age"},
 	},
 	Blocks: []hcl.BlockHeaderSchema{
 		{Type: "driver", LabelNames: []string{"name"}},
@@ -703,6 +712,12 @@ var retentionSchema = &hcl.BodySchema{
 	Attributes: []hcl.AttributeSchema{{Name: "on_close"}, {Name: "idle_ttl"}, {Name: "idle_action"}, {Name: "max_age"}},
 }
 
+// DefaultOutputMaxTotal is output_max_total's default, 256 MiB per session.
+const DefaultOutputMaxTotal = 256 << 20
+
+// DefaultOutputMaxAge is output_max_age's default, 7 days.
+const DefaultOutputMaxAge = 7 * 24 * time.Hour
+
 // DefaultAgentTimeout is agent_timeout's default, 10 seconds.
 const DefaultAgentTimeout = 10 * time.Second
 
@@ -728,6 +743,24 @@ func (d *decoder) config(body hcl.Body) *Config {
 				d.errf(a.Expr.Range(), "Invalid duration", "agent_timeout must be positive, such as \"10s\".")
 			} else {
 				cfg.AgentTimeout = v
+			}
+		}
+	}
+	if a := c.Attributes["output_max_total"]; a != nil {
+		if v, ok := d.value(a, cty.NilType, ""); ok {
+			if v.Type() == cty.String && v.AsString() == "unlimited" {
+				cfg.OutputMaxTotal = -1
+			} else if n, ok := d.size(a, "output_max_total"); ok {
+				cfg.OutputMaxTotal = n
+			}
+		}
+	}
+	if a := c.Attributes["output_max_age"]; a != nil {
+		if v, ok := d.duration(a); ok {
+			if v <= 0 {
+				d.errf(a.Expr.Range(), "Invalid duration", "output_max_age must be positive, such as \"7d\".")
+			} else {
+				cfg.OutputMaxAge = v
 			}
 		}
 	}

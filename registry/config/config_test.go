@@ -215,7 +215,7 @@ func TestConfigBadInput(t *testing.T) {
 		{"bad max_age", "scope \"*\" {\n  retention { max_age = \"-1h\" }\n}\n",
 			[]string{"config.hcl:2:25: error: Invalid duration", `"-1h"`}},
 		{"unknown top key", "stat_dir = \"/x\"\n",
-			[]string{"config.hcl:1:1: error: Unsupported argument", `"stat_dir"`, `Did you mean "state_dir"?`, "Valid arguments in the config file: state_dir, agent_path, plugin_dirs, log_level, agent_timeout; valid blocks: driver, scope."}},
+			[]string{"config.hcl:1:1: error: Unsupported argument", `"stat_dir"`, `Did you mean "state_dir"?`, "Valid arguments in the config file: state_dir, agent_path, plugin_dirs, log_level, agent_timeout, output_max_total, output_max_age; valid blocks: driver, scope."}},
 		{"unknown scope key", "scope \"*\" {\n  drivr = \"local\"\n}\n",
 			[]string{"config.hcl:2:3: error: Unsupported argument", `Did you mean "driver"?`, `Valid arguments in scope "*": driver, name, image, pull, env, env_passthrough, workdir, user, network, allow_host_paths, isolation, max_output; valid blocks: mount, resources, retention.`}},
 		{"unknown block", "scope \"*\" {\n  limits {}\n}\n",
@@ -250,6 +250,12 @@ func TestConfigBadInput(t *testing.T) {
 			[]string{"config.hcl:2:7: error: Unreachable scope rule", "config.hcl:1:7", "Move the catch-all rule to the end"}},
 		{"duplicate glob", "scope \"a\" {}\nscope \"a\" {}\n",
 			[]string{"config.hcl:2:7: error: Unreachable scope rule", "same glob"}},
+		{"bad output_max_total", "output_max_total = \"lots\"\n",
+			[]string{"config.hcl:1:20: error: Invalid output_max_total", `"lots"`}},
+		{"negative output_max_total", "output_max_total = -5\n",
+			[]string{"config.hcl:1:20: error: Invalid output_max_total", "positive whole number"}},
+		{"zero output_max_age", "output_max_age = \"0s\"\n",
+			[]string{"config.hcl:1:18: error: Invalid duration", `output_max_age must be positive`}},
 		{"bad log level", "log_level = \"loud\"\n",
 			[]string{"config.hcl:1:13: error: Invalid log level", "trace, debug, info, warn, error, off"}},
 		{"relative state dir", "state_dir = \"state\"\n",
@@ -294,6 +300,30 @@ func TestConfigBadInput(t *testing.T) {
 	// Identical shared rules may share a sandbox.
 	if _, err := Parse([]byte("scope \"a:*\" {\n isolation = \"shared\"\n name = \"p\"\n}\nscope \"b:*\" {\n isolation = \"shared\"\n name = \"p\"\n}\n"), "c.hcl"); err != nil {
 		t.Errorf("identical shared rules: %v", err)
+	}
+}
+
+// TestOutputLimits checks output_max_total takes a size, a byte count or "unlimited",
+// and output_max_age a duration.
+func TestOutputLimits(t *testing.T) {
+	for _, c := range []struct {
+		src   string
+		total int64
+		age   time.Duration
+	}{
+		{"", 0, 0},
+		{"output_max_total = \"1g\"\noutput_max_age = \"2d\"\n", 1 << 30, 48 * time.Hour},
+		{"output_max_total = 4096\n", 4096, 0},
+		{"output_max_total = \"unlimited\"\n", -1, 0},
+	} {
+		cfg, err := Parse([]byte(c.src), "c.hcl")
+		if err != nil {
+			t.Errorf("%q: %v", c.src, err)
+			continue
+		}
+		if cfg.OutputMaxTotal != c.total || cfg.OutputMaxAge != c.age {
+			t.Errorf("%q: total %d age %v, want %d %v", c.src, cfg.OutputMaxTotal, cfg.OutputMaxAge, c.total, c.age)
+		}
 	}
 }
 
