@@ -79,8 +79,10 @@ type Client struct {
 	api    pb.DriverClient
 	killed atomic.Bool
 	stderr *tailRecorder
-	// socketDir is go-plugin's private directory for the plugin's socket.
+	// socketDir is go-plugin's private directory for the plugin's socket, in
+	// PluginSocketBase; dirLock holds it (holdSocketDir) until the plugin is killed.
 	socketDir string
+	dirLock   atomic.Pointer[os.File]
 }
 
 var (
@@ -135,6 +137,11 @@ func Launch(ctx context.Context, opts LaunchOptions) (*Client, error) {
 		env = append(env, envLogLevel+"="+lvl.String())
 	}
 
+	base, err := PluginSocketBase()
+	if err != nil {
+		return nil, backend.Errorf(backend.ErrUnavailable, "driver plugin %s: %v", opts.Path, err)
+	}
+
 	c := &Client{path: opts.Path, env: opts.Env, logger: logger, stderr: &tailRecorder{max: 2048}}
 	var runnerErr error
 	cfg := &plugin.ClientConfig{
@@ -145,6 +152,12 @@ func Launch(ctx context.Context, opts LaunchOptions) (*Client, error) {
 		// command it builds; our runner starts a fresh command from it.
 		RunnerFunc: func(l hclog.Logger, cmd *exec.Cmd, socketDir string) (runner.Runner, error) {
 			c.socketDir = socketDir
+			lock, err := holdSocketDir(socketDir)
+			if err != nil {
+				runnerErr = err
+				return nil, err
+			}
+			c.dirLock.Store(lock)
 			// cmd.Env holds go-plugin's variables (cookie, protocol versions,
 			// socket dir) since SkipHostEnv is set; they come last so nothing
 			// overrides them.
@@ -156,12 +169,15 @@ func Launch(ctx context.Context, opts LaunchOptions) (*Client, error) {
 			c.runner = r
 			return r, nil
 		},
-		SkipHostEnv:  true,
-		StartTimeout: timeout,
-		Stderr:       c.stderr,
-		SyncStdout:   logger.Named("stdout").StandardWriter(&hclog.StandardLoggerOptions{InferLevels: true}),
-		SyncStderr:   logger.Named("stderr").StandardWriter(&hclog.StandardLoggerOptions{InferLevels: true}),
-		Logger:       logger,
+		SkipHostEnv: true,
+		// A short per-user base (not the state dir, which may be too deep for a
+		// socket path); PruneSocketDirs collects dirs whose berth was killed.
+		UnixSocketConfig: &plugin.UnixSocketConfig{TempDir: base},
+		StartTimeout:     timeout,
+		Stderr:           c.stderr,
+		SyncStdout:       logger.Named("stdout").StandardWriter(&hclog.StandardLoggerOptions{InferLevels: true}),
+		SyncStderr:       logger.Named("stderr").StandardWriter(&hclog.StandardLoggerOptions{InferLevels: true}),
+		Logger:           logger,
 		GRPCDialOptions: []grpc.DialOption{
 			grpc.WithInitialWindowSize(WindowSize),
 			grpc.WithInitialConnWindowSize(WindowSize),
@@ -189,16 +205,18 @@ func Launch(ctx context.Context, opts LaunchOptions) (*Client, error) {
 		res.err = ctx.Err() // ctx ended just as the start succeeded
 	}
 	if res.err != nil && ctx.Err() != nil {
-		c.pc.Kill()
+		c.killProcess()
 		return nil, &wrapError{msg: fmt.Sprintf("driver plugin %s: start abandoned: %v", opts.Path, ctx.Err()), err: ctx.Err()}
 	}
 	if res.err != nil {
-		c.pc.Kill()
-		if c.runner != nil && c.runner.pid == 0 && c.socketDir != "" {
+		if c.runner == nil || c.runner.pid == 0 {
 			// go-plugin's Kill skips a process that never started, and with it
 			// the removal of its socket directory.
-			_ = os.RemoveAll(c.socketDir)
+			if c.socketDir != "" {
+				_ = os.RemoveAll(c.socketDir)
+			}
 		}
+		c.killProcess()
 		if runnerErr != nil {
 			return nil, backend.Errorf(backend.ErrUnavailable, "driver plugin %s: cannot start it: %v", opts.Path, runnerErr)
 		}
@@ -206,7 +224,7 @@ func Launch(ctx context.Context, opts LaunchOptions) (*Client, error) {
 	}
 	d, ok := res.raw.(*dispensed)
 	if !ok {
-		c.pc.Kill()
+		c.killProcess()
 		return nil, backend.Errorf(backend.ErrUnavailable, "driver plugin %s: unexpected plugin type %T", opts.Path, res.raw)
 	}
 	c.api = d.api
@@ -327,7 +345,16 @@ func (c *Client) Pid() int { return c.runner.pid }
 // backend.ErrUnavailable.
 func (c *Client) Kill() {
 	c.killed.Store(true)
+	c.killProcess()
+}
+
+// killProcess kills the plugin (go-plugin's Kill, which also removes its socket
+// directory) and then lets go of the directory's lock.
+func (c *Client) killProcess() {
 	c.pc.Kill()
+	if f := c.dirLock.Swap(nil); f != nil {
+		f.Close()
+	}
 }
 
 // Exited reports whether the plugin process has exited.

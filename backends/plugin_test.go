@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -576,6 +577,134 @@ func TestHostDeath(t *testing.T) {
 	_ = host.Wait()
 	waitGone(t, sleep, plugin)
 	t.Logf("plugin and sleep gone %v after the host was killed", time.Since(killed))
+}
+
+// When the host and its plugin are both killed (neither can remove the plugin's
+// socket dir), PruneSocketDirs removes the dir once it is past the grace period:
+// nothing holds it any more.
+func TestSocketDirOfKilledHost(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := exec.Command(self, "-test.run=^$")
+	host.Env = append(os.Environ(), envTestHost+"="+pluginBin)
+	host.Stderr = os.Stderr
+	stdout, err := host.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := host.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = host.Process.Kill(); _ = host.Wait() })
+	pids := readPidLines(t, bufio.NewScanner(stdout), 2)
+	plugin, sleep := pids["plugin"], pids["sleep"]
+	t.Cleanup(func() { _ = syscall.Kill(sleep, syscall.SIGKILL); _ = syscall.Kill(plugin, syscall.SIGKILL) })
+	socketDir := pluginSocketDir(t, plugin)
+	// Stopped first, the plugin cannot see its host go and clean up after itself.
+	if err := syscall.Kill(plugin, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	if err := host.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = host.Wait()
+	if err := syscall.Kill(plugin, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, plugin)
+	_ = syscall.Kill(sleep, syscall.SIGKILL)
+	if _, err := os.Stat(socketDir); err != nil {
+		t.Fatalf("the killed pair's socket dir: %v", err)
+	}
+	if stale, err := PruneSocketDirs(time.Hour, false); err != nil || slices.ContainsFunc(stale, func(s StaleSocketDir) bool { return s.Path == socketDir }) {
+		t.Errorf("PruneSocketDirs took a dir younger than its grace: %+v, %v", stale, err)
+	}
+	past := time.Now().Add(-2 * time.Hour)
+	if err := os.Chtimes(socketDir, past, past); err != nil {
+		t.Fatal(err)
+	}
+	stale, err := PruneSocketDirs(time.Hour, false)
+	if err != nil || !slices.ContainsFunc(stale, func(s StaleSocketDir) bool { return s.Path == socketDir && s.Removed }) {
+		t.Errorf("PruneSocketDirs did not remove the killed host's %s: %+v, %v", socketDir, stale, err)
+	}
+	if _, err := os.Stat(socketDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s is still there: %v", socketDir, err)
+	}
+}
+
+// pluginSocketDir returns the socket dir go-plugin gave the running plugin pid, and
+// checks it lies in PluginSocketBase.
+func pluginSocketDir(t *testing.T, pid int) string {
+	t.Helper()
+	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range strings.Split(string(env), "\x00") {
+		if dir, ok := strings.CutPrefix(kv, "PLUGIN_UNIX_SOCKET_DIR="); ok {
+			base, err := PluginSocketBase()
+			if err != nil || filepath.Dir(dir) != base {
+				t.Errorf("plugin socket dir %s is not in %s (%v)", dir, base, err)
+			}
+			return dir
+		}
+	}
+	t.Fatalf("plugin %d has no PLUGIN_UNIX_SOCKET_DIR", pid)
+	return ""
+}
+
+// A running plugin's socket dir is in the short per-user base, no prune takes it
+// however old it is, and Kill removes it.
+func TestPluginSocketDirHeld(t *testing.T) {
+	t.Parallel()
+	c, _ := launch(t)
+	dir := pluginSocketDir(t, c.Pid())
+	if fi, err := os.Stat(filepath.Dir(dir)); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("socket base: %v, %v; want a 0700 dir", fi, err)
+	}
+	past := time.Now().Add(-2 * time.Hour)
+	if err := os.Chtimes(dir, past, past); err != nil {
+		t.Fatal(err)
+	}
+	stale, err := PruneSocketDirs(0, false)
+	if err != nil || slices.ContainsFunc(stale, func(s StaleSocketDir) bool { return s.Path == dir }) {
+		t.Errorf("PruneSocketDirs took a running plugin's dir: %+v, %v", stale, err)
+	}
+	if _, err := c.Info(ctxT(t)); err != nil {
+		t.Errorf("plugin after prune: %v", err)
+	}
+	c.Kill()
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Kill left %s: %v", dir, err)
+	}
+}
+
+// A socket base that someone else made (here: a symlink) is refused, naming it.
+func TestPluginSocketBaseRefused(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	base := filepath.Join(tmp, fmt.Sprintf("berth-%d", os.Getuid()))
+	if err := os.Symlink(t.TempDir(), base); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Launch(ctxT(t), LaunchOptions{Path: pluginBin})
+	if err == nil || !strings.Contains(err.Error(), base+" is a symlink, not a directory") || !errors.Is(err, backend.ErrUnavailable) {
+		t.Errorf("Launch with a symlinked socket base: %v", err)
+	}
+	if err := os.Remove(base); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := PluginSocketBase(); err != nil || got != base {
+		t.Fatalf("PluginSocketBase = %s, %v", got, err)
+	}
+	if fi, err := os.Stat(base); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("a base of ours with mode 0755 is not made 0700: %v, %v", fi, err)
+	}
 }
 
 // gateWriter takes the first free bytes at full speed (so gRPC would have

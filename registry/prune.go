@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/internal/flock"
 	"github.com/berth-sh/berth/registry/config"
 )
@@ -479,6 +480,31 @@ func (r *Registry) pruneFiles(listed map[sbKey]bool, listedOK map[string]bool, a
 	out = append(out, r.pruneAgentCopies(old, dry)...)
 	out = append(out, r.pruneOutputs(recs, old, dry)...)
 	out = append(out, r.pruneLastUse(recs, old, dry)...)
+	out = append(out, r.pruneSocketDirs(dry)...)
+	return out
+}
+
+// pruneSocketDirs deletes the plugin socket directories (backends.PluginSocketBase)
+// that no running berth holds and that are older than the grace period (at least a
+// minute): those of a berth killed while it ran a driver plugin. They are the invoking user's, shared by
+// all of the user's state dirs.
+func (r *Registry) pruneSocketDirs(dry bool) []PruneAction {
+	// go-plugin makes a dir a moment before its berth locks it; a minute covers
+	// that moment on any machine, whatever grace the caller chose.
+	stale, err := backends.PruneSocketDirs(max(r.grace, time.Minute), dry)
+	if err != nil {
+		base, _ := backends.PluginSocketBase()
+		return []PruneAction{{Path: base, Action: PruneKeep, Cause: CauseInUse, Error: err.Error()}}
+	}
+	var out []PruneAction
+	for _, s := range stale {
+		a := PruneAction{Path: s.Path, Action: PruneDelete, Cause: CauseOrphan, Done: s.Removed,
+			Reason: "socket dir of a driver plugin whose berth process is gone"}
+		if s.Err != nil {
+			a.Error = s.Err.Error()
+		}
+		out = append(out, a)
+	}
 	return out
 }
 
