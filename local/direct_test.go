@@ -30,7 +30,38 @@ type directEnv struct {
 }
 
 func newDirectEnv(t *testing.T, cfg string) *directEnv {
-	return &directEnv{t: t, state: t.TempDir(), cfg: cfg}
+	e := &directEnv{t: t, state: t.TempDir(), cfg: cfg}
+	// Local sandboxes outlive their registry (their agents run on): remove every
+	// session at the end, before the state dir goes.
+	t.Cleanup(func() { removeSessions(t, e.state, e.cfg) })
+	return e
+}
+
+// removeSessions removes every session recorded in state (their sandboxes and
+// agents) through a registry on cfg.
+func removeSessions(t *testing.T, state, cfg string) {
+	c, err := config.Parse([]byte(cfg), filepath.Join(state, "config.hcl"))
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	r, err := registry.Open(context.Background(), c, registry.WithStateDir(state), registry.WithBerthBinary(berthBin),
+		registry.WithDriver(local.Name, func() backend.TerminalBackend { return local.New() }))
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	defer r.Close()
+	ctx := context.Background()
+	infos, err := r.Sessions(ctx)
+	if err != nil {
+		t.Error(err)
+	}
+	for _, in := range infos {
+		if err := r.RemoveSession(ctx, in.Session); err != nil {
+			t.Errorf("removing session %s: %v", in.Session, err)
+		}
+	}
 }
 
 // open opens a registry on the env; made counts the local drivers it constructs

@@ -24,6 +24,7 @@ func TestShellOutputFilesBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { removeSessions(t, state, "") })
 	var shift atomic.Int64 // registry clock offset, in nanoseconds
 	open := func() *registry.Registry {
 		r, err := registry.Open(context.Background(), c, registry.WithStateDir(state), registry.WithBerthBinary(berthBin),

@@ -221,15 +221,24 @@ func sweep(name, dir string) {
 	marker := []byte("\x00BERTH_SANDBOX=" + name + "\x00")
 	dirEntry := []byte("\x00" + dirMarker + dir + "\x00")
 	anyDir := []byte("\x00" + dirMarker)
-	// Killing is asynchronous: look again until no marked process is left (a dying
-	// process's environment stays readable until it has released its memory), so
-	// that nothing of the old agent, its socket included, outlives the sweep.
+	// Killing is asynchronous: look again until no marked process is left, then wait
+	// for each killed one to have exited. A dying process's environment goes with its
+	// memory, before its files are closed: an old agent whose environ reads empty may
+	// still hold its socket and accept connections, so only its pidfd turning
+	// readable (at exit, after the files) says it is gone.
 	deadline := time.Now().Add(5 * time.Second)
+	var pidfds []int
+	defer func() {
+		for _, fd := range pidfds {
+			unix.Close(fd)
+		}
+	}()
+	killed := map[int]bool{}
 	for {
 		found := false
 		ents, err := os.ReadDir("/proc")
 		if err != nil {
-			return
+			break
 		}
 		for _, e := range ents {
 			pid, err := strconv.Atoi(e.Name())
@@ -244,13 +253,32 @@ func sweep(name, dir string) {
 			if !bytes.Contains(env, marker) || (bytes.Contains(env, anyDir) && !bytes.Contains(env, dirEntry)) {
 				continue
 			}
+			if !killed[pid] {
+				// The pidfd names this process, not a later one given its pid.
+				if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+					pidfds = append(pidfds, fd)
+				}
+				killed[pid] = true
+			}
 			if syscall.Kill(pid, syscall.SIGKILL) == nil {
 				found = true
 			}
 		}
 		if !found || time.Now().After(deadline) {
-			return
+			break
 		}
 		time.Sleep(5 * time.Millisecond) // let the kills land before looking again
+	}
+	for _, fd := range pidfds {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return
+			}
+			if _, err := unix.Poll(fds, int(left.Milliseconds())+1); err != unix.EINTR {
+				break
+			}
+		}
 	}
 }
