@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -62,6 +63,7 @@ func TestConfigRefused(t *testing.T) {
 	}
 	// A profile file is read by Validate (config check) and at Create, not by
 	// Configure: one that went missing must not lock the user out of rm and stop.
+	validSpec := backend.SandboxSpec{Name: "b-validate", Image: testimage.Ref}
 	for _, c := range []struct{ file, words string }{
 		{"/nonexistent/profile.json", "no such file"},
 		{badProfile(t, `{"defaultAction": "SCMP_ACT_ERRNO", "syscals": []}`), `unknown field "syscals"`},
@@ -79,12 +81,12 @@ func TestConfigRefused(t *testing.T) {
 		if err := d.Configure(context.Background(), backend.DriverSetup{Config: []byte(cfg)}); err != nil {
 			t.Errorf("Configure(%s): %v; want the file left to Validate and Create", cfg, err)
 		}
-		if err := d.Validate(context.Background()); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), c.words) || !strings.Contains(err.Error(), c.file) {
+		if err := d.Validate(context.Background(), validSpec); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), c.words) || !strings.Contains(err.Error(), c.file) {
 			t.Errorf("Validate of %s: %v, want ErrInvalid naming the file and mentioning %q", cfg, err, c.words)
 		}
 	}
 	good := containerd.New(containerd.WithSeccomp(badProfile(t, `{"defaultAction": "SCMP_ACT_ERRNO", "architectures": ["SCMP_ARCH_X86_64"], "syscalls": [{"names": ["read"], "action": "SCMP_ACT_ALLOW"}]}`)))
-	if err := good.Validate(context.Background()); err != nil {
+	if err := good.Validate(context.Background(), validSpec); err != nil {
 		t.Errorf("Validate of a good profile: %v", err)
 	}
 	// A bad WithSeccomp is refused by Create before anything is made.
@@ -253,6 +255,7 @@ func TestBadInput(t *testing.T) {
 			{"bad-network", func(r *backend.CreateRequest) { r.Spec.Network = "bridge" }, backend.ErrUnsupported, "bridge"},
 			{"bad-name", func(r *backend.CreateRequest) { r.Spec.Name = "Bad Name" }, backend.ErrInvalid, "Bad Name"},
 		}
+		needsCreate := []string{"missing-image", "dynamic-agent", "no-agent", "engine-elsewhere"}
 		for _, c := range cases {
 			t.Run(c.name, func(t *testing.T) {
 				name := conformance.SandboxName()
@@ -263,6 +266,13 @@ func TestBadInput(t *testing.T) {
 					t.Errorf("Create: %v, want %v mentioning %q", err, c.kind, c.words)
 				}
 				f.absent(name)
+				// Validate (config check) refuses the spec the same way, but for what needs
+				// the daemon (the image's presence) or concerns the host's agent files.
+				if !slices.Contains(needsCreate, c.name) {
+					if err := f.d.Validate(f.ctx, req.Spec); !errors.Is(err, c.kind) || !strings.Contains(err.Error(), c.words) {
+						t.Errorf("Validate: %v, want %v mentioning %q", err, c.kind, c.words)
+					}
+				}
 			})
 		}
 		// allow_host_paths lets the socket's directory through.
@@ -270,6 +280,9 @@ func TestBadInput(t *testing.T) {
 		req := f.request(name)
 		req.Spec.AllowHostPaths = true
 		req.Spec.Mounts = []backend.Mount{{Source: filepath.Dir(sock), Target: "/sock", ReadOnly: true}}
+		if err := f.d.Validate(f.ctx, req.Spec); err != nil {
+			t.Errorf("Validate with allow_host_paths: %v", err)
+		}
 		if _, err := f.d.Create(f.ctx, req); err != nil {
 			t.Errorf("Create with allow_host_paths: %v", err)
 		}

@@ -151,6 +151,7 @@ var (
 	_ backend.Configurer      = (*Driver)(nil)
 	_ backend.ImageImporter   = (*Driver)(nil)
 	_ backend.ImagePuller     = (*Driver)(nil)
+	_ backend.Validator       = (*Driver)(nil)
 )
 
 // Info reports the driver's capabilities.
@@ -174,6 +175,7 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 			ImagePull:        true,
 			ImageImport:      true,
 			Config:           true,
+			Validate:         true,
 			Agent:            backend.AgentSocket, // the host reaches the agent itself
 		},
 	}, nil

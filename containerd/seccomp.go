@@ -36,10 +36,21 @@ func checkSeccomp(v string) error {
 	return nil
 }
 
-// Validate checks what Configure checks only for shape: a seccomp profile file must
-// exist and hold a profile that readSeccomp accepts. `berth config check` calls it;
-// Create reads the file again. Errors wrap backend.ErrInvalid and name the file.
-func (d *Driver) Validate(ctx context.Context) error {
+// Validate implements backend.Validator (Capabilities.Validate, for `berth config
+// check`): it checks spec as Create does before it asks containerd anything (the
+// sandbox name, and specOpts: image reference, env, workdir, network, resources,
+// user, mounts, the seccomp setting's shape) and reads the seccomp profile file that
+// Configure checks only for shape, as Create does for a new container. It connects to
+// no daemon, so it does not check that the image is there. Errors wrap
+// backend.ErrInvalid (backend.ErrUnsupported for a network the driver lacks) and
+// name the input (the profile file, for its errors).
+func (d *Driver) Validate(ctx context.Context, spec backend.SandboxSpec) error {
+	if err := backend.ValidateSandboxName(spec.Name); err != nil {
+		return err
+	}
+	if _, _, err := d.specOpts(spec, backend.AgentFiles{}); err != nil {
+		return err
+	}
 	_, err := seccompOpt(d.seccompSetting()) // what Create does, without a container
 	return err
 }

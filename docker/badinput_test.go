@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -141,6 +142,7 @@ func TestBadInput(t *testing.T) {
 		{"bad-memory", func(r *backend.CreateRequest) { r.Spec.Resources.MemoryBytes = 1024 }, backend.ErrInvalid, "memory"},
 		{"bad-network", func(r *backend.CreateRequest) { r.Spec.Network = "overlay-x" }, backend.ErrUnsupported, "overlay-x"},
 	}
+	needsCreate := []string{"missing-image", "dynamic-agent", "no-agent", "engine-elsewhere"}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			name := conformance.SandboxName()
@@ -151,6 +153,13 @@ func TestBadInput(t *testing.T) {
 				t.Errorf("Create: %v, want %v mentioning %q", err, c.kind, c.words)
 			}
 			f.absent(name)
+			// Validate (config check) refuses the spec the same way, but for what needs
+			// the daemon (the image's presence) or concerns the host's agent files.
+			if !slices.Contains(needsCreate, c.name) {
+				if err := f.d.Validate(ctx, req.Spec); !errors.Is(err, c.kind) || !strings.Contains(err.Error(), c.words) {
+					t.Errorf("Validate: %v, want %v mentioning %q", err, c.kind, c.words)
+				}
+			}
 		})
 	}
 	// allow_host_paths lets the socket's directory through.
@@ -158,6 +167,9 @@ func TestBadInput(t *testing.T) {
 	req := f.request(name)
 	req.Spec.AllowHostPaths = true
 	req.Spec.Mounts = []backend.Mount{{Source: filepath.Dir(sock), Target: "/sock", ReadOnly: true}}
+	if err := f.d.Validate(ctx, req.Spec); err != nil {
+		t.Errorf("Validate with allow_host_paths: %v", err)
+	}
 	if _, err := f.d.Create(ctx, req); err != nil {
 		t.Errorf("Create with allow_host_paths: %v", err)
 	}

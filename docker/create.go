@@ -82,6 +82,20 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 	}
 }
 
+// Validate implements backend.Validator (Capabilities.Validate, for `berth config
+// check`): it checks spec as Create does before it asks the engine anything: the
+// sandbox name and containerConfig's checks (image set, env, workdir, network,
+// resources, user, mounts under the host-path policy). It makes no API call, so it
+// does not check that the image is there. Errors wrap backend.ErrInvalid
+// (backend.ErrUnsupported for a network the driver lacks) and name the input.
+func (d *Driver) Validate(ctx context.Context, spec backend.SandboxSpec) error {
+	if err := backend.ValidateSandboxName(spec.Name); err != nil {
+		return err
+	}
+	_, _, _, err := d.containerConfig(spec, backend.AgentFiles{})
+	return err
+}
+
 // remoteEngine recognises the engine's answer to a create whose agent or socket dir
 // it cannot find: the engine does not share this host's filesystem (it runs in a VM
 // or on another machine, reached through a forwarded socket), so no agent could be

@@ -92,6 +92,7 @@ var (
 	_ backend.Configurer      = (*Driver)(nil)
 	_ backend.ImageImporter   = (*Driver)(nil)
 	_ backend.ImagePuller     = (*Driver)(nil)
+	_ backend.Validator       = (*Driver)(nil)
 )
 
 // Info reports the driver's capabilities.
@@ -116,6 +117,7 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 			ImageImport:      true,
 			ImagePull:        true,
 			Config:           true,
+			Validate:         true,
 		},
 	}, nil
 }
