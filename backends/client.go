@@ -35,8 +35,9 @@ const crashGrace = 500 * time.Millisecond
 
 // LaunchOptions says which plugin to start and how.
 type LaunchOptions struct {
-	// Path is the plugin executable (for built-in drivers the berth binary; see
-	// BuiltinCommand). It is run as it is, not looked up in PATH.
+	// Path is the plugin executable (for a built-in driver what
+	// BuiltinDriver.Command returns: the berth binary for local, berth-driver-NAME
+	// for docker and containerd). It is run as it is, not looked up in PATH.
 	Path string
 	// Args are the arguments after the program name.
 	Args []string

@@ -1,8 +1,9 @@
 // Package backends is how berth reaches drivers out of process: the
-// hashicorp/go-plugin (v1.8) handshake, protocol version 1 negotiated with
-// VersionedPlugins over gRPC only (wire code in backends/driverpb), Serve for
+// hashicorp/go-plugin (v1.8) handshake, protocol version 2 (ProtocolVersion)
+// negotiated with VersionedPlugins over gRPC only (wire code in backends/driverpb), Serve for
 // driver plugin processes, Launch and Client for hosts, the catalog of built-in
-// drivers. Error kinds cross the wire as gRPC status codes through the one mapping
+// drivers (Builtins: local served by the berth binary, docker and containerd by their
+// own executables). Error kinds cross the wire as gRPC status codes through the one mapping
 // in internal/rpcerr, shared with the agent protocol.
 //
 // A plugin process calls Serve with its backend.TerminalBackend. Serve never

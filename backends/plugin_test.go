@@ -798,16 +798,6 @@ func TestFlowControl(t *testing.T) {
 	}
 }
 
-func TestBuiltinCommand(t *testing.T) {
-	path, args := BuiltinCommand("/usr/bin/berth", "local")
-	if path != "/usr/bin/berth" || strings.Join(args, " ") != "driver serve local" {
-		t.Errorf("BuiltinCommand = %s %v", path, args)
-	}
-	if !IsBuiltin("local") || IsBuiltin("nope") {
-		t.Error("IsBuiltin")
-	}
-}
-
 func TestOptionalCallsForwarded(t *testing.T) {
 	c, _ := launch(t, "BERTH_TESTPLUGIN_MODE=full")
 	ctx := ctxT(t)

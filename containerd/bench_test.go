@@ -25,6 +25,7 @@ import (
 	"github.com/berth-sh/berth/containerd"
 	"github.com/berth-sh/berth/internal/benchreg"
 	"github.com/berth-sh/berth/internal/benchutil"
+	"github.com/berth-sh/berth/internal/testbin"
 	"github.com/berth-sh/berth/internal/testimage"
 	"github.com/berth-sh/berth/registry"
 )
@@ -57,7 +58,7 @@ func newBenchFixture(b *testing.B, dm daemon) *benchFixture {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	path, args := backends.BuiltinCommand(berthBin, containerd.Name)
+	path, args := testbin.DriverCommand(b, containerd.Name)
 	if f.plug, err = backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args}); err != nil {
 		b.Fatal(err)
 	}

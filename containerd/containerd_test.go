@@ -218,7 +218,7 @@ func TestConformanceInProcess(t *testing.T) {
 }
 
 // TestConformancePlugin runs the shared suite against the containerd driver served by
-// `berth driver serve containerd` through go-plugin, as berth itself uses it, on each
+// its own executable, berth-driver-containerd, through go-plugin, as berth itself uses it, on each
 // daemon, and checks that nothing of it is left.
 func TestConformancePlugin(t *testing.T) {
 	forEachDaemon(t, func(t *testing.T, addr string) {
@@ -226,7 +226,7 @@ func TestConformancePlugin(t *testing.T) {
 		state := t.TempDir()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		path, args := backends.BuiltinCommand(berthBin, containerd.Name)
+		path, args := testbin.DriverCommand(t, containerd.Name)
 		c, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args})
 		if err != nil {
 			t.Fatal(err)

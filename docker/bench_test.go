@@ -21,6 +21,7 @@ import (
 	"github.com/berth-sh/berth/internal/benchreg"
 	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/internal/shellbench"
+	"github.com/berth-sh/berth/internal/testbin"
 	"github.com/berth-sh/berth/internal/testimage"
 	"github.com/berth-sh/berth/registry"
 )
@@ -238,7 +239,7 @@ func pluginFixture(b *testing.B) (host, state, owner string, bin agent.Binary, p
 	if err != nil {
 		b.Fatal(err)
 	}
-	path, args := backends.BuiltinCommand(berthBin, docker.Name)
+	path, args := testbin.DriverCommand(b, docker.Name)
 	plug, err = backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args})
 	if err != nil {
 		b.Fatal(err)

@@ -84,13 +84,13 @@ func TestConformanceInProcess(t *testing.T) {
 }
 
 // TestConformancePlugin runs the shared suite against the docker driver served by
-// `berth driver serve docker` through go-plugin, as berth itself uses it.
+// its own executable, berth-driver-docker, through go-plugin, as berth itself uses it.
 func TestConformancePlugin(t *testing.T) {
 	host := engine(t)
 	state := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	path, args := backends.BuiltinCommand(berthBin, docker.Name)
+	path, args := testbin.DriverCommand(t, docker.Name)
 	c, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args})
 	if err != nil {
 		t.Fatal(err)

@@ -40,7 +40,7 @@ func TestConformancePlugin(t *testing.T) {
 	state := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	path, args := backends.BuiltinCommand(berthBin, local.Name)
+	path, args := testbin.DriverCommand(t, local.Name)
 	c, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args})
 	if err != nil {
 		t.Fatal(err)

@@ -56,10 +56,12 @@ func WithLogger(l hclog.Logger) Option {
 	}
 }
 
-// WithBerthBinary sets the berth executable (a path): it serves the built-in drivers
-// as plugins (`BINARY driver serve NAME`), is the agent binary unless the config sets
-// agent_path, and its directory is searched for third-party driver executables.
-// Default: the running executable (os.Executable). Error: an empty path.
+// WithBerthBinary sets the berth executable (a path): it serves the local driver as
+// a plugin (`BINARY driver serve local`), its directory is searched first for the
+// executables of docker and containerd (berth-driver-docker, berth-driver-containerd;
+// backends.BuiltinDriver.Command) and last for third-party driver executables, and it
+// is the agent binary unless the config sets agent_path. Default: the running
+// executable (os.Executable). Error: an empty path.
 func WithBerthBinary(path string) Option {
 	return func(o *options) error {
 		if path == "" {
@@ -108,9 +110,11 @@ func WithPlugin(name, path string) Option {
 }
 
 // WithLauncher sets how out-of-process drivers are started. Default (and nil): the
-// go-plugin launcher of package backends: built-in drivers from the berth binary,
-// third-party drivers from WithPlugin, the driver block's plugin key, or discovery
-// (berth-driver-NAME in $BERTH_PLUGIN_PATH, plugin_dirs, beside the berth binary).
+// go-plugin launcher of package backends: built-in drivers as backends.Builtins says
+// (local from the berth binary, docker and containerd from their own executables
+// beside it or in the plugin search path), third-party drivers from WithPlugin, the
+// driver block's plugin key, or discovery (berth-driver-NAME in $BERTH_PLUGIN_PATH,
+// plugin_dirs, beside the berth binary).
 func WithLauncher(launch LaunchFunc) Option {
 	return func(o *options) error {
 		o.launch = launch

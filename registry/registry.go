@@ -948,7 +948,10 @@ func (r *Registry) Drivers(ctx context.Context) ([]DriverStatus, error) {
 
 // Backend returns the driver name, started and configured (once per Registry). The
 // Registry owns it: do not Close it. Errors: an unknown driver (ErrInvalid), a
-// driver that cannot be started or configured.
+// driver that cannot be started or configured; when the config has a driver block
+// for it, those errors start with the block's "FILE:LINE:COL: " (a block that does
+// not decode against the driver's schema is a *config.Error with the offending
+// attribute's position).
 func (r *Registry) Backend(ctx context.Context, driver string) (backend.TerminalBackend, error) {
 	if err := r.ensure(); err != nil {
 		return nil, err
@@ -1016,7 +1019,7 @@ func (r *Registry) startDriver(ctx context.Context, name string) (backend.Termin
 	} else {
 		var err error
 		if b, err = r.launch(ctx, name); err != nil {
-			return nil, fmt.Errorf("starting driver %s: %w", name, err)
+			return nil, r.atBlock(name, fmt.Errorf("starting driver %s: %w", name, err))
 		}
 	}
 	if err := r.configure(ctx, name, b); err != nil {
@@ -1037,7 +1040,7 @@ func (r *Registry) configure(ctx context.Context, name string, b backend.Termina
 		if errors.Is(err, backend.ErrUnsupported) {
 			ok = false
 		} else if err != nil {
-			return fmt.Errorf("driver %s: reading its config schema: %w", name, err)
+			return r.atBlock(name, fmt.Errorf("driver %s: reading its config schema: %w", name, err))
 		}
 	}
 	if !ok {
@@ -1057,9 +1060,20 @@ func (r *Registry) configure(ctx context.Context, name string, b backend.Termina
 		return stateDirError(r.stateDir, err.Error())
 	}
 	if err := c.Configure(ctx, backend.DriverSetup{StateDir: dir, Owner: r.owner, Config: js}); err != nil {
-		return fmt.Errorf("configuring driver %s: %w", name, err)
+		return r.atBlock(name, fmt.Errorf("configuring driver %s: %w", name, err))
 	}
 	return nil
+}
+
+// atBlock prefixes err with the position of the config's driver block for driver
+// ("FILE:LINE:COL: "), when there is one: the launch and Configure errors of a
+// driver that has a block are about that block (its plugin, sha256, start_timeout
+// and the driver's own keys).
+func (r *Registry) atBlock(driver string, err error) error {
+	if b := r.cfg.Drivers[driver]; b != nil && b.Range.Filename != "" {
+		return fmt.Errorf("%s: %w", b.Pos(), err)
+	}
+	return err
 }
 
 // Close ends every driver this Registry started (closing in-process ones, killing

@@ -18,10 +18,12 @@ import (
 // WithAgentPreparer) does not depend on them.
 
 // defaultLaunch starts the drivers named in plugins from those executables,
-// built-in drivers as `berthBinary driver serve NAME`, and other third-party
-// drivers from the executable that discovery finds for them (the driver
-// block's plugin key, or berth-driver-NAME in the search path); each checked
-// against its block's sha256 pin and started within its start_timeout.
+// built-in drivers as package backends' catalog says (local as `berthBinary
+// driver serve local`, docker and containerd from their own executables beside
+// berthBinary or in the search path), and other third-party drivers from the
+// executable that discovery finds for them (the driver block's plugin key, or
+// berth-driver-NAME in the search path); each checked against its block's sha256
+// pin and started within its start_timeout.
 //
 // The search path (backends.SearchPath) starts with $BERTH_PLUGIN_PATH, which
 // package backends reads: it is where plugins are installed, like $PATH for
@@ -41,8 +43,11 @@ func defaultLaunch(berthBinary, stateDir string, cfg *config.Config, plugins map
 			if blk != nil {
 				opts.SHA256 = blk.SHA256
 			}
-		} else if backends.IsBuiltin(driver) {
-			opts.Path, opts.Args = backends.BuiltinCommand(berthBinary, driver)
+		} else if b, ok := backends.LookupBuiltin(driver); ok {
+			var err error
+			if opts.Path, opts.Args, err = b.Command(berthBinary, cfg.PluginDirs); err != nil {
+				return nil, err
+			}
 		} else {
 			var plugin string
 			if blk != nil {

@@ -87,7 +87,7 @@ func TestDefaultWiringConfigErrors(t *testing.T) {
 	plugin := buildTestPlugin(t)
 	for src, want := range map[string]string{
 		"driver \"local\" {\n}\n":                           `:1:16: error: Missing required driver setting: driver "local" needs "root" (string: where sandboxes live)`,
-		"driver \"local\" {\n  root = \"bad\"\n}\n":         "configuring driver local",
+		"driver \"local\" {\n  root = \"bad\"\n}\n":         ":1:1: configuring driver local", // at the block
 		"driver \"local\" {\n  root = \"/x\"\n  y = 1\n}\n": ":3:3: error: Unsupported argument",
 	} {
 		e := newEnv(t, src)

@@ -39,9 +39,12 @@ scope "job:*" {
 // TestContainerdCLI: with a rule that selects containerd, on each containerd version,
 // `berth image import --driver containerd` loads the test image, `berth exec -s job:1`
 // and `berth shell -s job:1` run in the containerd sandbox, and `berth conformance
-// --driver containerd --in-process` imports its own image and passes, its registry
-// cases included (their config carries the driver block, so they reach the same
-// daemon and namespace).
+// --driver containerd` (through the driver's own executable, berth-driver-containerd
+// beside berth) imports its own image and passes, its registry cases included (their
+// config carries the driver block, so they reach the same daemon and namespace) and
+// retention/reconcile-leaves-others, whose clean-up runs the executable's hidden
+// remove-unowned. With --in-process it is a usage error: containerd is not compiled
+// into berth.
 func TestContainerdCLI(t *testing.T) {
 	for _, env := range testimage.ContainerdEnvs {
 		t.Run(env, func(t *testing.T) {
@@ -98,7 +101,10 @@ func TestContainerdCLI(t *testing.T) {
 				t.Errorf("sessions --json: the job:1 row does not name containerd: %s", b)
 			}
 
-			r = e.run("conformance", "--driver", "containerd", "--in-process", "--run", "^(exec/exit-code-43|isolation/network-none-only-lo|lifecycle/stop-create-adopts|isolation/sessions-isolated|retention/reconcile-leaves-others)$", "--json")
+			if r := e.run("conformance", "--driver", "containerd", "--in-process", "--run", "^exec/exit-code-43$"); r.code != 125 || !strings.Contains(r.stderr, "not compiled into berth") || !strings.Contains(r.stderr, "drop --in-process") {
+				t.Errorf("conformance --driver containerd --in-process: want 125 saying containerd is not compiled into berth\n%v", r)
+			}
+			r = e.run("conformance", "--driver", "containerd", "--run", "^(exec/exit-code-43|isolation/network-none-only-lo|lifecycle/stop-create-adopts|isolation/sessions-isolated|retention/reconcile-leaves-others)$", "--json")
 			var rep struct {
 				Driver                  string
 				Passed, Failed, Skipped int

@@ -1153,12 +1153,14 @@ func TestBadInput(t *testing.T) {
 	e.must("exec", "--", "true") // a state dir with a store, a session and its agent
 
 	cfgs := map[string]string{
-		"unknown-driver": "scope \"*\" {\n  driver = \"nosuch\"\n}\n",
-		"bad-glob":       "scope \"chat:[\" {\n  driver = \"local\"\n}\n",
-		"bad-duration":   "scope \"*\" {\n  driver = \"local\"\n  retention {\n    idle_ttl = \"7x\"\n  }\n}\n",
-		"unknown-key":    "scope \"*\" {\n  driver = \"local\"\n  colour = \"red\"\n}\n",
-		"driver-setting": "driver \"local\" {\n  bogus = 1\n}\n",
-		"driver-value":   "driver \"containerd\" {\n  seccomp = \"strict\"\n}\n",
+		"unknown-driver":  "scope \"*\" {\n  driver = \"nosuch\"\n}\n",
+		"bad-glob":        "scope \"chat:[\" {\n  driver = \"local\"\n}\n",
+		"bad-duration":    "scope \"*\" {\n  driver = \"local\"\n  retention {\n    idle_ttl = \"7x\"\n  }\n}\n",
+		"unknown-key":     "scope \"*\" {\n  driver = \"local\"\n  colour = \"red\"\n}\n",
+		"driver-setting":  "driver \"local\" {\n  bogus = 1\n}\n",
+		"driver-value":    "driver \"containerd\" {\n  seccomp = \"strict\"\n}\n",
+		"docker-spec":     "scope \"main\" {\n  driver = \"local\"\n}\nscope \"d:*\" {\n  driver  = \"docker\"\n  image   = \"busybox\"\n  network = \"weird\"\n}\n",
+		"containerd-spec": "scope \"c:*\" {\n  driver  = \"containerd\"\n  image   = \"busybox\"\n  network = \"bridge\"\n}\n",
 	}
 	path := map[string]string{}
 	for name, src := range cfgs {
@@ -1193,6 +1195,12 @@ func TestBadInput(t *testing.T) {
 	// A value the driver refuses: config check applies the block to the driver (exec
 	// only starts drivers that a rule selects).
 	cases = append(cases, badCase{"check-driver-value", []string{"config", "check", path["driver-value"]}, []string{path["driver-value"] + ":1:1", `seccomp "strict"`}})
+	// A rule's spec that its driver refuses (Validate through the driver's plugin,
+	// no daemon asked): at the rule's position.
+	cases = append(cases,
+		badCase{"check-docker-spec", []string{"config", "check", path["docker-spec"]}, []string{path["docker-spec"] + ":4:1", `scope "d:*"`, `network "weird"`}},
+		badCase{"check-containerd-spec", []string{"config", "check", path["containerd-spec"]}, []string{path["containerd-spec"] + ":1:1", `scope "c:*"`, `network "bridge"`}},
+	)
 	cases = append(cases,
 		badCase{"conformance-run-matches-nothing", []string{"conformance", "--driver", "local", "--run", "^zzz$"}, []string{`"^zzz$"`}},
 		badCase{"conformance-junit-unwritable", []string{"conformance", "--driver", "local", "--run", "^exec/exit-code-0$", "--junit", filepath.Join(regular, "r.xml")}, []string{"--junit"}},

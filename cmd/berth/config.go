@@ -5,9 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
+	"sort"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/registry/config"
 	"github.com/spf13/cobra"
 )
@@ -31,12 +32,15 @@ func newConfigCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(os.Stdout, "no config file at %s: every session runs on the local driver\n", path)
 				return nil
 			}
-			self, _ := os.Executable() // without it, discovery skips the binary's directory
+			self, err := os.Executable() // the drivers' plugins are found from it
+			if err != nil {
+				return failure(fmt.Errorf("cannot find the berth binary: %w", err))
+			}
 			c, err := config.Load(path, g.configOptions(self)...)
 			if err != nil {
 				return failure(err)
 			}
-			if err := checkDriverBlocks(cmd.Context(), c); err != nil {
+			if err := checkDrivers(cmd.Context(), g, c, self); err != nil {
 				return failure(err)
 			}
 			fmt.Fprintf(os.Stdout, "%s: ok, %d scope rules\n", path, len(c.Rules))
@@ -95,61 +99,80 @@ func newConfigCmd(g *globals) *cobra.Command {
 	return cfg
 }
 
-// checkDriverBlocks decodes every driver block of c against its driver's schema, for
-// the built-in drivers, whose schema is known without starting them, and applies it
-// to a fresh driver of that kind (Configure checks values, e.g. containerd's seccomp
-// profile file, and connects to nothing), naming the block's position on error.
-func checkDriverBlocks(ctx context.Context, c *config.Config) error {
+// checkDrivers starts, through a registry on a temporary state dir (so the check
+// changes nothing of the user's), every driver that c has a driver block for or that
+// a rule selects, as the plugin berth would run: that decodes each block against
+// its driver's schema and applies it (Configure), errors at the block's
+// file:line:col. Then, for every rule whose driver claims Capabilities.Validate, it
+// asks the driver to check the rule's sandbox spec as Create would, without
+// creating anything (backend.Validator: containerd reads its seccomp profile file,
+// docker and containerd refuse what they refuse without a daemon), errors at the
+// rule's file:line:col. The drivers' processes end before it returns.
+func checkDrivers(ctx context.Context, g *globals, c *config.Config, self string) error {
+	tmp, err := os.MkdirTemp("", "berth-config-check-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	opts := append([]registry.Option{registry.WithStateDir(tmp), registry.WithBerthBinary(self), registry.WithLogger(g.logger())}, g.driverOptions()...)
+	reg, err := registry.Open(ctx, c, opts...)
+	if err != nil {
+		return err
+	}
+	defer reg.Close()
+	owner, err := reg.Owner()
+	if err != nil {
+		return err
+	}
+	// Drivers of blocks first (their errors carry the block's position), then those
+	// of rules, in file order.
+	var names []string
 	for name := range c.Drivers {
-		// No state dir is made: Configure only records it.
-		d, err := configuredBuiltin(ctx, c, name, filepath.Join(os.TempDir(), "berth-config-check"))
-		if v, ok := d.(interface{ Validate(context.Context) error }); ok && err == nil {
-			err = v.Validate(ctx) // what Configure checks only for shape (containerd's profile file)
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	firstRule := map[string]*config.Rule{}
+	for i := range c.Rules {
+		r := &c.Rules[i]
+		if firstRule[r.Driver] == nil {
+			firstRule[r.Driver] = r
+			if c.Drivers[r.Driver] == nil {
+				names = append(names, r.Driver)
+			}
 		}
-		closeDriver(d)
+	}
+	validators := map[string]backend.Validator{}
+	for _, name := range names {
+		b, err := reg.Backend(ctx, name)
+		if err == nil {
+			var info backend.Info
+			if info, err = b.Info(ctx); err == nil {
+				if v, ok := b.(backend.Validator); ok && info.Capabilities.Validate {
+					validators[name] = v
+				}
+			}
+		}
 		if err != nil {
-			if b := c.Drivers[name]; b != nil {
-				return fmt.Errorf("%s:%d:%d: %w", b.Range.Filename, b.Range.Start.Line, b.Range.Start.Column, err)
+			if r := firstRule[name]; c.Drivers[name] == nil && r != nil {
+				return atRule(r, err)
 			}
 			return err
+		}
+	}
+	for i := range c.Rules {
+		r := &c.Rules[i]
+		if v := validators[r.Driver]; v != nil {
+			if err := v.Validate(ctx, r.Spec(owner, r.ExampleSession())); err != nil {
+				return atRule(r, err)
+			}
 		}
 	}
 	return nil
 }
 
-// configuredBuiltin returns a fresh in-process built-in driver called name,
-// configured with c's block for it (decoded against its schema) and stateDir; nil
-// when name is no built-in driver or takes no config. On error the driver is closed.
-func configuredBuiltin(ctx context.Context, c *config.Config, name, stateDir string) (backend.TerminalBackend, error) {
-	mk := builtinDrivers()[name]
-	if mk == nil {
-		return nil, nil
-	}
-	d := mk()
-	cfg, ok := d.(backend.Configurer)
-	if !ok {
-		closeDriver(d)
-		return nil, nil
-	}
-	schema, err := cfg.ConfigSchema(ctx)
-	if err == nil {
-		var raw []byte
-		if raw, err = c.DriverConfig(name, schema); err == nil {
-			err = cfg.Configure(ctx, backend.DriverSetup{Config: raw, StateDir: stateDir})
-		}
-	}
-	if err != nil {
-		closeDriver(d)
-		return nil, err
-	}
-	return d, nil
-}
-
-// closeDriver closes d when it has a Close method (nil is fine).
-func closeDriver(d backend.TerminalBackend) {
-	if c, ok := d.(interface{ Close() error }); ok {
-		c.Close()
-	}
+// atRule prefixes err with rule r's position and glob.
+func atRule(r *config.Rule, err error) error {
+	return fmt.Errorf("%s: scope %q: %w", r.Pos(), r.Glob, err)
 }
 
 // explainJSON is the output of `berth config explain --json`.

@@ -117,14 +117,17 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 		if f.driver != "" && f.driver != desc.Name {
 			return usageError("--driver %s and --plugin %s disagree: the plugin serves driver %q; drop --driver", f.driver, f.plugin, desc.Name)
 		}
-		if backends.IsBuiltin(desc.Name) {
-			return usageError("--plugin %s serves driver %q, which is built into berth; test it with --driver %s, or give the plugin a name of its own", f.plugin, desc.Name, desc.Name)
+		if _, builtin := backends.LookupBuiltin(desc.Name); builtin {
+			return usageError("--plugin %s serves driver %q, which ships with berth; test it with --driver %s, or give the plugin a name of its own", f.plugin, desc.Name, desc.Name)
 		}
 		f.driver = desc.Name
 		g.plugins = map[string]string{desc.Name: abs}
 	}
 	if f.driver == "" {
 		return usageError("--driver or --plugin is required: name the driver to test, e.g. --driver local (see 'berth drivers'), or give a plugin executable, e.g. --plugin ./berth-driver-NAME")
+	}
+	if _, compiled := inProcessDrivers()[f.driver]; g.inProcess && !compiled {
+		return usageError("--in-process: the %s driver is not compiled into berth (only local is; docker and containerd are their own executables, berth-driver-NAME, and third-party drivers plugins): drop --in-process to test it through its plugin", f.driver)
 	}
 	if len(conformance.List(filter)) == 0 {
 		return usageError("no conformance case matches --run %q --skip %q; see 'berth conformance --list'", f.run, f.skip)
@@ -172,18 +175,17 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 	}
 	// The registry cases write their own config: it carries the tested driver's block
 	// of the user's config, so that they reach the same daemon (address, namespace).
-	block, err := driverBlockHCL(ctx, reg, b, f.driver)
+	raw, err := driverConfigJSON(ctx, reg, b, f.driver)
+	if err != nil {
+		return failure(err)
+	}
+	block, err := driverBlockHCL(f.driver, raw)
 	if err != nil {
 		return failure(err)
 	}
 	opener := conformance.RegistryOpener(g.configOptions(self), regOpts...)
-	removeUnowned, closeRemover, err := unownedRemover(ctx, reg, f.driver, tmp)
-	if err != nil {
-		return failure(err)
-	}
-	defer closeRemover()
 	opts := conformance.Options{
-		RemoveUnowned:  removeUnowned,
+		RemoveUnowned:  unownedRemover(b, f.driver, raw),
 		RestartRuntime: restart,
 		AgentBinary:    self,
 		StateDir:       tmp,
@@ -236,24 +238,28 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 	return nil
 }
 
-// unownedRemover returns the suite's Options.RemoveUnowned for a built-in driver that
-// has one (containerd: its runtime drops the empty owner label of the sandbox that
-// retention/reconcile-leaves-others plants, so only a removal that ignores labels
-// cleans it up): a fresh in-process driver configured with the config's block for
-// it, and its Close. For every other driver it returns nil and a no-op.
-func unownedRemover(ctx context.Context, reg *registry.Registry, name, stateDir string) (func(context.Context, string) error, func(), error) {
-	d, err := configuredBuiltin(ctx, reg.Config(), name, filepath.Join(stateDir, "remover"))
-	if err != nil {
-		return nil, nil, err
+// unownedRemover returns the suite's Options.RemoveUnowned for the containerd
+// driver, nil for every other one. containerd drops the empty owner label of the
+// sandbox that retention/reconcile-leaves-others plants, so only a removal that
+// ignores labels cleans it up, and the driver's Remove rightly refuses one. That
+// removal is the hidden sub-command of the driver's executable (the one serving b,
+// cmd/berth-driver-containerd): `berth-driver-containerd remove-unowned NAME`, with
+// the driver's config JSON (raw, as Configure gets it: address, namespace) on stdin,
+// so berth itself links no containerd client.
+func unownedRemover(b backend.TerminalBackend, driver string, raw []byte) func(context.Context, string) error {
+	p, ok := b.(interface{ Path() string })
+	if driver != "containerd" || !ok {
+		return nil
 	}
-	ru, ok := d.(interface {
-		RemoveUnowned(context.Context, string) error
-	})
-	if !ok {
-		closeDriver(d)
-		return nil, func() {}, nil
+	exe := p.Path()
+	return func(ctx context.Context, name string) error {
+		cmd := exec.CommandContext(ctx, exe, "remove-unowned", name)
+		cmd.Stdin = bytes.NewReader(raw)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%s remove-unowned %s: %v: %s", exe, name, err, strings.TrimSpace(string(out)))
+		}
+		return nil
 	}
-	return ru.RemoveUnowned, func() { closeDriver(d) }, nil
 }
 
 // conformanceImage returns the image the suite uses: flag when given; for a driver
@@ -291,21 +297,26 @@ func conformanceImage(ctx context.Context, b backend.TerminalBackend, flag strin
 	return "", fmt.Errorf("driver %s imported the test image as %v, not %s; pass --image IMAGE", info.Name, refs, testimage.Ref)
 }
 
-// driverBlockHCL returns the config's driver "NAME" {} block for driver, decoded
-// against the driver's schema and written again as HCL ("" when the driver takes no
-// config or the config has no block for it).
-func driverBlockHCL(ctx context.Context, reg *registry.Registry, b backend.TerminalBackend, driver string) (string, error) {
+// driverConfigJSON returns the config's driver "NAME" {} block for driver, decoded
+// against the driver's schema into the JSON that Configure gets (nil when the
+// driver takes no config or the config has no block for it).
+func driverConfigJSON(ctx context.Context, reg *registry.Registry, b backend.TerminalBackend, driver string) ([]byte, error) {
 	c, ok := b.(backend.Configurer)
 	if !ok || reg.Config().Drivers[driver] == nil {
-		return "", nil
+		return nil, nil
 	}
 	schema, err := c.ConfigSchema(ctx)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	raw, err := reg.Config().DriverConfig(driver, schema)
-	if err != nil {
-		return "", err
+	return reg.Config().DriverConfig(driver, schema)
+}
+
+// driverBlockHCL returns raw, driver's decoded config block (driverConfigJSON),
+// written again as HCL: "" for nil.
+func driverBlockHCL(driver string, raw []byte) (string, error) {
+	if raw == nil {
+		return "", nil
 	}
 	var attrs map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &attrs); err != nil {

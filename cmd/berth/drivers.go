@@ -8,8 +8,6 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
-	"github.com/berth-sh/berth/containerd"
-	"github.com/berth-sh/berth/docker"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
 	"github.com/spf13/cobra"
@@ -24,7 +22,9 @@ func newDriversCmd(g *globals) *cobra.Command {
 executables in $BERTH_PLUGIN_PATH, the config's plugin_dirs and beside berth, and
 those named by a driver block's plugin key). Each is started to report its version, the
 plugin protocol version negotiated with it, its capabilities and the executable that
-serves it; one that cannot start shows why under HEALTH.`,
+serves it: berth itself for local, berth-driver-docker and berth-driver-containerd
+(beside berth, else in the plugin search path) for docker and containerd. One that
+cannot start shows why under HEALTH.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var list []registry.DriverStatus
@@ -55,7 +55,7 @@ serves it; one that cannot start shows why under HEALTH.`,
 				row := driverJSON{Name: d.Name, Version: d.Info.Version, Protocol: d.Info.Protocol,
 					ProtocolVersions: d.Info.ProtocolVersions, Served: "plugin", Capabilities: d.Info.Capabilities, Health: "ok",
 					Path: paths[d.Name]}
-				if g.inProcess {
+				if _, ok := inProcessDrivers()[d.Name]; ok && g.inProcess {
 					row.Served = "in-process"
 				}
 				if d.Err != nil {
@@ -92,7 +92,8 @@ type driverJSON struct {
 	Health           string               `json:"health"`
 	Capabilities     backend.Capabilities `json:"capabilities"`
 	// Path is the executable serving the driver's plugin (the berth binary for
-	// built-in drivers); empty in process or when it could not start.
+	// local, berth-driver-NAME for docker, containerd and third-party drivers);
+	// empty in process or when it could not start.
 	Path string `json:"path,omitempty"`
 }
 
@@ -124,27 +125,24 @@ func capsSummary(c backend.Capabilities) string {
 }
 
 // newDriverCmd is the hidden `berth driver serve NAME`: the plugin process of a
-// built-in driver, launched by berth itself through go-plugin.
+// driver compiled into berth (local), launched by berth itself through go-plugin.
+// docker and containerd are served by their own executables (backends.Builtins).
 func newDriverCmd(g *globals) *cobra.Command {
-	driver := &cobra.Command{Use: "driver", Hidden: true, Short: "Serve a built-in driver as a plugin (internal)"}
+	driver := &cobra.Command{Use: "driver", Hidden: true, Short: "Serve a driver compiled into berth as a plugin (internal)"}
 	driver.AddCommand(&cobra.Command{
 		Use:   "serve NAME",
-		Short: "Serve the built-in driver NAME over the plugin protocol",
+		Short: "Serve the driver NAME, compiled into berth, over the plugin protocol",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var d backend.TerminalBackend
-			switch args[0] {
-			case local.Name:
-				d = local.New()
-			case docker.Name:
-				d = docker.New()
-			case containerd.Name:
-				d = containerd.New()
-			default:
-				return usageError("no built-in driver %q (built-in: %s)", args[0], strings.Join(backends.Builtins, ", "))
+			mk := inProcessDrivers()[args[0]]
+			if mk == nil {
+				if b, ok := backends.LookupBuiltin(args[0]); ok && b.Executable != "" {
+					return usageError("the %s driver is not compiled into berth: it is served by its own executable, %s (build it with CGO_ENABLED=0 go build -o DIR/ ./cmd/%s and put it beside berth)", b.Name, b.Executable, b.Executable)
+				}
+				return usageError("no driver %q is compiled into berth (only %s)", args[0], local.Name)
 			}
 			// nil: go-hclog JSON on stderr at the level the host asked for.
-			backends.Serve(d, nil)
+			backends.Serve(mk(), nil)
 			return nil
 		},
 	})

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/docker/go-units"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
@@ -134,11 +133,23 @@ func formatLayer(id string, l *layerLine) string {
 	s := id + ": " + l.status
 	switch {
 	case l.total > 0:
-		s += fmt.Sprintf("  %s / %s (%d%%)", units.HumanSize(float64(l.current)), units.HumanSize(float64(l.total)), l.current*100/l.total)
+		s += fmt.Sprintf("  %s / %s (%d%%)", humanSize(l.current), humanSize(l.total), l.current*100/l.total)
 	case l.current > 0:
-		s += "  " + units.HumanSize(float64(l.current))
+		s += "  " + humanSize(l.current)
 	}
 	return s
+}
+
+// humanSize renders n bytes in decimal units with 4 significant digits ("1.5MB",
+// "532kB", "12B"), as docker's own pull display does.
+func humanSize(n int64) string {
+	abbrs := []string{"B", "kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"}
+	size, i := float64(n), 0
+	for size >= 1000 && i < len(abbrs)-1 {
+		size /= 1000
+		i++
+	}
+	return fmt.Sprintf("%.4g%s", size, abbrs[i])
 }
 
 func newImagePullCmd(g *globals) *cobra.Command {

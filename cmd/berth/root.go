@@ -9,8 +9,6 @@ import (
 	"sync"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/containerd"
-	"github.com/berth-sh/berth/docker"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
 	"github.com/spf13/cobra"
@@ -86,7 +84,7 @@ Without a config file every session runs on the local driver.`,
 	pf.StringVar(&g.configPath, "config", "", "config file (default $BERTH_CONFIG, then $XDG_CONFIG_HOME/berth/config.hcl)")
 	pf.StringVar(&g.stateDir, "state-dir", "", "state directory (default $BERTH_STATE_DIR, then $XDG_STATE_HOME/berth)")
 	pf.StringVar(&g.logLevel, "log-level", "", "log level for berth's log file STATE/berth.log: trace, debug, info, warn, error, off (default $BERTH_LOG, then warn)")
-	pf.BoolVar(&g.inProcess, "in-process", false, "run built-in drivers inside this process instead of as plugins")
+	pf.BoolVar(&g.inProcess, "in-process", false, "run the local driver inside this process instead of as a plugin (the only driver compiled into berth)")
 	pf.MarkHidden("in-process")
 
 	root.AddCommand(
@@ -119,12 +117,13 @@ func query[T any](ctx context.Context, g *globals, f func(*registry.Registry, co
 	return out, err
 }
 
-// builtinDrivers are the drivers compiled into berth, for --in-process use.
-func builtinDrivers() map[string]func() backend.TerminalBackend {
+// inProcessDrivers are the drivers compiled into berth, for --in-process and
+// `berth driver serve`: local only. docker and containerd are their own executables
+// (cmd/berth-driver-docker, cmd/berth-driver-containerd), so that berth links
+// neither runtime's SDK and starts fast.
+func inProcessDrivers() map[string]func() backend.TerminalBackend {
 	return map[string]func() backend.TerminalBackend{
-		local.Name:      func() backend.TerminalBackend { return local.New() },
-		docker.Name:     func() backend.TerminalBackend { return docker.New() },
-		containerd.Name: func() backend.TerminalBackend { return containerd.New() },
+		local.Name: func() backend.TerminalBackend { return local.New() },
 	}
 }
 

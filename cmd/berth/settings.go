@@ -87,14 +87,15 @@ func (g *globals) open(ctx context.Context) (*registry.Registry, error) {
 }
 
 // driverOptions are the registry options of --plugin (conformance) and
-// --in-process (the built-in drivers run in this process).
+// --in-process (the drivers compiled into berth, local, run in this process; every
+// other driver still runs as a plugin).
 func (g *globals) driverOptions() []registry.Option {
 	var opts []registry.Option
 	for name, path := range g.plugins {
 		opts = append(opts, registry.WithPlugin(name, path))
 	}
 	if g.inProcess {
-		for name, mk := range builtinDrivers() {
+		for name, mk := range inProcessDrivers() {
 			opts = append(opts, registry.WithDriver(name, mk))
 		}
 	}
@@ -105,7 +106,7 @@ func (g *globals) driverOptions() []registry.Option {
 // built-in ones and those of --plugin, plus the berth-driver-NAME executables that
 // discovery finds ($BERTH_PLUGIN_PATH, plugin_dirs, beside self, the berth binary).
 func (g *globals) configOptions(self string) []config.Option {
-	known := slices.Clone(backends.Builtins)
+	known := backends.BuiltinNames()
 	for name := range g.plugins {
 		if !slices.Contains(known, name) {
 			known = append(known, name)

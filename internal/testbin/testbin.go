@@ -1,6 +1,8 @@
 // Package testbin builds the static berth binary that tests use as the agent and as the
-// plugin of built-in drivers. It builds once per test process, with CGO_ENABLED=0 so the
-// binary can run inside sandboxes that have their own root filesystem.
+// plugin of the local driver, and beside it the executables of the drivers that are
+// not compiled into berth (berth-driver-docker, berth-driver-containerd), where berth
+// looks for them first. It builds once per test process, with CGO_ENABLED=0 so the
+// binaries can run inside sandboxes that have their own root filesystem.
 package testbin
 
 import (
@@ -11,6 +13,8 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+
+	"github.com/berth-sh/berth/backends"
 )
 
 var (
@@ -26,37 +30,71 @@ func ModuleRoot() string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
-// Berth returns the path of a static berth binary built from this checkout, building it
-// on first use. Errors name the failing go build with its output.
+// Packages are the main packages Berth builds into one directory: berth and the
+// executables of the built-in drivers that have their own (backends.Builtins).
+func Packages() []string {
+	pkgs := []string{"./cmd/berth"}
+	for _, b := range backends.Builtins {
+		if b.Executable != "" {
+			pkgs = append(pkgs, "./cmd/"+b.Executable)
+		}
+	}
+	return pkgs
+}
+
+// Berth returns the path of a static berth binary built from this checkout, with the
+// built-in drivers' executables beside it, building them on first use (one go build).
+// Errors name the failing go build with its output.
 func Berth() (string, error) {
 	once.Do(func() {
 		dir, err = os.MkdirTemp("", "berth-testbin-")
 		if err != nil {
 			return
 		}
-		out := filepath.Join(dir, "berth")
-		cmd := exec.Command("go", "build", "-o", out, "./cmd/berth")
+		cmd := exec.Command("go", append([]string{"build", "-o", dir + "/"}, Packages()...)...)
 		cmd.Dir = ModuleRoot()
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if b, e := cmd.CombinedOutput(); e != nil {
-			err = fmt.Errorf("building static berth: %v\n%s", e, b)
+			err = fmt.Errorf("building static berth and its driver executables: %v\n%s", e, b)
 			return
 		}
-		path = out
+		path = filepath.Join(dir, "berth")
 	})
 	return path, err
 }
 
-// Cleanup removes the built binary; call it from TestMain after m.Run.
+// DriverCommand returns the command that serves the built-in driver name as a
+// plugin, as berth (built by Berth) runs it: backends.BuiltinDriver.Command with no
+// plugin dirs, for backends.LaunchOptions.Path and Args. It fails t when berth cannot
+// be built or name is no built-in driver.
+func DriverCommand(t testing.TB, name string) (string, []string) {
+	t.Helper()
+	bin, err := Berth()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, ok := backends.LookupBuiltin(name)
+	if !ok {
+		t.Fatalf("no built-in driver %q", name)
+	}
+	p, args, err := b.Command(bin, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, args
+}
+
+// Cleanup removes the built binaries; call it from TestMain after m.Run.
 func Cleanup() {
 	if dir != "" {
 		os.RemoveAll(dir)
 	}
 }
 
-// Main is a TestMain body for packages whose tests need the binary: it builds berth,
-// stores its path in *bin, runs the tests and removes the binary. It returns the exit
-// code for os.Exit; a failed build prints the go build output and returns 1.
+// Main is a TestMain body for packages whose tests need the binaries: it builds berth
+// and the driver executables, stores berth's path in *bin, runs the tests and removes
+// the binaries. It returns the exit code for os.Exit; a failed build prints the go
+// build output and returns 1.
 func Main(m *testing.M, bin *string) int {
 	defer Cleanup()
 	path, err := Berth()

@@ -126,6 +126,15 @@ func (r *Rule) Pos() string {
 	return posString(r.Range)
 }
 
+// ExampleSession returns a session name that the rule's glob matches: the glob with
+// every * and ? replaced by "x" ("chat:*" → "chat:x"). A rule's sandbox spec differs
+// between its sessions only in the sandbox's name and labels, so Spec(owner,
+// r.ExampleSession()) stands for them all where that is all one needs (`berth config
+// check` validates it).
+func (r *Rule) ExampleSession() string {
+	return strings.NewReplacer("*", "x", "?", "x").Replace(r.Glob)
+}
+
 // Key returns what the rule's sandbox for session is named after: the session itself
 // for IsolationSession, the rule's Name for IsolationShared. It is also the value of
 // the sandbox's backend.LabelSession.
@@ -202,6 +211,9 @@ type DriverBlock struct {
 	StartTimeout time.Duration
 }
 
+// Pos returns "file:line:col" of the block's definition.
+func (b *DriverBlock) Pos() string { return posString(b.Range) }
+
 // Config is a loaded config file (Load, Parse) or the built-in one (Default). Empty
 // strings and nil slices mean "not set". It holds no precedence of its own: the
 // caller (berth's CLI: flags > BERTH_* environment > this file > defaults) decides
@@ -245,8 +257,8 @@ type Config struct {
 
 // DefaultKnownDrivers is the set of driver names a config may use when the caller
 // names none (Load, Parse or Default without WithKnownDrivers): the built-in drivers
-// of package backends' catalog (backends.Builtins), sorted as there.
-var DefaultKnownDrivers = slices.Clone(backends.Builtins)
+// of package backends' catalog (backends.BuiltinNames), in its order.
+var DefaultKnownDrivers = backends.BuiltinNames()
 
 // Default is the config used when there is no config file: no state_dir, agent_path,
 // plugin_dirs or log_level, no driver blocks, and one rule,
@@ -639,12 +651,12 @@ func (d *decoder) driverBlock(b *hcl.Block) *DriverBlock {
 		return blk
 	}
 	blk.Body = remain
-	builtin := backends.IsBuiltin(name)
+	_, builtin := backends.LookupBuiltin(name)
 	if a := c.Attributes["plugin"]; a != nil {
 		if s, ok := d.str(a); ok {
 			switch {
 			case builtin:
-				d.errf(a.NameRange, "Plugin for a built-in driver", "driver %q is built into berth; plugin applies only to third-party drivers. Remove it.", name)
+				d.errf(a.NameRange, "Plugin for a built-in driver", "driver %q ships with berth (served by berth or by its own executable beside berth); plugin applies only to third-party drivers. Remove it.", name)
 			case s == "":
 				d.errf(a.Expr.Range(), "Invalid plugin", "plugin must be a path or an executable name, e.g. \"berth-driver-%s\".", name)
 			case strings.Contains(s, "/") && !filepath.IsAbs(s):
@@ -658,7 +670,7 @@ func (d *decoder) driverBlock(b *hcl.Block) *DriverBlock {
 		if s, ok := d.str(a); ok {
 			switch {
 			case builtin:
-				d.errf(a.NameRange, "Checksum for a built-in driver", "driver %q is built into berth, which is its own binary; sha256 applies only to third-party drivers. Remove it.", name)
+				d.errf(a.NameRange, "Checksum for a built-in driver", "driver %q ships with berth (served by berth or by its own executable beside berth, of the same build); sha256 applies only to third-party drivers. Remove it.", name)
 			case len(s) != 64 || strings.Trim(strings.ToLower(s), "0123456789abcdef") != "":
 				d.errf(a.Expr.Range(), "Invalid sha256", "sha256 must be 64 hex digits (the output of sha256sum on the plugin executable); got %q.", s)
 			default:

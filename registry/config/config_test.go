@@ -488,3 +488,16 @@ func TestPullConfig(t *testing.T) {
 		}
 	}
 }
+
+func TestExampleSession(t *testing.T) {
+	for glob, want := range map[string]string{"*": "x", "chat:*": "chat:x", "sub?:*/?": "subx:x/x", "main": "main"} {
+		r := &Rule{Glob: glob}
+		got := r.ExampleSession()
+		if got != want || !GlobMatch(glob, got) {
+			t.Errorf("ExampleSession of %q = %q, want %q, matched by the glob", glob, got, want)
+		}
+		if err := ValidateSession(got); err != nil {
+			t.Errorf("ExampleSession of %q: %v", glob, err)
+		}
+	}
+}

@@ -7,13 +7,14 @@ import "github.com/berth-sh/berth/backends"
 // backends.SearchPath(pluginDirs, berthBinary), that is in $BERTH_PLUGIN_PATH
 // (read by package backends: it is the plugin search path, not a setting this
 // package resolves), the config's plugin_dirs and the directory of berthBinary (an
-// absolute path; "" leaves it out), built-in driver names left out. The finder reads
+// absolute path; "" leaves it out), built-in driver names left out (the
+// executables of docker and containerd live there too). The finder reads
 // those directories on every call.
 func DiscoverPlugins(berthBinary string) PluginFinder {
 	return func(pluginDirs []string) []string {
 		var names []string
 		for _, p := range backends.Discover(backends.SearchPath(pluginDirs, berthBinary)) {
-			if !backends.IsBuiltin(p.Name) {
+			if _, builtin := backends.LookupBuiltin(p.Name); !builtin {
 				names = append(names, p.Name)
 			}
 		}
