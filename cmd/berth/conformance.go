@@ -42,7 +42,7 @@ func newConformanceCmd(g *globals) *cobra.Command {
 		Use:   "conformance --driver NAME | --plugin PATH",
 		Short: "Run the shared conformance suite against a driver",
 		Long: `Run berth's conformance suite against a driver, as configured in the config file,
-through its plugin (or inside this process with --in-process), or against the driver
+through its plugin (or, for local, inside this process with --in-process), or against the driver
 plugin executable --plugin PATH (a berth-driver-NAME binary; its name comes from its
 'describe' output, and the config's driver "NAME" {} block, if any, configures it).
 Cases whose capability the driver does not claim are skipped with the reason. The suite's sandboxes carry their own
@@ -70,7 +70,7 @@ Exit status: 0 when no case failed, 1 when any failed, 125 when the suite could 
 	fl.StringVar(&f.junit, "junit", "", "also write the report as JUnit XML to FILE")
 	fl.StringVar(&f.hook, "restart-hook", "", "shell command that restarts the driver's runtime (e.g. 'systemctl restart docker'); recovery/runtime-restart runs only with it")
 	fl.StringVar(&f.image, "image", "", "image for drivers with their own filesystem (default: import berth's busybox test image, built from the host's static busybox)")
-	fl.BoolVar(&g.inProcess, "in-process", false, "run a built-in driver inside this process instead of through its plugin")
+	fl.BoolVar(&g.inProcess, "in-process", false, "run the driver inside this process instead of through its plugin (local only: the one driver compiled into berth)")
 	return cmd
 }
 
@@ -127,7 +127,7 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 		return usageError("--driver or --plugin is required: name the driver to test, e.g. --driver local (see 'berth drivers'), or give a plugin executable, e.g. --plugin ./berth-driver-NAME")
 	}
 	if _, compiled := inProcessDrivers()[f.driver]; g.inProcess && !compiled {
-		return usageError("--in-process: the %s driver is not compiled into berth (only local is; docker and containerd are their own executables, berth-driver-NAME, and third-party drivers plugins): drop --in-process to test it through its plugin", f.driver)
+		return usageError("--in-process: the %s driver is not compiled into berth, only local is (docker and containerd are their own executables, berth-driver-docker and berth-driver-containerd; other drivers are plugins): drop --in-process to test it through its plugin", f.driver)
 	}
 	if len(conformance.List(filter)) == 0 {
 		return usageError("no conformance case matches --run %q --skip %q; see 'berth conformance --list'", f.run, f.skip)

@@ -110,3 +110,19 @@ func copyFile(t *testing.T, src, dst string) {
 		t.Fatal(err)
 	}
 }
+
+// TestNoRuntimeSDK: berth links neither the Docker SDK nor the containerd client (nor
+// the drivers on them, nor package drivers): they cost every berth call its start-up
+// (their package initialisers run whether or not a command needs them). Their
+// drivers are their own executables.
+func TestNoRuntimeSDK(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		if strings.Contains(pkg, "docker") || strings.Contains(pkg, "containerd") || pkg == "github.com/berth-sh/berth/drivers" {
+			t.Errorf("berth links %s", pkg)
+		}
+	}
+}

@@ -2,9 +2,12 @@
 // chosen per session scope in config: the host (local), Docker, containerd or a
 // third-party driver plugin.
 //
-// The same binary is also re-executed as the built-in drivers' plugin process
-// (`berth driver serve NAME`, hidden) and, under the name berth-agent or as
-// `berth agent ...` (hidden), as the exec agent inside every sandbox.
+// The same binary is also re-executed as the local driver's plugin process (`berth
+// driver serve local`, hidden) and, under the name berth-agent or as `berth agent
+// ...` (hidden), as the exec agent inside every sandbox. The docker and containerd
+// drivers are their own executables (cmd/berth-driver-docker,
+// cmd/berth-driver-containerd), found beside this one, so that berth links no
+// runtime SDK.
 package main
 
 import (
