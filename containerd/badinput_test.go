@@ -255,7 +255,7 @@ func TestBadInput(t *testing.T) {
 			{"bad-network", func(r *backend.CreateRequest) { r.Spec.Network = "bridge" }, backend.ErrUnsupported, "bridge"},
 			{"bad-name", func(r *backend.CreateRequest) { r.Spec.Name = "Bad Name" }, backend.ErrInvalid, "Bad Name"},
 		}
-		needsCreate := []string{"missing-image", "dynamic-agent", "no-agent", "engine-elsewhere"}
+		needsCreate := []string{"missing-image", "unknown-user", "dynamic-agent", "no-agent", "engine-elsewhere"}
 		for _, c := range cases {
 			t.Run(c.name, func(t *testing.T) {
 				name := conformance.SandboxName()
@@ -266,8 +266,9 @@ func TestBadInput(t *testing.T) {
 					t.Errorf("Create: %v, want %v mentioning %q", err, c.kind, c.words)
 				}
 				f.absent(name)
-				// Validate (config check) refuses the spec the same way, but for what needs
-				// the daemon (the image's presence) or concerns the host's agent files.
+				// Validate (config check) refuses the spec the same way, but for what needs the
+				// runtime or the sandbox (the image's presence, a user name from its
+				// /etc/passwd) or concerns the host's agent files.
 				if !slices.Contains(needsCreate, c.name) {
 					if err := f.d.Validate(f.ctx, req.Spec); !errors.Is(err, c.kind) || !strings.Contains(err.Error(), c.words) {
 						t.Errorf("Validate: %v, want %v mentioning %q", err, c.kind, c.words)

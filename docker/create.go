@@ -85,8 +85,9 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 // Validate implements backend.Validator (Capabilities.Validate, for `berth config
 // check`): it checks spec as Create does before it asks the engine anything: the
 // sandbox name and containerConfig's checks (image set, env, workdir, network,
-// resources, user, mounts under the host-path policy). It makes no API call, so it
-// does not check that the image is there. Errors wrap backend.ErrInvalid
+// resources, the user's form, mounts under the host-path policy). It makes no API
+// call, so it does not check that the image is there, nor that a user name exists in
+// it (the agent resolves that at Create). Errors wrap backend.ErrInvalid
 // (backend.ErrUnsupported for a network the driver lacks) and name the input.
 func (d *Driver) Validate(ctx context.Context, spec backend.SandboxSpec) error {
 	if err := backend.ValidateSandboxName(spec.Name); err != nil {
