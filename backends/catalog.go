@@ -75,9 +75,10 @@ func (b BuiltinDriver) Command(berthBinary string, pluginDirs []string) (path st
 			dir = filepath.Dir(abs)
 		}
 	}
-	dirs := SearchPath(pluginDirs, "")
+	search := SearchPath(pluginDirs, "")
+	dirs := search
 	if dir != "" {
-		dirs = append([]string{dir}, dirs...)
+		dirs = append([]string{dir}, search...)
 	}
 	for _, d := range dirs {
 		p := filepath.Join(d, b.Executable)
@@ -85,7 +86,7 @@ func (b BuiltinDriver) Command(berthBinary string, pluginDirs []string) (path st
 			return p, nil, nil
 		}
 	}
-	return "", nil, b.notFound(berthBinary, dir, SearchPath(pluginDirs, ""))
+	return "", nil, b.notFound(berthBinary, dir, search)
 }
 
 // notFound is Command's error for a driver executable found nowhere.
