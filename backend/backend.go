@@ -172,6 +172,20 @@ var DefaultEnvAllowlist = []string{"PATH", "LANG", "TERM", "TZ"}
 // DefaultPidsLimit is the pids limit of container sandboxes when the spec sets none.
 const DefaultPidsLimit = 512
 
+// DefaultMemoryBytes is the memory limit of the built-in container drivers'
+// sandboxes when the spec sets none (4 GiB; at most half the host's memory, see
+// containerutil.DefaultMemory), so that one memory bomb cannot take the host down.
+const DefaultMemoryBytes = 4 << 30
+
+// UnlimitedMemory in Resources.MemoryBytes asks for no memory limit at all.
+const UnlimitedMemory = -1
+
+// DefaultCPUShares is the relative CPU weight of the built-in container drivers'
+// sandboxes when the spec sets none: half an ordinary container's 1024 (Docker's
+// --cpu-shares, OCI linux.resources.cpu.shares), so that under contention the host's
+// own work comes first.
+const DefaultCPUShares = 512
+
 // Mount is one bind mount from the host into the sandbox.
 type Mount struct {
 	// Source is an absolute host path.
@@ -182,15 +196,25 @@ type Mount struct {
 	ReadOnly bool `json:"read_only"`
 }
 
-// Resources are a sandbox's limits. Zero means "driver default" (unlimited for CPU and
-// memory, DefaultPidsLimit for pids in containers).
+// Resources are a sandbox's limits. Zero means "driver default": for the built-in
+// container drivers no CPU quota, DefaultMemoryBytes, DefaultPidsLimit and
+// DefaultCPUShares; drivers without limits (local) refuse any limit.
 type Resources struct {
-	// CPUs is the number of CPUs, fractional allowed (1.5).
+	// CPUs is the CPU quota in CPUs, fractional allowed (1.5).
 	CPUs float64 `json:"cpus"`
 	// MemoryBytes is the memory limit in bytes; swap is set equal to it.
+	// UnlimitedMemory (-1) asks for none, which every driver grants.
 	MemoryBytes int64 `json:"memory_bytes"`
 	// Pids is the maximum number of processes.
 	Pids int64 `json:"pids"`
+	// CPUShares is the relative CPU weight under contention, 2..262144 (Docker's
+	// --cpu-shares, OCI linux.resources.cpu.shares; 1024 is an ordinary container's).
+	CPUShares int64 `json:"cpu_shares,omitempty"`
+}
+
+// Limited reports whether r asks for any limit: UnlimitedMemory alone asks for none.
+func (r Resources) Limited() bool {
+	return r.CPUs != 0 || r.MemoryBytes > 0 || r.MemoryBytes < UnlimitedMemory || r.Pids != 0 || r.CPUShares != 0
 }
 
 // State is a sandbox's lifecycle state.

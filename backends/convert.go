@@ -128,6 +128,7 @@ func specToPB(s backend.SandboxSpec) *pb.SandboxSpec {
 			Cpus:        s.Resources.CPUs,
 			MemoryBytes: s.Resources.MemoryBytes,
 			Pids:        s.Resources.Pids,
+			CpuShares:   s.Resources.CPUShares,
 		},
 		AllowHostPaths: s.AllowHostPaths,
 	}
@@ -152,6 +153,7 @@ func specFromPB(s *pb.SandboxSpec) backend.SandboxSpec {
 			CPUs:        s.GetResources().GetCpus(),
 			MemoryBytes: s.GetResources().GetMemoryBytes(),
 			Pids:        s.GetResources().GetPids(),
+			CPUShares:   s.GetResources().GetCpuShares(),
 		},
 		AllowHostPaths: s.GetAllowHostPaths(),
 	}

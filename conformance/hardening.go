@@ -87,6 +87,16 @@ func resourcesCases() []Case {
 	return []Case{
 		{Group: g, Name: "oom-137", Requires: "Capabilities.MemoryLimit", Needs: needMemoryLimit, Run: caseOOM},
 		{Group: g, Name: "fork-bomb-contained", Requires: "Capabilities.PidsLimit", Needs: needPidsLimit, Serial: true, Run: caseForkBomb},
+		{Group: g, Name: "unlimited-memory-accepted", Run: caseUnlimitedMemory},
+	}
+}
+
+// A spec asking for no memory limit (backend.UnlimitedMemory, the rule's memory =
+// "unlimited") is accepted by every driver, with or without limits of its own.
+func caseUnlimitedMemory(t T, h *Harness) {
+	sb := h.NewSandboxWith(t, func(s *backend.SandboxSpec) { s.Resources.MemoryBytes = backend.UnlimitedMemory })
+	if out := h.run(t, sb, "true"); out.ExitCode != 0 {
+		t.Errorf("exec in a sandbox without a memory limit: %s", out.describe())
 	}
 }
 

@@ -636,18 +636,9 @@ func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(
 	default:
 		return nil, "", backend.Errorf(backend.ErrUnsupported, "containerd sandbox %s: network %q: the containerd driver supports %s (containerd has no network set-up of its own)", spec.Name, spec.Network, strings.Join(NetworkModes, ", "))
 	}
-	r := spec.Resources
-	if r.CPUs < 0 || r.MemoryBytes < 0 || r.Pids < 0 {
-		return bad("resources must not be negative (cpus %v, memory %d, pids %d)", r.CPUs, r.MemoryBytes, r.Pids)
-	}
-	if r.Pids > 0 && r.Pids < containerutil.MinPids {
-		return bad("pids %d is below the minimum of %d (berth's agent, PID 1, keeps some 30 threads made in advance, and each counts as a process); set resources.pids to at least %d, or leave it unset for the default %d", r.Pids, containerutil.MinPids, containerutil.MinPids, backend.DefaultPidsLimit)
-	}
-	if r.MemoryBytes > 0 && r.MemoryBytes < containerutil.MinMemoryBytes {
-		return bad("memory %d bytes is below the minimum of %d MiB", r.MemoryBytes, containerutil.MinMemoryBytes>>20)
-	}
-	if r.CPUs > 0 && r.CPUs < 0.01 {
-		return bad("cpus %v is below the minimum of 0.01", r.CPUs)
+	limits, err := containerutil.ResolveLimits(spec.Resources)
+	if err != nil {
+		return bad("%v", err)
 	}
 	user, err := containerutil.ResolveUser(spec.User)
 	if err != nil {
@@ -670,10 +661,6 @@ func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(
 			mode = "ro"
 		}
 		mounts = append(mounts, specs.Mount{Type: "bind", Source: m.Source, Destination: m.Target, Options: []string{"rbind", mode}})
-	}
-	pids := r.Pids
-	if pids == 0 {
-		pids = backend.DefaultPidsLimit
 	}
 	caps := make([]string, len(containerutil.DefaultCapabilities))
 	for i, c := range containerutil.DefaultCapabilities {
@@ -698,17 +685,18 @@ func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(
 			oci.WithMounts(mounts),
 			oci.WithCapabilities(caps),
 			oci.WithNoNewPrivileges,
-			oci.WithPidsLimit(pids),
+			oci.WithPidsLimit(limits.Pids),
+			oci.WithCPUShares(uint64(limits.CPUShares)),
 		}
 		if spec.Workdir != "" {
 			opts = append(opts, oci.WithProcessCwd(spec.Workdir))
 		}
-		if r.MemoryBytes > 0 {
-			opts = append(opts, oci.WithMemoryLimit(uint64(r.MemoryBytes)), oci.WithMemorySwap(r.MemoryBytes))
+		if limits.MemoryBytes > 0 {
+			opts = append(opts, oci.WithMemoryLimit(uint64(limits.MemoryBytes)), oci.WithMemorySwap(limits.MemoryBytes))
 		}
-		if r.CPUs > 0 {
+		if limits.NanoCPUs > 0 {
 			const period = 100000 // µs, the kernel's default CFS period
-			opts = append(opts, oci.WithCPUCFS(int64(r.CPUs*period), period))
+			opts = append(opts, oci.WithCPUCFS(limits.NanoCPUs*period/1e9, period))
 		}
 		if network == "host" {
 			opts = append(opts, oci.WithHostNamespace(specs.NetworkNamespace), oci.WithHostHostsFile, oci.WithHostResolvconf)

@@ -19,6 +19,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/containerd"
+	"github.com/berth-sh/berth/internal/containerutil"
 )
 
 // run runs argv in sandbox name and returns its stdout; it must exit 0.
@@ -180,39 +181,7 @@ func TestHardening(t *testing.T) {
 		if h := strings.TrimSpace(f.run(name, "hostname")); h != name {
 			t.Errorf("hostname %q, want the sandbox's name %q", h, name)
 		}
-		// The task's cgroups, read on the host (the container does not mount them).
-		tk := f.task(name)
-		if tk == nil {
-			t.Fatal("no task")
-		}
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(int(tk.pid)) + "/cgroup")
-		if err != nil {
-			t.Fatal(err)
-		}
-		dirs := map[string]string{} // controller ("" on v2) → directory
-		for _, line := range strings.Split(string(b), "\n") {
-			if fs := strings.SplitN(line, ":", 3); len(fs) == 3 {
-				for _, ctl := range strings.Split(fs[1], ",") {
-					if fs[1] == "" {
-						dirs[""] = "/sys/fs/cgroup" + fs[2]
-					} else {
-						dirs[ctl] = "/sys/fs/cgroup/" + fs[1] + fs[2]
-					}
-				}
-			}
-		}
-		read := func(ctl, v1, v2 string) string {
-			t.Helper()
-			p := filepath.Join(dirs[""], v2)
-			if d, ok := dirs[ctl]; ok {
-				p = filepath.Join(d, v1)
-			}
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return "unreadable: " + err.Error()
-			}
-			return strings.TrimSpace(string(b))
-		}
+		read, _ := f.cgroupReader(name)
 		if got := read("pids", "pids.max", "pids.max"); got != strconv.Itoa(backend.DefaultPidsLimit) {
 			t.Errorf("pids.max %q, want %d", got, backend.DefaultPidsLimit)
 		}
@@ -231,6 +200,84 @@ func TestHardening(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// A sandbox without resources gets the default memory limit and CPU shares; memory
+// = "unlimited" has none, and a rule's cpu_shares is honoured.
+func TestDefaultLimits(t *testing.T) {
+	forEachDaemon(t, func(t *testing.T, addr string) {
+		f := newFixture(t, addr)
+		for _, c := range []struct {
+			res            backend.Resources
+			memory, shares string
+		}{
+			{backend.Resources{}, strconv.FormatInt(containerutil.DefaultMemory(), 10), strconv.Itoa(backend.DefaultCPUShares)},
+			{backend.Resources{MemoryBytes: backend.UnlimitedMemory, CPUShares: 1024}, "", "1024"},
+		} {
+			name := conformance.SandboxName()
+			req := f.request(name)
+			req.Spec.Resources = c.res
+			if _, err := f.d.Create(f.ctx, req); err != nil {
+				t.Fatal(err)
+			}
+			read, cpuV1 := f.cgroupReader(name)
+			mem := read("memory", "memory.limit_in_bytes", "memory.max")
+			if c.memory != "" && mem != c.memory {
+				t.Errorf("%+v: memory limit %q, want %s", c.res, mem, c.memory)
+			}
+			// No limit: v2 says "max", v1 a huge page-rounded number.
+			if n, err := strconv.ParseInt(mem, 10, 64); c.memory == "" && mem != "max" && (err != nil || n < 1<<50) {
+				t.Errorf("%+v: memory limit %q, want none", c.res, mem)
+			}
+			// v1 keeps the shares; v2 has a cpu.weight the runtime converts them to.
+			if got := read("cpu", "cpu.shares", "cpu.weight"); cpuV1 && got != c.shares {
+				t.Errorf("%+v: cpu.shares %q, want %s", c.res, got, c.shares)
+			}
+			if err := f.d.Remove(f.ctx, name); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
+// cgroupReader returns a reader of the cgroup files of sandbox name's task, read on
+// the host: read(controller, v1 file, v2 file) gives the file's trimmed content, or
+// "unreadable: ..." when it cannot be read; cpuV1 says the cpu controller is v1's.
+func (f *fixture) cgroupReader(name string) (read func(ctl, v1, v2 string) string, cpuV1 bool) {
+	t := f.t
+	t.Helper()
+	tk := f.task(name)
+	if tk == nil {
+		t.Fatal("no task")
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(int(tk.pid)) + "/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirs := map[string]string{} // controller ("" on v2) → directory
+	for _, line := range strings.Split(string(b), "\n") {
+		if fs := strings.SplitN(line, ":", 3); len(fs) == 3 {
+			for _, ctl := range strings.Split(fs[1], ",") {
+				if fs[1] == "" {
+					dirs[""] = "/sys/fs/cgroup" + fs[2]
+				} else {
+					dirs[ctl] = "/sys/fs/cgroup/" + fs[1] + fs[2]
+				}
+			}
+		}
+	}
+	_, cpuV1 = dirs["cpu"]
+	return func(ctl, v1, v2 string) string {
+		p := filepath.Join(dirs[""], v2)
+		if d, ok := dirs[ctl]; ok {
+			p = filepath.Join(d, v1)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return "unreadable: " + err.Error()
+		}
+		return strings.TrimSpace(string(b))
+	}, cpuV1
 }
 
 // The snapshotter key: with "native" the image (unpacked into overlayfs only) is

@@ -133,6 +133,8 @@ func TestBadInput(t *testing.T) {
 			r.Spec.Mounts = []backend.Mount{{Source: stray, Target: "/run/daemon.sock"}}
 		}, backend.ErrInvalid, "mount source " + stray + " is a unix socket"},
 		{"low-pids", func(r *backend.CreateRequest) { r.Spec.Resources.Pids = 3 }, backend.ErrInvalid, fmt.Sprintf("pids 3 is below the minimum of %d", containerutil.MinPids)},
+		{"bad-cpu-shares", func(r *backend.CreateRequest) { r.Spec.Resources.CPUShares = 1 << 20 }, backend.ErrInvalid, "cpu_shares 1048576 is outside 2..262144"},
+		{"negative-memory", func(r *backend.CreateRequest) { r.Spec.Resources.MemoryBytes = -2 }, backend.ErrInvalid, `memory = "unlimited"`},
 		{"engine-elsewhere", func(r *backend.CreateRequest) { // what a forwarded socket's engine sees
 			r.Agent.Dir = "/nonexistent/berth-elsewhere/agent"
 			r.Agent.Binary = filepath.Join(r.Agent.Dir, backend.AgentBinaryName)

@@ -329,15 +329,9 @@ func (d *Driver) containerConfig(spec backend.SandboxSpec, a backend.AgentFiles)
 	default:
 		return nil, nil, "", backend.Errorf(backend.ErrUnsupported, "docker sandbox %s: network %q: the docker driver supports %s", spec.Name, spec.Network, strings.Join(NetworkModes, ", "))
 	}
-	r := spec.Resources
-	if r.CPUs < 0 || r.MemoryBytes < 0 || r.Pids < 0 {
-		return bad("resources must not be negative (cpus %v, memory %d, pids %d)", r.CPUs, r.MemoryBytes, r.Pids)
-	}
-	if r.Pids > 0 && r.Pids < containerutil.MinPids {
-		return bad("pids %d is below the minimum of %d (berth's agent, PID 1, keeps some 30 threads made in advance, and each counts as a process); set resources.pids to at least %d, or leave it unset for the default %d", r.Pids, containerutil.MinPids, containerutil.MinPids, backend.DefaultPidsLimit)
-	}
-	if r.MemoryBytes > 0 && r.MemoryBytes < containerutil.MinMemoryBytes {
-		return bad("memory %d bytes is below Docker's minimum of 6 MiB", r.MemoryBytes)
+	limits, err := containerutil.ResolveLimits(spec.Resources)
+	if err != nil {
+		return bad("%v", err)
 	}
 	user, err := containerutil.ResolveUser(spec.User)
 	if err != nil {
@@ -352,10 +346,6 @@ func (d *Driver) containerConfig(spec backend.SandboxSpec, a backend.AgentFiles)
 			return bad("%v", err)
 		}
 		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
-	}
-	pids := r.Pids
-	if pids == 0 {
-		pids = backend.DefaultPidsLimit
 	}
 	labels := copyLabels(spec.Labels)
 	if user != "" {
@@ -378,13 +368,14 @@ func (d *Driver) containerConfig(spec backend.SandboxSpec, a backend.AgentFiles)
 		SecurityOpt: []string{"no-new-privileges"},
 		LogConfig:   container.LogConfig{Type: "json-file", Config: map[string]string{"max-size": "1m", "max-file": "1"}},
 		Resources: container.Resources{
-			PidsLimit: &pids,
-			NanoCPUs:  int64(r.CPUs * 1e9),
+			PidsLimit: &limits.Pids,
+			NanoCPUs:  limits.NanoCPUs,
+			CPUShares: limits.CPUShares,
 		},
 	}
-	if r.MemoryBytes > 0 {
-		hcfg.Resources.Memory = r.MemoryBytes
-		hcfg.Resources.MemorySwap = r.MemoryBytes
+	if limits.MemoryBytes > 0 {
+		hcfg.Resources.Memory = limits.MemoryBytes
+		hcfg.Resources.MemorySwap = limits.MemoryBytes
 	}
 	return cfg, hcfg, user, nil
 }

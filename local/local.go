@@ -284,7 +284,7 @@ func checkSpec(spec backend.SandboxSpec) error {
 	if len(spec.Mounts) > 0 {
 		return backend.Errorf(backend.ErrUnsupported, "local sandbox %s: mounts are not supported by the local driver (it sees the host filesystem already); remove them from the rule or use docker or containerd", spec.Name)
 	}
-	if spec.Resources != (backend.Resources{}) {
+	if spec.Resources.Limited() {
 		return backend.Errorf(backend.ErrUnsupported, "local sandbox %s: resource limits are not supported by the local driver; remove resources from the rule or use docker or containerd", spec.Name)
 	}
 	switch spec.Network {

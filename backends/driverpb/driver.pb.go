@@ -724,10 +724,12 @@ func (x *Mount) GetReadOnly() bool {
 }
 
 type Resources struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Cpus          float64                `protobuf:"fixed64,1,opt,name=cpus,proto3" json:"cpus,omitempty"`
-	MemoryBytes   int64                  `protobuf:"varint,2,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
-	Pids          int64                  `protobuf:"varint,3,opt,name=pids,proto3" json:"pids,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Cpus  float64                `protobuf:"fixed64,1,opt,name=cpus,proto3" json:"cpus,omitempty"`
+	// -1: no memory limit (backend.UnlimitedMemory).
+	MemoryBytes   int64 `protobuf:"varint,2,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	Pids          int64 `protobuf:"varint,3,opt,name=pids,proto3" json:"pids,omitempty"`
+	CpuShares     int64 `protobuf:"varint,4,opt,name=cpu_shares,json=cpuShares,proto3" json:"cpu_shares,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -779,6 +781,13 @@ func (x *Resources) GetMemoryBytes() int64 {
 func (x *Resources) GetPids() int64 {
 	if x != nil {
 		return x.Pids
+	}
+	return 0
+}
+
+func (x *Resources) GetCpuShares() int64 {
+	if x != nil {
+		return x.CpuShares
 	}
 	return 0
 }
@@ -2723,11 +2732,13 @@ const file_driver_proto_rawDesc = "" +
 	"\x05Mount\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x1b\n" +
-	"\tread_only\x18\x03 \x01(\bR\breadOnly\"V\n" +
+	"\tread_only\x18\x03 \x01(\bR\breadOnly\"u\n" +
 	"\tResources\x12\x12\n" +
 	"\x04cpus\x18\x01 \x01(\x01R\x04cpus\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x12\n" +
-	"\x04pids\x18\x03 \x01(\x03R\x04pids\"\xc7\x03\n" +
+	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x1d\n" +
+	"\n" +
+	"cpu_shares\x18\x04 \x01(\x03R\tcpuShares\"\xc7\x03\n" +
 	"\vSandboxSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12@\n" +

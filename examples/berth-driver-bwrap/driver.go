@@ -243,7 +243,7 @@ func checkSpec(spec backend.SandboxSpec) error {
 	if spec.Image != "" {
 		return backend.Errorf(backend.ErrUnsupported, "bwrap sandbox %s: image %q: the bwrap driver builds sandboxes from the host's /usr, not from images; remove image from the rule", n, spec.Image)
 	}
-	if spec.Resources != (backend.Resources{}) {
+	if spec.Resources.Limited() {
 		return backend.Errorf(backend.ErrUnsupported, "bwrap sandbox %s: resource limits are not supported by the bwrap driver (bubblewrap sets none); remove resources from the rule or use docker or containerd", n)
 	}
 	if spec.User != "" {

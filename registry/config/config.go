@@ -717,7 +717,7 @@ var mountSchema = &hcl.BodySchema{
 }
 
 var resourcesSchema = &hcl.BodySchema{
-	Attributes: []hcl.AttributeSchema{{Name: "cpus"}, {Name: "memory"}, {Name: "pids"}},
+	Attributes: []hcl.AttributeSchema{{Name: "cpus"}, {Name: "memory"}, {Name: "pids"}, {Name: "cpu_shares"}},
 }
 
 var retentionSchema = &hcl.BodySchema{
@@ -759,12 +759,8 @@ func (d *decoder) config(body hcl.Body) *Config {
 		}
 	}
 	if a := c.Attributes["output_max_total"]; a != nil {
-		if v, ok := d.value(a, cty.NilType, ""); ok {
-			if v.Type() == cty.String && v.AsString() == "unlimited" {
-				cfg.OutputMaxTotal = -1
-			} else if n, ok := d.size(a, "output_max_total"); ok {
-				cfg.OutputMaxTotal = n
-			}
+		if n, ok := d.sizeOrUnlimited(a, "output_max_total"); ok {
+			cfg.OutputMaxTotal = n
 		}
 	}
 	if a := c.Attributes["output_max_age"]; a != nil {
@@ -1054,10 +1050,33 @@ func (d *decoder) resources(blk *hcl.Block, where string, res *backend.Resources
 		}
 	}
 	if a := c.Attributes["memory"]; a != nil {
-		if n, ok := d.size(a, "memory"); ok {
+		if n, ok := d.sizeOrUnlimited(a, "memory"); ok {
 			res.MemoryBytes = n
 		}
 	}
+	if a := c.Attributes["cpu_shares"]; a != nil {
+		if f, ok := d.number(a); ok {
+			v, acc := f.Int64()
+			if !f.IsInt() || acc != big.Exact || v < 2 || v > 262144 {
+				d.errf(a.Expr.Range(), "Invalid cpu_shares", "cpu_shares must be a whole number from 2 to 262144 (1024 is an ordinary container's weight, the default is 512).")
+			} else {
+				res.CPUShares = v
+			}
+		}
+	}
+}
+
+// sizeOrUnlimited decodes a size attribute (see size) that may also be "unlimited",
+// returned as -1.
+func (d *decoder) sizeOrUnlimited(a *hcl.Attribute, what string) (int64, bool) {
+	v, ok := d.value(a, cty.NilType, "")
+	if !ok {
+		return 0, false
+	}
+	if v.Type() == cty.String && v.AsString() == "unlimited" {
+		return -1, true
+	}
+	return d.size(a, what)
 }
 
 // size decodes a positive size attribute: a whole number of bytes, or a string that

@@ -234,6 +234,8 @@ func TestConfigBadInput(t *testing.T) {
 			[]string{"config.hcl:2:3: error: Name without shared isolation", `isolation = "shared"`}},
 		{"bad shared name", "scope \"x:*\" {\n  isolation = \"shared\"\n  name = \"../p\"\n}\n",
 			[]string{"config.hcl:3:10: error: Invalid shared name", `".." path component`}},
+		{"bad cpu_shares", "scope \"*\" {\n  resources { cpu_shares = 1 }\n}\n",
+			[]string{"config.hcl:2:28: error: Invalid cpu_shares", "from 2 to 262144"}},
 		{"bad memory", "scope \"*\" {\n  resources {\n    memory = \"lots\"\n  }\n}\n",
 			[]string{"config.hcl:3:14: error: Invalid memory", `invalid memory size "lots"`, `"512m"`}},
 		{"bad pids", "scope \"*\" {\n  resources { pids = 1.5 }\n}\n",
@@ -300,6 +302,24 @@ func TestConfigBadInput(t *testing.T) {
 	// Identical shared rules may share a sandbox.
 	if _, err := Parse([]byte("scope \"a:*\" {\n isolation = \"shared\"\n name = \"p\"\n}\nscope \"b:*\" {\n isolation = \"shared\"\n name = \"p\"\n}\n"), "c.hcl"); err != nil {
 		t.Errorf("identical shared rules: %v", err)
+	}
+}
+
+// TestResourcesUnlimited: memory = "unlimited" is UnlimitedMemory, and cpu_shares a
+// weight; a rule without them leaves both to the driver (zero).
+func TestResourcesUnlimited(t *testing.T) {
+	cfg, err := Parse([]byte("scope \"a:*\" {\n  resources {\n    memory = \"unlimited\"\n    cpu_shares = 1024\n  }\n}\nscope \"*\" {}\n"), "c.hcl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := cfg.Rules[0].Resources; r.MemoryBytes != backend.UnlimitedMemory || r.CPUShares != 1024 || r.Limited() == false {
+		t.Errorf("resources %+v", r)
+	}
+	if r := cfg.Rules[1].Resources; r != (backend.Resources{}) || r.Limited() {
+		t.Errorf("a rule without resources: %+v", r)
+	}
+	if r := (backend.Resources{MemoryBytes: backend.UnlimitedMemory}); r.Limited() {
+		t.Errorf("unlimited memory alone counts as a limit")
 	}
 }
 
