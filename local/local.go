@@ -71,6 +71,7 @@ var (
 	_ backend.TerminalBackend = (*Driver)(nil)
 	_ backend.Configurer      = (*Driver)(nil)
 	_ backend.AgentDialer     = (*Driver)(nil)
+	_ backend.Validator       = (*Driver)(nil)
 )
 
 // Info reports the local driver's capabilities: no filesystem, PID or network
@@ -91,8 +92,20 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 			AgentDial:    true,
 			StopStart:    true,
 			Config:       true,
+			Validate:     true,
 		},
 	}, nil
+}
+
+// Validate implements backend.Validator: it refuses what Create refuses before it
+// starts anything (a bad name, mounts, limits, a network other than the host's, a
+// user, a workdir that is not an existing absolute directory, env entries that are not
+// KEY=VALUE), with Create's errors.
+func (d *Driver) Validate(ctx context.Context, spec backend.SandboxSpec) error {
+	if err := backend.ValidateSandboxName(spec.Name); err != nil {
+		return err
+	}
+	return checkSpec(spec)
 }
 
 // ConfigSchema declares the `driver "local" {}` block: env_allowlist (list of host

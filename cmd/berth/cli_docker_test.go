@@ -141,3 +141,33 @@ scope "never:*" {
 		t.Errorf("berth image pull on local: want 125 saying it cannot pull\n%v", r)
 	}
 }
+
+// TestConfigCheckImage: config check looks each rule's image up in its driver's store
+// without pulling: missing under pull = "never" fails at the rule (the first exec
+// would), missing otherwise is a note (the first exec pulls it), present says nothing.
+func TestConfigCheckImage(t *testing.T) {
+	testimage.RequireEngine(t)
+	t.Parallel()
+	e := newEnv(t)
+	archive, err := testimage.Archive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.must("image", "import", e.writeFile("busybox.tar", string(archive)))
+	rule := func(image, pull string) string {
+		return e.writeFile("c-"+pull+".hcl", fmt.Sprintf("scope \"d:*\" {\n  driver = \"docker\"\n  image  = %q\n  pull   = %q\n}\n", image, pull))
+	}
+	never := rule("berth-test/no-such-image:1", "never")
+	if r := e.run("config", "check", never); r.code != 125 || !strings.Contains(r.stderr, never+":1:1") ||
+		!strings.Contains(r.stderr, `image berth-test/no-such-image:1 is not in driver docker's image store, and pull = "never"`) {
+		t.Errorf("missing image, pull never: want 125 at the rule\n%v", r)
+	}
+	missing := rule("berth-test/no-such-image:1", "missing")
+	if r := e.run("config", "check", missing); r.code != 0 || !strings.Contains(r.stderr, "note: "+missing+":1:1") ||
+		!strings.Contains(r.stderr, "the first exec pulls it") {
+		t.Errorf("missing image, pull missing: want ok and a note\n%v", r)
+	}
+	if r := e.run("config", "check", rule(testimage.Ref, "always")); r.code != 0 || r.stderr != "" {
+		t.Errorf("present image: want ok without notes\n%v", r)
+	}
+}

@@ -1161,6 +1161,7 @@ func TestBadInput(t *testing.T) {
 		"driver-value":    "driver \"containerd\" {\n  seccomp = \"strict\"\n}\n",
 		"docker-spec":     "scope \"main\" {\n  driver = \"local\"\n}\nscope \"d:*\" {\n  driver  = \"docker\"\n  image   = \"busybox\"\n  network = \"weird\"\n}\n",
 		"containerd-spec": "scope \"c:*\" {\n  driver  = \"containerd\"\n  image   = \"busybox\"\n  network = \"bridge\"\n}\n",
+		"local-spec":      "scope \"l:*\" {\n  driver = \"local\"\n  resources { memory = \"1g\" }\n}\n",
 	}
 	path := map[string]string{}
 	for name, src := range cfgs {
@@ -1200,6 +1201,7 @@ func TestBadInput(t *testing.T) {
 	cases = append(cases,
 		badCase{"check-docker-spec", []string{"config", "check", path["docker-spec"]}, []string{path["docker-spec"] + ":4:1", `scope "d:*"`, `network "weird"`}},
 		badCase{"check-containerd-spec", []string{"config", "check", path["containerd-spec"]}, []string{path["containerd-spec"] + ":1:1", `scope "c:*"`, `network "bridge"`}},
+		badCase{"check-local-spec", []string{"config", "check", path["local-spec"]}, []string{path["local-spec"] + ":1:1", `scope "l:*"`, "resource limits are not supported by the local driver"}},
 	)
 	cases = append(cases,
 		badCase{"conformance-run-matches-nothing", []string{"conformance", "--driver", "local", "--run", "^zzz$"}, []string{`"^zzz$"`}},

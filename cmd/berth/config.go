@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -40,8 +41,12 @@ func newConfigCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return failure(err)
 			}
-			if err := checkDrivers(cmd.Context(), g, c, self); err != nil {
+			notes, err := checkDrivers(cmd.Context(), g, c, self)
+			if err != nil {
 				return failure(err)
+			}
+			for _, n := range notes {
+				fmt.Fprintf(os.Stderr, "berth: note: %s\n", n)
 			}
 			fmt.Fprintf(os.Stdout, "%s: ok, %d scope rules\n", path, len(c.Rules))
 			return nil
@@ -107,22 +112,25 @@ func newConfigCmd(g *globals) *cobra.Command {
 // asks the driver to check the rule's sandbox spec as Create would, without
 // creating anything (backend.Validator: containerd reads its seccomp profile file,
 // docker and containerd refuse what they refuse without a daemon), errors at the
-// rule's file:line:col. The drivers' processes end before it returns.
-func checkDrivers(ctx context.Context, g *globals, c *config.Config, self string) error {
+// rule's file:line:col. Last, each rule's image is looked up in its driver's store
+// (checkImage). The drivers' processes end before it returns. It returns notes on
+// what it could not settle (an image the first exec will pull, a runtime that does
+// not answer), or the first error.
+func checkDrivers(ctx context.Context, g *globals, c *config.Config, self string) ([]string, error) {
 	tmp, err := os.MkdirTemp("", "berth-config-check-")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer os.RemoveAll(tmp)
 	opts := append([]registry.Option{registry.WithStateDir(tmp), registry.WithBerthBinary(self), registry.WithLogger(g.logger())}, g.driverOptions()...)
 	reg, err := registry.Open(ctx, c, opts...)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer reg.Close()
 	owner, err := reg.Owner()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Drivers of blocks first (their errors carry the block's position), then those
 	// of rules, in file order.
@@ -142,6 +150,7 @@ func checkDrivers(ctx context.Context, g *globals, c *config.Config, self string
 		}
 	}
 	validators := map[string]backend.Validator{}
+	pullers := map[string]backend.ImagePuller{}
 	for _, name := range names {
 		b, err := reg.Backend(ctx, name)
 		if err == nil {
@@ -150,24 +159,63 @@ func checkDrivers(ctx context.Context, g *globals, c *config.Config, self string
 				if v, ok := b.(backend.Validator); ok && info.Capabilities.Validate {
 					validators[name] = v
 				}
+				if p, ok := b.(backend.ImagePuller); ok && info.Capabilities.ImagePull {
+					pullers[name] = p
+				}
 			}
 		}
 		if err != nil {
 			if r := firstRule[name]; c.Drivers[name] == nil && r != nil {
-				return atRule(r, err)
+				return nil, atRule(r, err)
 			}
-			return err
+			return nil, err
 		}
 	}
+	var notes []string
 	for i := range c.Rules {
 		r := &c.Rules[i]
 		if v := validators[r.Driver]; v != nil {
 			if err := v.Validate(ctx, r.Spec(owner, r.ExampleSession())); err != nil {
-				return atRule(r, err)
+				return nil, atRule(r, err)
+			}
+		}
+		if p := pullers[r.Driver]; p != nil && r.Image != "" {
+			note, err := checkImage(ctx, p, r)
+			if err != nil {
+				return nil, atRule(r, err)
+			}
+			if note != "" {
+				notes = append(notes, fmt.Sprintf("%s: scope %q: %s", r.Pos(), r.Glob, note))
 			}
 		}
 	}
-	return nil
+	return notes, nil
+}
+
+// checkImage looks rule r's image up in its driver's store without pulling it
+// (PullImage with backend.PullNever). Missing under pull = "never" is an error (the
+// first exec would fail); missing otherwise is a note (the first exec pulls it), and
+// so is a runtime that does not answer (nothing can be said about the image).
+func checkImage(ctx context.Context, p backend.ImagePuller, r *config.Rule) (string, error) {
+	err := p.PullImage(ctx, r.Image, backend.PullNever, nil)
+	switch {
+	case err == nil:
+		return "", nil
+	case errors.Is(err, backend.ErrNotFound) && r.Pull == backend.PullNever:
+		return "", fmt.Errorf("image %s is not in driver %s's image store, and pull = \"never\" keeps berth from pulling it: import it (berth image import --driver %s FILE.tar), pull it with the runtime's own tool, or set pull = \"missing\"", r.Image, r.Driver, r.Driver)
+	case errors.Is(err, backend.ErrNotFound):
+		return fmt.Sprintf("image %s is not in driver %s's image store yet; the first exec pulls it (pull = %q)", r.Image, r.Driver, pullOrDefault(r.Pull)), nil
+	case errors.Is(err, backend.ErrInvalid):
+		return "", err
+	}
+	return fmt.Sprintf("could not look image %s up: %v", r.Image, err), nil
+}
+
+func pullOrDefault(p backend.PullPolicy) backend.PullPolicy {
+	if p == "" {
+		return backend.PullMissing
+	}
+	return p
 }
 
 // atRule prefixes err with rule r's position and glob.
