@@ -78,30 +78,99 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 	// An interrupt cancels the running case; its cleanups still run, then the report.
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	filter, err := conformanceFilter(f)
+	if err != nil {
+		return err
+	}
+	if f.list {
+		return listConformance(filter)
+	}
+	if err := conformanceTarget(ctx, g, f, filter); err != nil {
+		return err
+	}
+	var junit *os.File
+	if f.junit != "" { // opened first, so a bad path fails before the run, not after
+		if junit, err = os.Create(f.junit); err != nil {
+			return usageError("--junit %s: %v", f.junit, err)
+		}
+		defer junit.Close()
+	}
+	reg, err := g.open(ctx)
+	if err != nil {
+		return failure(err)
+	}
+	defer reg.Close()
+	b, err := reg.Backend(ctx, f.driver)
+	if err != nil {
+		return failure(err)
+	}
+	tmp, err := os.MkdirTemp("", "berth-conformance-")
+	if err != nil {
+		return failure(err)
+	}
+	defer os.RemoveAll(tmp)
+	opts, err := conformanceOptions(ctx, g, f, reg, b, tmp)
+	if err != nil {
+		return failure(err)
+	}
+	rep := conformance.RunAll(ctx, b, opts, filter)
+	if junit != nil {
+		err := rep.JUnit(junit)
+		if cerr := junit.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return failure(fmt.Errorf("--junit %s: %w", f.junit, err))
+		}
+	}
+	if err := printConformance(&rep, f.json); err != nil {
+		return failure(err)
+	}
+	if ctx.Err() != nil { // interrupted: never a success, whatever ran
+		return &exitError{code: 128 + int(syscall.SIGINT), err: fmt.Errorf("conformance run interrupted; the cases not run are reported as skipped")}
+	}
+	if !rep.OK() {
+		return exitCode(1)
+	}
+	return nil
+}
+
+// conformanceFilter compiles --run and --skip.
+func conformanceFilter(f *conformanceFlags) (conformance.Filter, error) {
 	var filter conformance.Filter
 	var err error
 	if f.run != "" {
 		if filter.Run, err = regexp.Compile(f.run); err != nil {
-			return usageError("--run %q: %v", f.run, err)
+			return filter, usageError("--run %q: %v", f.run, err)
 		}
 	}
 	if f.skip != "" {
 		if filter.Skip, err = regexp.Compile(f.skip); err != nil {
-			return usageError("--skip %q: %v", f.skip, err)
+			return filter, usageError("--skip %q: %v", f.skip, err)
 		}
 	}
-	if f.list {
-		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "CASE\tNEEDS")
-		for _, c := range conformance.List(filter) {
-			needs := c.Requires
-			if needs == "" {
-				needs = "-"
-			}
-			fmt.Fprintf(tw, "%s\t%s\n", c.FullName(), needs)
+	return filter, nil
+}
+
+// listConformance prints the cases that filter selects, with what each needs.
+func listConformance(filter conformance.Filter) error {
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CASE\tNEEDS")
+	for _, c := range conformance.List(filter) {
+		needs := c.Requires
+		if needs == "" {
+			needs = "-"
 		}
-		return tw.Flush()
+		fmt.Fprintf(tw, "%s\t%s\n", c.FullName(), needs)
 	}
+	return tw.Flush()
+}
+
+// conformanceTarget settles which driver is tested: --driver, or the driver that the
+// --plugin executable serves (registered as that driver's plugin in g). Usage errors
+// for flags that disagree, a --plugin that serves a built-in driver, --in-process on
+// a driver not compiled in, and a filter that selects no case.
+func conformanceTarget(ctx context.Context, g *globals, f *conformanceFlags, filter conformance.Filter) error {
 	if f.plugin != "" {
 		if g.inProcess {
 			return usageError("--plugin and --in-process exclude each other: a plugin always runs out of process")
@@ -132,64 +201,37 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 	if len(conformance.List(filter)) == 0 {
 		return usageError("no conformance case matches --run %q --skip %q; see 'berth conformance --list'", f.run, f.skip)
 	}
-	var junit *os.File
-	if f.junit != "" { // opened first, so a bad path fails before the run, not after
-		if junit, err = os.Create(f.junit); err != nil {
-			return usageError("--junit %s: %v", f.junit, err)
-		}
-		defer junit.Close()
-	}
+	return nil
+}
+
+// conformanceOptions builds the suite's options for driver b of reg: the image, the
+// agent files in tmp, the registry cases' opener (carrying the tested driver's block of
+// the user's config, so they reach the same daemon: address, namespace), the
+// runtime-restart hook, and a line on stderr per case.
+func conformanceOptions(ctx context.Context, g *globals, f *conformanceFlags, reg *registry.Registry, b backend.TerminalBackend, tmp string) (conformance.Options, error) {
 	self, err := os.Executable()
 	if err != nil {
-		return failure(err)
-	}
-	reg, err := g.open(ctx)
-	if err != nil {
-		return failure(err)
-	}
-	defer reg.Close()
-	b, err := reg.Backend(ctx, f.driver)
-	if err != nil {
-		return failure(err)
+		return conformance.Options{}, err
 	}
 	image, err := conformanceImage(ctx, b, f.image)
 	if err != nil {
-		return failure(err)
+		return conformance.Options{}, err
 	}
-	tmp, err := os.MkdirTemp("", "berth-conformance-")
-	if err != nil {
-		return failure(err)
-	}
-	defer os.RemoveAll(tmp)
-	var restart func(context.Context) error
-	regOpts := append([]registry.Option{registry.WithBerthBinary(self), registry.WithLogger(g.logger())}, g.driverOptions()...)
-	if f.hook != "" {
-		hook := f.hook
-		restart = func(ctx context.Context) error {
-			out, err := exec.CommandContext(ctx, "sh", "-c", hook).CombinedOutput()
-			if err != nil {
-				return fmt.Errorf("--restart-hook %q: %v; output: %s", hook, err, strings.TrimSpace(string(out)))
-			}
-			return nil
-		}
-	}
-	// The registry cases write their own config: it carries the tested driver's block
-	// of the user's config, so that they reach the same daemon (address, namespace).
 	raw, err := driverConfigJSON(ctx, reg, b, f.driver)
 	if err != nil {
-		return failure(err)
+		return conformance.Options{}, err
 	}
 	block, err := driverBlockHCL(f.driver, raw)
 	if err != nil {
-		return failure(err)
+		return conformance.Options{}, err
 	}
+	regOpts := append([]registry.Option{registry.WithBerthBinary(self), registry.WithLogger(g.logger())}, g.driverOptions()...)
 	opener := conformance.RegistryOpener(g.configOptions(self), regOpts...)
 	opts := conformance.Options{
-		RemoveUnowned:  unownedRemover(b, f.driver, raw),
-		RestartRuntime: restart,
-		AgentBinary:    self,
-		StateDir:       tmp,
-		Image:          image,
+		RemoveUnowned: unownedRemover(b, f.driver, raw),
+		AgentBinary:   self,
+		StateDir:      tmp,
+		Image:         image,
 		OpenRegistry: func(t conformance.T, cfg string) (*registry.Registry, error) {
 			return opener(t, block+cfg)
 		},
@@ -202,38 +244,34 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 			fmt.Fprintln(os.Stderr, line)
 		},
 	}
-	rep := conformance.RunAll(ctx, b, opts, filter)
-	if junit != nil {
-		err := rep.JUnit(junit)
-		if cerr := junit.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return failure(fmt.Errorf("--junit %s: %w", f.junit, err))
-		}
-	}
-	if f.json {
-		if err := rep.JSON(os.Stdout); err != nil {
-			return failure(err)
-		}
-	} else {
-		fmt.Fprintf(os.Stdout, "driver %s: %d passed, %d failed, %d skipped\n", rep.Driver, rep.Passed, rep.Failed, rep.Skipped)
-		for _, c := range rep.Cases {
-			if c.Status == conformance.StatusSkip {
-				fmt.Fprintf(os.Stdout, "  skipped %s: %s\n", c.FullName(), firstLine(c.Reason))
+	if hook := f.hook; hook != "" {
+		opts.RestartRuntime = func(ctx context.Context) error {
+			out, err := exec.CommandContext(ctx, "sh", "-c", hook).CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("--restart-hook %q: %v; output: %s", hook, err, strings.TrimSpace(string(out)))
 			}
-		}
-		for _, c := range rep.Cases {
-			if c.Status == conformance.StatusFail {
-				fmt.Fprintf(os.Stdout, "  FAILED %s: %s\n", c.FullName(), c.Reason)
-			}
+			return nil
 		}
 	}
-	if ctx.Err() != nil { // interrupted: never a success, whatever ran
-		return &exitError{code: 128 + int(syscall.SIGINT), err: fmt.Errorf("conformance run interrupted; the cases not run are reported as skipped")}
+	return opts, nil
+}
+
+// printConformance writes the report to stdout: JSON, or a summary line and the
+// skipped and failed cases with their reasons.
+func printConformance(rep *conformance.Report, asJSON bool) error {
+	if asJSON {
+		return rep.JSON(os.Stdout)
 	}
-	if !rep.OK() {
-		return exitCode(1)
+	fmt.Fprintf(os.Stdout, "driver %s: %d passed, %d failed, %d skipped\n", rep.Driver, rep.Passed, rep.Failed, rep.Skipped)
+	for _, c := range rep.Cases {
+		if c.Status == conformance.StatusSkip {
+			fmt.Fprintf(os.Stdout, "  skipped %s: %s\n", c.FullName(), firstLine(c.Reason))
+		}
+	}
+	for _, c := range rep.Cases {
+		if c.Status == conformance.StatusFail {
+			fmt.Fprintf(os.Stdout, "  FAILED %s: %s\n", c.FullName(), c.Reason)
+		}
 	}
 	return nil
 }
