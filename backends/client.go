@@ -486,12 +486,13 @@ func (c *Client) DialAgent(ctx context.Context, name string) (net.Conn, error) {
 	}
 	// An error of the plugin's dial ends the stream: the first Read returns it,
 	// with its kind.
-	return &streamConn{stream: stream, cancel: cancel, name: name, c: c}, nil
+	return &streamConn{stream: stream, ctx: sctx, cancel: cancel, name: name, c: c}, nil
 }
 
 // streamConn is a net.Conn over a DialAgent stream.
 type streamConn struct {
 	stream pb.Driver_DialAgentClient
+	ctx    context.Context // the stream's; done once Close has run
 	cancel context.CancelFunc
 	name   string
 	c      *Client
@@ -505,10 +506,7 @@ func (s *streamConn) Read(p []byte) (int, error) {
 	for len(s.buf) == 0 {
 		m, err := s.stream.Recv()
 		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return 0, io.EOF
-			}
-			return 0, s.c.callErr(context.Background(), "DialAgent", err)
+			return 0, s.streamErr(err, io.EOF)
 		}
 		s.buf = m.GetData()
 	}
@@ -524,14 +522,25 @@ func (s *streamConn) Write(p []byte) (int, error) {
 	for n < len(p) {
 		end := min(n+ChunkSize, len(p))
 		if err := s.stream.Send(&pb.AgentData{Data: append([]byte(nil), p[n:end]...)}); err != nil {
-			if errors.Is(err, io.EOF) {
-				return n, io.ErrClosedPipe
-			}
-			return n, s.c.callErr(context.Background(), "DialAgent", err)
+			return n, s.streamErr(err, io.ErrClosedPipe)
 		}
 		n = end
 	}
 	return n, nil
+}
+
+// streamErr is what Read and Write return for the stream's err: net.ErrClosed once
+// Close has run (the stream's cancellation, not a crash: no wait for the plugin to
+// exit), eof for the stream's end, otherwise the call's error (callErr: a crashed plugin is
+// said so).
+func (s *streamConn) streamErr(err, eof error) error {
+	switch {
+	case s.ctx.Err() != nil:
+		return net.ErrClosed
+	case errors.Is(err, io.EOF):
+		return eof
+	}
+	return s.c.callErr(context.Background(), "DialAgent", err)
 }
 
 // CloseWrite ends the host's half of the stream.

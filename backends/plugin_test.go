@@ -877,6 +877,22 @@ func TestDialAgentThroughPlugin(t *testing.T) {
 		t.Errorf("write: %v", err)
 	}
 	conn.Close()
+	// Closing a connection whose Read waits ends that Read with net.ErrClosed: the
+	// stream's cancellation is not mistaken for a crashed plugin (which a call waits
+	// for, up to crashGrace, before it says so).
+	conn, err = c.DialAgent(ctx, "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rerr := make(chan error, 1)
+	go func() { _, err := conn.Read(make([]byte, 1)); rerr <- err }()
+	conn.Close()
+	if err := <-rerr; !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Read of a closed DialAgent connection: %v, want net.ErrClosed", err)
+	}
+	if _, err := conn.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Write to a closed DialAgent connection: %v, want net.ErrClosed", err)
+	}
 	conn, err = c.DialAgent(ctx, "stopped")
 	if err == nil {
 		_, err = conn.Read(make([]byte, 1))
