@@ -10,8 +10,10 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
+	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
@@ -20,6 +22,7 @@ import (
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/containerd"
 	"github.com/berth-sh/berth/internal/containerutil"
+	"github.com/berth-sh/berth/internal/testimage"
 )
 
 // run runs argv in sandbox name and returns its stdout; it must exit 0.
@@ -282,42 +285,64 @@ func (f *fixture) cgroupReader(name string) (read func(ctl, v1, v2 string) strin
 
 // The snapshotter key: with "native" the image (unpacked into overlayfs only) is
 // unpacked on first use, the sandbox's snapshot is a native one, and Remove deletes
-// it.
+// it. The image is a variant of the test image made for this run, so that its layer
+// cannot be in native already: containerd 1.6 can keep a removed child's reference
+// on a committed layer, which then refuses removal, so the test makes no attempt to
+// empty native of what earlier runs left.
 func TestSnapshotterNative(t *testing.T) {
 	forEachDaemon(t, func(t *testing.T, addr string) {
 		f := newFixture(t, addr)
 		d := containerd.New(containerd.WithAddress(addr), containerd.WithNamespace(testNamespace), containerd.WithSnapshotter("native"))
 		defer d.Close()
-		// Start from an image that is not unpacked into native: drop the layers a
-		// previous run left there (the test image has one layer, without children).
-		native := f.cli.SnapshotService("native")
-		var layers []string
-		native.Walk(f.ctx, func(ctx context.Context, info snapshots.Info) error {
-			if info.Kind == snapshots.KindCommitted {
-				layers = append(layers, info.Name)
-			}
-			return nil
-		})
-		for _, l := range layers {
-			if err := native.Remove(f.ctx, l); err != nil {
-				t.Fatalf("removing native layer %s: %v", l, err)
-			}
-		}
-		name := conformance.SandboxName()
-		req := f.request(name)
-		if _, err := d.Create(f.ctx, req); err != nil {
-			t.Fatalf("Create with snapshotter native: %v", err)
-		}
-		if _, err := native.Stat(f.ctx, name); err != nil {
-			t.Errorf("no native snapshot %s: %v", name, err)
-		}
-		var out bytes.Buffer
-		p, err := f.exec(name, backend.ExecRequest{Argv: []string{"cat", "/etc/hostname"}, Stdout: &out})
+		marker := strconv.FormatInt(time.Now().UnixNano(), 36)
+		archive, err := testimage.Variant("berth-test/native:"+marker, marker)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res, err := p.Wait(); err != nil || res.ExitCode != 0 || out.String() != "berth-test\n" {
-			t.Errorf("cat /etc/hostname of the image: %+v %v %q", res, err, out.String())
+		refs, err := f.d.ImportImage(f.ctx, bytes.NewReader(archive))
+		if err != nil || len(refs) != 1 {
+			t.Fatalf("importing the variant %s: %v %v, want one image", marker, refs, err)
+		}
+		ref := refs[0]
+		// Deleting the image lets containerd's garbage collector take its layers
+		// (in overlayfs and native) once the sandbox is gone.
+		t.Cleanup(func() {
+			if err := f.cli.ImageService().Delete(context.WithoutCancel(f.ctx), "docker.io/"+ref, images.SynchronousDelete()); err != nil {
+				t.Errorf("deleting %s: %v", ref, err)
+			}
+		})
+		native := f.cli.SnapshotService("native")
+		var before int
+		native.Walk(f.ctx, func(ctx context.Context, info snapshots.Info) error {
+			before++
+			return nil
+		})
+		name := conformance.SandboxName()
+		req := f.request(name)
+		req.Spec.Image = ref
+		if _, err := d.Create(f.ctx, req); err != nil {
+			t.Fatalf("Create with snapshotter native: %v", err)
+		}
+		if info, err := native.Stat(f.ctx, name); err != nil {
+			t.Errorf("no native snapshot %s: %v", name, err)
+		} else if _, err := native.Stat(f.ctx, info.Parent); err != nil {
+			t.Errorf("the native snapshot's parent %q (the unpacked layer): %v", info.Parent, err)
+		}
+		var after int
+		native.Walk(f.ctx, func(ctx context.Context, info snapshots.Info) error {
+			after++
+			return nil
+		})
+		if after != before+2 {
+			t.Errorf("native has %d snapshots after Create, %d before; want the layer unpacked and the sandbox's own", after, before)
+		}
+		var out bytes.Buffer
+		p, err := f.exec(name, backend.ExecRequest{Argv: []string{"cat", "/etc/hostname", "/etc/berth-variant"}, Stdout: &out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res, err := p.Wait(); err != nil || res.ExitCode != 0 || out.String() != "berth-test\n"+marker {
+			t.Errorf("cat /etc/hostname /etc/berth-variant of the image: %+v %v %q, want berth-test and %s", res, err, out.String(), marker)
 		}
 		if err := d.Remove(f.ctx, name); err != nil {
 			t.Fatal(err)
