@@ -133,8 +133,12 @@ func (r *Registry) ownerAndRecord(session string) (record, bool, error) {
 	if !known {
 		owner, rec, ok, err := r.store.ownerAndGet(session)
 		if err == nil && owner != "" {
+			// Set once, like ensure does: a concurrent first call may have set it
+			// already, and calls read r.owner without the lock once theirs is done.
 			r.initMu.Lock()
-			r.owner = owner
+			if r.owner == "" {
+				r.owner = owner
+			}
 			r.initMu.Unlock()
 			return rec, ok, nil
 		}
