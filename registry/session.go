@@ -133,6 +133,10 @@ func (r *Registry) ownerAndRecord(session string) (record, bool, error) {
 	if !known {
 		owner, rec, ok, err := r.store.ownerAndGet(session)
 		if err == nil && owner != "" {
+			// This path runs no init, which keeps the owner id's copy (OwnerFile):
+			// a store made before the copy existed gets it here too. Failing to
+			// write it fails nothing.
+			writeOwnerCopy(filepath.Dir(r.store.path), owner)
 			// Set once, like ensure does: a concurrent first call may have set it
 			// already, and calls read r.owner without the lock once theirs is done.
 			r.initMu.Lock()

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -79,15 +80,52 @@ func newStore(path string, timeout time.Duration) *store {
 	return &store{path: path, timeout: timeout, mu: mu.(*sync.RWMutex)}
 }
 
-func (s *store) open(readOnly bool) (*bolt.DB, error) {
-	db, err := bolt.Open(s.path, 0o600, &bolt.Options{Timeout: s.timeout, ReadOnly: readOnly})
-	if err != nil {
-		if errors.Is(err, bolterrors.ErrTimeout) {
-			return nil, backend.Errorf(backend.ErrTimeout, "state store %s: another berth process held it for more than %s; try again, or find the stuck process", s.path, s.timeout)
-		}
-		return nil, fmt.Errorf("opening state store %s: %w", s.path, err)
+// withDB opens the store at path (checked first with plain reads: see checkStore),
+// runs fn on it and closes it. A memory fault in the mapped file (another process
+// truncated it meanwhile) becomes a damaged-store error. After a fault bbolt's own
+// state is unknown (a write transaction's rollback faults too and keeps bbolt's
+// locks, so DB.Close would hang): the file's flock is released and the file closed
+// directly, so other processes and calls can use the store again once it is put
+// right, and the mapping is left until the process ends (address space only: the
+// truncated file has no pages to keep).
+func (s *store) withDB(path string, opts bolt.Options, fn func(db *bolt.DB) error) (err error) {
+	if err := checkStore(path); err != nil {
+		return err
 	}
-	return db, nil
+	var file *os.File
+	defer guardFaults(path, &err, func() {
+		if file != nil {
+			// The mapping holds the open file, and with it the flock, after the
+			// descriptor is closed: unlock first.
+			syscall.Flock(int(file.Fd()), syscall.LOCK_UN)
+			file.Close()
+		}
+	})()
+	opts.Timeout = s.timeout
+	opts.OpenFile = func(name string, flag int, perm os.FileMode) (*os.File, error) {
+		f, err := os.OpenFile(name, flag, perm)
+		file = f
+		return f, err
+	}
+	db, err := bolt.Open(path, 0o600, &opts)
+	if err != nil {
+		switch {
+		case errors.Is(err, bolterrors.ErrTimeout):
+			return backend.Errorf(backend.ErrTimeout, "state store %s: another berth process held it for more than %s; try again, or find the stuck process", s.path, s.timeout)
+		case errors.Is(err, bolterrors.ErrInvalid), errors.Is(err, bolterrors.ErrVersionMismatch), errors.Is(err, bolterrors.ErrChecksum):
+			// The file changed between the check and the open.
+			if d, derr := storeDamage(path); derr == nil && d != "" {
+				return damagedStore(path, d)
+			}
+			return damagedStore(path, err.Error())
+		}
+		return fmt.Errorf("opening state store %s: %w", path, err)
+	}
+	err = fn(db)
+	if cerr := db.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("closing state store %s: %w", path, cerr)
+	}
+	return err
 }
 
 func checkSchema(tx *bolt.Tx) error {
@@ -109,115 +147,129 @@ func checkSchema(tx *bolt.Tx) error {
 func (s *store) update(fn func(tx *bolt.Tx) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	db, err := s.open(false)
-	if err != nil {
-		return err
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		if err := checkSchema(tx); err != nil {
-			return err
-		}
-		return fn(tx)
+	return s.withDB(s.path, bolt.Options{}, func(db *bolt.DB) error {
+		return db.Update(func(tx *bolt.Tx) error {
+			if err := checkSchema(tx); err != nil {
+				return err
+			}
+			return fn(tx)
+		})
 	})
-	if cerr := db.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("closing state store %s: %w", s.path, cerr)
-	}
-	return err
 }
 
 // view runs fn in a read-only transaction.
 func (s *store) view(fn func(tx *bolt.Tx) error) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	db, err := s.open(true)
-	if err != nil {
-		return err
-	}
-	err = db.View(func(tx *bolt.Tx) error {
-		if err := checkSchema(tx); err != nil {
-			return err
-		}
-		return fn(tx)
+	return s.withDB(s.path, bolt.Options{ReadOnly: true}, func(db *bolt.DB) error {
+		return db.View(func(tx *bolt.Tx) error {
+			if err := checkSchema(tx); err != nil {
+				return err
+			}
+			return fn(tx)
+		})
 	})
-	db.Close()
-	return err
 }
 
 // init creates the store if needed (buckets, schema version, owner id generated
 // once) and returns the owner id. A new store is built in a temporary file and
 // linked into place, so state.db, whenever it exists, is complete: concurrent
 // processes never see (or delete) a half-made store. It writes only when something
-// is missing.
+// is missing. A new store takes the owner id kept in OwnerFile (a store moved aside
+// keeps its sandboxes ours), and the owner id is copied there when it is not.
 func (s *store) init() (string, error) {
+	dir := filepath.Dir(s.path)
 	for {
 		var owner string
+		var foreign []string
 		err := s.viewIfExists(func(tx *bolt.Tx) error {
-			if m := tx.Bucket(bucketMeta); m != nil && tx.Bucket(bucketSessions) != nil {
+			m := tx.Bucket(bucketMeta)
+			if m != nil && tx.Bucket(bucketSessions) != nil {
 				owner = string(m.Get(keyOwner))
+			}
+			if m == nil {
+				return tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
+					foreign = append(foreign, strconv.Quote(string(name)))
+					return nil
+				})
 			}
 			return nil
 		})
-		if err != nil || owner != "" {
-			return owner, err
-		}
-		if fileExists(s.path) {
-			// A store without our buckets: complete it in place.
-			return s.initIn(s.path)
-		}
-		tmp := s.path + ".new-" + randomHex(8)
-		if _, err := s.initIn(tmp); err != nil {
-			os.Remove(tmp)
+		if err != nil {
 			return "", err
 		}
-		err = os.Link(tmp, s.path)
-		os.Remove(tmp)
-		if err != nil && !errors.Is(err, os.ErrExist) {
-			return "", fmt.Errorf("initialising state store %s: %w", s.path, err)
+		if len(foreign) > 0 {
+			return "", badStore(s.path, "is not berth's", fmt.Sprintf("it is a bbolt database with bucket(s) %s and no %q bucket", strings.Join(foreign, ", "), bucketMeta))
 		}
-		// Ours or a concurrent process's store is in place now: read its owner.
+		if owner == "" {
+			keep, _ := readOwnerCopy(dir)
+			if fileExists(s.path) {
+				// A bbolt file without our buckets (or without any): complete it in place.
+				owner, err = s.initIn(s.path, keep)
+			} else {
+				tmp := s.path + ".new-" + randomHex(8)
+				if _, err := s.initIn(tmp, keep); err != nil {
+					os.Remove(tmp)
+					return "", err
+				}
+				err = os.Link(tmp, s.path)
+				os.Remove(tmp)
+				if err != nil && !errors.Is(err, os.ErrExist) {
+					return "", fmt.Errorf("initialising state store %s: %w", s.path, err)
+				}
+				// Ours or a concurrent process's store is in place now: read its owner.
+				continue
+			}
+			if err != nil {
+				return "", err
+			}
+		}
+		// The copy is a convenience for recovery: failing to write it fails nothing
+		// (a damaged store's message then says that a new store means a new owner).
+		writeOwnerCopy(dir, owner)
+		return owner, nil
 	}
 }
 
 // initIn creates the buckets, schema version and owner id in the bbolt file at path
-// where they are missing, and returns the owner id.
-func (s *store) initIn(path string) (string, error) {
+// where they are missing, and returns the owner id. A missing owner id is keep when
+// that is a valid one, a new random one otherwise.
+func (s *store) initIn(path, keep string) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: s.timeout})
-	if err != nil {
-		if errors.Is(err, bolterrors.ErrTimeout) {
-			return "", backend.Errorf(backend.ErrTimeout, "state store %s: another berth process held it for more than %s; try again, or find the stuck process", s.path, s.timeout)
-		}
-		return "", fmt.Errorf("initialising state store %s: %w", s.path, err)
-	}
 	var owner string
-	err = db.Update(func(tx *bolt.Tx) error {
-		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
-		if err != nil {
-			return err
-		}
-		if meta.Get(keySchema) == nil {
-			if err := meta.Put(keySchema, []byte(strconv.Itoa(SchemaVersion))); err != nil {
+	err := s.withDB(path, bolt.Options{}, func(db *bolt.DB) error {
+		return db.Update(func(tx *bolt.Tx) error {
+			meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+			if err != nil {
 				return err
 			}
-		}
-		if err := checkSchema(tx); err != nil {
-			return err
-		}
-		if _, err := tx.CreateBucketIfNotExists(bucketSessions); err != nil {
-			return err
-		}
-		owner = string(meta.Get(keyOwner))
-		if owner == "" {
-			owner = randomHex(16)
-			return meta.Put(keyOwner, []byte(owner))
-		}
-		return nil
+			if meta.Get(keySchema) == nil {
+				if err := meta.Put(keySchema, []byte(strconv.Itoa(SchemaVersion))); err != nil {
+					return err
+				}
+			}
+			if err := checkSchema(tx); err != nil {
+				return err
+			}
+			if _, err := tx.CreateBucketIfNotExists(bucketSessions); err != nil {
+				return err
+			}
+			owner = string(meta.Get(keyOwner))
+			if owner == "" {
+				owner = keep
+				if !generatedOwner(owner) {
+					owner = randomHex(16)
+				}
+				return meta.Put(keyOwner, []byte(owner))
+			}
+			return nil
+		})
 	})
-	if cerr := db.Close(); err == nil {
-		err = cerr
-	}
 	if err != nil {
+		if backend.KindOf(err) != nil {
+			return "", err
+		}
 		return "", fmt.Errorf("initialising state store %s: %w", s.path, err)
 	}
 	return owner, nil
@@ -231,25 +283,23 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// viewIfExists is view without the schema check, and a no-op when the file is absent.
+// viewIfExists is view without the schema check (when the meta bucket is absent),
+// and a no-op when the file is absent.
 func (s *store) viewIfExists(fn func(tx *bolt.Tx) error) error {
 	if _, err := os.Stat(s.path); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	db, err := s.open(true)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	return db.View(func(tx *bolt.Tx) error {
-		if tx.Bucket(bucketMeta) != nil {
-			if err := checkSchema(tx); err != nil {
-				return err
+	return s.withDB(s.path, bolt.Options{ReadOnly: true}, func(db *bolt.DB) error {
+		return db.View(func(tx *bolt.Tx) error {
+			if tx.Bucket(bucketMeta) != nil {
+				if err := checkSchema(tx); err != nil {
+					return err
+				}
 			}
-		}
-		return fn(tx)
+			return fn(tx)
+		})
 	})
 }
 
