@@ -30,8 +30,13 @@ import (
 const DefaultStartTimeout = 10 * time.Second
 
 // crashGrace is how long a call that lost its connection waits to see the
-// plugin process exit before it reports the error as something else.
-const crashGrace = 500 * time.Millisecond
+// plugin process exit before it reports the error as something else (a
+// transport error of a plugin that lives on). A crashed plugin is seen at once
+// (the host waits for its exit in a blocked waitid); the bound only matters on
+// a loaded machine, where noticing takes longer, and when the plugin lives: it
+// was 500 ms, which a busy 2-core machine missed, reporting a crash as a bare
+// transport error.
+const crashGrace = 5 * time.Second
 
 // LaunchOptions says which plugin to start and how.
 type LaunchOptions struct {

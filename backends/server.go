@@ -204,6 +204,7 @@ func (s *server) watchHost() {
 			s.hostGone("the host process exited")
 			return
 		}
+		s.logger.Trace("host check: parent alive", "parent_pid", hostPID)
 		select {
 		case sig := <-sigs:
 			if sig == syscall.SIGTERM {
