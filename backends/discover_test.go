@@ -8,9 +8,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/testwait"
 )
 
 func writeExec(t *testing.T, path, content string, mode os.FileMode) string {
@@ -135,16 +135,24 @@ func TestDescribe(t *testing.T) {
 func TestDescribeHangKilled(t *testing.T) {
 	pidfile := filepath.Join(t.TempDir(), "pids")
 	p := writeExec(t, filepath.Join(t.TempDir(), "berth-driver-hang"), "#!/bin/sh\necho $$ > "+pidfile+"\nsleep 300 &\necho $! >> "+pidfile+"\nwait\n", 0o755)
-	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	ctx, cancel := context.WithCancel(ctxT(t))
 	defer cancel()
-	if _, err := Describe(ctx, p); err == nil || !strings.Contains(err.Error(), p) {
+	errCh := make(chan error, 1)
+	go func() {
+		_, err := Describe(ctx, p)
+		errCh <- err
+	}()
+	// The context ends once the script and its child run (not after a fixed time
+	// that a slow start could outlast).
+	testwait.Until(t, "the hanging describe to start its child", func() bool {
+		b, _ := os.ReadFile(pidfile)
+		return len(strings.Fields(string(b))) == 2
+	})
+	cancel()
+	if err := <-errCh; err == nil || !strings.Contains(err.Error(), p) {
 		t.Errorf("Describe(hang): %v", err)
 	}
-	for _, pid := range readPids(t, pidfile) {
-		if alive(pid) {
-			t.Errorf("process %d of the hanging describe left running", pid)
-		}
-	}
+	waitGone(t, readPids(t, pidfile)...)
 }
 
 // A plugin built against protocol 1 (exec through the driver; before the host

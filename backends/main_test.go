@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/testwait"
 )
 
 // raceEnabled is set by race_test.go; the plugin is then built with -race too,
@@ -62,7 +63,7 @@ func TestMain(m *testing.M) {
 // `sleep 300` through it, prints both pids and waits to be killed.
 func hostMain(plugin string) int {
 	ctx := context.Background()
-	c, err := Launch(ctx, LaunchOptions{Path: plugin})
+	c, err := Launch(ctx, LaunchOptions{Path: plugin, StartTimeout: testwait.Limit})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -108,9 +109,9 @@ func launch(t *testing.T, env ...string) (*Client, *syncBuffer) {
 	t.Helper()
 	logs := &syncBuffer{}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "host", Output: logs, Level: hclog.Debug})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)
 	defer cancel()
-	c, err := Launch(ctx, LaunchOptions{Path: pluginBin, Env: env, Logger: logger})
+	c, err := Launch(ctx, LaunchOptions{Path: pluginBin, Env: env, Logger: logger, StartTimeout: testwait.Limit})
 	if err != nil {
 		t.Fatalf("Launch: %v", err)
 	}
@@ -145,18 +146,11 @@ func alive(pid int) bool {
 	return s[i+2] != 'Z' && s[i+2] != 'X'
 }
 
-// waitGone polls /proc until every pid is gone, failing after 10 s.
+// waitGone waits until every pid is gone (testwait.Limit is the safety net).
 func waitGone(t *testing.T, pids ...int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
 	for _, pid := range pids {
-		for alive(pid) {
-			if time.Now().After(deadline) {
-				t.Errorf("process %d still alive", pid)
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		testwait.Until(t, fmt.Sprintf("process %d to be gone", pid), func() bool { return !alive(pid) })
 	}
 }
 
@@ -200,8 +194,8 @@ func nextLine(t *testing.T, ch <-chan string) string {
 	select {
 	case l := <-ch:
 		return l
-	case <-time.After(10 * time.Second):
-		t.Fatal("no line within 10 s")
+	case <-time.After(testwait.Limit):
+		t.Fatalf("no line within %v", testwait.Limit)
 		return ""
 	}
 }
