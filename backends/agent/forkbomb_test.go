@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/testwait"
 )
 
 // pidsCgroup makes a pids cgroup (v1 or v2) limited to max tasks and returns its
@@ -39,19 +41,16 @@ func pidsCgroup(t *testing.T, max int) string {
 	t.Cleanup(func() {
 		// Normally empty by now (Shutdown killed everything); if the agent died, kill
 		// what it left in the cgroup, by pid, until nothing is left.
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		testwait.For(context.Background(), 0, func() bool {
 			b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 			pids := strings.Fields(string(b))
-			if len(pids) == 0 {
-				break
-			}
 			for _, p := range pids {
 				if n, err := strconv.Atoi(p); err == nil {
 					syscall.Kill(n, syscall.SIGKILL)
 				}
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return len(pids) == 0
+		})
 		os.Remove(dir)
 	})
 	if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.Itoa(max)), 0); err != nil {
@@ -82,16 +81,41 @@ func TestForkBombPidsExhausted(t *testing.T) {
 	if err != nil {
 		t.Skip("no bash (its loop survives failed forks; dash's does not)")
 	}
+	// The bomb's timeout must pass after the limit is reached: one that a slow
+	// machine's bomb outlasts is tried again with twice the time.
 	var errb bytes.Buffer
-	p, err := a.c.Exec(testCtx(t), backend.ExecRequest{
-		Argv:    []string{bash, "-c", "while :; do sleep 307 & done 2>/dev/null"},
-		Timeout: 3 * time.Second,
-		Stderr:  &errb,
-	})
-	if err != nil {
-		t.Fatal(err)
+	var p backend.Process
+	for timeout := 3 * time.Second; ; timeout *= 2 {
+		errb.Reset()
+		var err error
+		p, err = a.c.Exec(testCtx(t), backend.ExecRequest{
+			Argv:    []string{bash, "-c", "while :; do sleep 307 & done 2>/dev/null"},
+			Timeout: timeout,
+			Stderr:  &errb,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ended := make(chan struct{})
+		go func() { p.Wait(); close(ended) }()
+		reached := false
+		testwait.Until(t, "the pids limit to be reached or the bomb to end", func() bool {
+			select {
+			case <-ended:
+				return true
+			default:
+			}
+			reached = cgroupPids(cg) >= 62
+			return reached
+		})
+		if reached {
+			break
+		}
+		if timeout >= testwait.Limit {
+			t.Fatalf("the fork bomb never reached the pids limit within its %v timeout", timeout)
+		}
+		t.Logf("the bomb's %v timeout passed before the pids limit was reached; again with %v", timeout, 2*timeout)
 	}
-	eventually(t, 10*time.Second, "the pids limit to be reached", func() bool { return cgroupPids(cg) >= 62 })
 	// Signals from inside and execs that cannot fork do not bring the agent down.
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP} {
 		syscall.Kill(a.pid, sig)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/testwait"
 )
 
 // agentBin is the static test agent (testdata/agentmain) built by TestMain.
@@ -75,8 +76,9 @@ type testAgent struct {
 	opts  []ClientOption
 }
 
+// testCtx is a test's context; its deadline is only a safety net.
 func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -132,14 +134,14 @@ func (a *testAgent) start(t *testing.T, env ...string) {
 		default:
 		}
 		if c, err := NewClient(context.Background(), DialSocketDir(a.sockDir), a.opts...); err == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)
 			c.Shutdown(ctx, 100*time.Millisecond)
 			cancel()
 			c.Close()
 		}
 		select {
 		case <-a.exited:
-		case <-time.After(5 * time.Second):
+		case <-time.After(testwait.Limit):
 			t.Errorf("agent %d did not exit after Shutdown", a.pid)
 			cmd.Process.Kill()
 			<-a.exited
@@ -176,9 +178,10 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-// waitFor waits until the buffer contains sub.
-func (b *syncBuffer) waitFor(t *testing.T, sub string, timeout time.Duration) {
+// waitFor waits until the buffer contains sub (testwait.Limit is the safety net).
+func (b *syncBuffer) waitFor(t *testing.T, sub string) {
 	t.Helper()
+	timeout := testwait.Limit
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	for {
@@ -249,18 +252,6 @@ func childrenOf(pid int) []procInfo {
 		}
 	}
 	return out
-}
-
-// eventually polls cond every 10 ms until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // newAgentCmd is an agent command line on dir that is not waited for by a cleanup.

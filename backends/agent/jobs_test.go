@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/testwait"
 )
 
 func startJob(t *testing.T, c *Client, session string, argv ...string) Job {
@@ -58,7 +59,7 @@ func TestJobs(t *testing.T) {
 	}
 	// The start call has ended; the job runs on and its output is kept.
 	var end JobLogsEnd
-	eventually(t, 10*time.Second, "the job's output", func() bool {
+	testwait.Until(t, "the job's output", func() bool {
 		var out string
 		out, end, _ = jobLogs(t, c, JobLogsRequest{Session: "s1", ID: j.ID})
 		return strings.Contains(out, "started\n") && strings.Contains(out, "err\n")
@@ -84,7 +85,7 @@ func TestJobs(t *testing.T) {
 		if !end.Ended || end.Signal != 15 && end.Signal != 9 {
 			t.Errorf("followed logs of a killed job: %+v, want ended with its signal", end)
 		}
-	case <-time.After(30 * time.Second):
+	case <-time.After(testwait.Limit):
 		t.Fatal("logs --follow did not end when the job was killed")
 	}
 	if jobs := jobList(t, c, "s1"); len(jobs) != 1 || jobs[0].Running || jobs[0].Ended.IsZero() {
@@ -144,7 +145,7 @@ func TestJobsEndWithAgent(t *testing.T) {
 	if len(procsWithArgs(argv...)) == 0 {
 		t.Fatal("the job is not running")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)
 	defer cancel()
 	a.c.Shutdown(ctx, 100*time.Millisecond)
 	<-a.exited
@@ -174,7 +175,7 @@ func TestJobKillFindsSetsidDescendants(t *testing.T) {
 	other := []string{"sleep", "3602"}
 	j := startJob(t, a.c, "s", "sh", "-c", "setsid sleep 3601 & exec sleep 3600")
 	startJob(t, a.c, "s", other...)
-	eventually(t, 10*time.Second, "both jobs' processes", func() bool {
+	testwait.Until(t, "both jobs' processes", func() bool {
 		return len(procsWithArgs(escaper...)) == 1 && len(procsWithArgs(other...)) == 1
 	})
 	if err := a.c.KillJob(testCtx(t), "s", j.ID); err != nil {

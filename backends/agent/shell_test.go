@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/testwait"
 )
 
 // shellPaths returns PATH values under which the agent picks each shell of this host:
@@ -152,9 +153,20 @@ func TestShellModeTimeoutKeepsState(t *testing.T) {
 	a := startAgent(t)
 	tmp := t.TempDir()
 	shellDo(t, a.c, "k", "", "cd "+tmp)
-	_, _, res := shellRun(t, a.c, ShellRequest{Command: "cd /; sleep 30", Session: "k", Timeout: 200 * time.Millisecond})
-	if !res.TimedOut || res.Cwd != tmp {
-		t.Fatalf("timed-out call: %+v, want TimedOut and the previous cwd %s", res, tmp)
+	// The timeout must pass after the call's cd: one that a slow machine's shell
+	// outlasts (no marker) is tried again with twice the time.
+	marker := filepath.Join(t.TempDir(), "cd-done")
+	for timeout := 200 * time.Millisecond; ; timeout *= 2 {
+		_, _, res := shellRun(t, a.c, ShellRequest{Command: "cd /; touch " + marker + "; sleep 300", Session: "k", Timeout: timeout})
+		if !res.TimedOut || res.Cwd != tmp {
+			t.Fatalf("timed-out call: %+v, want TimedOut and the previous cwd %s", res, tmp)
+		}
+		if _, err := os.Stat(marker); err == nil {
+			break
+		}
+		if timeout >= testwait.Limit {
+			t.Fatalf("the call never ran its cd within its %v timeout", timeout)
+		}
 	}
 	if out, _, _ := shellDo(t, a.c, "k", "", "pwd"); out != tmp+"\n" {
 		t.Errorf("after a timed-out call: pwd %q, want %s", out, tmp)
@@ -168,7 +180,7 @@ func TestShellModeStateOutlivesAgent(t *testing.T) {
 	tmp := t.TempDir()
 	a := startAgent(t)
 	a.c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)
 	defer cancel()
 	// Restart with a state dir: a fresh agent.
 	c0, _ := NewClient(ctx, DialSocketDir(a.sockDir))
@@ -231,7 +243,7 @@ func TestShellModeSerialised(t *testing.T) {
 		}
 		second <- err
 	}()
-	eventually(t, 10*time.Second, "the agent to queue the second call", func() bool {
+	testwait.Until(t, "the agent to queue the second call", func() bool {
 		b, _ := os.ReadFile(a.logPath)
 		return bytes.Contains(b, []byte(`shell key "k" is busy`))
 	})
@@ -282,7 +294,7 @@ func TestShellModeBigAndSecretState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !waitUntil(10*time.Second, func() bool { _, err := os.Stat(dir + "/running"); return err == nil }) {
+	if !testwait.For(t.Context(), 0, func() bool { _, err := os.Stat(dir + "/running"); return err == nil }) {
 		res, err := p.Wait()
 		t.Fatalf("the call did not run: %+v %v %q", res, err, seen)
 	}
@@ -312,18 +324,6 @@ func TestShellModeBigAndSecretState(t *testing.T) {
 type writerFunc func([]byte)
 
 func (f writerFunc) Write(b []byte) (int, error) { f(b); return len(b), nil }
-
-// waitUntil polls cond every 10 ms until it holds or timeout passes.
-func waitUntil(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return true
-}
 
 // TestShellModeTimeoutCoversQueue: a call whose timeout passes while the session's
 // previous call still runs times out without running.
