@@ -16,6 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sh/berth/internal/testimage"
+
+	"github.com/berth-sh/berth/internal/testwait"
 )
 
 // containerdCLINamespace is the containerd namespace of the CLI tests: not the
@@ -167,12 +169,12 @@ func runShellPTY(t *testing.T, e *env, session, input string) (string, int) {
 	go func() { done <- cmd.Wait() }()
 	select {
 	case <-done:
-	case <-time.After(time.Minute):
+	case <-time.After(testwait.Limit):
 		cmd.Process.Kill()
 		<-done
 		mu.Lock()
 		defer mu.Unlock()
-		t.Fatalf("berth shell did not exit within a minute; terminal: %q", out.String())
+		t.Fatalf("berth shell did not exit within %v; terminal: %q", testwait.Limit, out.String())
 	}
 	ptmx.Close()
 	<-read

@@ -11,11 +11,11 @@ import (
 	"sort"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/testimage"
+	"github.com/berth-sh/berth/internal/testwait"
 )
 
 // sandboxHostDirs lists, relative to the state dir, the per-sandbox host dirs under
@@ -53,7 +53,7 @@ func filesUnder(root string) []string {
 // driver does) and returns its stdout; an error when no agent answers there or the
 // command fails.
 func askAgent(sockDir, dir string, argv ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)
 	defer cancel()
 	c, err := agent.NewClient(ctx, agent.DialSocketDir(sockDir), agent.WithTokenFrom(filepath.Join(filepath.Dir(sockDir), "agent")))
 	if err != nil {
@@ -224,7 +224,7 @@ func TestDriverChangeKeepsSandboxesApart(t *testing.T) {
 			if !removed {
 				t.Errorf("prune: want the %s sandbox %s removed as an orphan: %+v", c.from, old.Sandbox, rep.Actions)
 			}
-			if !waitFor(10*time.Second, func() bool { return len(marked(mark)) == 0 }) {
+			if !testwait.For(context.Background(), 0, func() bool { return len(marked(mark)) == 0 }) {
 				t.Errorf("the %s sandbox's background process outlived prune:\n%s", c.from, describe(marked(mark)))
 			}
 			if left := filesUnder(filepath.Join(e.state, "sandboxes")); len(left) > 0 {
