@@ -191,7 +191,9 @@ func TestAcquireAndExec(t *testing.T) {
 	e := newEnv(t, twoRules)
 	r := e.open()
 	ctx := context.Background()
+	beforeCreate := time.Now().Truncate(time.Second) // the label has whole seconds
 	l1, err := r.Acquire(ctx, "main")
+	afterCreate := time.Now()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +223,7 @@ func TestAcquireAndExec(t *testing.T) {
 	if sb.Labels[backend.LabelOwner] != owner || sb.Labels[backend.LabelSession] != "main" || sb.Labels[backend.LabelScope] != "*" {
 		t.Errorf("labels %v", sb.Labels)
 	}
-	if ts, err := time.Parse(time.RFC3339, sb.Labels[backend.LabelCreated]); err != nil || time.Since(ts) > time.Minute {
+	if ts, err := time.Parse(time.RFC3339, sb.Labels[backend.LabelCreated]); err != nil || ts.Before(beforeCreate) || ts.After(afterCreate) {
 		t.Errorf("created label %q", sb.Labels[backend.LabelCreated])
 	}
 	// Two sessions under a session-isolated rule get different sandboxes; two under a
@@ -246,15 +248,22 @@ func (e *env) driverDir(sandbox string) string {
 	return filepath.Join(e.stateDir, "drivers", "local", "sb", sandbox)
 }
 
+// TestLastUse: on the registry's clock (Options.Now), not the wall clock, whose
+// steps a fast or a loaded machine may not see.
 func TestLastUse(t *testing.T) {
 	e := newEnv(t, twoRules)
-	r := e.open()
+	clk := newClock()
+	r := e.openClock(clk)
 	ctx := context.Background()
 	if _, err := r.Acquire(ctx, "main"); err != nil {
 		t.Fatal(err)
 	}
 	before := records(t, r)["main"].LastUsed
+	if !before.Equal(clk.Now()) {
+		t.Errorf("last use at acquire %v, want the clock's %v", before, clk.Now())
+	}
 	// Exec touches last use at start ...
+	clk.Advance(time.Minute)
 	pr, pw, _ := os.Pipe()
 	defer pr.Close()
 	p, _, err := r.Exec(ctx, "main", backend.ExecRequest{Argv: []string{"cat"}, Stdin: true, Stdout: pw})
@@ -262,19 +271,20 @@ func TestLastUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	started := records(t, r)["main"].LastUsed
-	if !started.After(before) {
+	if !started.Equal(before.Add(time.Minute)) {
 		t.Errorf("last use not touched at start: %v then %v", before, started)
 	}
 	// ... and at the end.
 	p.Write([]byte("x\n"))
 	bufio.NewReader(pr).ReadString('\n')
+	clk.Advance(time.Minute)
 	p.CloseStdin()
 	if _, err := p.Wait(); err != nil {
 		t.Fatal(err)
 	}
 	pw.Close()
 	ended := records(t, r)["main"].LastUsed
-	if !ended.After(started) {
+	if !ended.Equal(started.Add(time.Minute)) {
 		t.Errorf("last use not touched at end: %v then %v", started, ended)
 	}
 	infos, err := r.Sessions(ctx)
