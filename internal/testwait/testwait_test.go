@@ -1,0 +1,56 @@
+package testwait
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestForSeesTheEvent(t *testing.T) {
+	var n atomic.Int32
+	if !For(context.Background(), 0, func() bool { return n.Add(1) == 5 }) {
+		t.Fatal("For did not see cond hold")
+	}
+	if n.Load() != 5 {
+		t.Errorf("cond called %d times, want 5", n.Load())
+	}
+}
+
+func TestForLimitAndContext(t *testing.T) {
+	if For(context.Background(), 20*time.Millisecond, func() bool { return false }) {
+		t.Error("For reported a cond that never holds")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if For(ctx, time.Hour, func() bool { return false }) {
+		t.Error("For with a done context reported success")
+	}
+	// The last check comes after the limit: an event at the very end is seen.
+	start := time.Now()
+	if !For(context.Background(), 30*time.Millisecond, func() bool { return time.Since(start) >= 30*time.Millisecond }) {
+		t.Error("For missed an event at its limit")
+	}
+}
+
+type fakeT struct{ failed string }
+
+func (f *fakeT) Helper()                           {}
+func (f *fakeT) Fatalf(format string, args ...any) { f.failed = fmt.Sprintf(format, args...) }
+
+func TestUntilFailsSayingWhat(t *testing.T) {
+	old := Limit
+	Limit = 20 * time.Millisecond
+	defer func() { Limit = old }()
+	var f fakeT
+	Until(&f, "the moon", func() bool { return false })
+	if f.failed != "timed out after 20ms waiting for the moon" {
+		t.Errorf("failure %q", f.failed)
+	}
+	f = fakeT{}
+	Until(&f, "now", func() bool { return true })
+	if f.failed != "" {
+		t.Errorf("failure %q for a cond that holds", f.failed)
+	}
+}
