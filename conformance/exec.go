@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+
+	"github.com/berth-sh/berth/internal/testwait"
 )
 
 func execCases() []Case {
@@ -110,12 +112,11 @@ func caseSignalTerm(t T, h *Harness) {
 	}
 	select {
 	case <-stdout.seen:
-	case <-time.After(30 * time.Second):
+	case <-time.After(testwait.Limit):
 		cancel()
 		_, _ = p.Wait()
-		t.Fatalf("no \"ready\" within 30 s (stdout %q)", stdout.String())
+		t.Fatalf("no \"ready\" within %v (stdout %q)", testwait.Limit, stdout.String())
 	}
-	sent := time.Now()
 	if err := p.Signal(15); err != nil {
 		t.Errorf("Signal(SIGTERM): %v", err)
 	}
@@ -123,11 +124,9 @@ func caseSignalTerm(t T, h *Harness) {
 	if err != nil {
 		t.Fatalf("Wait: %v", err)
 	}
+	// 143 and signal 15 say the signal ended it, not the sleep's 300 s.
 	if res.ExitCode != 143 || res.Signal != 15 {
 		t.Errorf("sleep after SIGTERM: exit %d signal %d, want 143 15", res.ExitCode, res.Signal)
-	}
-	if d := time.Since(sent); d > 5*time.Second {
-		t.Errorf("Wait returned %s after the signal, want at once", d)
 	}
 }
 
@@ -215,33 +214,61 @@ func caseNonUTF8(t T, h *Harness) {
 	}
 }
 
-// A 3-byte UTF-8 character written in two parts 50 ms apart arrives unchanged.
+// A 3-byte character written in two parts arrives unchanged on both streams. The
+// second part is written only once the first has reached the caller (a file that a
+// second exec makes), so the parts are apart whatever the machine's speed.
 func caseUTF8Split(t T, h *Harness) {
 	sb := h.NewSandbox(t)
-	out := h.run(t, sb, "sh", "-c", `printf '\342\202'; sleep 0.05; printf '\254\n'; printf '\342' >&2; sleep 0.05; printf '\202\254\n' >&2`)
-	if out.Stdout != "\u20ac\n" {
-		t.Errorf("stdout %q, want %q", out.Stdout, "\u20ac\n")
+	tag := randHex(4)
+	go1, go2 := "berth-conf-split1-"+tag, "berth-conf-split2-"+tag
+	ctx, cancel := context.WithTimeout(t.Context(), execTimeout)
+	defer cancel()
+	stdout, stderr := newNotifyWriter("\342\202"), newNotifyWriter("\342")
+	p, err := h.Exec(ctx, sb, backend.ExecRequest{Argv: []string{"sh", "-c",
+		`printf '\342\202'; while [ ! -e "$1" ]; do sleep 0.01; done; printf '\254\n'; ` +
+			`printf '\342' >&2; while [ ! -e "$2" ]; do sleep 0.01; done; printf '\202\254\n' >&2`, "sh", go1, go2},
+		Stdout: stdout, Stderr: stderr})
+	if err != nil {
+		t.Fatalf("Exec: %v", err)
 	}
-	if out.Stderr != "\u20ac\n" {
-		t.Errorf("stderr %q, want %q", out.Stderr, "\u20ac\n")
+	for _, step := range []struct {
+		w    *notifyWriter
+		file string
+	}{{stdout, go1}, {stderr, go2}} {
+		select {
+		case <-step.w.seen:
+		case <-time.After(testwait.Limit):
+			cancel()
+			_, _ = p.Wait()
+			t.Fatalf("the first part never arrived (stdout %q, stderr %q)", stdout.String(), stderr.String())
+		}
+		h.sh(t, sb, `: > "$1"`, step.file)
 	}
-	if out.ExitCode != 0 {
-		t.Errorf("%s", out.describe())
+	res, err := p.Wait()
+	if err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	if stdout.String() != "\u20ac\n" {
+		t.Errorf("stdout %q, want %q", stdout.String(), "\u20ac\n")
+	}
+	if stderr.String() != "\u20ac\n" {
+		t.Errorf("stderr %q, want %q", stderr.String(), "\u20ac\n")
+	}
+	if res.ExitCode != 0 {
+		t.Errorf("exit %d", res.ExitCode)
 	}
 }
 
-// `cat` without stdin reads EOF at once: it returns at once with empty output.
+// `cat` without stdin reads EOF: it ends with empty output (with stdin left open it
+// would block until its timeout, which is only a safety net).
 func caseStdinAbsent(t T, h *Harness) {
 	sb := h.NewSandbox(t)
-	out, err := h.exec(t, sb, backend.ExecRequest{Argv: []string{"cat"}, Timeout: 20 * time.Second})
+	out, err := h.exec(t, sb, backend.ExecRequest{Argv: []string{"cat"}, Timeout: testwait.Limit})
 	if err != nil {
 		t.Fatalf("exec cat: %v", err)
 	}
 	if out.TimedOut || out.ExitCode != 0 || out.Stdout != "" || out.Stderr != "" {
 		t.Errorf("cat without stdin: %s, want exit 0 and no output", out.describe())
-	}
-	if out.Elapsed > 3*time.Second {
-		t.Errorf("cat without stdin took %s, want at once", out.Elapsed)
 	}
 }
 
@@ -318,15 +345,16 @@ func (h *Harness) startBackground(t T, sb string) string {
 		t.Fatalf("starting a background sleep: err %v, %s", err, out.describe())
 	}
 	// The sleep may still be between fork and exec when "started" arrives.
-	if !poll(t.Context(), 5*time.Second, 50*time.Millisecond, func() bool { return len(liveOnly(h.marked(t, sb, mark))) > 0 }) {
+	if !testwait.For(t.Context(), 0, func() bool { return len(liveOnly(h.marked(t, sb, mark))) > 0 }) {
 		t.Fatalf("the background sleep is not running after its exec returned (or the sandbox's /proc does not show it)")
 	}
 	return mark
 }
 
 // Timeout kills the whole tree: `sh -c 'sleep 300 & sleep 300'` with a 1 s timeout
-// returns within 3 s with TimedOut, and no process of it is left; a background
-// process of an earlier exec is not touched.
+// returns with TimedOut, not before the timeout and long before the sleeps end, and
+// no process of it is left; a background process of an earlier exec is not touched.
+// (How soon after the timeout depends on the machine's load and is not checked.)
 func caseTimeoutKillsTree(t T, h *Harness) {
 	sb := h.NewSandbox(t)
 	other := h.startBackground(t, sb)
@@ -338,8 +366,8 @@ func caseTimeoutKillsTree(t T, h *Harness) {
 	if !out.TimedOut {
 		t.Errorf("result %s, want TimedOut", out.describe())
 	}
-	if out.Elapsed > 3*time.Second {
-		t.Errorf("returned after %s, want within 3 s", out.Elapsed)
+	if out.Elapsed < time.Second || out.Elapsed >= 300*time.Second {
+		t.Errorf("returned after %s, want at least the 1 s timeout and less than the sleeps' 300 s", out.Elapsed)
 	}
 	if ps := liveOnly(h.marked(t, sb, mark)); len(ps) > 0 {
 		t.Errorf("processes of the timed-out exec still run after its result: %v", ps)
@@ -349,8 +377,8 @@ func caseTimeoutKillsTree(t T, h *Harness) {
 	}
 }
 
-// Cancelling the Exec context kills the whole tree, and Wait reports Canceled within
-// 3 s.
+// Cancelling the Exec context kills the whole tree, and Wait reports Canceled (once the
+// tree is gone).
 func caseCancelKillsTree(t T, h *Harness) {
 	sb := h.NewSandbox(t)
 	mark := newMarker()
@@ -363,22 +391,18 @@ func caseCancelKillsTree(t T, h *Harness) {
 	}
 	select {
 	case <-stdout.seen:
-	case <-time.After(30 * time.Second):
+	case <-time.After(testwait.Limit):
 		cancel()
 		_, _ = p.Wait()
-		t.Fatalf("no \"started\" within 30 s (stdout %q)", stdout.String())
+		t.Fatalf("no \"started\" within %v (stdout %q)", testwait.Limit, stdout.String())
 	}
 	// The leader may be between fork and exec (or exec-ing its last command, as
 	// busybox sh does) when "started" arrives; give the scan a moment.
-	if !poll(t.Context(), 5*time.Second, 50*time.Millisecond, func() bool { return len(liveOnly(h.marked(t, sb, mark))) >= 2 }) {
+	if !testwait.For(t.Context(), 0, func() bool { return len(liveOnly(h.marked(t, sb, mark))) >= 2 }) {
 		t.Errorf("before cancel: fewer than two marked processes run (the scan does not see them)")
 	}
-	cancelled := time.Now()
 	cancel()
 	res, err := p.Wait()
-	if d := time.Since(cancelled); d > 3*time.Second {
-		t.Errorf("Wait returned %s after cancel, want within 3 s", d)
-	}
 	if !res.Canceled && !errors.Is(err, context.Canceled) {
 		t.Errorf("Wait after cancel: result %+v, err %v; want Canceled set (or an error wrapping context.Canceled)", res, err)
 	}
@@ -416,7 +440,7 @@ func caseNoZombies(t T, h *Harness) {
 		return leaders[p.SID] || leaders[p.PPID] || leaders[p.PID] || parents[p.PPID]
 	}
 	var zombies []procInfo
-	clean := poll(t.Context(), 10*time.Second, 100*time.Millisecond, func() bool {
+	clean := testwait.For(t.Context(), 0, func() bool {
 		zombies = zombies[:0]
 		for _, p := range parseStat(h.sh(t, sb, statScript).Stdout) {
 			if p.State == 'Z' && (ours(p) || h.Info.Capabilities.PIDIsolation) {
@@ -426,7 +450,7 @@ func caseNoZombies(t T, h *Harness) {
 		return len(zombies) == 0
 	})
 	if !clean {
-		t.Errorf("%d zombies remain 10 s after %d runs: %v", len(zombies), zombieRuns, zombies)
+		t.Errorf("%d zombies remain %v after %d runs: %v", len(zombies), testwait.Limit, zombieRuns, zombies)
 	}
 }
 
@@ -442,8 +466,11 @@ func caseBackgroundSurvives(t T, h *Harness) {
 	if out.ExitCode != 0 || out.Stdout != "started\n" {
 		t.Errorf("%s, want exit 0 and \"started\"", out.describe())
 	}
-	if out.Elapsed > time.Second {
-		t.Errorf("the exec returned after %s, want within 1 s although its background child holds stdout", out.Elapsed)
+	// Had it waited for the child that holds stdout, it would have ended with the
+	// sleep (300 s) or at its timeout. How soon it returned depends on the
+	// machine's load and is not checked.
+	if out.TimedOut || out.Elapsed >= 300*time.Second {
+		t.Errorf("the exec returned after %s (%s), want when its leader exits although its background child holds stdout", out.Elapsed, out.describe())
 	}
 	ps := liveOnly(h.marked(t, sb, mark))
 	if len(ps) == 0 {
@@ -453,16 +480,19 @@ func caseBackgroundSurvives(t T, h *Harness) {
 }
 
 // A background process that writes to the exec's stdout after the exec returned is not
-// killed by SIGPIPE and its write succeeds.
+// killed by SIGPIPE and its write succeeds. It writes once a later exec has made a
+// file, so after the first exec's result whatever the machine's speed.
 func caseBackgroundNoSigpipe(t T, h *Harness) {
 	sb := h.NewSandbox(t)
 	file := "berth-conf-late-" + randHex(4)
-	out := h.sh(t, sb, `(sleep 0.3; if echo late && echo late >&2; then echo alive > "$1"; else echo write-failed > "$1"; fi) & echo started`, file)
+	gofile := file + ".go"
+	out := h.sh(t, sb, `(while [ ! -e "$2" ]; do sleep 0.05; done; if echo late && echo late >&2; then echo alive > "$1"; else echo write-failed > "$1"; fi) & echo started`, file, gofile)
 	if out.Stdout != "started\n" {
 		t.Errorf("stdout %q, want \"started\\n\"", out.Stdout)
 	}
+	h.sh(t, sb, `: > "$1"`, gofile)
 	var got execOut
-	ok := poll(t.Context(), 15*time.Second, 100*time.Millisecond, func() bool {
+	ok := testwait.For(t.Context(), 0, func() bool {
 		got = h.run(t, sb, "cat", file)
 		return got.ExitCode == 0 && got.Stdout != ""
 	})

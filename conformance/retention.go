@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/registry/config"
 )
@@ -409,8 +410,8 @@ func caseMaxAgeInUse(t T, h *Harness) {
 	go func() { wait(); close(ended) }()
 	select {
 	case <-ended:
-	case <-time.After(30 * time.Second):
-		t.Errorf("the exec in the removed sandbox did not end within 30s")
+	case <-time.After(testwait.Limit):
+		t.Errorf("the exec in the removed sandbox did not end within %v", testwait.Limit)
 	}
 }
 

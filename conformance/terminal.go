@@ -16,6 +16,8 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/registry"
+
+	"github.com/berth-sh/berth/internal/testwait"
 )
 
 // markerRE finds the truncation marker line of capped output and its count.
@@ -218,7 +220,7 @@ func caseJobLifecycle(t T, h *Harness) {
 		return strings.Count(out.String(), "\n")
 	}
 	first := lines()
-	if !poll(t.Context(), execTimeout, 100*time.Millisecond, func() bool { return lines() >= first+2 }) {
+	if !testwait.For(t.Context(), 0, func() bool { return lines() >= first+2 }) {
 		t.Fatalf("the job's log did not grow from %d lines", first)
 	}
 	if err := c.KillJob(ctx, "s", j.ID); err != nil {
@@ -236,7 +238,7 @@ func caseJobLifecycle(t T, h *Harness) {
 		t.Fatalf("job start: %v", err)
 	}
 	h.remove(t, sb)
-	if !h.Info.Capabilities.PIDIsolation && !poll(t.Context(), execTimeout, 50*time.Millisecond, func() bool { return len(hostMarked(marker)) == 0 }) {
+	if !h.Info.Capabilities.PIDIsolation && !testwait.For(t.Context(), 0, func() bool { return len(hostMarked(marker)) == 0 }) {
 		t.Errorf("job processes %v outlived their removed sandbox", hostMarked(marker))
 	}
 }

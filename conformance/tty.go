@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+
+	"github.com/berth-sh/berth/internal/testwait"
 )
 
 // needTTY is Case.Needs for TTY cases.
@@ -83,7 +85,7 @@ func caseTTYResize(t T, h *Harness) {
 	// answerAfter waits for the first "R C" answer of stty after offset from.
 	answerAfter := func(from int, wants ...string) string {
 		var found string
-		poll(ctx, 30*time.Second, 20*time.Millisecond, func() bool {
+		testwait.For(ctx, 0, func() bool {
 			s := out.String()[from:]
 			for _, w := range wants {
 				if strings.Contains(s, w) {
@@ -99,7 +101,7 @@ func caseTTYResize(t T, h *Harness) {
 		abort("Write: %v", err)
 	}
 	if got := answerAfter(0, "24 80"); got == "" {
-		abort("the first stty size printed no \"24 80\" within 30 s; output %q", clip(out.String()))
+		abort("the first stty size printed no \"24 80\" within %v; output %q", testwait.Limit, clip(out.String()))
 	}
 	from := out.Len()
 	if err := p.Resize(backend.WindowSize{Rows: 40, Cols: 100}); err != nil {
@@ -113,7 +115,7 @@ func caseTTYResize(t T, h *Harness) {
 	case "24 80":
 		t.Errorf("stty size written after Resize(40, 100) printed \"24 80\": the resize was applied after the stdin that followed it")
 	default:
-		abort("the second stty size printed no size within 30 s; output %q", clip(out.String()))
+		abort("the second stty size printed no size within %v; output %q", testwait.Limit, clip(out.String()))
 	}
 	if err := writeAll(p, []byte("exit 7\n")); err != nil {
 		abort("Write: %v", err)

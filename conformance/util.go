@@ -131,24 +131,6 @@ func clip(s string) string {
 	return s
 }
 
-// poll calls cond every interval until it returns true or timeout passes, and reports
-// whether it did. It stops early when ctx is done.
-func poll(ctx context.Context, timeout, interval time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return false
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(interval):
-		}
-	}
-}
-
 // markerVar is the environment variable that marks a case's processes, so a scan of
 // /proc finds those and nothing else on a shared host.
 const markerVar = "BERTH_CONF_MARK"

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/berth-sh/berth/internal/testwait"
 )
 
 // The /proc scans run here with the host's sh and grep on real processes, as they run
@@ -52,7 +54,7 @@ func TestStatScriptSeesZombie(t *testing.T) {
 	pid := cmd.Process.Pid
 	defer func() { _ = cmd.Wait() }()
 	var found procInfo
-	ok := poll(t.Context(), 10*time.Second, 10*time.Millisecond, func() bool {
+	ok := testwait.For(t.Context(), 0, func() bool {
 		out, err := exec.Command("sh", "-c", statScript).Output()
 		if err != nil {
 			t.Fatalf("statScript: %v", err)
