@@ -24,6 +24,7 @@ import (
 	"github.com/berth-sh/berth/containerd"
 	"github.com/berth-sh/berth/internal/testbin"
 	"github.com/berth-sh/berth/internal/testimage"
+	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/registry"
 )
 
@@ -224,10 +225,10 @@ func TestConformancePlugin(t *testing.T) {
 	forEachDaemon(t, func(t *testing.T, addr string) {
 		before := takeInventory(t, addr)
 		state := t.TempDir()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)
 		defer cancel()
 		path, args := testbin.DriverCommand(t, containerd.Name)
-		c, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args})
+		c, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args, StartTimeout: testwait.Limit})
 		if err != nil {
 			t.Fatal(err)
 		}

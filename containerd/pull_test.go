@@ -26,6 +26,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/testimage"
+	"github.com/berth-sh/berth/internal/testwait"
 )
 
 // Basic-auth credentials of startRegistry with auth.
@@ -87,7 +88,7 @@ func startRegistry(t *testing.T, auth bool) string {
 		<-exited
 		logf.Close()
 	})
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(testwait.Limit)
 	for {
 		resp, err := http.Get("http://" + host + "/v2/")
 		if err == nil {
@@ -104,7 +105,7 @@ func startRegistry(t *testing.T, auth bool) string {
 		}
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(logf.Name())
-			t.Fatalf("docker-registry on %s did not answer within 20 s\n%s", host, log)
+			t.Fatalf("docker-registry on %s did not answer within %v\n%s", host, testwait.Limit, log)
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/berth-sh/berth/docker"
 	"github.com/berth-sh/berth/internal/testbin"
 	"github.com/berth-sh/berth/internal/testimage"
+	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/registry"
 )
 
@@ -88,10 +89,10 @@ func TestConformanceInProcess(t *testing.T) {
 func TestConformancePlugin(t *testing.T) {
 	host := engine(t)
 	state := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)
 	defer cancel()
 	path, args := testbin.DriverCommand(t, docker.Name)
-	c, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args})
+	c, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args, StartTimeout: testwait.Limit})
 	if err != nil {
 		t.Fatal(err)
 	}

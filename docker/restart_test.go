@@ -16,6 +16,7 @@ import (
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/docker"
 	"github.com/berth-sh/berth/internal/testimage"
+	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/registry"
 )
 
@@ -84,16 +85,10 @@ func (d *privateDockerd) start(ctx context.Context) error {
 	if err := d.cmd.Start(); err != nil {
 		return fmt.Errorf("starting dockerd: %w", err)
 	}
-	deadline := time.Now().Add(time.Minute)
-	for {
-		if testimage.Ping(d.host) == nil {
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("private dockerd at %s did not answer within a minute (log %s)", d.host, d.log.Name())
-		}
-		time.Sleep(100 * time.Millisecond) // polling an external daemon
+	if !testwait.For(ctx, 0, func() bool { return testimage.Ping(d.host) == nil }) {
+		return fmt.Errorf("private dockerd at %s did not answer within %v (log %s)", d.host, testwait.Limit, d.log.Name())
 	}
+	return nil
 }
 
 // stop stops dockerd (SIGTERM, SIGKILL after 30 s) and waits for it.

@@ -5,12 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/internal/testbin"
+	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
 )
@@ -38,10 +38,10 @@ func TestConformanceInProcess(t *testing.T) {
 // `berth driver serve local` through go-plugin, as berth itself uses it.
 func TestConformancePlugin(t *testing.T) {
 	state := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)
 	defer cancel()
 	path, args := testbin.DriverCommand(t, local.Name)
-	c, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args})
+	c, err := backends.Launch(ctx, backends.LaunchOptions{Path: path, Args: args, StartTimeout: testwait.Limit})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,11 +8,12 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/local"
+
+	"github.com/berth-sh/berth/internal/testwait"
 )
 
 // markedPids returns the pids of processes whose environment holds mark=1.
@@ -34,19 +35,13 @@ func markedPids(mark string) []int {
 
 func waitGone(t *testing.T, mark string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for len(markedPids(mark)) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("processes marked %s still run: %v", mark, markedPids(mark))
-		}
-		time.Sleep(20 * time.Millisecond) // polling for an outcome, not synchronising
-	}
+	testwait.Until(t, "the processes marked "+mark+" to end", func() bool { return len(markedPids(mark)) == 0 })
 }
 
 // TestDeletedDirectory: when a sandbox's directory is deleted by hand, Remove still
 // ends its agent and processes, and a new Create of the name starts cleanly.
 func TestDeletedDirectory(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)
 	defer cancel()
 	state := t.TempDir()
 	driverDir := filepath.Join(state, "drivers", "local")
@@ -75,13 +70,7 @@ func TestDeletedDirectory(t *testing.T) {
 			t.Fatalf("exec: %+v %v %q", res, err, out.String())
 		}
 		// The sleep may still be between fork and exec, when its environ reads empty.
-		deadline := time.Now().Add(5 * time.Second)
-		for len(markedPids(mark)) == 0 {
-			if time.Now().After(deadline) {
-				t.Fatal("the background sleep is not running")
-			}
-			time.Sleep(10 * time.Millisecond) // polling for an outcome
-		}
+		testwait.Until(t, "the background sleep to run", func() bool { return len(markedPids(mark)) > 0 })
 	}
 
 	mark1 := "BERTH_LOCAL_T1_" + strconv.Itoa(os.Getpid())
@@ -116,7 +105,7 @@ func TestDeletedDirectory(t *testing.T) {
 // removing one of them, also after its directory was deleted by hand, never ends the
 // other's processes.
 func TestSameNameOtherDriver(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)
 	defer cancel()
 	state := t.TempDir()
 	bin, err := agent.Install(state, berthBin)
@@ -154,13 +143,7 @@ func TestSameNameOtherDriver(t *testing.T) {
 		if res, err := p.Wait(); err != nil || res.ExitCode != 0 {
 			t.Fatalf("exec: %+v %v", res, err)
 		}
-		deadline := time.Now().Add(5 * time.Second)
-		for len(markedPids(x.mark)) == 0 {
-			if time.Now().After(deadline) {
-				t.Fatal("the background sleep is not running")
-			}
-			time.Sleep(10 * time.Millisecond) // polling for an outcome
-		}
+		testwait.Until(t, "the background sleep to run", func() bool { return len(markedPids(x.mark)) > 0 })
 	}
 	alive := func(x *drv, after string) {
 		t.Helper()

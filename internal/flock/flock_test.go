@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-sh/berth/internal/testwait"
 )
 
 // waitBlocked returns once some process waits in flock for the file path names now
@@ -25,23 +26,20 @@ func waitBlocked(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 	suffix := fmt.Sprintf(":%d", st.Ino)
-	for {
-		b, err := os.ReadFile("/proc/locks")
-		if err != nil {
-			t.Skipf("no /proc/locks: %v", err)
-		}
+	if _, err := os.Stat("/proc/locks"); err != nil {
+		t.Skipf("no /proc/locks: %v", err)
+	}
+	testwait.Until(t, "a waiter in /proc/locks", func() bool {
+		b, _ := os.ReadFile("/proc/locks")
 		for _, line := range strings.Split(string(b), "\n") {
 			f := strings.Fields(line)
 			// "N: -> FLOCK ADVISORY WRITE PID MAJ:MIN:INODE START END"
 			if len(f) >= 7 && f[1] == "->" && f[2] == "FLOCK" && strings.HasSuffix(f[6], suffix) {
-				return
+				return true
 			}
 		}
-		if t.Context().Err() != nil {
-			t.Fatal("no waiter showed up in /proc/locks")
-		}
-		runtime.Gosched() // a condition check, not a timed wait
-	}
+		return false
+	})
 }
 
 // sameFile reports whether h holds the file that its path names now.

@@ -6,7 +6,6 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"time"
 )
 
 // ContainerdStartHint is what tests print when no containerd answers.
@@ -17,7 +16,7 @@ const ContainerdStartHint = "start Debian's containerd 1.6 and containerd 2.x wi
 var ContainerdEnvs = []string{"CONTAINERD_ADDRESS", "CONTAINERD2_ADDRESS"}
 
 // RequireContainerd returns the socket path in the variable env when something
-// accepts connections there (a unix dial within 5 s). When the variable is unset or
+// accepts connections there (a unix dial within pingTimeout). When the variable is unset or
 // nothing answers, it fails the test under CI (CI=true), where a missing runtime is an
 // error, and skips it elsewhere, with ContainerdStartHint.
 func RequireContainerd(t testing.TB, env string) string {
@@ -27,7 +26,7 @@ func RequireContainerd(t testing.TB, env string) string {
 	if addr == "" {
 		msg = env + " is not set"
 	} else {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
 		defer cancel()
 		var d net.Dialer
 		c, err := d.DialContext(ctx, "unix", addr)

@@ -22,7 +22,7 @@ func DockerHost() string {
 }
 
 // RequireEngine returns DockerHost() when a Docker Engine answers there (a GET /_ping
-// on its unix socket within 5 s). When none does, it fails the test under CI (CI=true),
+// on its unix socket within pingTimeout). When none does, it fails the test under CI (CI=true),
 // where a missing runtime is an error, and skips it elsewhere, with StartHint.
 func RequireEngine(t testing.TB) string {
 	t.Helper()
@@ -37,13 +37,18 @@ func RequireEngine(t testing.TB) string {
 	return host
 }
 
+// pingTimeout bounds the check that a runtime answers: long enough for a busy
+// daemon on a loaded machine (it was 5 s); a runtime that is not there fails at
+// once, as its socket refuses the connection.
+const pingTimeout = 30 * time.Second
+
 // Ping reports whether a Docker Engine answers GET /_ping on the unix socket of host.
 func Ping(host string) error {
 	sock, ok := strings.CutPrefix(host, "unix://")
 	if !ok {
 		return &net.AddrError{Err: "not a unix:// address", Addr: host}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
 	defer cancel()
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", sock)
@@ -51,7 +56,7 @@ func Ping(host string) error {
 		return err
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c.SetDeadline(time.Now().Add(pingTimeout))
 	if _, err := c.Write([]byte("GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")); err != nil {
 		return err
 	}

@@ -26,6 +26,8 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/berth-sh/berth/internal/testimage"
+
+	"github.com/berth-sh/berth/internal/testwait"
 )
 
 // Binary is where Debian's docker-registry package installs the registry; the
@@ -128,9 +130,9 @@ func freePort() (int, error) {
 }
 
 // waitUp polls GET http://addr/v2/ until it answers 200 or 401, the process exits, or
-// 30 s pass.
+// testwait.Limit passes.
 func waitUp(addr string, exited <-chan error) error {
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(testwait.Limit)
 	hc := &http.Client{Timeout: time.Second}
 	for {
 		resp, err := hc.Get("http://" + addr + "/v2/")
@@ -147,7 +149,7 @@ func waitUp(addr string, exited <-chan error) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("no answer on %s within 30 s: %v", addr, err)
+			return fmt.Errorf("no answer on %s within %v: %v", addr, testwait.Limit, err)
 		}
 	}
 }
