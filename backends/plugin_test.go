@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/testproc"
 	"github.com/berth-sh/berth/internal/testwait"
 )
 
@@ -749,7 +750,7 @@ func TestFlowControl(t *testing.T) {
 	testwait.Until(t, "the writer to block in write(2) with its progress settled", func() bool {
 		b, _ := os.ReadFile(progress)
 		n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		pids := procsWithArgs(argv...)
+		pids := testproc.WithArgs(argv...)
 		if len(pids) == 1 && blockedInWrite(pids[0], 1) && n == last {
 			same++
 		} else {
@@ -991,23 +992,6 @@ func TestExecCancelWhileStdinBlocked(t *testing.T) {
 		t.Error("the stuck Write returned no error")
 	}
 	waitGone(t, pid)
-}
-
-// procsWithArgs lists the live processes whose command line is exactly args.
-func procsWithArgs(args ...string) []int {
-	want := strings.Join(args, "\x00") + "\x00"
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && string(b) == want && alive(pid) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }
 
 // blockedInWrite reports whether a thread of pid sleeps in write(2) on fd.

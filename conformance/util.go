@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+
+	"github.com/berth-sh/berth/internal/testproc"
 )
 
 // execTimeout bounds one exec made by a case helper (context deadline).
@@ -212,22 +214,10 @@ func liveOnly(ps []procInfo) []procInfo {
 // runs them on this host without a PID namespace.
 func hostMarked(marker string) []int {
 	needle := []byte(marker + "\x00")
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil {
-			continue
-		}
-		if bytes.HasPrefix(env, needle) || bytes.Contains(env, append([]byte{0}, needle...)) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
+	return testproc.Find(func(pid int) bool {
+		env, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
+		return err == nil && (bytes.HasPrefix(env, needle) || bytes.Contains(env, append([]byte{0}, needle...)))
+	})
 }
 
 // streamGen is a deterministic byte stream: sha256(seed || counter) blocks.

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/testproc"
 	"github.com/berth-sh/berth/internal/testwait"
 )
 
@@ -221,36 +221,17 @@ func sh(script string) backend.ExecRequest {
 }
 
 // procsWithArgs lists the live processes whose command line is exactly args.
-func procsWithArgs(args ...string) []int {
-	want := strings.Join(args, "\x00") + "\x00"
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err == nil && string(b) == want {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
+func procsWithArgs(args ...string) []int { return testproc.WithArgs(args...) }
 
 // childrenOf lists the children of pid (zombies included).
 func childrenOf(pid int) []procInfo {
-	ents, _ := os.ReadDir("/proc")
 	var out []procInfo
-	for _, e := range ents {
-		n, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
+	testproc.Find(func(n int) bool {
 		if p, ok := readStat(n); ok && p.ppid == pid {
 			out = append(out, p)
 		}
-	}
+		return false
+	})
 	return out
 }
 

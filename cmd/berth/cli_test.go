@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/internal/testbin"
+	"github.com/berth-sh/berth/internal/testproc"
 	"github.com/berth-sh/berth/internal/testwait"
 )
 
@@ -325,21 +326,13 @@ func readProc(pid int) (procInfo, bool) {
 
 // liveProcs returns every process that is not a zombie and matches keep.
 func liveProcs(keep func(procInfo) bool) []procInfo {
-	ents, _ := os.ReadDir("/proc")
 	var out []procInfo
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		p, ok := readProc(pid)
-		if !ok || p.state == 'Z' || p.state == 'X' {
-			continue
-		}
-		if keep(p) {
+	testproc.Find(func(pid int) bool {
+		if p, ok := readProc(pid); ok && p.state != 'Z' && p.state != 'X' && keep(p) {
 			out = append(out, p)
 		}
-	}
+		return false
+	})
 	return out
 }
 
