@@ -3,6 +3,8 @@ package containerd_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -15,8 +17,11 @@ import (
 
 	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	cerrdefs "github.com/containerd/errdefs"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
@@ -30,11 +35,96 @@ import (
 
 var berthBin string
 
-func TestMain(m *testing.M) { os.Exit(testbin.Main(m, &berthBin)) }
+func TestMain(m *testing.M) {
+	code := testbin.Main(m, &berthBin)
+	removeTestNamespace()
+	os.Exit(code)
+}
 
-// testNamespace is the containerd namespace of this package's tests: its own, so that
-// the leak checks see only what these tests made.
-const testNamespace = "berth-test"
+// testNamespace is the containerd namespace of this test process: its own, named by
+// its pid and a random suffix, so that the leak checks (and the native-snapshot case)
+// see only what these tests made, also while another checkout's tests use the same
+// daemons. TestMain removes it at the end.
+var testNamespace = fmt.Sprintf("berth-test-%d-%s", os.Getpid(), randSuffix())
+
+func randSuffix() string {
+	b := make([]byte, 4)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// removeTestNamespace empties and deletes testNamespace on every daemon that is
+// configured, best effort: images (deleted synchronously, so containerd's collector
+// drops their content and snapshots), then any snapshots, leases and content left,
+// then the namespace. What fails is printed, not fatal.
+func removeTestNamespace() {
+	for _, dm := range daemons {
+		addr := strings.TrimPrefix(os.Getenv(dm.env), "unix://")
+		if addr == "" {
+			continue
+		}
+		if err := emptyNamespace(addr); err != nil {
+			fmt.Fprintf(os.Stderr, "removing containerd namespace %s at %s: %v\n", testNamespace, addr, err)
+		}
+	}
+}
+
+func emptyNamespace(addr string) error {
+	cli, err := client.New(addr)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)
+	defer cancel()
+	ctx = namespaces.WithNamespace(ctx, testNamespace)
+	imgs, err := cli.ImageService().List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, img := range imgs {
+		if err := cli.ImageService().Delete(ctx, img.Name, images.SynchronousDelete()); err != nil && !cerrdefs.IsNotFound(err) {
+			return err
+		}
+	}
+	for _, name := range []string{containerd.DefaultSnapshotter, "native"} {
+		sn := cli.SnapshotService(name)
+		// Children before parents: remove what no other snapshot names as parent,
+		// until nothing is left or nothing more goes.
+		for {
+			var all []snapshots.Info
+			if err := sn.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
+				all = append(all, info)
+				return nil
+			}); err != nil {
+				break // a snapshotter this daemon does not have
+			}
+			parents := map[string]bool{}
+			for _, info := range all {
+				parents[info.Parent] = true
+			}
+			removed := 0
+			for _, info := range all {
+				if !parents[info.Name] && sn.Remove(ctx, info.Name) == nil {
+					removed++
+				}
+			}
+			if removed == 0 {
+				break
+			}
+		}
+	}
+	if ls, err := cli.LeasesService().List(ctx); err == nil {
+		for _, l := range ls {
+			cli.LeasesService().Delete(ctx, l)
+		}
+	}
+	cli.ContentStore().Walk(ctx, func(info content.Info) error {
+		cli.ContentStore().Delete(ctx, info.Digest)
+		return nil
+	})
+	return cli.NamespaceService().Delete(ctx, testNamespace)
+}
 
 // daemon is one containerd the tests run against.
 type daemon struct {
