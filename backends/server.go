@@ -74,7 +74,12 @@ func Serve(driver backend.TerminalBackend, logger hclog.Logger) {
 
 	s := newServer(driver, logger)
 	socketDir := os.Getenv(plugin.EnvUnixSocketDir)
-	go s.watchHost()
+	// Read here, not in watchHost's goroutine: go-plugin's start unsets the
+	// variable (registered), and a goroutine that a loaded machine runs late
+	// would find it gone, or find the host already dead and us reparented.
+	parent := os.Getppid()
+	host, _ := strconv.Atoi(os.Getenv(envHostPID))
+	go s.watchHost(parent, host)
 
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig:  Handshake,
@@ -172,13 +177,13 @@ func (s *server) registered() {
 }
 
 // watchHost notices the host's death (parent-death signal, getppid poll) and
-// SIGTERM, and shuts the plugin down.
-func (s *server) watchHost() {
+// SIGTERM, and shuts the plugin down. hostPID is the parent Serve started with;
+// v is the host's pid that Launch passed (0 when none).
+func (s *server) watchHost(hostPID, v int) {
 	// The parent-death signal is an attribute of the thread that sets it; keep
 	// that thread for as long as we watch.
 	runtime.LockOSThread()
-	hostPID := os.Getppid()
-	if v, err := strconv.Atoi(os.Getenv(envHostPID)); err == nil && v > 0 && v != hostPID {
+	if v > 0 && v != hostPID {
 		if !liveAncestor(v) {
 			// Gone, a zombie not yet reaped (kill(v, 0) still succeeds then), or a
 			// reused pid: our parent is then init or a subreaper, not a wrapper of v.
