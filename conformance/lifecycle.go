@@ -130,10 +130,14 @@ func caseInfoValid(t T, h *Harness) {
 	}
 }
 
-// Create returns running, Inspect says running and shows every label as given.
+// Create returns running, Inspect says running and shows every label as given, label
+// values in UTF-8 (a session name may be printable Unicode) included, and List finds
+// the sandbox by such a value.
 func caseCreateRunningLabels(t T, h *Harness) {
 	spec := h.Spec(t, SandboxName())
 	spec.Labels["conformance.user"] = "value with spaces"
+	session := spec.Labels[backend.LabelSession] + "/chat:général/チャット/🎉"
+	spec.Labels[backend.LabelSession] = session
 	created, err := h.Create(t, spec)
 	if err != nil {
 		t.Fatalf("Create(%s): %v", spec.Name, err)
@@ -163,6 +167,9 @@ func caseCreateRunningLabels(t T, h *Harness) {
 		if _, ok := got.Labels[k]; !ok {
 			t.Errorf("Inspect: berth label %s missing", k)
 		}
+	}
+	if sbs := h.list(t, map[string]string{backend.LabelOwner: h.Owner, backend.LabelSession: session}); len(sbs) != 1 || sbs[0].Name != spec.Name {
+		t.Errorf("List by the UTF-8 session label %q: %v, want only %s", session, sbs, spec.Name)
 	}
 	if out := h.run(t, spec.Name, "true"); out.ExitCode != 0 {
 		t.Errorf("exec true: %s", out.describe())

@@ -3,6 +3,8 @@ package registry
 import (
 	"context"
 	"io"
+
+	"github.com/berth-sh/berth/registry/config"
 )
 
 const noCopy = "cannot copy files (its sandboxes run no berth agent)"
@@ -14,6 +16,10 @@ const noCopy = "cannot copy files (its sandboxes run no berth agent)"
 // directory). Errors: those of Exec; ErrNotFound when dir does not exist; ErrInvalid
 // for an entry that would leave dir; ErrUnsupported when the driver runs no agent.
 func (r *Registry) CopyIn(ctx context.Context, session, dir string, rd io.Reader) error {
+	session, err := config.NormalizeSession(session)
+	if err != nil {
+		return err
+	}
 	return r.agentCall(ctx, session, openCreate, noCopy, func(c *sessionConn) error {
 		return c.callErr("copying into "+dir, c.client.CopyIn(ctx, dir, rd))
 	})
@@ -24,6 +30,10 @@ func (r *Registry) CopyIn(ctx context.Context, session, dir string, rd io.Reader
 // stopped sandbox is started. Errors: ErrNotFound when the session has no sandbox or
 // path does not exist; those of Exec; ErrUnsupported when the driver runs no agent.
 func (r *Registry) CopyOut(ctx context.Context, session, path string, w io.Writer) error {
+	session, err := config.NormalizeSession(session)
+	if err != nil {
+		return err
+	}
 	return r.agentCall(ctx, session, openExisting, noCopy, func(c *sessionConn) error {
 		return c.callErr("copying "+path+" out", c.client.CopyOut(ctx, path, w))
 	})

@@ -7,9 +7,11 @@
 //
 // The pieces, in the order a call meets them:
 //
-//   - Session names (config.ValidateSession): 1–128 characters of A–Z a–z 0–9 . _ - : @ /,
-//     no empty, "." or ".." path component, no leading "/". They are never used raw
-//     as paths or sandbox names; config.SandboxName hashes them.
+//   - Session names (config.NormalizeSession): 1–128 characters of A–Z a–z 0–9 . _ - : @ /
+//     and printable non-ASCII characters (no space, control or format character), no
+//     empty, "." or ".." path component, no leading "/". Every call normalises the
+//     name to Unicode NFC first, so an NFD and an NFC spelling are one session. They
+//     are never used raw as paths or sandbox names; config.SandboxName hashes them.
 //   - Config (package registry/config: Load, Parse, Default): top-level attributes
 //     state_dir, agent_path, plugin_dirs, log_level; driver "NAME" {} blocks, decoded
 //     against the driver's declared schema by config.DecodeDriverConfig; and ordered

@@ -7,6 +7,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/registry/config"
 )
 
 // JobStartRequest is a background job to start (Registry.JobStart).
@@ -80,11 +81,15 @@ func jobGone(session, id string) error {
 // command that cannot be run (not found: the agent's reason is in the message);
 // ErrUnsupported when the driver runs no berth agent.
 func (r *Registry) JobStart(ctx context.Context, session string, req JobStartRequest) (agent.Job, error) {
+	session, err := config.NormalizeSession(session)
+	if err != nil {
+		return agent.Job{}, err
+	}
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return agent.Job{}, backend.Errorf(backend.ErrInvalid, "session %q: job start: empty argv", session)
 	}
 	var j agent.Job
-	err := r.agentCall(ctx, session, openCreate, noJobs, func(c *sessionConn) (err error) {
+	err = r.agentCall(ctx, session, openCreate, noJobs, func(c *sessionConn) (err error) {
 		j, err = c.client.StartJob(ctx, agent.StartJobRequest{Session: session, Argv: req.Argv, Env: withDefaultEnv(c.lease.Rule, req.Env), Dir: req.Dir})
 		return c.callErr("job start", err)
 	})
@@ -95,8 +100,12 @@ func (r *Registry) JobStart(ctx context.Context, session string, req JobStartReq
 // none when the session's sandbox is not running (its jobs ended with it). Errors:
 // ErrNotFound when the session has no sandbox; those of the connection.
 func (r *Registry) Jobs(ctx context.Context, session string) ([]agent.Job, error) {
+	session, err := config.NormalizeSession(session)
+	if err != nil {
+		return nil, err
+	}
 	jobs := []agent.Job{}
-	err := r.jobsCall(ctx, session, nil, func(c *sessionConn) (err error) {
+	err = r.jobsCall(ctx, session, nil, func(c *sessionConn) (err error) {
 		jobs, err = c.client.Jobs(ctx, session)
 		return c.callErr("job list", err)
 	})
@@ -124,8 +133,12 @@ type JobLogsRequest struct {
 // ended job, its result (exit code, signal). Errors: ErrNotFound for a session
 // without a running sandbox or an unknown job; those of the connection.
 func (r *Registry) JobLogs(ctx context.Context, session string, req JobLogsRequest, w io.Writer) (agent.JobLogsEnd, error) {
+	session, err := config.NormalizeSession(session)
+	if err != nil {
+		return agent.JobLogsEnd{}, err
+	}
 	var end agent.JobLogsEnd
-	err := r.jobsCall(ctx, session, jobGone(session, req.ID), func(c *sessionConn) (err error) {
+	err = r.jobsCall(ctx, session, jobGone(session, req.ID), func(c *sessionConn) (err error) {
 		end, err = c.client.JobLogs(ctx, agent.JobLogsRequest{Session: session, ID: req.ID, Offset: req.Offset, Follow: req.Follow, OnGap: req.OnGap}, w)
 		return c.callErr("job logs", err)
 	})
@@ -136,6 +149,10 @@ func (r *Registry) JobLogs(ctx context.Context, session string, req JobLogsReque
 // Errors: ErrNotFound for a session without a running sandbox or an unknown job;
 // those of the connection.
 func (r *Registry) JobKill(ctx context.Context, session, id string) error {
+	session, err := config.NormalizeSession(session)
+	if err != nil {
+		return err
+	}
 	return r.jobsCall(ctx, session, jobGone(session, id), func(c *sessionConn) error {
 		return c.callErr("job kill", c.client.KillJob(ctx, session, id))
 	})

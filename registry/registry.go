@@ -254,6 +254,10 @@ type Explanation struct {
 // sandbox spec is, without starting any driver. Errors: those of Config.Match, and
 // state dir errors (the owner id is needed for the sandbox name).
 func (r *Registry) Explain(session string) (Explanation, error) {
+	session, err := config.NormalizeSession(session)
+	if err != nil {
+		return Explanation{}, err
+	}
 	rule, idx, err := r.cfg.Match(session)
 	if err != nil {
 		return Explanation{}, err
@@ -540,7 +544,8 @@ func (r *Registry) recorded(driver, sandbox string) (onDriver, anyDriver bool) {
 // replaced, and the Lease says Recreated with the reason. The same holds for a
 // recorded sandbox that its driver no longer has.
 func (r *Registry) Acquire(ctx context.Context, session string) (*Lease, error) {
-	if err := config.ValidateSession(session); err != nil {
+	session, err := config.NormalizeSession(session)
+	if err != nil {
 		return nil, err
 	}
 	c, err := r.open(ctx, session, openCreate)
@@ -571,11 +576,12 @@ func (r *Registry) Acquire(ctx context.Context, session string) (*Lease, error) 
 // within the config's agent_timeout (ErrTimeout): each names the session and the
 // way out (berth stop, berth exec --recreate, berth rm).
 func (r *Registry) Exec(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *Lease, error) {
+	session, err := config.NormalizeSession(session)
+	if err != nil {
+		return nil, nil, err
+	}
 	if err := backend.CheckExecText(req); err != nil {
 		return nil, nil, fmt.Errorf("session %q: %w", session, err)
-	}
-	if err := config.ValidateSession(session); err != nil {
-		return nil, nil, err
 	}
 	for attempt := 0; ; attempt++ {
 		c, err := r.open(ctx, session, openCreate)
@@ -680,6 +686,10 @@ func noSession(session string) error { return noSessionError{session} }
 // session's close (nil). Errors: a bad session name or no matching rule
 // (ErrInvalid); no record of the session (ErrNotFound); the driver's error.
 func (r *Registry) CloseSession(ctx context.Context, session string) error {
+	session, err := config.NormalizeSession(session)
+	if err != nil {
+		return err
+	}
 	rule, _, err := r.cfg.Match(session)
 	if err != nil {
 		return err
@@ -713,7 +723,8 @@ func (r *Registry) CloseSession(ctx context.Context, session string) error {
 // it is stopped. Stopping a stopped sandbox, or a session without one, succeeds.
 // Errors: a bad session name (ErrInvalid); the driver's.
 func (r *Registry) StopSession(ctx context.Context, session string) error {
-	if err := config.ValidateSession(session); err != nil {
+	session, err := config.NormalizeSession(session)
+	if err != nil {
 		return err
 	}
 	if err := r.ensure(); err != nil {
@@ -751,7 +762,8 @@ func (r *Registry) stopSession(ctx context.Context, session, doing string) error
 // and left to Prune otherwise. Errors: a bad session name (ErrInvalid); no record of
 // the session (ErrNotFound); the driver's Remove error (the store is then unchanged).
 func (r *Registry) RemoveSession(ctx context.Context, session string) error {
-	if err := config.ValidateSession(session); err != nil {
+	session, err := config.NormalizeSession(session)
+	if err != nil {
 		return err
 	}
 	if err := r.ensure(); err != nil {
@@ -797,13 +809,14 @@ func (r *Registry) removeSession(ctx context.Context, session string) error {
 // name or no matching rule (ErrInvalid); a driver that cannot be started, or its
 // Remove error (nothing is forgotten then).
 func (r *Registry) Recreate(ctx context.Context, session string) (bool, error) {
-	if err := config.ValidateSession(session); err != nil {
+	session, err := config.NormalizeSession(session)
+	if err != nil {
 		return false, err
 	}
 	if err := r.ensure(); err != nil {
 		return false, err
 	}
-	err := r.removeSession(ctx, session)
+	err = r.removeSession(ctx, session)
 	if err == nil {
 		return true, nil
 	}

@@ -244,6 +244,55 @@ func TestAcquireAndExec(t *testing.T) {
 	}
 }
 
+// TestUnicodeSessionNames: a session name of printable Unicode works, and its NFC and
+// NFD spellings are one session: one record (under the NFC name), one sandbox, one
+// label value; a rule whose glob is written in NFD matches both. Nothing in the state
+// dir is named after the raw name.
+func TestUnicodeSessionNames(t *testing.T) {
+	const nfc, nfd = "chat:g\u00e9n\u00e9ral", "chat:ge\u0301ne\u0301ral"
+	e := newEnv(t, "scope \"chat:ge\u0301n*\" {\n  env = { RULE = \"accent\" }\n}\nscope \"*\" {\n}\n")
+	r := e.open()
+	ctx := context.Background()
+	out, l1 := run(t, r, nfc, "sh", "-c", "echo $RULE")
+	if out != "accent\n" || !l1.Created || l1.Session != nfc {
+		t.Fatalf("exec in %q: output %q, lease %+v; want the rule with the NFD glob", nfc, out, l1)
+	}
+	out, l2 := run(t, r, nfd, "sh", "-c", "echo $RULE")
+	if out != "accent\n" || l2.Sandbox != l1.Sandbox || l2.Created || l2.Session != nfc {
+		t.Errorf("exec in the NFD spelling: output %q, lease %+v; want the NFC session's sandbox %s", out, l2, l1.Sandbox)
+	}
+	owner, _ := r.Owner()
+	if l1.Sandbox != config.SandboxName(owner, nfc) {
+		t.Errorf("sandbox %s, want the hash of the NFC name", l1.Sandbox)
+	}
+	if recs := records(t, r); len(recs) != 1 || recs[nfc].Sandbox != l1.Sandbox {
+		t.Errorf("records %v, want one, under the NFC name", recs)
+	}
+	if sb, _ := e.drivers[0].Inspect(ctx, l1.Sandbox); sb.Labels[backend.LabelSession] != nfc || sb.Labels[backend.LabelScope] != "chat:g\u00e9n*" {
+		t.Errorf("labels %v, want the NFC session and glob", sb.Labels)
+	}
+	if infos, err := r.Sessions(ctx); err != nil || len(infos) != 1 || infos[0].Session != nfc {
+		t.Errorf("Sessions = %+v, %v", infos, err)
+	}
+	if x, err := r.Explain(nfd); err != nil || x.Session != nfc || x.Sandbox != l1.Sandbox {
+		t.Errorf("Explain(NFD) = %+v, %v", x, err)
+	}
+	for _, p := range e.tree() {
+		if strings.Contains(p, "chat") || strings.ContainsFunc(p, func(r rune) bool { return r > 0x7f }) {
+			t.Errorf("state dir path %q holds session text", p)
+		}
+	}
+	if _, err := r.Acquire(ctx, "chat:a\u200bb"); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), "U+200B") {
+		t.Errorf("a zero-width space: %v, want ErrInvalid naming U+200B", err)
+	}
+	if err := r.RemoveSession(ctx, nfd); err != nil {
+		t.Fatal(err)
+	}
+	if recs := records(t, r); len(recs) != 0 || len(e.sandboxes()) != 0 {
+		t.Errorf("after RemoveSession(NFD): records %v, sandboxes %v", recs, e.sandboxes())
+	}
+}
+
 func (e *env) driverDir(sandbox string) string {
 	return filepath.Join(e.stateDir, "drivers", "local", "sb", sandbox)
 }

@@ -149,11 +149,15 @@ func (r *Registry) outputPath(session, stream string) string {
 // driver runs no berth agent. A command that fails is not an error: see the result's
 // ExitCode.
 func (r *Registry) Shell(ctx context.Context, session string, req ShellRequest) (ShellResult, error) {
+	session, err := config.NormalizeSession(session)
+	if err != nil {
+		return ShellResult{}, err
+	}
 	if strings.TrimSpace(req.Command) == "" {
 		return ShellResult{}, backend.Errorf(backend.ErrInvalid, "session %q: shell mode: empty command", session)
 	}
 	var out ShellResult
-	err := r.agentCall(ctx, session, openCreate, "has no shell mode (its sandboxes run no berth agent); use a plain exec (berth exec -- sh -c ...)", func(c *sessionConn) error {
+	err = r.agentCall(ctx, session, openCreate, "has no shell mode (its sandboxes run no berth agent); use a plain exec (berth exec -- sh -c ...)", func(c *sessionConn) error {
 		lease := c.lease
 		out = ShellResult{Session: session, Driver: lease.Driver, Sandbox: lease.Sandbox,
 			Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason,

@@ -1932,3 +1932,31 @@ func TestTimeoutUnits(t *testing.T) {
 		t.Errorf("--timeout 1d: %+v", out)
 	}
 }
+
+// TestUnicodeSession: a session name of printable Unicode works from the command line,
+// and its NFD spelling is the same session: `sessions` lists it once, in NFC, and rm
+// of either spelling removes it. A format character is refused (125), named.
+func TestUnicodeSession(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const nfc, nfd = "chat:g\u00e9n\u00e9ral", "chat:ge\u0301ne\u0301ral"
+	e.must("exec", "-s", nfc, "--", "sh", "-c", "echo kept > f")
+	var out struct {
+		Session string `json:"session"`
+		Stdout  string `json:"stdout"`
+	}
+	decodeOne(t, e.must("exec", "-s", nfd, "--json", "--", "cat", "f"), &out)
+	if out.Session != nfc || out.Stdout != "kept\n" {
+		t.Errorf("exec in the NFD spelling: %+v, want session %q and the NFC session's file", out, nfc)
+	}
+	if rows := e.sessions(); len(rows) != 1 || rows[0].Session != nfc {
+		t.Errorf("sessions: %+v, want one row named %q", rows, nfc)
+	}
+	if r := e.run("exec", "-s", "chat:\u200b1", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "U+200B") {
+		t.Errorf("a zero-width space in the name: want 125 naming U+200B\n%v", r)
+	}
+	e.must("rm", nfd)
+	if rows := e.sessions(); len(rows) != 0 {
+		t.Errorf("sessions after rm of the NFD spelling: %+v", rows)
+	}
+}

@@ -378,7 +378,7 @@ func (o *execOutput) finish(f *execFlags, lease *registry.Lease, res backend.Exe
 	if f.json {
 		out := execJSON{
 			ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
-			DurationMS: res.Duration.Milliseconds(), Session: f.session, Driver: lease.Driver, Sandbox: lease.Sandbox,
+			DurationMS: res.Duration.Milliseconds(), Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
 			Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason,
 			Moved: lease.Moved, MovedReason: lease.MovedReason,
 		}

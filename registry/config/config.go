@@ -79,7 +79,7 @@ type Retention struct {
 // Rule is one scope "GLOB" {} block: which sessions it matches and what their sandbox
 // looks like.
 type Rule struct {
-	// Glob is the block's label; see GlobMatch.
+	// Glob is the block's label in Unicode NFC (see NormalizeGlob and GlobMatch).
 	Glob string
 	// Index is the rule's position among the config's rules, from 0.
 	Index int
@@ -296,12 +296,13 @@ func defaultRules() []Rule {
 	}}
 }
 
-// Match returns the first rule whose glob matches the whole session name, and its
-// index. Errors (wrapping backend.ErrInvalid): a session name that ValidateSession
-// refuses; no matching rule (the message names the session and suggests a
-// catch-all scope "*" rule).
+// Match returns the first rule whose glob matches the whole session name (in its NFC
+// form, see NormalizeSession), and its index. Errors (wrapping backend.ErrInvalid): a
+// session name that ValidateSession refuses; no matching rule (the message names the
+// session and suggests a catch-all scope "*" rule).
 func (c *Config) Match(session string) (*Rule, int, error) {
-	if err := ValidateSession(session); err != nil {
+	session, err := NormalizeSession(session)
+	if err != nil {
 		return nil, -1, err
 	}
 	for i := range c.Rules {
@@ -825,8 +826,8 @@ func (d *decoder) config(body hcl.Body) *Config {
 	for _, b := range c.Blocks {
 		switch b.Type {
 		case "scope":
-			glob := b.Labels[0]
-			if err := ValidateGlob(glob); err != nil {
+			glob, err := NormalizeGlob(b.Labels[0])
+			if err != nil {
 				d.errf(b.LabelRanges[0], "Invalid scope glob", "%v.", err)
 				continue
 			}
@@ -896,12 +897,12 @@ func (d *decoder) scope(b *hcl.Block, glob string) (Rule, bool) {
 	}
 	if a := at["name"]; a != nil {
 		if s, ok := d.str(a); ok {
-			if err := ValidateSession(s); err != nil {
+			if n, err := NormalizeSession(s); err != nil {
 				d.errf(a.Expr.Range(), "Invalid shared name", "%v.", err)
 			} else if r.Isolation != IsolationShared {
 				d.errf(a.NameRange, "Name without shared isolation", "name only applies with isolation = \"shared\"; remove it or add isolation = \"shared\" to %s.", where)
 			} else {
-				r.Name = s
+				r.Name = n
 			}
 		}
 	} else if r.Isolation == IsolationShared {

@@ -207,7 +207,7 @@ func TestConfigBadInput(t *testing.T) {
 		{"unknown driver block", "driver \"dockr\" {\n}\n",
 			[]string{"config.hcl:1:8: error: Unknown driver", `"dockr"`}},
 		{"bad glob char", "scope \"chat[0-9]\" {\n}\n",
-			[]string{"config.hcl:1:7: error: Invalid scope glob", `character '[' at byte 5`, "wildcards"}},
+			[]string{"config.hcl:1:7: error: Invalid scope glob", `character '[' at position 5`, "wildcards"}},
 		{"empty glob", "scope \"\" {}\n",
 			[]string{"config.hcl:1:7: error: Invalid scope glob", `use "*" to match every session`}},
 		{"bad duration", "scope \"*\" {\n  retention {\n    idle_ttl = \"7days\"\n  }\n}\n",
