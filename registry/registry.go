@@ -683,8 +683,10 @@ func noSession(session string) error { return noSessionError{session} }
 // CloseSession applies the on_close policy of session's rule to its sandbox: keep
 // does nothing, stop stops it, remove removes it, forgets the session and deletes
 // its host dir (as RemoveSession). Sessions of shared rules ignore a single
-// session's close (nil). Errors: a bad session name or no matching rule
-// (ErrInvalid); no record of the session (ErrNotFound); the driver's error.
+// session's close (nil). Like backend Stop and Remove, it is idempotent: a session
+// with nothing to close (no record, a removed or stopped sandbox) succeeds, and
+// creates nothing when there is no store yet. Errors: a bad session name or no
+// matching rule (ErrInvalid); the driver's error.
 func (r *Registry) CloseSession(ctx context.Context, session string) error {
 	session, err := config.NormalizeSession(session)
 	if err != nil {
@@ -698,21 +700,19 @@ func (r *Registry) CloseSession(ctx context.Context, session string) error {
 		r.log.Debug("close of a shared session ignored", "session", session, "rule", rule.Pos())
 		return nil
 	}
+	if !fileExists(r.store.path) {
+		return nil // no store: no session has anything to close
+	}
 	if err := r.ensure(); err != nil {
 		return err
 	}
-	if rule.Retention.OnClose == config.OnCloseRemove {
-		return r.removeSession(ctx, session)
+	switch rule.Retention.OnClose {
+	case config.OnCloseRemove:
+		return nothingToDo(r.removeSession(ctx, session))
+	case config.OnCloseStop:
+		return r.stopSession(ctx, session, "closing")
 	}
-	if _, ok, err := r.store.get(session); err != nil {
-		return err
-	} else if !ok {
-		return noSession(session)
-	}
-	if rule.Retention.OnClose != config.OnCloseStop {
-		return nil
-	}
-	return r.stopSession(ctx, session, "closing")
+	return nil
 }
 
 // StopSession stops session's sandbox whatever its rule's on_close says: every
@@ -759,19 +759,34 @@ func (r *Registry) stopSession(ctx context.Context, session, doing string) error
 // STATE/sandboxes/DRIVER/SANDBOX. A sandbox made by an earlier version has its dir at
 // STATE/sandboxes/SANDBOX, which every driver's sandbox of that name used: that dir is
 // deleted only when no other driver has a sandbox of the name that may still use it,
-// and left to Prune otherwise. Errors: a bad session name (ErrInvalid); no record of
-// the session (ErrNotFound); the driver's Remove error (the store is then unchanged).
+// and left to Prune otherwise. Like backend Remove it is idempotent: a session without
+// a record succeeds (nil) and changes nothing, and nothing is created when there is no
+// store yet. Errors: a bad session name (ErrInvalid); the driver's Remove error (the
+// store is then unchanged).
 func (r *Registry) RemoveSession(ctx context.Context, session string) error {
 	session, err := config.NormalizeSession(session)
 	if err != nil {
 		return err
 	}
+	if !fileExists(r.store.path) {
+		return nil
+	}
 	if err := r.ensure(); err != nil {
 		return err
 	}
-	return r.removeSession(ctx, session)
+	return nothingToDo(r.removeSession(ctx, session))
 }
 
+// nothingToDo turns removeSession's "no record" (errNoSession) into success.
+func nothingToDo(err error) error {
+	if errors.Is(err, errNoSession) {
+		return nil
+	}
+	return err
+}
+
+// removeSession removes session's recorded sandbox (see RemoveSession); a session
+// without a record is noSession (ErrNotFound and errNoSession).
 func (r *Registry) removeSession(ctx context.Context, session string) error {
 	rec, lock, ok, err := r.lockRecord(ctx, session)
 	if err != nil {

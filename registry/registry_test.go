@@ -526,11 +526,16 @@ func TestFailedCallsChangeNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	hash, tree, sbs := e.storeHash(), e.tree(), e.sandboxes()
+	var unchanged func(what string)
 	check := func(what string, err error, kind error, want string) {
 		t.Helper()
 		if err == nil || !errors.Is(err, kind) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: error %v, want %v saying %q", what, err, kind, want)
 		}
+		unchanged(what)
+	}
+	unchanged = func(what string) {
+		t.Helper()
 		if h := e.storeHash(); h != hash {
 			t.Errorf("%s changed the store", what)
 		}
@@ -555,10 +560,20 @@ func TestFailedCallsChangeNothing(t *testing.T) {
 	check("exec with missing workdir in an existing session", err, backend.ErrInvalid, "/nonexistent/dir does not exist")
 	_, _, err = r.Exec(ctx, "main", backend.ExecRequest{})
 	check("empty argv", err, backend.ErrInvalid, "empty argv")
-	err = r.CloseSession(ctx, "keep:never")
-	check("close of an unknown session", err, backend.ErrNotFound, `session "keep:never" has no sandbox`)
-	err = r.RemoveSession(ctx, "never")
-	check("remove of an unknown session", err, backend.ErrNotFound, `session "never" has no sandbox`)
+	// Close and remove of a session with nothing to do succeed (idempotent, as
+	// backend Stop and Remove are) and change nothing.
+	for _, s := range []string{"keep:never", "stop:never", "rm:never", "pool:never", "never"} {
+		if err := r.CloseSession(ctx, s); err != nil {
+			t.Errorf("close of the unknown session %s: %v, want nil", s, err)
+		}
+		unchanged("close of the unknown session " + s)
+		if err := r.RemoveSession(ctx, s); err != nil {
+			t.Errorf("remove of the unknown session %s: %v, want nil", s, err)
+		}
+		unchanged("remove of the unknown session " + s)
+	}
+	err = r.CloseSession(ctx, "a//b")
+	check("close of a bad session", err, backend.ErrInvalid, "empty path component")
 	err = r.RemoveSession(ctx, "a//b")
 	check("remove of a bad session", err, backend.ErrInvalid, "empty path component")
 
@@ -698,8 +713,11 @@ func TestRemoveSession(t *testing.T) {
 			t.Errorf("lock file %s of a removed sandbox left", l.Name())
 		}
 	}
-	if err := r.RemoveSession(ctx, "keep:1"); !errors.Is(err, backend.ErrNotFound) {
-		t.Errorf("second remove: %v", err)
+	if err := r.RemoveSession(ctx, "keep:1"); err != nil {
+		t.Errorf("second remove: %v, want nil (nothing to do)", err)
+	}
+	if err := r.CloseSession(ctx, "keep:1"); err != nil {
+		t.Errorf("close after remove: %v, want nil (nothing to do)", err)
 	}
 }
 
@@ -772,6 +790,18 @@ func TestSessionsWithoutStoreCreatesNothing(t *testing.T) {
 	}
 	if _, err := os.Stat(e.stateDir); !errors.Is(err, os.ErrNotExist) {
 		t.Error("Sessions created the state dir")
+	}
+	// Nor do close and remove, which have nothing to do.
+	for _, s := range []string{"rm:1", "stop:1", "keep:1"} {
+		if err := r.CloseSession(context.Background(), s); err != nil {
+			t.Errorf("CloseSession(%s) without a store: %v", s, err)
+		}
+		if err := r.RemoveSession(context.Background(), s); err != nil {
+			t.Errorf("RemoveSession(%s) without a store: %v", s, err)
+		}
+	}
+	if _, err := os.Stat(e.stateDir); !errors.Is(err, os.ErrNotExist) {
+		t.Error("CloseSession or RemoveSession created the state dir")
 	}
 }
 

@@ -253,7 +253,7 @@ func (e *env) cleanup() {
 				break
 			}
 			for _, row := range rows {
-				e.try(nil, time.Minute, "rm", row.Session) // a shared sandbox's second rm fails: fine
+				e.try(nil, time.Minute, "rm", row.Session) // a shared sandbox's second rm has nothing to do
 			}
 		}
 	}
@@ -1066,9 +1066,14 @@ func TestConfigScopes(t *testing.T) {
 	if _, err := os.Stat(home1); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("chat:1's home still exists after rm (%v)", err)
 	}
-	r = e.run("rm", "chat:1")
-	if r.code != 125 || !strings.Contains(r.stderr, `"chat:1"`) {
-		t.Errorf("rm of a removed session: want 125 naming it\n%v", r)
+	// rm and close of a session with nothing to do succeed, as stop does.
+	for _, args := range [][]string{{"rm", "chat:1"}, {"close", "chat:1"}, {"close", "never:ran"}, {"rm", "never:ran"}, {"close", "gone:1"}} {
+		if r := e.run(args...); r.code != 0 || r.stderr != "" {
+			t.Errorf("%v of a session with nothing to do: want exit 0, silent\n%v", args, r)
+		}
+	}
+	if r := e.run("close", "a//b"); r.code != 125 || !strings.Contains(r.stderr, "empty path component") {
+		t.Errorf("close of a bad name: want 125\n%v", r)
 	}
 }
 
