@@ -26,6 +26,7 @@ type options struct {
 	prepare      PrepareAgentFunc
 	storeTimeout time.Duration
 	clock        func() time.Time
+	clockOffset  time.Duration
 	grace        time.Duration
 	onPull       func(PullEvent)
 }
@@ -148,6 +149,20 @@ func WithStoreTimeout(d time.Duration) Option {
 func WithClock(now func() time.Time) Option {
 	return func(o *options) error {
 		o.clock = now
+		return nil
+	}
+}
+
+// WithClockOffset makes the registry judge retention as if its clock (WithClock) read
+// d later (earlier for a negative d): idle_ttl, max_age and the orphan grace period
+// are measured at clock+d, by every call (an exec's expiry of its own session's
+// sandbox, Prune and its dry run). What the registry records stays on the clock
+// itself: sandbox creation times (LabelCreated), last use and removal times, so a call
+// made with an offset to look ahead (BERTH_CLOCK_OFFSET=7d berth prune --dry-run)
+// never leaves a time in the future behind. Default: 0.
+func WithClockOffset(d time.Duration) Option {
+	return func(o *options) error {
+		o.clockOffset = d
 		return nil
 	}
 }

@@ -90,7 +90,8 @@ type PruneReport struct {
 	Owner string `json:"owner"`
 	// DryRun is PruneOptions.DryRun.
 	DryRun bool `json:"dry_run"`
-	// At is the registry clock's time of the run (UTC).
+	// At is the time retention was judged at: the registry clock's time of the run
+	// plus its WithClockOffset (UTC).
 	At time.Time `json:"at"`
 	// Drivers are the configured drivers, sorted by name.
 	Drivers []PruneDriver `json:"drivers"`
@@ -332,7 +333,7 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 		removed = !foreign
 		if !foreign {
 			// Records stay, marked, so the sessions' next exec says its sandbox is new.
-			if _, err := r.store.markRemoved(driver, sb.Name, now, act.Reason); err != nil {
+			if _, err := r.store.markRemoved(driver, sb.Name, r.stamp(), act.Reason); err != nil {
 				return failed(fmt.Errorf("sandbox %s is removed, but recording that failed: %w", sb.Name, err))
 			}
 			os.Remove(r.busyPath(driver, sb.Name))
@@ -344,7 +345,7 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 		if rule.Isolation == config.IsolationSession {
 			key := sb.Labels[backend.LabelSession]
 			rec := record{Session: key, Driver: driver, Sandbox: sb.Name, Scope: rule.Glob,
-				SpecHash: sb.Labels[backend.LabelSpecHash], Created: created, LastUsed: now}
+				SpecHash: sb.Labels[backend.LabelSpecHash], Created: created, LastUsed: r.stamp()}
 			if caps, err := r.capabilities(ctx, b); err == nil {
 				rec.Agent = caps.Agent
 			}
@@ -353,7 +354,7 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 				return failed(fmt.Errorf("recording adopted sandbox %s: %w", sb.Name, err))
 			}
 			if wrote {
-				r.store.touch(key, sb.Name, now) // a last use left from before counts no more
+				r.store.touch(key, sb.Name, rec.LastUsed) // a last use left from before counts no more
 			}
 			act.Sessions = []string{key}
 		}

@@ -55,6 +55,7 @@ type Registry struct {
 	store     *store
 	caps      sync.Map // backend.TerminalBackend → backend.Capabilities
 	clock     func() time.Time
+	offset    time.Duration // WithClockOffset: retention is judged at clock+offset
 	grace     time.Duration
 	agentSrc  string
 
@@ -152,6 +153,7 @@ func Open(ctx context.Context, cfg *config.Config, opts ...Option) (*Registry, e
 		store:     newStore(filepath.Join(stateDir, StoreFile), o.storeTimeout),
 		drivers:   map[string]*driverEntry{},
 		clock:     o.clock,
+		offset:    o.clockOffset,
 		grace:     o.grace,
 		agentSrc:  agentSrc,
 	}
@@ -387,7 +389,7 @@ func (r *Registry) createIn(ctx context.Context, p *pending, session string, rul
 	if err := r.pull(ctx, b, rule, session, name); err != nil {
 		return r.dropDir(p, err)
 	}
-	now := r.now()
+	now := r.stamp()
 	p.spec.Labels[backend.LabelCreated] = now.Format(time.RFC3339)
 	sb, err := b.Create(ctx, backend.CreateRequest{Spec: p.spec, Agent: p.files})
 	if err != nil {

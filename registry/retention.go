@@ -16,8 +16,14 @@ import (
 // Creating a sandbox (an image pull included) is expected to take less.
 const DefaultOrphanGrace = 15 * time.Minute
 
-// now returns the registry's clock (WithClock), in UTC.
-func (r *Registry) now() time.Time { return r.clock().UTC() }
+// now returns the time retention is judged at: the registry's clock (WithClock) plus
+// its offset (WithClockOffset), in UTC.
+func (r *Registry) now() time.Time { return r.clock().Add(r.offset).UTC() }
+
+// stamp returns the time the registry records (creation, last use, removal): its
+// clock without the offset, in UTC, so that looking ahead leaves no future time in
+// the store or on a sandbox.
+func (r *Registry) stamp() time.Time { return r.clock().UTC() }
 
 // Causes of prune actions and expiry (PruneAction.Cause).
 const (
@@ -166,11 +172,11 @@ func (r *Registry) expireOwn(ctx context.Context, b backend.TerminalBackend, rul
 		if err := b.Remove(ctx, old.Sandbox); err != nil {
 			return old, fmt.Errorf("removing expired sandbox %s (%s): %w", old.Sandbox, v.reason, err)
 		}
-		reason := v.reason
-		if _, err := r.store.markRemoved(old.Driver, old.Sandbox, now, reason); err != nil {
+		reason, at := v.reason, r.stamp()
+		if _, err := r.store.markRemoved(old.Driver, old.Sandbox, at, reason); err != nil {
 			return old, fmt.Errorf("sandbox %s is removed (%s), but recording that failed: %w", old.Sandbox, v.reason, err)
 		}
-		old.Removed, old.RemovedReason = now, reason
+		old.Removed, old.RemovedReason = at, reason
 	}
 	return old, nil
 }

@@ -178,6 +178,71 @@ func TestIdleRemoveRecreates(t *testing.T) {
 	}
 }
 
+// TestClockOffsetRecordsNoFuture: a registry with WithClockOffset judges retention
+// ahead (an exec of an idle session recreates its sandbox, a dry-run prune reports
+// what would expire), but what it records stays on its clock: the new sandbox's
+// creation label, the session's last use and the removal time are never later than
+// the clock, so a look ahead leaves no time in the future behind.
+func TestClockOffsetRecordsNoFuture(t *testing.T) {
+	e := newEnv(t, retentionRules)
+	clk := newClock()
+	r := e.openClock(clk)
+	run(t, r, "idle-rm:1", "true")
+	run(t, r, "idle-stop:1", "true")
+	ahead, err := e.openWith(nil, WithClock(clk.Now), WithClockOffset(96*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ahead.Close()
+	rep, err := ahead.Prune(context.Background(), PruneOptions{DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.At.Equal(clk.Now().Add(96 * time.Hour)) {
+		t.Errorf("the dry run was judged at %v, want the clock plus the offset", rep.At)
+	}
+	would := 0
+	for _, a := range rep.Actions {
+		if a.Action == PruneRemove || a.Action == PruneStop {
+			would++
+		}
+	}
+	if would != 2 {
+		t.Errorf("a dry run 96h ahead: %d sandboxes would expire, want both: %+v", would, rep.Actions)
+	}
+	_, lease := run(t, ahead, "idle-rm:1", "true")
+	if !lease.Recreated {
+		t.Errorf("exec 96h ahead of an idle_ttl 1h remove session: %+v, want recreated", lease)
+	}
+	run(t, ahead, "idle-stop:1", "true")
+	now := clk.Now()
+	for _, s := range []string{"idle-rm:1", "idle-stop:1"} {
+		rec := records(t, r)[s]
+		if rec.LastUsed.After(now) || rec.Created.After(now) {
+			t.Errorf("%s after an exec 96h ahead: last use %v, created %v; want neither after the clock %v", s, rec.LastUsed, rec.Created, now)
+		}
+		sb, err := e.lastDriver().Inspect(context.Background(), rec.Sandbox)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, err := time.Parse(time.RFC3339, sb.Labels[backend.LabelCreated]); err != nil || c.After(now) {
+			t.Errorf("%s's sandbox label %s = %q, want no time after the clock %v", s, backend.LabelCreated, sb.Labels[backend.LabelCreated], now)
+		}
+	}
+	// Without the offset the sessions were just used: nothing is due.
+	run(t, r, "idle-rm:1", "true")
+	if _, again := run(t, r, "idle-rm:1", "true"); again.Recreated {
+		t.Error("an exec without offset right after the look-ahead recreated the sandbox again")
+	}
+	// A real prune ahead records the removal at the clock's time.
+	if _, err := ahead.Prune(context.Background(), PruneOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if rec := records(t, r)["idle-rm:1"]; rec.Removed.IsZero() || rec.Removed.After(now) {
+		t.Errorf("removal recorded at %v, want set and not after the clock %v", rec.Removed, now)
+	}
+}
+
 func TestPruneIdleRemoveAndNextExec(t *testing.T) {
 	e := newEnv(t, retentionRules)
 	clk := newClock()

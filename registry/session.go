@@ -279,7 +279,7 @@ func (c *sessionConn) commit() error {
 	if c.p == nil {
 		return nil
 	}
-	c.p.rec.LastUsed = c.r.now()
+	c.p.rec.LastUsed = c.r.stamp()
 	if err := c.r.store.put(c.p.rec); err != nil {
 		return fmt.Errorf("session %q: recording sandbox %s: %w", c.session, c.lease.Sandbox, err)
 	}
@@ -314,7 +314,7 @@ func (c *sessionConn) end(touch bool) {
 	}
 	c.ended = true
 	if touch {
-		if err := c.r.store.touch(c.session, c.lease.Sandbox, c.r.now()); err != nil {
+		if err := c.r.store.touch(c.session, c.lease.Sandbox, c.r.stamp()); err != nil {
 			c.r.log.Warn("recording last use", "session", c.session, "error", err)
 		}
 	}

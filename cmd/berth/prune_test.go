@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -140,7 +141,10 @@ func TestPrune(t *testing.T) {
 	if !out.Recreated || !strings.Contains(out.RecreatedReason, "idle since") || r.stderr != "" {
 		t.Errorf("exec --json after the idle removal: %+v\n%v", out, r)
 	}
-	r = later.must("exec", "--json", "-s", "tmp:1", "--", "true")
+	// The exec 2h ahead recorded its use at the real time, not 2h ahead: seen from
+	// the real clock the sandbox was just used, so the next exec finds it as it is.
+	out.Recreated = false
+	r = e.must("exec", "--json", "-s", "tmp:1", "--", "true")
 	decodeOne(t, r, &out)
 	if out.Recreated {
 		t.Errorf("the second exec says recreated too\n%v", r)
@@ -358,5 +362,40 @@ func TestConcurrentExecsWithPrune(t *testing.T) {
 	}
 	if rows := e.sessions(); len(rows) != sessions {
 		t.Errorf("%d sessions recorded, want %d: %+v", len(rows), sessions, rows)
+	}
+}
+
+// TestClockOffsetLeavesNoFuture: BERTH_CLOCK_OFFSET looks ahead (an exec applies the
+// session's retention as of then) but records nothing in the future: after an exec
+// 96h ahead, the session's last use is not after the real clock and `sessions` says
+// "ago", and the next exec without offset finds nothing due.
+func TestClockOffsetLeavesNoFuture(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.config = e.writeFile("config.hcl", pruneConfig)
+	e.must("exec", "-s", "tmp:1", "--", "true")
+	r := e.at("96h").must("exec", "-s", "tmp:1", "--", "true")
+	if !strings.Contains(r.stderr, "removed by retention") {
+		t.Errorf("exec 96h ahead of an idle_ttl: want the sandbox recreated\n%v", r)
+	}
+	row, ok := findSession(e.sessions(), "tmp:1")
+	if !ok || row.LastUsed.After(time.Now()) {
+		t.Errorf("after an exec 96h ahead: %+v, want a last use not after now", row)
+	}
+	if text := e.must("sessions"); regexp.MustCompile(` -[0-9]+h`).MatchString(text.stdout) || strings.Contains(text.stdout, "future") || !strings.Contains(text.stdout, " ago") {
+		t.Errorf("sessions after an exec 96h ahead:\n%v", text)
+	}
+	if r := e.must("exec", "-s", "tmp:1", "--", "true"); r.stderr != "" {
+		t.Errorf("exec without offset right after the look-ahead: want nothing due\n%v", r)
+	}
+}
+
+// TestAgoFuture: a time after now is said to be in the future, not "-5s ago".
+func TestAgoFuture(t *testing.T) {
+	if got := ago(time.Now().Add(96 * time.Hour)); !strings.HasSuffix(got, " in the future") || strings.HasPrefix(got, "-") {
+		t.Errorf("ago(96h ahead) = %q", got)
+	}
+	if got := ago(time.Now().Add(-time.Hour)); !strings.HasSuffix(got, " ago") {
+		t.Errorf("ago(an hour back) = %q", got)
 	}
 }

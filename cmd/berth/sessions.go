@@ -73,11 +73,17 @@ type sessionJSON struct {
 	RemovedReason string `json:"removed_reason,omitempty"`
 }
 
+// ago says how long before now t was; a t after now (a store written by a berth whose
+// clock ran ahead) is said to be in the future, not as a negative time ago.
 func ago(t time.Time) string {
 	if t.IsZero() {
 		return "-"
 	}
-	return time.Since(t).Round(time.Second).String() + " ago"
+	d := time.Since(t).Round(time.Second)
+	if d < 0 {
+		return (-d).String() + " in the future"
+	}
+	return d.String() + " ago"
 }
 
 func newCloseCmd(g *globals) *cobra.Command {

@@ -25,7 +25,8 @@ import (
 
 // envClockOffset shifts berth's clock for retention by a duration (7d, 36h, -1h):
 // `BERTH_CLOCK_OFFSET=7d berth prune --dry-run` shows what will have expired in a
-// week. Tests use it instead of waiting.
+// week. Tests use it instead of waiting. It shifts only the judgement
+// (registry.WithClockOffset): the times berth records stay real.
 const envClockOffset = "BERTH_CLOCK_OFFSET"
 
 // settings are what a command opens its registry with.
@@ -41,7 +42,7 @@ func (g *globals) settings() (*settings, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot find the berth binary: %w", err)
 	}
-	now, err := clockOffset()
+	offset, err := clockOffset()
 	if err != nil {
 		return nil, err
 	}
@@ -63,8 +64,8 @@ func (g *globals) settings() (*settings, error) {
 		registry.WithLogger(log),
 		registry.WithPullProgress(g.onPull),
 	}, g.driverOptions()...)
-	if now != nil {
-		opts = append(opts, registry.WithClock(now))
+	if offset != 0 {
+		opts = append(opts, registry.WithClockOffset(offset))
 	}
 	return &settings{cfg: cfg, opts: opts}, nil
 }
@@ -186,18 +187,18 @@ func (g *globals) resolveStateDir(cfg *config.Config) (string, error) {
 	return config.ExpandHome(dir), nil
 }
 
-// clockOffset returns the clock of $BERTH_CLOCK_OFFSET, nil when it is unset.
-func clockOffset() (func() time.Time, error) {
+// clockOffset returns the offset of $BERTH_CLOCK_OFFSET, 0 when it is unset.
+func clockOffset() (time.Duration, error) {
 	v := os.Getenv(envClockOffset)
 	if v == "" {
-		return nil, nil
+		return 0, nil
 	}
 	off, err := config.ParseDuration(strings.TrimPrefix(v, "-"))
 	if err != nil {
-		return nil, backend.Errorf(backend.ErrInvalid, "%s=%q: %v; use a duration such as 7d or 36h (a leading - goes back)", envClockOffset, v, err)
+		return 0, backend.Errorf(backend.ErrInvalid, "%s=%q: %v; use a duration such as 7d or 36h (a leading - goes back)", envClockOffset, v, err)
 	}
 	if strings.HasPrefix(v, "-") {
 		off = -off
 	}
-	return func() time.Time { return time.Now().Add(off) }, nil
+	return off, nil
 }
