@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -943,9 +944,12 @@ func (d *decoder) scope(b *hcl.Block, glob string) (Rule, bool) {
 	}
 	if a := at["env"]; a != nil {
 		if m, ok := d.strMap(a); ok {
-			for k, v := range m {
-				if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
-					d.errf(a.Expr.Range(), "Invalid environment variable", "env: %q is not a valid variable (names are non-empty, without \"=\" or NUL).", k)
+			for _, k := range slices.Sorted(maps.Keys(m)) {
+				switch {
+				case k == "" || strings.ContainsAny(k, "=\x00"):
+					d.errf(a.Expr.Range(), "Invalid environment variable", "env: %q is not a valid variable name (names are non-empty, without \"=\" or NUL).", k)
+				case strings.ContainsRune(m[k], 0):
+					d.errf(a.Expr.Range(), "Invalid environment variable", "env: the value of %s holds a NUL byte (at byte %d), which no environment variable can carry; remove it.", k, strings.IndexByte(m[k], 0)+1)
 				}
 			}
 			r.Env = m
@@ -1092,6 +1096,10 @@ func (d *decoder) size(a *hcl.Attribute, what string) (int64, bool) {
 	case cty.Number:
 		f := v.AsBigFloat()
 		n, acc := f.Int64()
+		if f.IsInt() && f.Sign() > 0 && (acc != big.Exact || n > MaxBytes) {
+			d.errf(a.Expr.Range(), title, "%s: %s bytes is too large; the largest is %d bytes (4 EiB less one byte).", what, f.Text('f', 0), int64(MaxBytes))
+			return 0, false
+		}
 		if !f.IsInt() || acc != big.Exact || n <= 0 {
 			d.errf(a.Expr.Range(), title, "%s must be a positive whole number of bytes or a size such as \"512m\" or \"2g\".", what)
 			return 0, false

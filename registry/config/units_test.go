@@ -3,6 +3,7 @@ package config
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strings"
 	"testing"
 	"time"
 )
@@ -30,9 +31,28 @@ func TestParseDuration(t *testing.T) {
 			t.Errorf("ParseDuration(%q) = %v, %v; want %v", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"", "7", "d", "-1h", "+1h", "7days", "1w", "1h-2m", "abc", "1.2.3h", "99999999999d"} {
-		if got, err := ParseDuration(in); err == nil {
-			t.Errorf("ParseDuration(%q) = %v, want error", in, got)
+	for _, in := range []string{"", "7", "d", "-1h", "+1h", "7days", "1w", "1h-2m", "abc", "1.2.3h", "."} {
+		if got, err := ParseDuration(in); err == nil || !strings.Contains(err.Error(), "use a number with a unit") {
+			t.Errorf("ParseDuration(%q) = %v, %v; want the error that shows the form", in, got, err)
+		}
+	}
+	// The largest duration is accepted; anything longer is "too large", with the
+	// maximum, not "use a number with a unit".
+	for in, want := range map[string]time.Duration{
+		"106751d":                    106751 * 24 * time.Hour,
+		"106751d23h47m16.854775807s": MaxDuration,
+		"9223372036854775807ns":      MaxDuration,
+		"2562047h":                   2562047 * time.Hour,
+	} {
+		if got, err := ParseDuration(in); err != nil || got != want {
+			t.Errorf("ParseDuration(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"999999999999d", "99999999999d", "106752d", "106751d24h", "2562048h", "9223372036854775808ns",
+		"9223372037s", "106751d23h47m16.854775808s", "100000000000000000000000000000000000000000s", "106751d106751d"} {
+		_, err := ParseDuration(in)
+		if err == nil || !strings.Contains(err.Error(), "too large") || !strings.Contains(err.Error(), "106751d23h47m16s") || strings.Contains(err.Error(), "use a number") {
+			t.Errorf("ParseDuration(%q): %v; want \"too large\" with the maximum", in, err)
 		}
 	}
 }
@@ -58,6 +78,14 @@ func TestParseBytes(t *testing.T) {
 	for _, in := range []string{"", "m", "0", "-1m", "512x", "1.5", "0.1b", "512mi", "ib"} {
 		if got, err := ParseBytes(in); err == nil {
 			t.Errorf("ParseBytes(%q) = %v, want error", in, got)
+		}
+	}
+	if got, err := ParseBytes("4611686018427387903"); err != nil || got != MaxBytes {
+		t.Errorf("ParseBytes(MaxBytes) = %v, %v", got, err)
+	}
+	for _, in := range []string{"4611686018427387904", "4194304t", "99999999t", "4194304.5t", "99999999999999999999999"} {
+		if _, err := ParseBytes(in); err == nil || !strings.Contains(err.Error(), "too large") || !strings.Contains(err.Error(), "4611686018427387903 bytes") {
+			t.Errorf("ParseBytes(%q): %v; want \"too large\" with the maximum", in, err)
 		}
 	}
 }
