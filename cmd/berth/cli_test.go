@@ -1965,3 +1965,168 @@ func TestUnicodeSession(t *testing.T) {
 		t.Errorf("sessions after rm of the NFD spelling: %+v", rows)
 	}
 }
+
+// openFIFO makes a FIFO at path and opens its other end in the background: for
+// writing (the test feeds berth) or reading (berth's command tells the test). The
+// open returns once the other side has opened it, which orders the test after that
+// point of berth's run; the file comes on the channel. A berth that ends first fails
+// the test (done is closed when it has).
+func openFIFO(t *testing.T, path string, flag int) <-chan *os.File {
+	t.Helper()
+	if err := syscall.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan *os.File, 1)
+	go func() {
+		f, err := os.OpenFile(path, flag, 0)
+		if err != nil {
+			t.Error(err)
+			close(ch)
+			return
+		}
+		ch <- f
+	}()
+	return ch
+}
+
+// signalPending reports whether sig is pending, not yet handled, for any thread of
+// process pid (from /proc: each thread's SigPnd and the process's ShdPnd).
+func signalPending(pid int, sig syscall.Signal) bool {
+	files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			k, v, _ := strings.Cut(line, ":")
+			if k != "SigPnd" && k != "ShdPnd" {
+				continue
+			}
+			if mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err == nil && mask&(1<<(sig-1)) != 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// TestInterruptAtStart: SIGINT, SIGTERM or SIGHUP that reach berth exec, shell mode
+// or berth shell before it has started anything (here while it waits to read its
+// config file, a FIFO that the test writes only after the signal) never kill berth:
+// it exits 128+N saying "interrupted before the command ran", and the command never
+// ran. A command that does not forward signals (sessions) still dies by them. The
+// events are ordered, not timed: the signal is sent once berth has opened the config
+// FIFO (the test's open of the other end returns then), and the config is written
+// once the kernel has handed the signal to one of berth's threads (the kernel may
+// pick an idle thread, which runs later than the one reading: a fast command such as
+// sessions could otherwise exit before its signal is handled), so berth can start
+// nothing before it has the signal.
+func TestInterruptAtStart(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		sig  syscall.Signal
+		args []string
+		code int    // 0: killed by sig
+		says string // on stderr
+	}{
+		{"exec-SIGINT", syscall.SIGINT, []string{"exec", "--", "sh", "-c", "touch MARK; exec sleep 300"}, 130, "interrupted before the command ran"},
+		{"exec-SIGTERM", syscall.SIGTERM, []string{"exec", "--", "sh", "-c", "touch MARK; exec sleep 300"}, 143, "interrupted before the command ran"},
+		{"exec-json-SIGHUP", syscall.SIGHUP, []string{"exec", "--json", "--", "sh", "-c", "touch MARK; exec sleep 300"}, 129, "interrupted before the command ran"},
+		{"shell-mode-SIGINT", syscall.SIGINT, []string{"exec", "--shell", "touch MARK; sleep 300"}, 130, "interrupted before the command ran"},
+		{"job-logs-SIGINT", syscall.SIGINT, []string{"job", "logs", "--follow", "j1"}, 130, ""},
+		{"sessions-SIGTERM", syscall.SIGTERM, []string{"sessions"}, 0, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			mark := filepath.Join(e.dir, "ran")
+			for i, a := range c.args {
+				c.args[i] = strings.ReplaceAll(a, "MARK", mark)
+			}
+			fifo := filepath.Join(e.dir, "config.fifo")
+			opened := openFIFO(t, fifo, os.O_WRONLY)
+			e.config = fifo
+			cmd := e.command(c.args...)
+			e.config = e.writeFile("config.hcl", "scope \"*\" {\n}\n") // for the cleanup
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			var w *os.File
+			select {
+			case w = <-opened:
+			case err := <-exited:
+				t.Fatalf("berth ended before it opened its config: %v; stderr %q", err, stderr.String())
+			}
+			if w == nil {
+				cmd.Process.Kill()
+				t.FailNow()
+			}
+			cmd.Process.Signal(c.sig)
+			for signalPending(cmd.Process.Pid, c.sig) {
+				time.Sleep(time.Millisecond) // polls the kernel's state; berth needs the CPU
+			}
+			w.WriteString("scope \"*\" {\n}\n") // fails (EPIPE) when berth is gone: fine
+			w.Close()
+			<-exited
+			ws := cmd.ProcessState.Sys().(syscall.WaitStatus)
+			_, statErr := os.Stat(mark)
+			ran := statErr == nil
+			switch {
+			case c.code == 0:
+				if !ws.Signaled() || ws.Signal() != c.sig {
+					t.Errorf("berth %v after %v: %v, want killed by it; stderr %q", c.args, c.sig, ws, stderr.String())
+				}
+			case ws.Signaled():
+				t.Errorf("berth %v was killed by %v (a caller sees -%d); want exit %d", c.args, ws.Signal(), ws.Signal(), c.code)
+			case ws.ExitStatus() != c.code || ran || !strings.Contains(stderr.String(), c.says):
+				t.Errorf("berth %v after %v: exit %d, stderr %q, the command ran: %v; want %d, %q and no command", c.args, c.sig, ws.ExitStatus(), stderr.String(), ran, c.code, c.says)
+			}
+		})
+	}
+}
+
+// TestShellModeInterruptJSON: SIGINT during a shell-mode call ends it; berth exits 130
+// and its --json result says the same: exit_code 130, signal 2 (not the SIGTERM the
+// agent ended the tree with), and the tree is gone.
+func TestShellModeInterruptJSON(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.must("exec", "--shell", "true")
+	for _, c := range []struct {
+		sig  syscall.Signal
+		code int
+	}{{syscall.SIGINT, 130}, {syscall.SIGHUP, 129}} {
+		mark := newMark()
+		fifo := filepath.Join(e.dir, fmt.Sprintf("started-%d.fifo", c.sig))
+		opened := openFIFO(t, fifo, os.O_RDONLY)
+		r := e.start("exec", "--json", "-e", markEnv(mark), "--shell", fmt.Sprintf("echo started > %s; sleep 300", fifo))
+		f := <-opened // the call runs: its shell has opened the FIFO
+		if f == nil {
+			t.FailNow()
+		}
+		io.ReadAll(f)
+		f.Close()
+		r.cmd.Process.Signal(c.sig)
+		code := r.finish(t, time.Minute)
+		var out struct {
+			ExitCode int `json:"exit_code"`
+			Signal   int `json:"signal"`
+		}
+		if err := json.Unmarshal([]byte(strings.Join(r.all, "\n")), &out); err != nil {
+			t.Fatalf("--json output after %v: %v; lines %q; stderr %q", c.sig, err, r.all, r.stderr.String())
+		}
+		if code != c.code || out.ExitCode != c.code || out.Signal != int(c.sig) {
+			t.Errorf("shell mode --json after %v: berth exits %d, JSON exit_code %d signal %d; want %d, %d and %d", c.sig, code, out.ExitCode, out.Signal, c.code, c.code, c.sig)
+		}
+		if left := marked(mark); len(left) > 0 {
+			t.Errorf("the interrupted call left processes:\n%s", describe(left))
+		}
+	}
+}

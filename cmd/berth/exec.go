@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/output"
+	"github.com/berth-sh/berth/internal/sigstart"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/registry/config"
 	"github.com/spf13/cobra"
@@ -85,7 +87,7 @@ max_output), the full stream kept in a file under the state dir.`,
 	fl.BoolVar(&f.recreate, "recreate", false, "remove the session's sandbox first and run in a new one made from its rule's current config (the remedy for drift; files, processes and shell state in the old one are lost)")
 	fl.BoolVar(&f.json, "json", false, "print one JSON object with the result and the output at the end (image pull progress, if any, as JSON lines on stderr)")
 	fl.SetInterspersed(false)
-	return cmd
+	return takesSignals(cmd)
 }
 
 func defaultSession() string {
@@ -156,16 +158,15 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 		case <-execCtx.Done():
 		}
 	}()
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGWINCH)
+	// SIGINT, SIGTERM and SIGHUP have been caught since berth started (sigstart):
+	// those that came already are in sigs.
+	sigs := sigstart.Take()
+	signal.Notify(sigs, syscall.SIGWINCH)
 	defer signal.Stop(sigs)
 
-	p, lease, recreated, early, err := startExec(execCtx, cancel, reg, f, req, sigs)
+	p, lease, recreated, early, err := startExec(execCtx, cancel, reg, f.session, f.recreate, req, sigs)
 	if err != nil {
-		if len(early.signals) > 0 {
-			return &exitError{code: 128 + int(early.signals[0].(syscall.Signal)), err: fmt.Errorf("session %s: interrupted before the command ran: %v", f.session, err)}
-		}
-		return failure(err)
+		return startError(f.session, early, err)
 	}
 	if !f.json {
 		reportLease(f.session, lease)
@@ -264,16 +265,53 @@ type earlySignals struct {
 	resized bool // a SIGWINCH came: the terminal's size is sent once the command runs
 }
 
-// startExec starts the command (after --recreate's removal, which recreated reports),
-// watching sigs meanwhile.
+// errBeforeStart is startExec's error for a signal that came before anything was
+// started.
+var errBeforeStart = errors.New("the signal came before anything was started")
+
+// pendingSignal returns a terminating signal that berth has received by now: it is in
+// sigs once sigstart.Sync returns (a SIGWINCH there only sets early.resized), or nil.
+func pendingSignal(sigs <-chan os.Signal, early *earlySignals) os.Signal {
+	sigstart.Sync()
+	for {
+		select {
+		case s := <-sigs:
+			if s == syscall.SIGWINCH {
+				early.resized = true
+				continue
+			}
+			return s
+		default:
+			return nil
+		}
+	}
+}
+
+// startError is berth's error for a call that did not start: 128+N with
+// "interrupted before the command ran" when a signal came first, else a failure.
+func startError(session string, early earlySignals, err error) error {
+	if len(early.signals) > 0 {
+		return &exitError{code: 128 + int(early.signals[0].(syscall.Signal)), err: fmt.Errorf("session %s: interrupted before the command ran: %v", session, err)}
+	}
+	return failure(err)
+}
+
+// startExec starts the command in session (after --recreate's removal, which
+// recreated reports), watching sigs meanwhile.
+// A signal that is already in sigs (it came while berth was starting up or reading its
+// config) means that nothing is started: berth exits 128+N (startError).
 // Until reg.Exec returns, a sandbox may be being created or pulled, or the command may
 // have just started while its session is recorded. A signal then is kept: when the
 // call succeeds it is forwarded to the command (earlySignals), as one a moment later
 // would be; when the call is still busy startGrace later (or at a second signal) the
 // call is cancelled, and berth exits 128+N leaving nothing half made.
-func startExec(ctx context.Context, cancel context.CancelFunc, reg *registry.Registry, f *execFlags, req backend.ExecRequest, sigs <-chan os.Signal) (backend.Process, *registry.Lease, bool, earlySignals, error) {
-	starting := make(chan struct{})
+func startExec(ctx context.Context, cancel context.CancelFunc, reg *registry.Registry, session string, recreate bool, req backend.ExecRequest, sigs <-chan os.Signal) (backend.Process, *registry.Lease, bool, earlySignals, error) {
 	var early earlySignals
+	if s := pendingSignal(sigs, &early); s != nil {
+		early.signals = append(early.signals, s)
+		return nil, nil, false, early, errBeforeStart
+	}
+	starting := make(chan struct{})
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
@@ -299,11 +337,11 @@ func startExec(ctx context.Context, cancel context.CancelFunc, reg *registry.Reg
 			}
 		}
 	}()
-	recreated, err := recreateFirst(ctx, reg, f.session, f.recreate)
+	recreated, err := recreateFirst(ctx, reg, session, recreate)
 	var p backend.Process
 	var lease *registry.Lease
 	if err == nil {
-		p, lease, err = reg.Exec(ctx, f.session, req)
+		p, lease, err = reg.Exec(ctx, session, req)
 	}
 	close(starting)
 	<-watched

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/sigstart"
 	"github.com/berth-sh/berth/registry"
 )
 
@@ -91,8 +92,9 @@ or the sandbox stops. The host reads that output only through the agent.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
-			sigs := make(chan os.Signal, 2)
-			signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+			// SIGINT, SIGTERM and SIGHUP, caught since berth started (sigstart), stop
+			// the reading (not the job): berth exits 128+N.
+			sigs := sigstart.Take()
 			defer signal.Stop(sigs)
 			got := make(chan os.Signal, 1)
 			go func() {
@@ -138,6 +140,6 @@ or the sandbox stops. The host reads that output only through the agent.`,
 			})
 		},
 	}
-	job.AddCommand(start, ls, logs, kill)
+	job.AddCommand(start, ls, takesSignals(logs), kill)
 	return job
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/phase"
+	"github.com/berth-sh/berth/internal/sigstart" // catches SIGINT, SIGTERM, SIGHUP from the start
 )
 
 // Exit codes of berth itself; every other code is the command's.
@@ -26,6 +27,7 @@ const (
 func main() {
 	// The agent runs as PID 1 in containers: dispatch before anything else is set up.
 	if agent.IsAgent() {
+		sigstart.Release() // the agent sets up its own signal handling
 		os.Exit(agent.Main(os.Args[1:]))
 	}
 	if os.Getenv(envTrace) != "" {
@@ -33,6 +35,9 @@ func main() {
 		phase.Mark("main")
 	}
 	code := run(os.Args[1:])
+	// A run that reached no command (help, a usage error) neither took nor released
+	// the early signals: one that came meanwhile ends berth now, as it would have.
+	sigstart.Release()
 	phase.Report(os.Stderr)
 	os.Exit(code)
 }

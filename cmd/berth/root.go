@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/sigstart"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
 	"github.com/spf13/cobra"
@@ -76,6 +77,14 @@ session scope in config: the host (local), Docker, containerd, or a third-party 
 Without a config file every session runs on the local driver.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// SIGINT, SIGTERM and SIGHUP are caught from the start of the process
+		// (internal/sigstart); the commands that handle them take them over, every
+		// other one gives them their default action back here.
+		PersistentPreRun: func(cmd *cobra.Command, args []string) {
+			if !handlesSignals(cmd) {
+				sigstart.Release()
+			}
+		},
 	}
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return &exitError{code: exitInternal, err: fmt.Errorf("%v (see '%s --help')", err, c.CommandPath())}
@@ -188,6 +197,21 @@ func newVersionCmd() *cobra.Command {
 		},
 	}
 }
+
+// signalsAnnotation marks a command that takes over the signals caught since the start
+// (sigstart.Take): exec, shell, job logs.
+const signalsAnnotation = "berth.signals"
+
+// takesSignals marks c as a command that handles SIGINT, SIGTERM and SIGHUP itself.
+func takesSignals(c *cobra.Command) *cobra.Command {
+	if c.Annotations == nil {
+		c.Annotations = map[string]string{}
+	}
+	c.Annotations[signalsAnnotation] = "take"
+	return c
+}
+
+func handlesSignals(c *cobra.Command) bool { return c.Annotations[signalsAnnotation] == "take" }
 
 // usageError wraps err as a berth failure (exit 125).
 func usageError(format string, args ...any) error {

@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/sigstart"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 )
@@ -31,7 +32,7 @@ exit code.`,
 	}
 	cmd.Flags().StringVarP(&session, "session", "s", defaultSession(), "session name ($BERTH_SESSION sets the default)")
 	cmd.Flags().BoolVar(&recreate, "recreate", false, "remove the session's sandbox first and open the shell in a new one made from its rule's current config")
-	return cmd
+	return takesSignals(cmd)
 }
 
 func runShell(ctx context.Context, g *globals, session string, recreate bool) error {
@@ -43,23 +44,29 @@ func runShell(ctx context.Context, g *globals, session string, recreate bool) er
 	if w, h, err := term.GetSize(out); err == nil {
 		size = backend.WindowSize{Rows: uint16(h), Cols: uint16(w)}
 	}
+	// SIGINT, SIGTERM and SIGHUP have been caught since berth started (sigstart); in
+	// raw mode the terminal sends ^C as a byte, so these only come from elsewhere. One
+	// that came before the shell starts means that nothing is started; later ones are
+	// forwarded to the shell.
+	sigs := sigstart.Take()
+	defer signal.Stop(sigs)
+	winch := make(chan os.Signal, 4)
+	signal.Notify(winch, syscall.SIGWINCH)
+	defer signal.Stop(winch)
 	g.onPull = newPullDisplay(false).event
 	reg, err := g.open(ctx)
 	if err != nil {
 		return failure(err)
 	}
 	defer reg.Close()
+	var early earlySignals
+	if s := pendingSignal(sigs, &early); s != nil {
+		early.signals = append(early.signals, s)
+		return startError(session, early, errBeforeStart)
+	}
 	if _, err := recreateFirst(ctx, reg, session, recreate); err != nil {
 		return failure(err)
 	}
-
-	winch := make(chan os.Signal, 4)
-	signal.Notify(winch, syscall.SIGWINCH)
-	defer signal.Stop(winch)
-	// In raw mode the terminal sends ^C as a byte; these only come from elsewhere.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
 
 	p, lease, err := reg.Exec(ctx, session, backend.ExecRequest{Argv: shellArgv, TTY: true, Size: size, Stdin: true, Stdout: os.Stdout})
 	if err != nil {

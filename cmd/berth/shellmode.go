@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/berth-sh/berth/internal/sigstart"
 	"github.com/berth-sh/berth/registry"
 )
 
@@ -33,24 +34,29 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 	if f.stdin {
 		req.Stdin = os.Stdin
 	}
+	// SIGINT, SIGTERM and SIGHUP end the call: its process tree is killed and berth
+	// exits 128+N. They have been caught since berth started (sigstart): one that
+	// came before the call starts means that nothing is started.
+	sigs := sigstart.Take()
+	defer signal.Stop(sigs)
 	g.onPull = newPullDisplay(f.json).event
 	reg, err := g.open(ctx)
 	if err != nil {
 		return failure(err)
 	}
 	defer reg.Close()
+	var early earlySignals
+	if s := pendingSignal(sigs, &early); s != nil {
+		early.signals = append(early.signals, s)
+		return startError(f.session, early, errBeforeStart)
+	}
 	recreated, err := recreateFirst(ctx, reg, f.session, f.recreate)
 	if err != nil {
 		return failure(err)
 	}
 
-	// SIGINT, SIGTERM and SIGHUP end the call: its process tree is killed and berth
-	// exits 128+N.
 	callCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
 	got := make(chan os.Signal, 1)
 	go func() {
 		select {
@@ -62,13 +68,23 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 	}()
 
 	res, err := reg.Shell(callCtx, f.session, req)
+	var interrupted syscall.Signal // the signal that ended the call, or 0
+	select {
+	case s := <-got:
+		interrupted = s.(syscall.Signal)
+	default:
+	}
 	if err != nil {
-		select {
-		case s := <-got: // interrupted before the call ran (waiting for the session)
-			return &exitError{code: 128 + int(s.(syscall.Signal)), err: fmt.Errorf("session %s: interrupted before the command ran", f.session)}
-		default:
+		if interrupted != 0 { // interrupted before the call ran (waiting for the session)
+			return &exitError{code: 128 + int(interrupted), err: fmt.Errorf("session %s: interrupted before the command ran", f.session)}
 		}
 		return failure(err)
+	}
+	if res.Canceled && interrupted != 0 {
+		// The agent ended the call's tree with SIGTERM (then SIGKILL); what ended the
+		// call is the signal berth got, and its result says so, as berth's exit code
+		// does: 128+N.
+		res.ExitCode, res.Signal = 128+int(interrupted), int(interrupted)
 	}
 	if f.json {
 		out := execJSON{
@@ -117,13 +133,10 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 	switch {
 	case res.TimedOut:
 		return exitCode(exitTimeout)
+	case res.Canceled && interrupted != 0:
+		return exitCode(res.ExitCode)
 	case res.Canceled:
-		select {
-		case s := <-got:
-			return exitCode(128 + int(s.(syscall.Signal)))
-		default:
-			return exitCode(128 + int(syscall.SIGINT))
-		}
+		return exitCode(128 + int(syscall.SIGINT))
 	case res.ExitCode != 0:
 		return exitCode(res.ExitCode)
 	}

@@ -1,0 +1,113 @@
+// Package sigstart catches SIGINT, SIGTERM and SIGHUP from the moment the berth binary
+// starts, before its main function and the initialisation of its bigger dependencies
+// run, so that a signal sent right after berth was started is not lost and does not
+// kill berth before the command that handles it is ready.
+//
+// Only importing the package does that (its init calls signal.Notify). It has no
+// dependency beyond os/signal, so Go initialises it as soon as os/signal is (the
+// packages of a program are initialised in import-path order among those whose
+// imports are done), some milliseconds before main. The command that runs then
+// decides: one that handles the signals itself (berth exec, shell, job logs) Takes the
+// channel and finds in it whatever came early; every other one Releases it, which
+// gives the signals their default action back and delivers again a signal that came
+// in the meantime, so it has that action now.
+//
+// Signals reach a Go program's channels asynchronously: the kernel hands a signal to
+// one of the process's threads, whose handler passes it to a goroutine that sends it
+// on. Sync waits for that hand-over, so that a command can tell for sure whether a
+// signal came before a point of its own (berth exec: before it started anything).
+package sigstart
+
+import (
+	"os"
+	"os/signal"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Caught are the signals caught from the start.
+var Caught = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP}
+
+var (
+	ch      = make(chan os.Signal, 16)
+	mu      sync.Mutex
+	decided bool // Take or Release was called
+)
+
+// syncSignal is the signal Sync sends to its own thread: a real-time signal
+// (SIGRTMIN+6) that nothing else sends or uses, numbered above every signal in
+// Caught.
+const syncSignal = syscall.Signal(40)
+
+// synced receives syncSignal; it stays notified for the process's life, so a late
+// one never has its default action (termination).
+var synced = make(chan os.Signal, 4)
+
+func init() {
+	signal.Notify(ch, Caught...)
+	signal.Notify(synced, syncSignal)
+}
+
+// Sync returns once every signal that the kernel handed to the process before the call
+// has been sent on the channels it was notified to (os/signal does that from a
+// goroutine of its own, some time after the thread's handler ran). It does so by
+// sending syncSignal to the calling thread and waiting for it: returning from the
+// system call that finds the thread's id, the thread has run the handler of every
+// signal pending for the process, and os/signal passes signals on in the order their
+// handlers ran (the lowest number first among those that came together, and
+// syncSignal is numbered above them all). A signal whose handler another thread is
+// still running at that moment may come later, as any signal sent later does. The wait
+// is bounded by a second, which it never needs.
+func Sync() {
+	for len(synced) > 0 { // left from an earlier call
+		<-synced
+	}
+	runtime.LockOSThread()
+	tid := syscall.Gettid()
+	err := syscall.Tgkill(os.Getpid(), tid, syncSignal)
+	runtime.UnlockOSThread()
+	if err != nil {
+		return
+	}
+	select {
+	case <-synced:
+	case <-time.After(time.Second):
+	}
+}
+
+// Take returns the channel that has received Caught since the program started, for a
+// command that handles them itself: signals that came before are in it, and later
+// ones keep coming. The caller may add signals to it with signal.Notify and ends it
+// with signal.Stop. After Take, Release does nothing.
+func Take() chan os.Signal {
+	mu.Lock()
+	defer mu.Unlock()
+	decided = true
+	return ch
+}
+
+// Release stops catching Caught for the rest of the program: they get their
+// default action again (they end the process), and one that came since the start is
+// sent again to the process, which then ends by it as it would have without this
+// package. After Take, or a first Release, it does nothing.
+func Release() {
+	mu.Lock()
+	defer mu.Unlock()
+	if decided {
+		return
+	}
+	decided = true
+	signal.Stop(ch)
+	select {
+	case s := <-ch:
+		sig := s.(syscall.Signal)
+		signal.Reset(sig)
+		syscall.Kill(os.Getpid(), sig)
+		// The signal ends the process at once; should it not, end as it would.
+		time.Sleep(time.Second)
+		os.Exit(128 + int(sig))
+	default:
+	}
+}
