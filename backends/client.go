@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
 	"github.com/hashicorp/go-plugin/runner"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
 	"github.com/berth-sh/berth/backend"
@@ -78,6 +79,7 @@ type LaunchOptions struct {
 // says the driver crashed. A Client is safe for concurrent use.
 type Client struct {
 	path   string
+	args   []string // LaunchOptions.Args
 	env    []string // LaunchOptions.Env
 	logger hclog.Logger
 	pc     *plugin.Client
@@ -148,7 +150,7 @@ func Launch(ctx context.Context, opts LaunchOptions) (*Client, error) {
 		return nil, backend.Errorf(backend.ErrUnavailable, "driver plugin %s: %v", opts.Path, err)
 	}
 
-	c := &Client{path: opts.Path, env: opts.Env, logger: logger, stderr: &tailRecorder{max: 2048}}
+	c := &Client{path: opts.Path, args: opts.Args, env: opts.Env, logger: logger, stderr: &tailRecorder{max: 2048}}
 	var runnerErr error
 	cfg := &plugin.ClientConfig{
 		HandshakeConfig:  Handshake,
@@ -290,6 +292,20 @@ func (c *Client) startError(ctx context.Context, err error, elapsed, timeout tim
 		return backend.Errorf(backend.ErrUnavailable,
 			"driver plugin %s wrote %q to stdout instead of the plugin handshake and was stopped; a driver plugin must call backends.Serve before anything else and never write to stdout (log to stderr with go-hclog)%s",
 			c.path, clip(firstLine, 120), stderrNote)
+	case r != nil && head == "" && r.selfExited() && r.killedBy() != 0:
+		// Something else killed it (a kill, the OOM killer): the plugin is not to blame.
+		sig := r.killedBy()
+		return backend.Errorf(backend.ErrUnavailable,
+			"driver plugin %s was killed by signal %d (%s) before the plugin handshake, not by berth (a kill, the OOM killer?)%s; the next call starts it again",
+			c.command(), int(sig), unix.SignalName(sig), stderrNote)
+	case r != nil && head == "" && r.selfExited() && c.builtin():
+		status := r.exitText()
+		if status == "" {
+			status = "no exit status"
+		}
+		return backend.Errorf(backend.ErrUnavailable,
+			"built-in driver plugin %s exited before the plugin handshake (%s)%s; see berth's log (STATE/berth.log) for its output",
+			c.command(), status, stderrNote)
 	case r != nil && head == "" && r.selfExited():
 		status := r.exitText()
 		if status == "" {
@@ -304,6 +320,21 @@ func (c *Client) startError(ctx context.Context, err error, elapsed, timeout tim
 			c.path, timeout, stderrNote)
 	}
 	return backend.Errorf(backend.ErrUnavailable, "driver plugin %s: %s%s", c.path, oneLine(err.Error()), stderrNote)
+}
+
+// builtin reports whether the plugin is a built-in driver served by the berth binary
+// (BuiltinCommand: `BERTH driver serve NAME`).
+func (c *Client) builtin() bool {
+	return len(c.args) == 3 && c.args[0] == "driver" && c.args[1] == "serve"
+}
+
+// command names the plugin for errors: its path, and for a built-in driver the
+// command that serves it.
+func (c *Client) command() string {
+	if c.builtin() {
+		return fmt.Sprintf("%q (%s %s)", c.args[2], c.path, strings.Join(c.args, " "))
+	}
+	return c.path
 }
 
 // oneLine joins the lines of s with "; ", so that an error stays one line.

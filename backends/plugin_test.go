@@ -509,6 +509,45 @@ func TestLaunchContextCancel(t *testing.T) {
 	waitGone(t, readPids(t, pidfile)...)
 }
 
+// TestLaunchKilledBeforeHandshake: a plugin that something else kills (SIGKILL)
+// before the handshake is reported as killed, naming the signal, and a built-in
+// driver's plugin by its driver name: not as a plugin that does not call
+// backends.Serve.
+func TestLaunchKilledBeforeHandshake(t *testing.T) {
+	pidfile := filepath.Join(t.TempDir(), "pids")
+	errCh := make(chan error, 1)
+	go func() {
+		_, err := Launch(ctxT(t), LaunchOptions{Path: pluginBin, Args: []string{"driver", "serve", "local"},
+			Env: []string{"BERTH_TESTPLUGIN_MODE=hang", "BERTH_TESTPLUGIN_PIDFILE=" + pidfile}})
+		errCh <- err
+	}()
+	deadline := time.Now().Add(time.Minute)
+	var pids []string
+	for {
+		b, _ := os.ReadFile(pidfile)
+		if pids = strings.Fields(string(b)); len(pids) == 2 {
+			break // the plugin runs (its child too): it is waiting before the handshake
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("hanging plugin did not start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	pid, _ := strconv.Atoi(pids[0])
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	err := <-errCh
+	if err == nil {
+		t.Fatal("Launch succeeded")
+	}
+	msg := err.Error()
+	if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(msg, "was killed by signal 9 (SIGKILL) before the plugin handshake") ||
+		!strings.Contains(msg, `"local"`) || strings.Contains(msg, "backends.Serve") {
+		t.Errorf("error %q, want ErrUnavailable saying the plugin of driver \"local\" was killed by SIGKILL, without the backends.Serve hint", msg)
+	}
+}
+
 func TestLaunchBadPath(t *testing.T) {
 	ctx := ctxT(t)
 	missing := filepath.Join(t.TempDir(), "berth-driver-nope")

@@ -46,10 +46,11 @@ type procRunner struct {
 	stdoutEOF chan struct{}
 
 	mu       sync.Mutex
-	killSent bool   // Kill signalled the group before the process exited
-	selfExit bool   // the process exited before any Kill
-	reaping  bool   // Wait has started reaping; the pid may no longer be ours
-	exitDesc string // how it ended, read from /proc while it was a zombie
+	killSent bool           // Kill signalled the group before the process exited
+	selfExit bool           // the process exited before any Kill
+	reaping  bool           // Wait has started reaping; the pid may no longer be ours
+	exitDesc string         // how it ended, read from /proc while it was a zombie
+	exitSig  syscall.Signal // the signal that ended it (from /proc), or 0
 	state    *os.ProcessState
 }
 
@@ -107,10 +108,10 @@ func (r *procRunner) watch() {
 			break
 		}
 	}
-	desc := zombieStatus(r.pid)
+	desc, sig := zombieStatus(r.pid)
 	r.mu.Lock()
 	r.selfExit = !r.killSent
-	r.exitDesc = desc
+	r.exitDesc, r.exitSig = desc, sig
 	r.mu.Unlock()
 	_ = unix.Kill(-r.pid, unix.SIGKILL)
 	close(r.exited)
@@ -249,25 +250,38 @@ func (r *procRunner) exitText() string {
 }
 
 // zombieStatus describes how the exited, unreaped pid ended ("exit status 3",
-// "signal: killed") from the exit_code field of /proc/PID/stat (Linux 3.5+), or
-// returns "".
-func zombieStatus(pid int) string {
+// "signal: killed") from the exit_code field of /proc/PID/stat (Linux 3.5+), with the
+// signal that ended it (0 for an exit), or returns "", 0.
+func zombieStatus(pid int) (string, syscall.Signal) {
 	f := statFields(pid)
 	if len(f) < 50 {
-		return ""
+		return "", 0
 	}
 	code, err := strconv.Atoi(string(f[len(f)-1]))
 	if err != nil {
-		return ""
+		return "", 0
 	}
 	ws := syscall.WaitStatus(code)
 	switch {
 	case ws.Exited():
-		return "exit status " + strconv.Itoa(ws.ExitStatus())
+		return "exit status " + strconv.Itoa(ws.ExitStatus()), 0
 	case ws.Signaled():
-		return "signal: " + ws.Signal().String()
+		return "signal: " + ws.Signal().String(), ws.Signal()
 	}
-	return ""
+	return "", 0
+}
+
+// killedBy returns the signal that ended the process, or 0 (an exit, or not known).
+func (r *procRunner) killedBy() syscall.Signal {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.state != nil {
+		if ws, ok := r.state.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return ws.Signal()
+		}
+		return 0
+	}
+	return r.exitSig
 }
 
 // headRecorder keeps the first max bytes written to it.

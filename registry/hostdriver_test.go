@@ -19,7 +19,8 @@ import (
 // directories (with a meta.json) under its DriverSetup.StateDir, and whose execs are
 // os/exec processes. Every fresh Create appends a line to STATEDIR/creates.log, so
 // tests can count creations across processes. A spec with Image "fail-create" makes
-// Create fail with ErrUnavailable.
+// Create fail with ErrUnavailable, and so does a stopped sandbox whose directory holds
+// a file "fail-start" when Create would start it.
 type hostDriver struct {
 	root    string // DriverSetup.StateDir
 	setup   backend.DriverSetup
@@ -86,6 +87,9 @@ func (d *hostDriver) Create(_ context.Context, req backend.CreateRequest) (backe
 	if m, err := d.read(name); err == nil {
 		if m.Labels[backend.LabelOwner] != req.Spec.Labels[backend.LabelOwner] {
 			return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "sandbox %s belongs to another owner", name)
+		}
+		if _, err := os.Stat(filepath.Join(d.dir(name), "fail-start")); err == nil && m.State != backend.StateRunning {
+			return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "runtime cannot start sandbox %s", name)
 		}
 		m.State = backend.StateRunning
 		if err := d.write(name, m); err != nil {

@@ -393,7 +393,8 @@ func (r *Registry) createIn(ctx context.Context, p *pending, session string, rul
 	p.spec.Labels[backend.LabelCreated] = now.Format(time.RFC3339)
 	sb, err := b.Create(ctx, backend.CreateRequest{Spec: p.spec, Agent: p.files})
 	if err != nil {
-		return r.dropDir(p, fmt.Errorf("session %q: creating sandbox %s on driver %s: %w", session, name, rule.Driver, err))
+		doing := r.createDoing(ctx, b, name, hadOld && old.Removed.IsZero(), err)
+		return r.dropDir(p, fmt.Errorf("session %q: %s on driver %s: %w", session, doing, rule.Driver, err))
 	}
 	if o := sb.Labels[backend.LabelOwner]; o != "" && o != r.owner {
 		return backend.Errorf(backend.ErrConflict, "session %q: driver %s returned sandbox %s of owner %s, not ours (%s); refusing to use it", session, rule.Driver, name, o, r.owner)
@@ -413,6 +414,29 @@ func (r *Registry) createIn(ctx context.Context, p *pending, session string, rul
 			"old_driver", old.Driver, "old_sandbox", old.Sandbox, "driver", rule.Driver, "sandbox", name)
 	}
 	return nil
+}
+
+// createDoing says what a failed Create of sandbox was doing, for its error: creating
+// a new sandbox, or starting (adopting) the one that exists. A driver's Create does
+// both; a sandbox that is there after the failure was there before (a failed create
+// leaves nothing behind), so the driver's Inspect tells, and when it cannot, the
+// session's record does (recorded says it names the sandbox, not removed). A name
+// held by something not ours (ErrConflict) was a create.
+func (r *Registry) createDoing(ctx context.Context, b backend.TerminalBackend, sandbox string, recorded bool, err error) string {
+	existed := recorded
+	if !errors.Is(err, backend.ErrConflict) {
+		if sb, ierr := b.Inspect(ctx, sandbox); ierr == nil {
+			return fmt.Sprintf("starting its existing sandbox %s (%s)", sandbox, sb.State)
+		} else if errors.Is(ierr, backend.ErrNotFound) {
+			existed = false
+		}
+	} else {
+		existed = false
+	}
+	if existed {
+		return fmt.Sprintf("starting its existing sandbox %s", sandbox)
+	}
+	return fmt.Sprintf("creating sandbox %s", sandbox)
 }
 
 // leaseOf makes the lease and the record of session on sb, which the driver has just
@@ -635,7 +659,7 @@ func (p *callProcess) Wait() (backend.ExecResult, error) {
 	phase.Mark("ended")
 	p.once.Do(p.c.done)
 	if err != nil {
-		err = p.c.callErr("exec", err)
+		err = p.c.runErr("exec", err)
 	}
 	return res, err
 }

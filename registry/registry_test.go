@@ -577,8 +577,20 @@ func TestFailedCallsChangeNothing(t *testing.T) {
 	err = r.RemoveSession(ctx, "a//b")
 	check("remove of a bad session", err, backend.ErrInvalid, "empty path component")
 
-	// A name held by another owner: ErrConflict propagates, nothing recorded.
+	// An existing sandbox that fails to start is reported as such, not as a create.
+	if _, err := r.Acquire(ctx, "keep:s"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.StopSession(ctx, "keep:s"); err != nil {
+		t.Fatal(err)
+	}
 	owner, _ := r.Owner()
+	os.WriteFile(filepath.Join(e.driverDir(config.SandboxName(owner, "keep:s")), "fail-start"), nil, 0o600)
+	hash, tree, sbs = e.storeHash(), e.tree(), e.sandboxes()
+	_, err = r.Acquire(ctx, "keep:s")
+	check("failing start of an existing sandbox", err, backend.ErrUnavailable, `session "keep:s": starting its existing sandbox `+config.SandboxName(owner, "keep:s")+" (stopped) on driver local: runtime cannot start")
+
+	// A name held by another owner: ErrConflict propagates, nothing recorded.
 	foreign := config.SandboxName(owner, "keep:theirs")
 	os.MkdirAll(e.driverDir(foreign), 0o700)
 	os.WriteFile(filepath.Join(e.driverDir(foreign), "meta.json"), []byte(`{"Labels":{"berth.owner":"someone-else"},"State":"running"}`), 0o600)

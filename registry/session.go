@@ -324,13 +324,54 @@ func (c *sessionConn) end(touch bool) {
 	}
 }
 
-// callErr wraps err, an error of the call on the agent, with the session and sandbox,
-// and says when the driver's plugin has crashed meanwhile.
+// callErr wraps err, an error of the call on the agent, with the session, sandbox and
+// driver, and says when the driver's plugin has crashed meanwhile. A lost connection
+// to the agent (agent.ConnectionLost: the agent died, or the sandbox stopped or
+// vanished under the call) is said as such, with what the driver says of the sandbox
+// now (lostCause).
 func (c *sessionConn) callErr(what string, err error) error {
+	return c.wrapErr(what, "", err)
+}
+
+// runErr is callErr for the end of a call whose command was running (Wait).
+func (c *sessionConn) runErr(what string, err error) error {
+	return c.wrapErr(what, " while the command ran", err)
+}
+
+func (c *sessionConn) wrapErr(what, during string, err error) error {
 	if err == nil {
 		return nil
 	}
-	return fmt.Errorf("session %q: %s in sandbox %s: %w", c.session, what, c.lease.Sandbox, c.r.crashed(c.lease.Driver, err))
+	where := fmt.Sprintf("session %q: %s in sandbox %s on driver %s", c.session, what, c.lease.Sandbox, c.lease.Driver)
+	if agent.ConnectionLost(err) {
+		return fmt.Errorf("%s: lost the connection to the sandbox's agent%s (%w); %s", where, during, err, c.r.lostCause(c.lease.Driver, c.lease.Sandbox))
+	}
+	return fmt.Errorf("%s: %w", where, c.r.crashed(c.lease.Driver, err))
+}
+
+// lostCause says why a call may have lost its agent, from the driver's Inspect of the
+// sandbox (bounded by the config's agent_timeout), and what the next call does.
+func (r *Registry) lostCause(driver, sandbox string) string {
+	bound := r.cfg.AgentTimeout
+	if bound <= 0 {
+		bound = config.DefaultAgentTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	b, err := r.driver(ctx, driver)
+	if err != nil {
+		return fmt.Sprintf("its driver could not be asked what became of the sandbox: %v", err)
+	}
+	sb, err := b.Inspect(ctx, sandbox)
+	switch {
+	case errors.Is(err, backend.ErrNotFound):
+		return "the sandbox is gone (removed behind berth's back); the next call creates a new, empty one"
+	case err != nil:
+		return fmt.Sprintf("its driver could not tell what became of the sandbox: %v", r.crashed(driver, err))
+	case sb.State != backend.StateRunning:
+		return fmt.Sprintf("the sandbox is %s now: it stopped or died during the call; the command's outcome is unknown; the next call starts it again", sb.State)
+	}
+	return "its driver still says the sandbox runs, but its agent is gone (killed or crashed, or the sandbox is going down); the command's outcome is unknown; the next call starts the sandbox's agent again"
 }
 
 // sandboxRunning reports whether rec's sandbox is running on its driver (false when

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berth-sh/berth/internal/testimage"
 	"github.com/berth-sh/berth/internal/testregistry"
@@ -169,5 +173,54 @@ func TestConfigCheckImage(t *testing.T) {
 	}
 	if r := e.run("config", "check", rule(testimage.Ref, "always")); r.code != 0 || r.stderr != "" {
 		t.Errorf("present image: want ok without notes\n%v", r)
+	}
+}
+
+// dockerKill sends SIGKILL to container name through the engine's API (POST
+// /containers/NAME/kill on its unix socket): the container dies as in an OOM kill.
+func dockerKill(t *testing.T, host, name string) {
+	t.Helper()
+	sock := strings.TrimPrefix(host, "unix://")
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}}
+	resp, err := c.Post("http://docker/containers/"+name+"/kill?signal=KILL", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("killing container %s: %s", name, resp.Status)
+	}
+}
+
+// TestContainerDiesMidExec: when a docker sandbox dies during an exec (its container
+// killed), berth exits 125 saying which session and sandbox lost its agent, what
+// the driver says of the sandbox now and that the next call starts it again, and the
+// next exec does so.
+func TestContainerDiesMidExec(t *testing.T) {
+	host := testimage.RequireEngine(t)
+	t.Parallel()
+	e := newEnv(t)
+	importImage(t, e, "docker")
+	e.config = e.writeFile("config.hcl", fmt.Sprintf("scope \"*\" {\n  driver = \"docker\"\n  image  = %q\n}\n", testimage.Ref))
+	e.must("exec", "-s", "die:1", "--", "true")
+	row, _ := findSession(e.sessions(), "die:1")
+	r := e.start("exec", "-s", "die:1", "--", "sh", "-c", "echo ready; exec sleep 300")
+	r.expect(t, "ready", time.Minute)
+	dockerKill(t, host, row.Sandbox)
+	code := r.finish(t, time.Minute)
+	msg := r.stderr.String()
+	for _, want := range []string{`session "die:1"`, "sandbox " + row.Sandbox, "driver docker", "lost the connection to the sandbox's agent while the command ran", "the next call starts"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("exec whose container was killed: stderr %q does not say %q", msg, want)
+		}
+	}
+	if code != 125 {
+		t.Errorf("exec whose container was killed: exit %d, want 125; stderr %q", code, msg)
+	}
+	if r := e.run("exec", "-s", "die:1", "--", "echo", "back"); r.code != 0 || r.stdout != "back\n" {
+		t.Errorf("exec after the container died\n%v", r)
 	}
 }

@@ -2130,3 +2130,48 @@ func TestShellModeInterruptJSON(t *testing.T) {
 		}
 	}
 }
+
+// agentOf returns the agent process of the env's sandbox (the local driver's detached
+// berth-agent, found by its argv naming the env's state dir and sandbox).
+func (e *env) agentOf(sandbox string) (procInfo, bool) {
+	ps := liveProcs(func(p procInfo) bool {
+		return len(p.cmdline) > 2 && p.cmdline[0] == "berth-agent" && p.cmdline[1] == "serve" &&
+			slices.ContainsFunc(p.cmdline, func(a string) bool { return strings.HasPrefix(a, e.state+"/") && strings.Contains(a, sandbox) })
+	})
+	if len(ps) != 1 {
+		return procInfo{}, false
+	}
+	return ps[0], true
+}
+
+// TestAgentDiesMidExec: when a sandbox's agent dies during an exec (killed here, as
+// when a container dies), berth exits 125 with an error that names the session, the
+// sandbox, its driver and what happened (the connection to its agent was lost while
+// the command ran), not a bare "error reading from server: EOF".
+func TestAgentDiesMidExec(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.must("exec", "-s", "die:1", "--", "true")
+	row, _ := findSession(e.sessions(), "die:1")
+	r := e.start("exec", "-s", "die:1", "--", "sh", "-c", "echo ready; exec sleep 300")
+	r.expect(t, "ready", 20*time.Second)
+	ag, ok := e.agentOf(row.Sandbox)
+	if !ok {
+		t.Fatalf("no agent process found for sandbox %s", row.Sandbox)
+	}
+	syscall.Kill(ag.pid, syscall.SIGKILL)
+	code := r.finish(t, time.Minute)
+	msg := r.stderr.String()
+	for _, want := range []string{`session "die:1"`, "sandbox " + row.Sandbox, "driver local", "lost the connection to the sandbox's agent while the command ran", "the next call starts"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("exec whose agent was killed: stderr %q does not say %q", msg, want)
+		}
+	}
+	if code != 125 {
+		t.Errorf("exec whose agent was killed: exit %d, want 125; stderr %q", code, msg)
+	}
+	// The next exec starts the sandbox's agent again.
+	if r := e.run("exec", "-s", "die:1", "--", "echo", "back"); r.code != 0 || r.stdout != "back\n" {
+		t.Errorf("exec after the agent died\n%v", r)
+	}
+}
