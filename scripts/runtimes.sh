@@ -24,8 +24,17 @@
 # with that directory first on its PATH, so it starts its own shim (which uses the
 # host's runc). Its exports: CONTAINERD2_ADDRESS.
 #
-# dockerd runs with --bridge=none --iptables=false --ip-masq=false: no host network
-# changes; berth's test sandboxes use network "none". A second run reuses daemons that
+# Nothing host-wide is changed for the tests' sake: dockerd runs with --bridge=none
+# (no docker0), --iptables=false and --ip-masq=false (no firewall or NAT rules) and
+# --ip-forward=false (its default would turn net.ipv4.ip_forward on for the whole host;
+# berth's test sandboxes use network "none" and need no forwarding), and dockerd 20.10
+# keeps its trust key in $DIR/docker/key.json instead of creating /etc/docker/key.json.
+# Both containerds run without the CRI plugin (berth does not use it; in 1.6 it would
+# listen on a TCP port of 127.0.0.1 and look for CNI in /etc/cni). What is left is what
+# running containers at all needs: the kernel's overlay module (loaded on demand by
+# the overlay snapshotter / storage driver, if it is not already), cgroups for the
+# containers, runc's state under /run/containerd/runc, and on a host with AppArmor
+# dockerd's loading of its docker-default profile. A second run reuses daemons that
 # answer. When a daemon does not come up within BERTH_RUNTIMES_TIMEOUT seconds (default
 # 60) its log is printed to stderr and the script exits 1. Only the export lines go to
 # stdout; progress goes to stderr.
@@ -117,7 +126,8 @@ else
   say "starting containerd on $CSOCK"
   # A config of its own so that the host's /etc/containerd/config.toml (if any) does not
   # apply; the grpc socket, root and state come from the flags.
-  printf 'version = 2\n' >"$DIR/containerd.toml"
+  # No CRI: berth does not use it (its stream server would listen on 127.0.0.1).
+  printf 'version = 2\ndisabled_plugins = ["io.containerd.grpc.v1.cri"]\n' >"$DIR/containerd.toml"
   setsid containerd --config "$DIR/containerd.toml" --address "$CSOCK" \
     --root "$DIR/containerd/root" --state "$DIR/containerd/state" \
     </dev/null >>"$DIR/containerd.log" 2>&1 &
@@ -170,12 +180,19 @@ else
   stop_one dockerd
   rm -f "$DSOCK"
   say "starting dockerd on $DSOCK"
-  echo '{}' >"$DIR/daemon.json" # not the host's /etc/docker/daemon.json
+  # Not the host's /etc/docker/daemon.json. dockerd before 23.0 makes a trust key and
+  # writes it to /etc/docker/key.json unless deprecated-key-path says where (23.0 and
+  # later make none, and refuse the setting).
+  if [ "$(dockerd --version | sed -nE 's/^Docker version ([0-9]+)\..*/\1/p')" -lt 23 ] 2>/dev/null; then
+    printf '{"deprecated-key-path": "%s"}\n' "$DIR/docker/key.json" >"$DIR/daemon.json"
+  else
+    echo '{}' >"$DIR/daemon.json"
+  fi
   # --pidfile is dockerd's own lock file; ours ($DIR/dockerd.pid) is written by us.
   setsid dockerd -H "unix://$DSOCK" --containerd "$CSOCK" \
     --data-root "$DIR/docker/data" --exec-root "$DIR/docker/exec" \
     --pidfile "$DIR/docker/dockerd.pid" \
-    --bridge=none --iptables=false --ip-masq=false \
+    --bridge=none --iptables=false --ip-masq=false --ip-forward=false \
     --config-file "$DIR/daemon.json" \
     </dev/null >>"$DIR/dockerd.log" 2>&1 &
   echo $! >"$DIR/dockerd.pid"
