@@ -28,6 +28,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"google.golang.org/grpc/codes"
@@ -154,8 +155,20 @@ var (
 	_ backend.Validator       = (*Driver)(nil)
 )
 
-// Info reports the driver's capabilities.
+// HealthTimeout bounds the daemon check of Info: a configured driver's Info asks the
+// daemon for its version and fails with backend.ErrUnavailable, naming the daemon's
+// address, when it does not answer within this long.
+const HealthTimeout = 5 * time.Second
+
+// Info reports the driver's capabilities. Once the driver is configured it also checks
+// that its daemon answers (a version request bounded by HealthTimeout), so that
+// `berth drivers` and the first call of a session say at once that containerd is
+// down; a daemon that does not answer is ErrUnavailable, naming its address. Before
+// Configure it only describes the driver.
 func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
+	if err := d.health(ctx); err != nil {
+		return backend.Info{}, err
+	}
 	return backend.Info{
 		Name:             Name,
 		Version:          Version,
@@ -179,6 +192,29 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 			Agent:            backend.AgentSocket, // the host reaches the agent itself
 		},
 	}, nil
+}
+
+// health asks the daemon of a configured driver for its version (see Info).
+func (d *Driver) health(ctx context.Context) error {
+	d.mu.Lock()
+	configured := d.owner != "" || d.stateDir != ""
+	d.mu.Unlock()
+	if !configured {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, HealthTimeout)
+	defer cancel()
+	c, cctx, err := d.api(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err = c.Version(cctx); err == nil {
+		return nil
+	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return d.unavailable("version", d.settings().address, fmt.Errorf("no answer within %s", HealthTimeout))
+	}
+	return d.wrap("version", err)
 }
 
 // ConfigSchema declares the `driver "containerd" {}` block.

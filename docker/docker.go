@@ -95,8 +95,20 @@ var (
 	_ backend.Validator       = (*Driver)(nil)
 )
 
-// Info reports the driver's capabilities.
+// HealthTimeout bounds the engine check of Info: a configured driver's Info pings the
+// engine (GET /_ping) and fails with backend.ErrUnavailable, naming the engine's
+// address, when it does not answer within this long.
+const HealthTimeout = 5 * time.Second
+
+// Info reports the driver's capabilities. Once the driver is configured it also checks
+// that its engine answers (a ping bounded by HealthTimeout), so that `berth drivers`
+// and the first call of a session say at once that the engine is down; an engine
+// that does not answer is ErrUnavailable, naming its address. Before Configure it
+// only describes the driver.
 func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
+	if err := d.health(ctx); err != nil {
+		return backend.Info{}, err
+	}
 	return backend.Info{
 		Name:             Name,
 		Version:          Version,
@@ -120,6 +132,27 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 			Validate:         true,
 		},
 	}, nil
+}
+
+// health pings the engine of a configured driver (see Info).
+func (d *Driver) health(ctx context.Context) error {
+	d.mu.Lock()
+	configured := d.owner != "" || d.stateDir != ""
+	d.mu.Unlock()
+	if !configured {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, HealthTimeout)
+	defer cancel()
+	c, fresh, err := d.apiCtx(ctx)
+	if err == nil && !fresh { // a new client has just pinged the engine
+		_, err = c.Ping(ctx)
+		err = d.wrap("ping", err)
+	}
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && !errors.Is(err, backend.ErrUnavailable) {
+		return backend.Errorf(backend.ErrUnavailable, "docker: the Docker Engine at %s did not answer a ping within %s; check that it runs and is not hung (systemctl status docker), or set host in driver \"docker\" {}", d.engineHost(), HealthTimeout)
+	}
+	return err
 }
 
 // ConfigSchema declares the `driver "docker" {}` block.
@@ -191,32 +224,39 @@ const negotiateTimeout = 30 * time.Second
 // api returns the engine client, making it (and negotiating its API version) on first
 // use. An engine that does not answer is ErrUnavailable, and nothing is cached.
 func (d *Driver) api() (*client.Client, error) {
+	c, _, err := d.apiCtx(context.Background())
+	return c, err
+}
+
+// apiCtx is api with the negotiation bounded by ctx too; fresh reports that the client
+// was made (and the engine pinged) by this call.
+func (d *Driver) apiCtx(ctx context.Context) (c *client.Client, fresh bool, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.cli != nil {
-		return d.cli, nil
+		return d.cli, false, nil
 	}
 	host := d.hostLocked()
 	if _, err := checkHost(host); err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	c, err := client.NewClientWithOpts(client.WithHost(host), client.WithAPIVersionNegotiation())
+	c, err = client.NewClientWithOpts(client.WithHost(host), client.WithAPIVersionNegotiation())
 	if err != nil {
-		return nil, backend.Errorf(backend.ErrInvalid, "driver \"docker\": host %q: %v", host, err)
+		return nil, false, backend.Errorf(backend.ErrInvalid, "driver \"docker\": host %q: %v", host, err)
 	}
 	// Negotiate the API version now, once, under d.mu: the SDK's lazy negotiation on
 	// the first request writes the version while concurrent requests read it (a data
 	// race between the first calls of parallel Creates and Lists).
-	ctx, cancel := context.WithTimeout(context.Background(), negotiateTimeout)
+	ctx, cancel := context.WithTimeout(ctx, negotiateTimeout)
 	defer cancel()
 	ping, err := c.Ping(ctx)
 	if err != nil {
 		c.Close()
-		return nil, wrapAt(host, "connect to the Docker Engine", err) // d.mu is held: not d.wrap
+		return nil, false, wrapAt(host, "connect to the Docker Engine", err) // d.mu is held: not d.wrap
 	}
 	c.NegotiateAPIVersionPing(ping)
 	d.cli = c
-	return c, nil
+	return c, true, nil
 }
 
 // Close closes the engine client; containers keep running.

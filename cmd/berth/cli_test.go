@@ -2175,3 +2175,33 @@ func TestAgentDiesMidExec(t *testing.T) {
 		t.Errorf("exec after the agent died\n%v", r)
 	}
 }
+
+// TestDriversRuntimeDown: `berth drivers` does not call a driver healthy whose
+// runtime does not answer: docker and containerd pointed at sockets where nothing
+// listens are listed with an error naming the socket; local stays ok; exit 0.
+func TestDriversRuntimeDown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	dsock, csock := filepath.Join(e.dir, "no-docker.sock"), filepath.Join(e.dir, "no-containerd.sock")
+	e.config = e.writeFile("config.hcl", fmt.Sprintf("driver \"docker\" {\n  host = \"unix://%s\"\n}\ndriver \"containerd\" {\n  address = %q\n}\n", dsock, csock))
+	var rows []struct {
+		Name   string `json:"name"`
+		Health string `json:"health"`
+	}
+	decodeOne(t, e.must("drivers", "--json"), &rows)
+	want := map[string]string{"docker": dsock, "containerd": csock, "local": ""}
+	for _, r := range rows {
+		sock, ok := want[r.Name]
+		switch {
+		case !ok:
+		case sock == "" && r.Health != "ok":
+			t.Errorf("%s: health %q, want ok", r.Name, r.Health)
+		case sock != "" && (r.Health == "ok" || !strings.Contains(r.Health, sock) || !strings.Contains(r.Health, "does not answer")):
+			t.Errorf("%s: health %q, want that its runtime at %s does not answer", r.Name, r.Health, sock)
+		}
+		delete(want, r.Name)
+	}
+	if len(want) > 0 {
+		t.Errorf("drivers --json lacks %v: %+v", want, rows)
+	}
+}

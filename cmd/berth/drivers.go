@@ -24,7 +24,8 @@ those named by a driver block's plugin key). Each is started to report its versi
 plugin protocol version negotiated with it, its capabilities and the executable that
 serves it: berth itself for local, berth-driver-docker and berth-driver-containerd
 (beside berth, else in the plugin search path) for docker and containerd. One that
-cannot start shows why under HEALTH.`,
+cannot start, or whose runtime does not answer (docker and containerd ask their engine
+or daemon, waiting at most 5 s), shows why under HEALTH.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var list []registry.DriverStatus
