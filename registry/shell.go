@@ -78,6 +78,10 @@ type ShellRequest struct {
 	MaxOutput int64
 	// Stdout and Stderr, when set, also receive the raw output as it comes.
 	Stdout, Stderr io.Writer
+	// Started, when set, is called once the command runs in the sandbox (the agent
+	// has started it), before its output and result come. A caller that cancels the
+	// call from then on gets a result with Canceled set rather than an error.
+	Started func()
 }
 
 // ShellResult is the outcome of a shell-mode call.
@@ -173,6 +177,9 @@ func (r *Registry) Shell(ctx context.Context, session string, req ShellRequest) 
 				return errRetry
 			}
 			return c.callErr("shell call", err)
+		}
+		if req.Started != nil {
+			req.Started()
 		}
 		if req.Stdin != nil {
 			go func() {

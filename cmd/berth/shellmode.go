@@ -8,7 +8,9 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 
 	"github.com/berth-sh/berth/internal/sigstart"
 	"github.com/berth-sh/berth/registry"
@@ -55,16 +57,30 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 		return failure(err)
 	}
 
+	// A signal while the call is being started (its sandbox created or started) waits
+	// for the start, as plain exec's does: the call is cancelled once it runs (so
+	// its result says it was interrupted), or startGrace later, or at a second
+	// signal.
 	callCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	got := make(chan os.Signal, 1)
+	started := make(chan struct{})
+	var startOnce sync.Once
+	req.Started = func() { startOnce.Do(func() { close(started) }) }
 	go func() {
 		select {
 		case s := <-sigs:
 			got <- s
-			cancel()
+		case <-callCtx.Done():
+			return
+		}
+		select {
+		case <-started:
+		case <-time.After(startGrace):
+		case <-sigs:
 		case <-callCtx.Done():
 		}
+		cancel()
 	}()
 
 	res, err := reg.Shell(callCtx, f.session, req)

@@ -22,6 +22,8 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -50,19 +52,23 @@ func init() {
 	signal.Notify(synced, syncSignal)
 }
 
-// Sync returns once every signal that the kernel handed to the process before the call
-// has been sent on the channels it was notified to (os/signal does that from a
-// goroutine of its own, some time after the thread's handler ran). It does so by
-// sending syncSignal to the calling thread and waiting for it: returning from the
-// system call that finds the thread's id, the thread has run the handler of every
-// signal pending for the process, and os/signal passes signals on in the order their
-// handlers ran (the lowest number first among those that came together, and
-// syncSignal is numbered above them all). A signal whose handler another thread is
-// still running at that moment may come later, as any signal sent later does. The wait
-// is bounded by a second, which it never needs.
+// Sync returns once every signal that was sent to the process before the call has been
+// sent on the channels it was notified to: os/signal does that from a goroutine of its
+// own, after one of the process's threads has run the signal's handler, which the
+// kernel has that thread do whenever it next runs. Sync first waits (at most a
+// second) until the kernel holds none of Caught pending for the process (a thread
+// has taken each), then sends syncSignal to the calling thread and waits for it to
+// arrive: os/signal passes signals on in the order their handlers ran (the lowest
+// number first among those that came together, and syncSignal is numbered above them
+// all). Only a signal whose handler another thread is in the very middle of running
+// can still come after Sync returns, as any signal sent later does. The wait for
+// syncSignal is bounded by a second too; neither bound is ever reached in practice.
 func Sync() {
 	for len(synced) > 0 { // left from an earlier call
 		<-synced
+	}
+	for deadline := time.Now().Add(time.Second); sharedPending() && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Microsecond) // lets the thread the kernel chose run
 	}
 	runtime.LockOSThread()
 	tid := syscall.Gettid()
@@ -75,6 +81,32 @@ func Sync() {
 	case <-synced:
 	case <-time.After(time.Second):
 	}
+}
+
+// sharedPending reports whether one of Caught is pending for the process as a whole
+// (the ShdPnd mask of /proc/self/status): sent, and not yet taken by a thread.
+func sharedPending() bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		v, ok := strings.CutPrefix(line, "ShdPnd:")
+		if !ok {
+			continue
+		}
+		mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+		if err != nil {
+			return false
+		}
+		for _, s := range Caught {
+			if mask&(1<<(uint(s.(syscall.Signal))-1)) != 0 {
+				return true
+			}
+		}
+		return false
+	}
+	return false
 }
 
 // Take returns the channel that has received Caught since the program started, for a
