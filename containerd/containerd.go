@@ -28,7 +28,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"google.golang.org/grpc/codes"
@@ -158,7 +157,7 @@ var (
 // HealthTimeout bounds the daemon check of Info: a configured driver's Info asks the
 // daemon for its version and fails with backend.ErrUnavailable, naming the daemon's
 // address, when it does not answer within this long.
-const HealthTimeout = 5 * time.Second
+const HealthTimeout = containerutil.HealthTimeout
 
 // Info reports the driver's capabilities. Once the driver is configured it also checks
 // that its daemon answers (a version request bounded by HealthTimeout), so that
@@ -197,24 +196,20 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 // health asks the daemon of a configured driver for its version (see Info).
 func (d *Driver) health(ctx context.Context) error {
 	d.mu.Lock()
-	configured := d.owner != "" || d.stateDir != ""
+	unconfigured := d.owner == "" && d.stateDir == ""
 	d.mu.Unlock()
-	if !configured {
-		return nil
+	if unconfigured {
+		return nil // not told its daemon yet: Info describes the driver
 	}
-	ctx, cancel := context.WithTimeout(ctx, HealthTimeout)
-	defer cancel()
-	c, cctx, err := d.api(ctx)
-	if err != nil {
-		return err
-	}
-	if _, err = c.Version(cctx); err == nil {
-		return nil
-	}
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+	return containerutil.CheckHealth(ctx, func(ctx context.Context) error {
+		c, cctx, err := d.api(ctx)
+		if err == nil {
+			_, err = c.Version(cctx)
+		}
+		return d.wrap("version", err)
+	}, func() error {
 		return d.unavailable("version", d.settings().address, fmt.Errorf("no answer within %s", HealthTimeout))
-	}
-	return d.wrap("version", err)
+	})
 }
 
 // ConfigSchema declares the `driver "containerd" {}` block.

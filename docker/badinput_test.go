@@ -49,49 +49,13 @@ func TestDaemonDown(t *testing.T) {
 	}
 }
 
-// silentSocket listens on a unix socket in a temp dir, accepts and never answers (a
-// hung engine); it returns the socket's path.
-func silentSocket(t *testing.T) string {
-	sock := filepath.Join(t.TempDir(), "silent.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			t.Cleanup(func() { c.Close() })
-		}
-	}()
-	return sock
-}
-
 // TestInfoChecksEngine: a configured driver's Info says that its engine does not
 // answer (ErrUnavailable, naming the address), for a missing socket at once and for a
 // hung engine within HealthTimeout; before Configure, Info only describes the driver.
 func TestInfoChecksEngine(t *testing.T) {
-	for name, sock := range map[string]string{"missing": filepath.Join(t.TempDir(), "nothing.sock"), "hung": silentSocket(t)} {
-		d := docker.New(docker.WithHost("unix://" + sock))
-		if info, err := d.Info(context.Background()); err != nil || info.Name != docker.Name {
-			t.Errorf("%s: Info before Configure: %+v, %v; want the description", name, info, err)
-		}
-		if err := d.Configure(context.Background(), backend.DriverSetup{Owner: "o", StateDir: t.TempDir()}); err != nil {
-			t.Fatal(err)
-		}
-		start := time.Now()
-		_, err := d.Info(context.Background())
-		if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), sock) {
-			t.Errorf("%s: Info of a configured driver: %v, want ErrUnavailable naming %s", name, err, sock)
-		}
-		if took := time.Since(start); took > docker.HealthTimeout+5*time.Second {
-			t.Errorf("%s: Info took %s, want it bounded by HealthTimeout (%s)", name, took, docker.HealthTimeout)
-		}
-		d.Close()
-	}
+	testimage.CheckInfoHealth(t, docker.Name, docker.HealthTimeout, func(sock string) backend.TerminalBackend {
+		return docker.New(docker.WithHost("unix://" + sock))
+	})
 }
 
 // fixture is a driver on the test engine with agent files for new sandboxes.

@@ -98,7 +98,7 @@ var (
 // HealthTimeout bounds the engine check of Info: a configured driver's Info pings the
 // engine (GET /_ping) and fails with backend.ErrUnavailable, naming the engine's
 // address, when it does not answer within this long.
-const HealthTimeout = 5 * time.Second
+const HealthTimeout = containerutil.HealthTimeout
 
 // Info reports the driver's capabilities. Once the driver is configured it also checks
 // that its engine answers (a ping bounded by HealthTimeout), so that `berth drivers`
@@ -140,19 +140,18 @@ func (d *Driver) health(ctx context.Context) error {
 	configured := d.owner != "" || d.stateDir != ""
 	d.mu.Unlock()
 	if !configured {
-		return nil
+		return nil // not told its engine yet: Info describes the driver
 	}
-	ctx, cancel := context.WithTimeout(ctx, HealthTimeout)
-	defer cancel()
-	c, fresh, err := d.apiCtx(ctx)
-	if err == nil && !fresh { // a new client has just pinged the engine
+	return containerutil.CheckHealth(ctx, func(ctx context.Context) error {
+		c, fresh, err := d.apiCtx(ctx)
+		if err != nil || fresh { // a new client has just pinged the engine
+			return err
+		}
 		_, err = c.Ping(ctx)
-		err = d.wrap("ping", err)
-	}
-	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && !errors.Is(err, backend.ErrUnavailable) {
+		return d.wrap("ping", err)
+	}, func() error {
 		return backend.Errorf(backend.ErrUnavailable, "docker: the Docker Engine at %s did not answer a ping within %s; check that it runs and is not hung (systemctl status docker), or set host in driver \"docker\" {}", d.engineHost(), HealthTimeout)
-	}
-	return err
+	})
 }
 
 // ConfigSchema declares the `driver "docker" {}` block.

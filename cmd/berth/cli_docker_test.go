@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/berth-sh/berth/internal/testimage"
 	"github.com/berth-sh/berth/internal/testregistry"
@@ -205,22 +204,5 @@ func TestContainerDiesMidExec(t *testing.T) {
 	e := newEnv(t)
 	importImage(t, e, "docker")
 	e.config = e.writeFile("config.hcl", fmt.Sprintf("scope \"*\" {\n  driver = \"docker\"\n  image  = %q\n}\n", testimage.Ref))
-	e.must("exec", "-s", "die:1", "--", "true")
-	row, _ := findSession(e.sessions(), "die:1")
-	r := e.start("exec", "-s", "die:1", "--", "sh", "-c", "echo ready; exec sleep 300")
-	r.expect(t, "ready", time.Minute)
-	dockerKill(t, host, row.Sandbox)
-	code := r.finish(t, time.Minute)
-	msg := r.stderr.String()
-	for _, want := range []string{`session "die:1"`, "sandbox " + row.Sandbox, "driver docker", "lost the connection to the sandbox's agent while the command ran", "the next call starts"} {
-		if !strings.Contains(msg, want) {
-			t.Errorf("exec whose container was killed: stderr %q does not say %q", msg, want)
-		}
-	}
-	if code != 125 {
-		t.Errorf("exec whose container was killed: exit %d, want 125; stderr %q", code, msg)
-	}
-	if r := e.run("exec", "-s", "die:1", "--", "echo", "back"); r.code != 0 || r.stdout != "back\n" {
-		t.Errorf("exec after the container died\n%v", r)
-	}
+	e.lostAgent(t, func(sandbox string) { dockerKill(t, host, sandbox) })
 }

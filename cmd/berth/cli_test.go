@@ -2151,28 +2151,38 @@ func (e *env) agentOf(sandbox string) (procInfo, bool) {
 func TestAgentDiesMidExec(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
+	e.lostAgent(t, func(sandbox string) {
+		ag, ok := e.agentOf(sandbox)
+		if !ok {
+			t.Fatalf("no agent process found for sandbox %s", sandbox)
+		}
+		syscall.Kill(ag.pid, syscall.SIGKILL)
+	})
+}
+
+// lostAgent runs a long exec in session die:1 of e, calls kill with its sandbox once
+// the command runs, and checks that berth exits 125 with an error that names the
+// session, the sandbox, the driver and the lost connection, and that the next exec
+// works.
+func (e *env) lostAgent(t *testing.T, kill func(sandbox string)) {
+	t.Helper()
 	e.must("exec", "-s", "die:1", "--", "true")
 	row, _ := findSession(e.sessions(), "die:1")
 	r := e.start("exec", "-s", "die:1", "--", "sh", "-c", "echo ready; exec sleep 300")
-	r.expect(t, "ready", 20*time.Second)
-	ag, ok := e.agentOf(row.Sandbox)
-	if !ok {
-		t.Fatalf("no agent process found for sandbox %s", row.Sandbox)
-	}
-	syscall.Kill(ag.pid, syscall.SIGKILL)
+	r.expect(t, "ready", time.Minute)
+	kill(row.Sandbox)
 	code := r.finish(t, time.Minute)
 	msg := r.stderr.String()
-	for _, want := range []string{`session "die:1"`, "sandbox " + row.Sandbox, "driver local", "lost the connection to the sandbox's agent while the command ran", "the next call starts"} {
+	for _, want := range []string{`session "die:1"`, "sandbox " + row.Sandbox, "driver " + row.Driver, "lost the connection to the sandbox's agent while the command ran", "the next call starts"} {
 		if !strings.Contains(msg, want) {
-			t.Errorf("exec whose agent was killed: stderr %q does not say %q", msg, want)
+			t.Errorf("exec whose agent went away: stderr %q does not say %q", msg, want)
 		}
 	}
 	if code != 125 {
-		t.Errorf("exec whose agent was killed: exit %d, want 125; stderr %q", code, msg)
+		t.Errorf("exec whose agent went away: exit %d, want 125; stderr %q", code, msg)
 	}
-	// The next exec starts the sandbox's agent again.
 	if r := e.run("exec", "-s", "die:1", "--", "echo", "back"); r.code != 0 || r.stdout != "back\n" {
-		t.Errorf("exec after the agent died\n%v", r)
+		t.Errorf("exec after the agent went away\n%v", r)
 	}
 }
 

@@ -6,6 +6,7 @@ package containerutil
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
@@ -243,4 +245,24 @@ func AgentArgs(user string, extra ...string) []string {
 		args = append(args, "--exec-user", user)
 	}
 	return append(args, extra...)
+}
+
+// HealthTimeout bounds the runtime check of a container driver's Info: the engine or
+// daemon must answer within this long (docker.HealthTimeout, containerd.HealthTimeout).
+const HealthTimeout = 5 * time.Second
+
+// CheckHealth is the runtime check of a container driver's Info: probe asks the
+// runtime (a ping, a version request) with a context bounded by HealthTimeout. A
+// probe that fails for running out of that time (a runtime that accepts connections
+// but does not answer) is reported by hung, which says so as backend.ErrUnavailable,
+// naming the runtime's address; any other error of probe is returned as it is (the
+// driver's own mapping, which names the address of a runtime that is not there).
+func CheckHealth(ctx context.Context, probe func(context.Context) error, hung func() error) error {
+	ctx, cancel := context.WithTimeout(ctx, HealthTimeout)
+	defer cancel()
+	err := probe(ctx)
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && !errors.Is(err, backend.ErrUnavailable) {
+		return hung()
+	}
+	return err
 }

@@ -2,11 +2,15 @@ package testimage
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/berth-sh/berth/backend"
 )
 
 // StartHint is what tests print when no Docker Engine answers.
@@ -69,4 +73,56 @@ func Ping(host string) error {
 		return &net.AddrError{Err: "unexpected answer to /_ping: " + strings.SplitN(string(buf[:n]), "\r\n", 2)[0], Addr: host}
 	}
 	return nil
+}
+
+// SilentSocket listens on a unix socket in a temp dir of t that accepts connections
+// and never answers (a hung engine or daemon) until the test ends, and returns its
+// path.
+func SilentSocket(t testing.TB) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "silent.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	return sock
+}
+
+// CheckInfoHealth checks the runtime check of a container driver's Info (driver name,
+// made by newDriver for a runtime at a socket path): before Configure, Info only
+// describes the driver; once configured, it reports a runtime that is not there (a
+// missing socket) and one that does not answer (SilentSocket) as
+// backend.ErrUnavailable naming the socket, the latter within timeout and a margin.
+func CheckInfoHealth(t *testing.T, name string, timeout time.Duration, newDriver func(sock string) backend.TerminalBackend) {
+	t.Helper()
+	for what, sock := range map[string]string{"missing": filepath.Join(t.TempDir(), "nothing.sock"), "hung": SilentSocket(t)} {
+		d := newDriver(sock)
+		if info, err := d.Info(context.Background()); err != nil || info.Name != name {
+			t.Errorf("%s: Info before Configure: %+v, %v; want the description", what, info, err)
+		}
+		if err := d.(backend.Configurer).Configure(context.Background(), backend.DriverSetup{Owner: "o", StateDir: t.TempDir()}); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, err := d.Info(context.Background())
+		if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), sock) {
+			t.Errorf("%s: Info of a configured driver: %v, want ErrUnavailable naming %s", what, err, sock)
+		}
+		if took := time.Since(start); took > timeout+5*time.Second {
+			t.Errorf("%s: Info took %s, want it bounded by %s", what, took, timeout)
+		}
+		if c, ok := d.(interface{ Close() error }); ok {
+			c.Close()
+		}
+	}
 }
