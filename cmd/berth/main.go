@@ -27,7 +27,10 @@ const (
 func main() {
 	// The agent runs as PID 1 in containers: dispatch before anything else is set up.
 	if agent.IsAgent() {
-		sigstart.Release() // the agent sets up its own signal handling
+		// The agent catches and drops these signals itself (it must stay up, as a
+		// container's PID 1 too): one that came before it has set that up is kept
+		// caught here, and so dropped, rather than given its default action.
+		sigstart.Take()
 		os.Exit(agent.Main(os.Args[1:]))
 	}
 	if os.Getenv(envTrace) != "" {
