@@ -2114,7 +2114,7 @@ func TestShellModeInterruptJSON(t *testing.T) {
 		io.ReadAll(f)
 		f.Close()
 		r.cmd.Process.Signal(c.sig)
-		code := r.finish(t, time.Minute)
+		code := r.finish(t)
 		var out struct {
 			ExitCode int `json:"exit_code"`
 			Signal   int `json:"signal"`
@@ -2169,9 +2169,9 @@ func (e *env) lostAgent(t *testing.T, kill func(sandbox string)) {
 	e.must("exec", "-s", "die:1", "--", "true")
 	row, _ := findSession(e.sessions(), "die:1")
 	r := e.start("exec", "-s", "die:1", "--", "sh", "-c", "echo ready; exec sleep 300")
-	r.expect(t, "ready", time.Minute)
+	r.expect(t, "ready")
 	kill(row.Sandbox)
-	code := r.finish(t, time.Minute)
+	code := r.finish(t)
 	msg := r.stderr.String()
 	for _, want := range []string{`session "die:1"`, "sandbox " + row.Sandbox, "driver " + row.Driver, "lost the connection to the sandbox's agent while the command ran", "the next call starts"} {
 		if !strings.Contains(msg, want) {
