@@ -521,18 +521,12 @@ func TestLaunchKilledBeforeHandshake(t *testing.T) {
 			Env: []string{"BERTH_TESTPLUGIN_MODE=hang", "BERTH_TESTPLUGIN_PIDFILE=" + pidfile}})
 		errCh <- err
 	}()
-	deadline := time.Now().Add(time.Minute)
 	var pids []string
-	for {
+	testwait.Until(t, "the hanging plugin and its child to write their pids", func() bool {
 		b, _ := os.ReadFile(pidfile)
-		if pids = strings.Fields(string(b)); len(pids) == 2 {
-			break // the plugin runs (its child too): it is waiting before the handshake
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("hanging plugin did not start")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		pids = strings.Fields(string(b))
+		return len(pids) == 2 // the plugin runs (its child too): it is waiting before the handshake
+	})
 	pid, _ := strconv.Atoi(pids[0])
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
