@@ -24,6 +24,7 @@ import (
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/containerutil"
 	"github.com/berth-sh/berth/internal/flock"
+	"github.com/berth-sh/berth/internal/hostpaths"
 )
 
 // agentStartTimeout bounds how long Create waits for the agent of a started task to
@@ -652,8 +653,15 @@ func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(
 		{Type: "cgroup", Source: "cgroup", Destination: "/sys/fs/cgroup", Options: []string{"ro", "nosuid", "noexec", "nodev", "relatime"}},
 	}
 	socks := d.runtimeSockets()
+	var berth []hostpaths.Dir
+	if len(spec.Mounts) > 0 && !spec.AllowHostPaths {
+		d.mu.Lock()
+		stateDir := d.stateDir
+		d.mu.Unlock()
+		berth = containerutil.BerthDirs(stateDir, a)
+	}
 	for _, m := range spec.Mounts {
-		if err := containerutil.CheckMount(m, spec.AllowHostPaths, socks); err != nil {
+		if err := containerutil.CheckMount(m, spec.AllowHostPaths, socks, berth); err != nil {
 			return bad("%v", err)
 		}
 		mode := "rw"

@@ -342,7 +342,7 @@ func (d *Driver) containerConfig(spec backend.SandboxSpec, a backend.AgentFiles)
 		{Type: mount.TypeBind, Source: a.SocketDir, Target: backend.SocketMountDir},
 	}
 	for _, m := range spec.Mounts {
-		if err := d.checkMount(m, spec.AllowHostPaths); err != nil {
+		if err := d.checkMount(m, spec.AllowHostPaths, a); err != nil {
 			return bad("%v", err)
 		}
 		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})

@@ -15,13 +15,14 @@ import (
 	"github.com/berth-sh/berth/internal/containerutil"
 )
 
-// checkMount applies the host-path policy (containerutil.CheckMount): unless
-// allowHost, neither /, nor a unix socket, nor a directory holding a runtime socket
-// (containerutil.RuntimeSockets with the engine's socket and the containerd socket
-// that the engine runs on).
-func (d *Driver) checkMount(m backend.Mount, allowHost bool) error {
+// checkMount applies the host-path policy (containerutil.CheckMount) to a mount of
+// the sandbox whose agent files are a: unless allowHost, neither /, nor a unix
+// socket, nor a directory holding a runtime socket (containerutil.RuntimeSockets with
+// the engine's socket and the containerd socket that the engine runs on), nor one
+// that is, contains or lies inside a berth directory (containerutil.BerthDirs).
+func (d *Driver) checkMount(m backend.Mount, allowHost bool, a backend.AgentFiles) error {
 	if allowHost {
-		return containerutil.CheckMount(m, true, nil)
+		return containerutil.CheckMount(m, true, nil, nil)
 	}
 	var inUse []containerutil.Socket
 	if p, err := checkHost(d.engineHost()); err == nil {
@@ -30,7 +31,10 @@ func (d *Driver) checkMount(m backend.Mount, allowHost bool) error {
 			inUse = append(inUse, containerutil.Socket{Path: c, What: "containerd socket (the Docker engine's)"})
 		}
 	}
-	return containerutil.CheckMount(m, false, containerutil.RuntimeSockets(inUse...))
+	d.mu.Lock()
+	stateDir := d.stateDir
+	d.mu.Unlock()
+	return containerutil.CheckMount(m, false, containerutil.RuntimeSockets(inUse...), containerutil.BerthDirs(stateDir, a))
 }
 
 // engineContainerd returns where the containerd of the engine listening on sock may

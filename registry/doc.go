@@ -32,6 +32,11 @@
 //     sandboxes/SANDBOX/ until they are removed (see hostdirs.go).
 //   - Registry (Open): Acquire, Exec, Sessions, CloseSession, RemoveSession, Prune,
 //     Drivers, Explain.
+//   - The mount policy (CheckMounts, see docs/security.md): before any driver's
+//     Create, a rule's mount that is, contains or lies inside the state dir, another
+//     berth state dir or a plugin socket dir is refused unless the rule sets
+//     allow_host_paths. The other dirs are host facts that internal/hostpaths looks
+//     up (environment, /etc/passwd) at each check, not settings; Open reads none.
 //   - Retention (see docs/retention.md): a sandbox is idle when no exec runs in it and
 //     none started or ended for longer than idle_ttl; idle_action stops or removes
 //     it; max_age removes it whatever its use. A session whose sandbox retention

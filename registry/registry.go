@@ -80,7 +80,11 @@ type driverEntry struct {
 // the caller resolves settings (berth's CLI applies flags > BERTH_* environment >
 // config file > defaults) and passes the result as cfg and opts; only the default
 // launcher, when it later looks for a third-party driver's executable, searches
-// $BERTH_PLUGIN_PATH first (package backends; see WithLauncher). It checks that the
+// $BERTH_PLUGIN_PATH first (package backends; see WithLauncher), and the mount
+// policy (CheckMounts), when Acquire meets a rule with mounts, looks up which host
+// directories to protect besides the state dir (other users' default state dirs,
+// plugin socket dirs; package internal/hostpaths reads the host's environment and
+// /etc/passwd for that, never a setting of this registry). It checks that the
 // state dir (WithStateDir, else cfg.StateDir) can be written, and creates nothing:
 // the state dir, its store (schema version, owner id) and lock dir are made by the
 // first call that needs them. The registry knows the drivers cfg was checked
@@ -225,6 +229,7 @@ func (r *Registry) ensure() error {
 		return fail(err)
 	}
 	r.owner = owner
+	r.writeStateMarker()
 	return nil
 }
 
@@ -335,6 +340,9 @@ func (r *Registry) acquire(ctx context.Context, session string) (*pending, error
 	rule, _, err := r.cfg.Match(session)
 	if err != nil {
 		return nil, err
+	}
+	if err := r.checkMounts(rule); err != nil {
+		return nil, fmt.Errorf("session %q: %w", session, err)
 	}
 	if err := r.ensure(); err != nil {
 		return nil, err

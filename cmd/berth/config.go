@@ -41,6 +41,17 @@ func newConfigCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return failure(err)
 			}
+			stateDir, err := g.resolveStateDir(c)
+			if err != nil {
+				return failure(err)
+			}
+			warnings, err := registry.CheckMounts(c, stateDir)
+			if len(warnings) > 0 {
+				fmt.Fprintln(os.Stderr, config.FormatDiagnostics(warnings))
+			}
+			if err != nil {
+				return failure(err)
+			}
 			notes, err := checkDrivers(cmd.Context(), g, c, self)
 			if err != nil {
 				return failure(err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/hostpaths"
 )
 
 // AgentStateDir is where the agent of a container sandbox keeps, inside the
@@ -146,13 +147,37 @@ func RuntimeSockets(inUse ...Socket) []Socket {
 	return out
 }
 
+// BerthDirs returns the berth directories that a container driver's mounts must not
+// expose (for CheckMount): hostpaths.Known of the berth state dir that the driver's
+// state dir lies in (the registry gives each driver STATE/drivers/NAME as
+// DriverSetup.StateDir), of driverStateDir itself, and of the sandbox's own host
+// directory (the parent of its agent socket dir, STATE/sandboxes/DRIVER/SANDBOX).
+// Empty paths are skipped.
+func BerthDirs(driverStateDir string, a backend.AgentFiles) []hostpaths.Dir {
+	var dirs []string
+	if driverStateDir != "" {
+		sd := filepath.Clean(driverStateDir)
+		if filepath.Base(filepath.Dir(sd)) == "drivers" {
+			dirs = append(dirs, filepath.Dir(filepath.Dir(sd)))
+		}
+		dirs = append(dirs, sd)
+	}
+	if a.SocketDir != "" {
+		dirs = append(dirs, filepath.Dir(filepath.Clean(a.SocketDir)))
+	}
+	return hostpaths.Known(dirs...)
+}
+
 // CheckMount applies the host-path policy to one bind mount: both paths absolute,
 // a target outside /.berth (the agent's), a source that exists, and, unless
 // allowHost, a source that is neither the host's / nor a unix socket (any: a runtime's
 // API socket gives root on the host, wherever it lives) nor a directory holding one
-// of sockets (see RuntimeSockets; links resolved on both sides). The error (plain,
-// for the caller to wrap with backend.ErrInvalid) names the source and what to do.
-func CheckMount(m backend.Mount, allowHost bool, sockets []Socket) error {
+// of sockets (see RuntimeSockets; links resolved on both sides), and that neither is,
+// contains nor lies inside one of berth's directories (hostpaths.Check with berth,
+// see BerthDirs). The registry applies the berth part before any driver sees a
+// spec; drivers apply it again as defence. The error (plain, for the caller to wrap
+// with backend.ErrInvalid) names the source and what to do.
+func CheckMount(m backend.Mount, allowHost bool, sockets []Socket, berth []hostpaths.Dir) error {
 	if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Target) {
 		return fmt.Errorf("mount %s -> %s: both paths must be absolute", m.Source, m.Target)
 	}
@@ -183,7 +208,7 @@ func CheckMount(m backend.Mount, allowHost bool, sockets []Socket) error {
 	if fi, err := os.Stat(src); err == nil && fi.Mode().Type() == os.ModeSocket {
 		return fmt.Errorf("mount source %s is a unix socket (%s); a socket can be a runtime's API, which gives root on the host, so sockets are refused: set allow_host_paths = true in the rule if you mean it", m.Source, src)
 	}
-	return nil
+	return hostpaths.Check(m.Source, berth)
 }
 
 // resolved returns path and, when it differs, path with links resolved.

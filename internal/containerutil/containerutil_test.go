@@ -92,7 +92,7 @@ func TestCheckMount(t *testing.T) {
 		{"relative", "/mnt", false, "absolute"},
 		{filepath.Join(dir, "missing"), "/mnt", false, "does not exist"},
 	} {
-		err := CheckMount(backend.Mount{Source: c.src, Target: c.dst}, c.allow, socks)
+		err := CheckMount(backend.Mount{Source: c.src, Target: c.dst}, c.allow, socks, nil)
 		switch {
 		case c.words == "" && err != nil:
 			t.Errorf("CheckMount(%s -> %s, allow %v): %v, want accepted", c.src, c.dst, c.allow, err)
@@ -130,17 +130,17 @@ func TestRuntimeSockets(t *testing.T) {
 		{ctrDir, "containerd socket " + filepath.Join(ctrDir, "containerd.sock")},
 		{filepath.Join(ttrpcDir, "inuse.sock.ttrpc"), "containerd socket (ttrpc) " + filepath.Join(ttrpcDir, "inuse.sock.ttrpc")},
 	} {
-		err := CheckMount(backend.Mount{Source: c.src, Target: "/mnt"}, false, socks)
+		err := CheckMount(backend.Mount{Source: c.src, Target: "/mnt"}, false, socks, nil)
 		if err == nil || !strings.Contains(err.Error(), c.words) || !strings.Contains(err.Error(), "mount source "+c.src) {
 			t.Errorf("CheckMount(%s): %v, want an error naming it and %q", c.src, err, c.words)
 		}
-		if err := CheckMount(backend.Mount{Source: c.src, Target: "/mnt"}, true, socks); err != nil {
+		if err := CheckMount(backend.Mount{Source: c.src, Target: "/mnt"}, true, socks, nil); err != nil {
 			t.Errorf("CheckMount(%s) with allow_host_paths: %v", c.src, err)
 		}
 	}
 	t.Setenv("DOCKER_HOST", "tcp://127.0.0.1:2375")
 	t.Setenv("CONTAINERD_ADDRESS", "")
-	if err := CheckMount(backend.Mount{Source: dockerDir, Target: "/mnt"}, false, RuntimeSockets()); err != nil {
+	if err := CheckMount(backend.Mount{Source: dockerDir, Target: "/mnt"}, false, RuntimeSockets(), nil); err != nil {
 		t.Errorf("CheckMount(%s) without DOCKER_HOST naming it: %v", dockerDir, err)
 	}
 }
