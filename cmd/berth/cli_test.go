@@ -1742,11 +1742,20 @@ func TestCp(t *testing.T) {
 	}
 
 	out := t.TempDir()
+	// A download keeps only links that stay inside the copy: on the host an absolute
+	// link names a host file.
+	if r := e.run("cp", "-s", "cp:1", ":in/copy", filepath.Join(out, "back")); r.code != 125 || !strings.Contains(r.stderr, "copy/link: refused: a symlink to /etc/passwd") || !strings.Contains(r.stderr, "nothing was written to "+out) {
+		t.Errorf("download of an absolute link: want 125 naming it\n%v", r)
+	}
+	if ents, _ := os.ReadDir(out); len(ents) != 0 {
+		t.Errorf("a refused download left %v", ents)
+	}
+	e.must("exec", "-s", "cp:1", "--", "ln", "-sfn", "sub/f.txt", "in/copy/link")
 	e.must("cp", "-s", "cp:1", ":in/copy", filepath.Join(out, "back"))
 	if b, err := os.ReadFile(filepath.Join(out, "back", "sub", "f.txt")); err != nil || string(b) != "hello\n" {
 		t.Errorf("downloaded file: %q %v", b, err)
 	}
-	if l, err := os.Readlink(filepath.Join(out, "back", "link")); err != nil || l != "/etc/passwd" {
+	if l, err := os.Readlink(filepath.Join(out, "back", "link")); err != nil || l != "sub/f.txt" {
 		t.Errorf("downloaded link: %q %v, want the symlink kept", l, err)
 	}
 	if fi, err := os.Stat(filepath.Join(out, "back", "sub", "f.txt")); err != nil || fi.Mode().Perm() != 0o640 || !fi.ModTime().Equal(mtime) {

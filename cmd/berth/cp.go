@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,20 +17,36 @@ import (
 
 func newCpCmd(g *globals) *cobra.Command {
 	var session string
+	var archive bool
 	cmd := &cobra.Command{
-		Use:   "cp [-s SESSION] SRC :DEST | cp [-s SESSION] :SRC DEST",
+		Use:   "cp [-s SESSION] [-a] SRC :DEST | cp [-s SESSION] [-a] :SRC DEST",
 		Short: "Copy files and directories into or out of a session's sandbox",
 		Long: `Copy a file or a directory tree between this host and a session's sandbox. A leading
 colon marks the sandbox side (so session names may contain colons): "SRC :DEST" uploads,
-":SRC DEST" downloads. Directories, modes and modification times are kept; symlinks are
-copied as symlinks, and extraction never follows a link out of the destination.
+":SRC DEST" downloads. Directories, modes (setuid, setgid and sticky bits included) and
+modification times are kept; symlinks are copied as symlinks, and extraction never
+follows a link out of the destination. Hard links are not kept: each file is copied in
+full.
 
 DEST names the copy; when it ends in "/" (or, downloading, is an existing directory)
 the copy goes inside it under SRC's name. A relative sandbox path is relative to the
-sandbox's default directory (local: the sandbox's own directory).`,
+sandbox's default directory (local: the sandbox's own directory).
+
+A download trusts nothing the sandbox sends (its root can replace berth's agent): it
+keeps only regular files, directories and symlinks whose target is relative and stays
+inside the copy, under the path asked for. A hard link, device, FIFO, absolute symlink
+or symlink out of the copy fails the download with an error naming the entry, and the
+destination is left as it was: the copy is made in a private directory beside it and
+moved into place only when all of it arrived. Downloaded files belong to the user who
+runs berth cp, and setuid and setgid bits are dropped (a safety choice: a sandbox must
+not hand the host a setuid program); the sticky bit is kept. --archive keeps the owners
+the sandbox names (uid and gid as numbers; only root can set other users' ones) and the
+setuid and setgid bits. Uploads keep owners as numbers where the agent runs as root (in
+containers), with or without --archive.`,
 		Example: `  berth cp -s chat:1 ./src :/work/src
   berth cp -s chat:1 report.txt :/tmp/
-  berth cp -s chat:1 :/work/out ./out`,
+  berth cp -s chat:1 :/work/out ./out
+  sudo berth cp -a -s chat:1 :/work/rootfs ./rootfs   # keep owners and setuid bits`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			src, dst := args[0], args[1]
@@ -43,10 +60,11 @@ sandbox's default directory (local: the sandbox's own directory).`,
 			if up {
 				return upload(cmd, g, session, src, dst[1:])
 			}
-			return download(cmd, g, session, src[1:], dst)
+			return download(cmd, g, session, src[1:], dst, archive)
 		},
 	}
 	cmd.Flags().StringVarP(&session, "session", "s", defaultSession(), "session name ($BERTH_SESSION sets the default)")
+	cmd.Flags().BoolVarP(&archive, "archive", "a", false, "downloads: keep the owners (uid/gid) and setuid/setgid bits the sandbox names, instead of giving every file to you and dropping setuid/setgid")
 	return cmd
 }
 
@@ -68,42 +86,60 @@ func upload(cmd *cobra.Command, g *globals, session, src, dst string) error {
 	})
 }
 
-// download copies src in the sandbox to the host path dst.
-func download(cmd *cobra.Command, g *globals, session, src, dst string) error {
-	srcBase := path.Base(path.Clean(src))
-	dir, rename := dst, (func(string) string)(nil)
+// download copies src in the sandbox to the host path dst (see agent.ExtractTar:
+// the stream is hostile). archive keeps owners and setuid/setgid bits.
+func download(cmd *cobra.Command, g *globals, session, src, dst string, archive bool) error {
+	opts := agent.ExtractOptions{Top: path.Base(path.Clean(src)), Archive: archive}
+	switch opts.Top {
+	case "/":
+		opts.Top = "." // the sandbox's whole filesystem
+	case ".", "..":
+		opts.Top = "" // named by the sandbox: its first entry
+	}
+	dir := dst
 	if fi, err := os.Stat(dst); !strings.HasSuffix(dst, "/") && (err != nil || !fi.IsDir()) {
-		dir = filepath.Dir(dst)
-		newBase := filepath.Base(dst)
-		rename = func(n string) string {
-			if n == srcBase {
-				return newBase
-			}
-			if rest, ok := strings.CutPrefix(n, srcBase+"/"); ok {
-				return newBase + "/" + rest
-			}
-			return n
-		}
+		dir, opts.Name = filepath.Dir(dst), filepath.Base(dst)
 	}
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 		return usageError("destination directory %s does not exist; create it first", dir)
 	}
 	return g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
 		pr, pw := io.Pipe()
+		stream := &errRecorder{r: pr}
 		done := make(chan error, 1)
 		go func() {
-			err := agent.ExtractTar(pr, dir, rename)
-			if err == nil {
-				io.Copy(io.Discard, pr) // the tar padding after the end marker
-			}
+			// ExtractTar reads pr to its end, which carries CopyOut's outcome.
+			err := agent.ExtractTar(stream, dir, opts)
 			pr.CloseWithError(err)
 			done <- err
 		}()
 		err := reg.CopyOut(cmd.Context(), session, src, pw)
 		pw.CloseWithError(err)
-		if xerr := <-done; err == nil && xerr != nil {
+		xerr := <-done
+		var xe *agent.ExtractError
+		switch {
+		case xerr != nil && stream.err == nil:
+			// The extraction refused what it got: the copy's own error (if any) is
+			// only the broken pipe that followed.
 			return fmt.Errorf("extracting into %s: %w", dir, xerr)
+		case err != nil && errors.As(xerr, &xe):
+			return fmt.Errorf("%w; %s", err, xe.Outcome())
 		}
 		return err
 	})
+}
+
+// errRecorder is a reader that records its first error other than io.EOF, so that a
+// download can tell a refused stream from a failed copy.
+type errRecorder struct {
+	r   io.Reader
+	err error
+}
+
+func (e *errRecorder) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil && err != io.EOF && e.err == nil {
+		e.err = err
+	}
+	return n, err
 }

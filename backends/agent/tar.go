@@ -1,0 +1,602 @@
+package agent
+
+import (
+	"archive/tar"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Tar extraction, both ways.
+//
+// Upload (the agent's CopyIn, inside the sandbox) trusts the stream: it comes from the
+// host. Entries are extracted through an os.Root, so nothing leaves the destination;
+// modes (setuid, setgid and sticky included), mtimes and, when the agent runs as root,
+// owners are kept; symlinks are created as they are; a hard link may join a regular
+// file that the same stream created earlier (berth's own WriteTar never writes one: it
+// stores every file in full); devices, FIFOs and other types are skipped.
+//
+// Download (ExtractTar, on the host) treats the stream as hostile: it comes from a
+// sandbox, whose root can replace the agent. See ExtractTar.
+
+// ExtractOptions say how ExtractTar places and checks what it extracts.
+type ExtractOptions struct {
+	// Top is the name of the one tree the stream must hold (a cleaned relative name,
+	// e.g. "out" for a copy of /work/out): every entry must be Top or lie under it.
+	// "" takes the first entry's name, which must then be one path component (for a
+	// source such as "." whose name only the sandbox knows); "." accepts every name
+	// (a copy of a sandbox's whole filesystem, "/").
+	Top string
+	// Name, when set, is the name that Top gets in the destination directory (a
+	// download to a new path); a "." tree is then extracted into the directory Name.
+	// It must be one path component.
+	Name string
+	// Archive keeps the owners the stream names (uid and gid as numbers, set with
+	// lchown: that needs root, and an owner that cannot be set is an error) and the
+	// setuid and setgid bits. Without it everything belongs to the user who runs the
+	// extraction and setuid and setgid are dropped. The sticky bit is always kept.
+	Archive bool
+}
+
+// ExtractTar extracts the tar stream r, which comes from a sandbox and is treated
+// as hostile, into the existing directory dir (a download to the host). It accepts
+// only regular files, directories and symlinks whose target is relative and stays
+// inside the copied tree (no ".." after a name, no more leading ".." than the link
+// is deep in the tree; a lone symlink is refused, as its target is outside the
+// copy); hard links, devices, FIFOs and every other type are refused, and so are
+// entries outside opts.Top, names that leave dir, and entries under a symlink. Modes
+// and mtimes are kept; owners and setuid/setgid only with opts.Archive.
+//
+// The stream is extracted into a private directory inside dir (.berth-cp-*) and
+// moved into place only after r has ended without error (r is read to its end: the
+// caller closes it with the copy's own error), so a refused entry, a broken stream
+// or a failed copy leaves dir as it was. Once moved, the copy replaces what is in its
+// way as cp does: a directory merges into an existing directory, anything else
+// replaces the file, link or directory of its name (a link is replaced, never
+// followed). Errors name the entry and why, and say what was written.
+func ExtractTar(r io.Reader, dir string, opts ExtractOptions) error {
+	if opts.Name != "" && (opts.Name == "." || opts.Name == ".." || strings.Contains(opts.Name, "/")) {
+		return fmt.Errorf("destination name %q is not one path component", opts.Name)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	var rnd [6]byte
+	rand.Read(rnd[:])
+	stage := ".berth-cp-" + hex.EncodeToString(rnd[:])
+	if err := root.Mkdir(stage, 0o700); err != nil {
+		return fmt.Errorf("making the staging directory in %s: %v", dir, err)
+	}
+	sroot, err := root.OpenRoot(stage)
+	if err != nil {
+		root.RemoveAll(stage)
+		return err
+	}
+	x := &extractor{root: sroot, hostile: true, top: opts.Top, name: opts.Name, owners: opts.Archive, setid: opts.Archive}
+	if opts.Top == "" {
+		x.top, x.topFromFirst = "", true
+	}
+	err = x.extract(r)
+	if err == nil {
+		// The tar padding after the end marker, and the copy's own outcome: an error
+		// that closes r means the stream may be cut short.
+		if _, cerr := io.Copy(io.Discard, r); cerr != nil {
+			err = fmt.Errorf("the copy failed after %d entries: %w", x.entries, cerr)
+		}
+	}
+	sroot.Close()
+	if err != nil {
+		xe := &ExtractError{Err: err, Dir: dir}
+		if rerr := root.RemoveAll(stage); rerr != nil {
+			xe.Left = filepath.Join(dir, stage)
+		}
+		return xe
+	}
+	ents, err := readDirNames(root, stage)
+	moved := false
+	if err == nil {
+		for _, n := range ents {
+			if err = moveInto(root, stage+"/"+n, n); err != nil {
+				break
+			}
+			moved = true
+		}
+	}
+	if err != nil {
+		return &ExtractError{Err: fmt.Errorf("moving the copy into place: %v", err), Dir: dir, Left: filepath.Join(dir, stage), Moved: moved}
+	}
+	root.RemoveAll(stage)
+	if err := x.finishDirs(root); err != nil {
+		return &ExtractError{Err: err, Dir: dir, InPlace: true}
+	}
+	return nil
+}
+
+// ExtractError is ExtractTar's error: why it failed, and what it left in Dir.
+type ExtractError struct {
+	// Err says what went wrong, naming the entry.
+	Err error
+	// Dir is the destination directory.
+	Dir string
+	// Left is the staging directory left behind (it could not be removed, or moving
+	// its entries into place failed), "" when none is.
+	Left string
+	// Moved is true when some entries were moved into Dir before a move failed.
+	Moved bool
+	// InPlace is true when the whole copy is in Dir but not every directory got its
+	// mode and mtime.
+	InPlace bool
+}
+
+// Outcome says what the failed extraction left, e.g. "nothing was written to DIR".
+func (e *ExtractError) Outcome() string {
+	switch {
+	case e.InPlace:
+		return "the copy is in " + e.Dir + ", but not every directory in it got its mode and time"
+	case e.Moved:
+		return "some entries are already in " + e.Dir + ", the rest is left in " + e.Left + ": remove it"
+	case e.Left != "":
+		return "the partial copy is left in " + e.Left + ": remove it"
+	default:
+		return "nothing was written to " + e.Dir
+	}
+}
+
+// Error returns Err and the Outcome.
+func (e *ExtractError) Error() string { return e.Err.Error() + "; " + e.Outcome() }
+
+// Unwrap returns Err.
+func (e *ExtractError) Unwrap() error { return e.Err }
+
+// extractAll extracts the tar stream r under root as the agent's CopyIn does (see the
+// comment at the top of this file): the stream is trusted.
+func extractAll(root *os.Root, r io.Reader) error {
+	x := &extractor{root: root, top: ".", owners: os.Geteuid() == 0, ownersBestEffort: true, setid: true, files: map[string]bool{}}
+	if err := x.extract(r); err != nil {
+		return err
+	}
+	return x.finishDirs(root)
+}
+
+// extractor extracts the entries of one tar stream under root.
+type extractor struct {
+	root *os.Root
+	// hostile: the stream comes from a sandbox (ExtractTar's rules).
+	hostile bool
+	// top and name: ExtractOptions.Top and Name (hostile only); topFromFirst takes
+	// top from the first entry.
+	top, name    string
+	topFromFirst bool
+	// owners: lchown entries to the stream's uid and gid; ownersBestEffort ignores
+	// failures (the agent as root in a user namespace that does not map them).
+	owners, ownersBestEffort bool
+	// setid keeps setuid and setgid bits.
+	setid bool
+	// files are the regular files this stream created, by name (hard link targets
+	// allowed on upload).
+	files map[string]bool
+	// dirs get their mode and mtime at the end, deepest first: creating their entries
+	// would change the mtime, and a read-only mode would stop them.
+	dirs []dirAttrs
+	// entries counts the entries extracted.
+	entries int
+}
+
+type dirAttrs struct {
+	name  string
+	mode  fs.FileMode
+	mtime time.Time
+}
+
+// extract extracts every entry of r, stopping at the first error, which names the
+// entry.
+func (x *extractor) extract(r io.Reader) error {
+	tr := tar.NewReader(r)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading the tar stream after %d entries: %v", x.entries, err)
+		}
+		if err := x.entry(tr, hdr); err != nil {
+			return fmt.Errorf("%s: %v", hdr.Name, err)
+		}
+		x.entries++
+	}
+}
+
+// cleanName makes a tar entry name relative and refuses one that leaves the root.
+func cleanName(name string) (string, error) {
+	n := path.Clean(strings.TrimLeft(name, "/"))
+	if n != "." && !filepath.IsLocal(n) {
+		return "", fmt.Errorf("name leaves the destination")
+	}
+	return n, nil
+}
+
+// tarMode turns a tar header's mode (Unix bits: 04000 setuid, 02000 setgid, 01000
+// sticky) into an fs.FileMode, with setuid and setgid only when setid.
+func tarMode(m int64, setid bool) fs.FileMode {
+	mode := fs.FileMode(m).Perm()
+	if m&0o4000 != 0 && setid {
+		mode |= fs.ModeSetuid
+	}
+	if m&0o2000 != 0 && setid {
+		mode |= fs.ModeSetgid
+	}
+	if m&0o1000 != 0 {
+		mode |= fs.ModeSticky
+	}
+	return mode
+}
+
+// place checks the entry name (hostile: inside the one tree) and returns the name to
+// create, and the depth of its directory inside the copied tree (-1: the entry is the
+// tree's top, whose directory is outside the copy).
+func (x *extractor) place(name string) (string, int, error) {
+	if !x.hostile {
+		return name, strings.Count(name, "/"), nil
+	}
+	if x.topFromFirst {
+		if name == "." || strings.Contains(name, "/") {
+			return "", 0, fmt.Errorf("the copy's first entry must name one file or directory")
+		}
+		x.top, x.topFromFirst = name, false
+	}
+	var rel string
+	switch {
+	case x.top == ".":
+		rel = name
+	case name == x.top:
+		rel = "."
+	case strings.HasPrefix(name, x.top+"/"):
+		rel = name[len(x.top)+1:]
+	default:
+		return "", 0, fmt.Errorf("refused: not inside %s, the path asked for", x.top)
+	}
+	depth := strings.Count(rel, "/")
+	if rel == "." && x.top != "." {
+		depth = -1
+	}
+	final := name
+	if x.name != "" {
+		if x.top == "." {
+			final = path.Join(x.name, name)
+		} else {
+			final = x.name + name[len(x.top):]
+		}
+	}
+	return final, depth, nil
+}
+
+// linkInside reports why the symlink target leaves the copied tree, from a link
+// whose directory is depth levels below the tree's top (-1: the link is the top), or
+// "" when it stays inside. Only a relative target whose ".." components all lead
+// (none after a name: the name may be a link) and are no more than depth stays
+// inside; entries are never created under a symlink, so the link's place in the tree
+// is where it is on disk.
+func linkInside(target string, depth int) string {
+	switch {
+	case target == "":
+		return "an empty target"
+	case path.IsAbs(target):
+		return "an absolute target, which on the host names a host file"
+	case depth < 0:
+		return "the copy is the symlink alone, and its target is outside the copy"
+	}
+	up, named := 0, false
+	for _, c := range strings.Split(target, "/") {
+		switch c {
+		case "", ".":
+		case "..":
+			if named {
+				return "a \"..\" after a name in its target, which cannot be checked without following links"
+			}
+			up++
+		default:
+			named = true
+		}
+	}
+	if up > depth {
+		return "a target that leads out of the copied tree"
+	}
+	return ""
+}
+
+// mkParents makes the missing parent directories of name (0755). Hostile: every
+// existing parent must be a directory, not a symlink, so that no entry is created
+// through a link.
+func (x *extractor) mkParents(name string) error {
+	d := path.Dir(name)
+	if d == "." {
+		return nil
+	}
+	if !x.hostile {
+		return x.root.MkdirAll(d, 0o755)
+	}
+	p := ""
+	for _, c := range strings.Split(d, "/") {
+		p = path.Join(p, c)
+		fi, err := x.root.Lstat(p)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			if err := x.root.Mkdir(p, 0o755); err != nil {
+				return err
+			}
+		case err != nil:
+			return err
+		case fi.Mode()&fs.ModeSymlink != 0:
+			return fmt.Errorf("refused: it lies under the symlink %s, and extraction never writes through a link", p)
+		case !fi.IsDir():
+			return fmt.Errorf("%s is not a directory", p)
+		}
+	}
+	return nil
+}
+
+// removeOld removes whatever is at name, unless both it and the entry are
+// directories (which then merge). It never follows a link.
+func (x *extractor) removeOld(name string, dir bool) error {
+	delete(x.files, name)
+	fi, err := x.root.Lstat(name)
+	if err != nil {
+		return nil
+	}
+	if fi.IsDir() && dir {
+		return nil
+	}
+	if fi.IsDir() {
+		return x.root.RemoveAll(name)
+	}
+	return x.root.Remove(name)
+}
+
+// refusedType says why a hostile stream's entry of type t is refused.
+func refusedType(hdr *tar.Header) string {
+	switch hdr.Typeflag {
+	case tar.TypeLink:
+		return fmt.Sprintf("a hard link to %s; a download keeps only regular files, directories and symlinks inside the copy (a hard link could join a host file to the copy)", hdr.Linkname)
+	case tar.TypeChar, tar.TypeBlock:
+		return "a device; a download keeps only regular files, directories and symlinks"
+	case tar.TypeFifo:
+		return "a FIFO; a download keeps only regular files, directories and symlinks"
+	default:
+		return fmt.Sprintf("an entry of tar type %q; a download keeps only regular files, directories and symlinks", hdr.Typeflag)
+	}
+}
+
+func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
+	n, err := cleanName(hdr.Name)
+	if err != nil {
+		return err
+	}
+	switch hdr.Typeflag {
+	case tar.TypeDir, tar.TypeReg, tar.TypeSymlink:
+	case tar.TypeLink:
+		if x.hostile {
+			return fmt.Errorf("refused: %s", refusedType(hdr))
+		}
+	default:
+		if x.hostile {
+			return fmt.Errorf("refused: %s", refusedType(hdr))
+		}
+		return nil // upload: devices, FIFOs and the like are not created
+	}
+	name, depth, err := x.place(n)
+	if err != nil {
+		return err
+	}
+	if x.hostile && hdr.Typeflag == tar.TypeSymlink {
+		if why := linkInside(hdr.Linkname, depth); why != "" {
+			return fmt.Errorf("refused: a symlink to %s with %s", hdr.Linkname, why)
+		}
+	}
+	if name == "." {
+		return nil // the destination itself: its attributes are not changed
+	}
+	if err := x.mkParents(name); err != nil {
+		return err
+	}
+	if err := x.removeOld(name, hdr.Typeflag == tar.TypeDir); err != nil {
+		return err
+	}
+	mode := tarMode(hdr.Mode, x.setid)
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		if err := x.root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		x.dirs = append(x.dirs, dirAttrs{name: name, mode: mode, mtime: hdr.ModTime})
+		return x.chown(name, hdr)
+	case tar.TypeSymlink:
+		if err := x.root.Symlink(hdr.Linkname, name); err != nil {
+			return err
+		}
+		return x.chown(name, hdr)
+	case tar.TypeLink:
+		old, err := cleanName(hdr.Linkname)
+		if err != nil {
+			return fmt.Errorf("hard link to %s: %v", hdr.Linkname, err)
+		}
+		if !x.files[old] {
+			return fmt.Errorf("hard link to %s: not a regular file that this copy created before it (hard links may only join files inside the copied tree)", hdr.Linkname)
+		}
+		if err := x.root.Link(old, name); err != nil {
+			return err
+		}
+		x.files[name] = true
+		return nil
+	}
+	f, err := x.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, tr)
+	if err == nil && x.owners {
+		if cerr := f.Chown(hdr.Uid, hdr.Gid); cerr != nil && !x.ownersBestEffort {
+			err = fmt.Errorf("keeping the owner %d:%d: %v (only root can give files to other users; drop --archive to keep them yours)", hdr.Uid, hdr.Gid, cerr)
+		}
+	}
+	if err == nil {
+		err = f.Chmod(mode) // after chown, which clears setuid and setgid
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if x.files != nil {
+		x.files[name] = true
+	}
+	if !hdr.ModTime.IsZero() {
+		x.root.Chtimes(name, hdr.ModTime, hdr.ModTime)
+	}
+	return nil
+}
+
+// chown gives name (not followed) the entry's owner when owners are kept.
+func (x *extractor) chown(name string, hdr *tar.Header) error {
+	if !x.owners {
+		return nil
+	}
+	if err := x.root.Lchown(name, hdr.Uid, hdr.Gid); err != nil && !x.ownersBestEffort {
+		return fmt.Errorf("keeping the owner %d:%d: %v (only root can give files to other users; drop --archive to keep them yours)", hdr.Uid, hdr.Gid, err)
+	}
+	return nil
+}
+
+// finishDirs gives the extracted directories, now under root by their names, their
+// modes and mtimes, deepest first (owners were set as they were made). A name that is no longer a directory (a
+// later entry replaced it) is skipped.
+func (x *extractor) finishDirs(root *os.Root) error {
+	dirs := slices.Clone(x.dirs)
+	slices.SortStableFunc(dirs, func(a, b dirAttrs) int { return strings.Count(b.name, "/") - strings.Count(a.name, "/") })
+	for _, d := range dirs {
+		if fi, err := root.Lstat(d.name); err != nil || !fi.IsDir() {
+			continue
+		}
+		if err := root.Chmod(d.name, d.mode); err != nil {
+			return fmt.Errorf("%s: %v", d.name, err)
+		}
+		if !d.mtime.IsZero() {
+			root.Chtimes(d.name, d.mtime, d.mtime)
+		}
+	}
+	return nil
+}
+
+// readDirNames lists the entries of the directory name under root.
+func readDirNames(root *os.Root, name string) ([]string, error) {
+	f, err := root.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return f.Readdirnames(-1)
+}
+
+// moveInto moves from to to under root, as cp places a copy: a directory merges
+// into an existing directory (entry by entry); anything else replaces what is at to
+// (a link there is replaced, not followed).
+func moveInto(root *os.Root, from, to string) error {
+	tfi, err := root.Lstat(to)
+	if err == nil {
+		ffi, err := root.Lstat(from)
+		if err != nil {
+			return err
+		}
+		switch {
+		case tfi.IsDir() && ffi.IsDir():
+			names, err := readDirNames(root, from)
+			if err != nil {
+				return err
+			}
+			for _, n := range names {
+				if err := moveInto(root, from+"/"+n, to+"/"+n); err != nil {
+					return err
+				}
+			}
+			return nil
+		case tfi.IsDir():
+			err = root.RemoveAll(to)
+		default:
+			err = root.Remove(to)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return root.Rename(from, to)
+}
+
+// WriteTar writes the file or directory at path to w as a tar stream, as the agent's
+// CopyOut does: the top entry is named name (path's base name when empty), the others
+// name/REL; symlinks are stored as symlinks and never followed; every regular file is
+// stored in full (no hard links); sockets are skipped. Modes keep setuid, setgid and
+// sticky (tar's 04000, 02000, 01000); owners are stored as numbers.
+func WriteTar(w io.Writer, path, name string) error {
+	path = filepath.Clean(path)
+	if name == "" {
+		name = filepath.Base(path)
+	}
+	tw := tar.NewWriter(w)
+	err := filepath.WalkDir(path, func(fp string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(path, fp)
+		if err != nil {
+			return err
+		}
+		link := ""
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			if link, err = os.Readlink(fp); err != nil {
+				return err
+			}
+		}
+		hdr, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			return nil // a socket or the like: skip
+		}
+		hdr.Name = filepath.ToSlash(filepath.Join(name, rel))
+		if fi.IsDir() {
+			hdr.Name += "/"
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if !fi.Mode().IsRegular() {
+			return nil
+		}
+		f, err := os.OpenFile(fp, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = io.CopyN(tw, f, hdr.Size)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return tw.Close()
+}
