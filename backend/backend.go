@@ -162,7 +162,10 @@ type SandboxSpec struct {
 	Network string `json:"network"`
 	// Resources are the limits; zero values mean the driver's defaults.
 	Resources Resources `json:"resources"`
-	// AllowHostPaths permits mounts of sensitive host paths (/, the Docker socket).
+	// AllowHostPaths permits mounts of sensitive host paths: /, runtime sockets and
+	// the directories holding them, berth's state dirs (every sandbox's agent socket)
+	// and the plugin socket dir. The registry refuses mounts of berth's own dirs
+	// without it before any driver sees the spec; drivers refuse the rest.
 	AllowHostPaths bool `json:"allow_host_paths,omitempty"`
 }
 

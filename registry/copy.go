@@ -27,8 +27,10 @@ func (r *Registry) CopyIn(ctx context.Context, session, dir string, rd io.Reader
 
 // CopyOut writes the file or directory path of session's sandbox to w as a tar stream
 // whose entries are named from path's base name (links stored, never followed); a
-// stopped sandbox is started. Errors: ErrNotFound when the session has no sandbox or
-// path does not exist; those of Exec; ErrUnsupported when the driver runs no agent.
+// stopped sandbox is started. The stream comes from the sandbox, whose root can
+// replace berth's agent: extract it as hostile (agent.ExtractTar does). Errors:
+// ErrNotFound when the session has no sandbox or path does not exist; those of Exec;
+// ErrUnsupported when the driver runs no agent.
 func (r *Registry) CopyOut(ctx context.Context, session, path string, w io.Writer) error {
 	session, err := config.NormalizeSession(session)
 	if err != nil {

@@ -12,9 +12,11 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 )
 
 // Tar extraction, both ways.
@@ -213,7 +215,7 @@ func (x *extractor) extract(r io.Reader) error {
 			return fmt.Errorf("reading the tar stream after %d entries: %v", x.entries, err)
 		}
 		if err := x.entry(tr, hdr); err != nil {
-			return fmt.Errorf("%s: %v", hdr.Name, err)
+			return fmt.Errorf("%s: %v", shown(hdr.Name), err)
 		}
 		x.entries++
 	}
@@ -226,6 +228,17 @@ func cleanName(name string) (string, error) {
 		return "", fmt.Errorf("name leaves the destination")
 	}
 	return n, nil
+}
+
+// shown is name as an error shows it: as it is when every character is printable,
+// else quoted, so that a name from a hostile stream cannot drive the terminal.
+func shown(name string) string {
+	for _, r := range name {
+		if !unicode.IsPrint(r) {
+			return strconv.Quote(name)
+		}
+	}
+	return name
 }
 
 // tarMode turns a tar header's mode (Unix bits: 04000 setuid, 02000 setgid, 01000
@@ -266,7 +279,7 @@ func (x *extractor) place(name string) (string, int, error) {
 	case strings.HasPrefix(name, x.top+"/"):
 		rel = name[len(x.top)+1:]
 	default:
-		return "", 0, fmt.Errorf("refused: not inside %s, the path asked for", x.top)
+		return "", 0, fmt.Errorf("refused: not inside %s, the path asked for", shown(x.top))
 	}
 	depth := strings.Count(rel, "/")
 	if rel == "." && x.top != "." {
@@ -340,9 +353,9 @@ func (x *extractor) mkParents(name string) error {
 		case err != nil:
 			return err
 		case fi.Mode()&fs.ModeSymlink != 0:
-			return fmt.Errorf("refused: it lies under the symlink %s, and extraction never writes through a link", p)
+			return fmt.Errorf("refused: it lies under the symlink %s, and extraction never writes through a link", shown(p))
 		case !fi.IsDir():
-			return fmt.Errorf("%s is not a directory", p)
+			return fmt.Errorf("%s is not a directory", shown(p))
 		}
 	}
 	return nil
@@ -369,7 +382,7 @@ func (x *extractor) removeOld(name string, dir bool) error {
 func refusedType(hdr *tar.Header) string {
 	switch hdr.Typeflag {
 	case tar.TypeLink:
-		return fmt.Sprintf("a hard link to %s; a download keeps only regular files, directories and symlinks inside the copy (a hard link could join a host file to the copy)", hdr.Linkname)
+		return fmt.Sprintf("a hard link to %s; a download keeps only regular files, directories and symlinks inside the copy (a hard link could join a host file to the copy)", shown(hdr.Linkname))
 	case tar.TypeChar, tar.TypeBlock:
 		return "a device; a download keeps only regular files, directories and symlinks"
 	case tar.TypeFifo:
@@ -402,7 +415,7 @@ func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
 	}
 	if x.hostile && hdr.Typeflag == tar.TypeSymlink {
 		if why := linkInside(hdr.Linkname, depth); why != "" {
-			return fmt.Errorf("refused: a symlink to %s with %s", hdr.Linkname, why)
+			return fmt.Errorf("refused: a symlink to %s with %s", shown(hdr.Linkname), why)
 		}
 	}
 	if name == "." {
@@ -430,10 +443,10 @@ func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
 	case tar.TypeLink:
 		old, err := cleanName(hdr.Linkname)
 		if err != nil {
-			return fmt.Errorf("hard link to %s: %v", hdr.Linkname, err)
+			return fmt.Errorf("hard link to %s: %v", shown(hdr.Linkname), err)
 		}
 		if !x.files[old] {
-			return fmt.Errorf("hard link to %s: not a regular file that this copy created before it (hard links may only join files inside the copied tree)", hdr.Linkname)
+			return fmt.Errorf("hard link to %s: not a regular file that this copy created before it (hard links may only join files inside the copied tree)", shown(hdr.Linkname))
 		}
 		if err := x.root.Link(old, name); err != nil {
 			return err

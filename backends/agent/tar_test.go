@@ -103,6 +103,7 @@ func TestExtractTarRefusesHostileEntries(t *testing.T) {
 		{"entry through a symlink", []hdr{dir("out/d", 0o755), symlink("out/l", "d"), file("out/l/f", "x", 0o644)}, "out/l/f: refused: it lies under the symlink out/l"},
 		{"entry outside the path asked for", []hdr{dir("out", 0o755), file(".bashrc", "evil", 0o644)}, ".bashrc: refused: not inside out"},
 		{"name leaving the destination", []hdr{dir("out", 0o755), file("out/../../x", "evil", 0o644)}, "name leaves the destination"},
+		{"a name that drives the terminal", []hdr{dir("out", 0o755), hardlink("out/\x1b[2Jx", "y")}, `"out/\x1b[2Jx": refused: a hard link`},
 		{"global header", []hdr{dir("out", 0o755), {tar.Header{Name: "g", Typeflag: tar.TypeXGlobalHeader, PAXRecords: map[string]string{"comment": "x"}}, ""}}, "refused: an entry of tar type"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
