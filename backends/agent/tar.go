@@ -305,11 +305,11 @@ func (x *extractor) place(name string) (string, int, error) {
 func linkInside(target string, depth int) string {
 	switch {
 	case target == "":
-		return "an empty target"
+		return "its target is empty"
 	case path.IsAbs(target):
-		return "an absolute target, which on the host names a host file"
+		return "its target is absolute, and on the host it would name a host file"
 	case depth < 0:
-		return "the copy is the symlink alone, and its target is outside the copy"
+		return "it is copied by itself, so its target is outside the copy"
 	}
 	up, named := 0, false
 	for _, c := range strings.Split(target, "/") {
@@ -317,7 +317,7 @@ func linkInside(target string, depth int) string {
 		case "", ".":
 		case "..":
 			if named {
-				return "a \"..\" after a name in its target, which cannot be checked without following links"
+				return "its target has \"..\" after a name, which cannot be checked without following links"
 			}
 			up++
 		default:
@@ -325,7 +325,7 @@ func linkInside(target string, depth int) string {
 		}
 	}
 	if up > depth {
-		return "a target that leads out of the copied tree"
+		return "its target leads out of the copied tree"
 	}
 	return ""
 }
@@ -415,7 +415,7 @@ func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
 	}
 	if x.hostile && hdr.Typeflag == tar.TypeSymlink {
 		if why := linkInside(hdr.Linkname, depth); why != "" {
-			return fmt.Errorf("refused: a symlink to %s with %s", shown(hdr.Linkname), why)
+			return fmt.Errorf("refused: a symlink to %s: %s", shown(hdr.Linkname), why)
 		}
 	}
 	if name == "." {

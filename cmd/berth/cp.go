@@ -23,9 +23,9 @@ func newCpCmd(g *globals) *cobra.Command {
 		Short: "Copy files and directories into or out of a session's sandbox",
 		Long: `Copy a file or a directory tree between this host and a session's sandbox. A leading
 colon marks the sandbox side (so session names may contain colons): "SRC :DEST" uploads,
-":SRC DEST" downloads. Directories, modes (setuid, setgid and sticky bits included) and
-modification times are kept; symlinks are copied as symlinks, and extraction never
-follows a link out of the destination. Hard links are not kept: each file is copied in
+":SRC DEST" downloads. Directories, modes (setuid, setgid and sticky bits included, but
+see below for downloads) and modification times are kept; symlinks are copied as
+symlinks, and extraction never follows a link out of the destination. Hard links are not kept: each file is copied in
 full.
 
 DEST names the copy; when it ends in "/" (or, downloading, is an existing directory)
