@@ -334,15 +334,12 @@ func (r *Registry) lockPath(sandbox string) string {
 }
 
 // acquire resolves session, takes its sandbox's lock, and creates, adopts or starts
-// the sandbox through its driver (the slow path of every call). On error it holds no
-// lock and has left nothing behind.
+// the sandbox through its driver (the slow path of every call; open has applied the
+// mount policy to the rule). On error it holds no lock and has left nothing behind.
 func (r *Registry) acquire(ctx context.Context, session string) (*pending, error) {
 	rule, _, err := r.cfg.Match(session)
 	if err != nil {
 		return nil, err
-	}
-	if err := r.checkMounts(rule); err != nil {
-		return nil, fmt.Errorf("session %q: %w", session, err)
 	}
 	if err := r.ensure(); err != nil {
 		return nil, err

@@ -85,7 +85,8 @@ func (c *sessionConn) lost(err error) bool {
 }
 
 // open reaches session's sandbox for one call (see the comment above openMode).
-// Errors: a bad session or no rule (ErrInvalid), no recorded sandbox with
+// Errors: a bad session or no rule (ErrInvalid), a rule whose mounts the mount
+// policy refuses (a *config.Error, see CheckMounts), no recorded sandbox with
 // openExisting/openRunning (ErrNotFound), a sandbox that is not running with
 // openRunning (errNotRunning), a tampered agent socket (ErrConflict), an agent of an
 // older berth (ErrUnsupported), an agent that accepts but does not answer
@@ -94,6 +95,12 @@ func (r *Registry) open(ctx context.Context, session string, mode openMode) (*se
 	rule, _, err := r.cfg.Match(session)
 	if err != nil {
 		return nil, err
+	}
+	// The mount policy refuses the rule, whichever path would reach its sandbox: one
+	// that an earlier berth made with such a mount must not be used directly either.
+	// It costs nothing for a rule without mounts.
+	if err := r.checkMounts(rule); err != nil {
+		return nil, fmt.Errorf("session %q: %w", session, err)
 	}
 	rec, recorded, err := r.ownerAndRecord(session)
 	if err != nil {

@@ -54,6 +54,32 @@ func TestMountOfStateDirRefused(t *testing.T) {
 	}
 }
 
+// A rule that the mount policy refuses is refused whether or not its session already
+// has a sandbox whose agent answers (the direct path, which starts no driver): the
+// check does not depend on how the call reaches the sandbox. Fixing the rule makes
+// the same sandbox usable again.
+func TestMountPolicyOnDirectPath(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.config = e.writeFile("config.hcl", "scope \"*\" {\n  driver = \"local\"\n}\n")
+	e.must("exec", "--", "true")
+	parent := filepath.Dir(e.state)
+	e.config = e.writeFile("bad.hcl", fmt.Sprintf("scope \"*\" {\n  driver = \"local\"\n  mount {\n    source = %q\n    target = \"/home\"\n  }\n}\n", parent))
+	r := e.run("exec", "--", "true")
+	for _, w := range []string{e.config + ":1:1", "contains berth's state dir " + e.state, "allow_host_paths = true"} {
+		if r.code != 125 || !strings.Contains(r.stderr, w) {
+			t.Errorf("exec on a running sandbox with a refused rule: want exit 125 saying %q\n%v", w, r)
+		}
+	}
+	e.config = e.writeFile("config.hcl", "scope \"*\" {\n  driver = \"local\"\n}\n")
+	if r := e.must("exec", "--", "true"); r.code != 0 {
+		t.Errorf("exec after the rule is fixed: %v", r)
+	}
+	if rows := e.sessions(); len(rows) != 1 {
+		t.Errorf("sessions: %+v, want the one sandbox", rows)
+	}
+}
+
 // fakeAgent is a sandbox's agent replaced by its root: it speaks berth's real agent
 // protocol and answers every CopyOut with the tar bytes it holds.
 type fakeAgent struct {
