@@ -99,6 +99,7 @@ func idleAction(ret config.Retention) config.IdleAction {
 // FormatDuration renders d for humans in the config's units: whole days as "7d",
 // otherwise Go's form rounded to the second ("36h0m0s" → "36h", "1h30m").
 func FormatDuration(d time.Duration) string {
+	d = d.Round(time.Second) // first, so that 47h59m59.5s is 2d, not 1d24h
 	if d >= 24*time.Hour && d%(24*time.Hour) == 0 {
 		return fmt.Sprintf("%dd", d/(24*time.Hour))
 	}
@@ -106,7 +107,7 @@ func FormatDuration(d time.Duration) string {
 		days := d / (24 * time.Hour)
 		return fmt.Sprintf("%dd%s", days, FormatDuration(d-days*24*time.Hour))
 	}
-	s := d.Round(time.Second).String()
+	s := d.String()
 	if strings.HasSuffix(s, "m0s") {
 		s = strings.TrimSuffix(s, "0s")
 	}
