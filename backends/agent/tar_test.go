@@ -37,7 +37,7 @@ func hardlink(name, target string) hdr {
 	return hdr{tar.Header{Name: name, Typeflag: tar.TypeLink, Linkname: target, Mode: 0o644}, ""}
 }
 
-func crafted(t *testing.T, entries ...hdr) []byte {
+func crafted(t testing.TB, entries ...hdr) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
