@@ -55,7 +55,8 @@ type ExtractOptions struct {
 // only regular files, directories and symlinks whose target is relative and stays
 // inside the copied tree (no ".." after a name, no more leading ".." than the link
 // is deep in the tree; a lone symlink is refused, as its target is outside the
-// copy); hard links, devices, FIFOs and every other type are refused, and so are
+// copy); hard links, devices, FIFOs, sparse files (a few bytes of sparse map could
+// expand to gigabytes of zeros) and every other type are refused, and so are
 // entries outside opts.Top, names that leave dir, and entries under a symlink. Modes
 // and mtimes are kept; owners and setuid/setgid only with opts.Archive.
 //
@@ -380,6 +381,9 @@ func (x *extractor) removeOld(name string, dir bool) error {
 
 // refusedType says why a hostile stream's entry of type t is refused.
 func refusedType(hdr *tar.Header) string {
+	if sparse(hdr) {
+		return "a sparse file; a download keeps only files stored in full (berth's agent sends no sparse entries, and the holes of a small stream could fill the host's disk)"
+	}
 	switch hdr.Typeflag {
 	case tar.TypeLink:
 		return fmt.Sprintf("a hard link to %s; a download keeps only regular files, directories and symlinks inside the copy (a hard link could join a host file to the copy)", shown(hdr.Linkname))
@@ -392,6 +396,20 @@ func refusedType(hdr *tar.Header) string {
 	}
 }
 
+// sparse reports whether hdr is a sparse file: old GNU ('S') or GNU's PAX sparse
+// formats, whose holes archive/tar reads out as zeros.
+func sparse(hdr *tar.Header) bool {
+	if hdr.Typeflag == tar.TypeGNUSparse {
+		return true
+	}
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
+}
+
 func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
 	n, err := cleanName(hdr.Name)
 	if err != nil {
@@ -399,6 +417,9 @@ func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
 	}
 	switch hdr.Typeflag {
 	case tar.TypeDir, tar.TypeReg, tar.TypeSymlink:
+		if x.hostile && sparse(hdr) {
+			return fmt.Errorf("refused: %s", refusedType(hdr))
+		}
 	case tar.TypeLink:
 		if x.hostile {
 			return fmt.Errorf("refused: %s", refusedType(hdr))

@@ -34,8 +34,8 @@ sandbox's default directory (local: the sandbox's own directory).
 
 A download trusts nothing the sandbox sends (its root can replace berth's agent): it
 keeps only regular files, directories and symlinks whose target is relative and stays
-inside the copy, under the path asked for. A hard link, device, FIFO, absolute symlink
-or symlink out of the copy fails the download with an error naming the entry, and the
+inside the copy, under the path asked for. A hard link, device, FIFO, sparse file,
+absolute symlink or symlink out of the copy fails the download with an error naming the entry, and the
 destination is left as it was: the copy is made in a private directory beside it and
 moved into place only when all of it arrived. Downloaded files belong to the user who
 runs berth cp, and setuid and setgid bits are dropped (a safety choice: a sandbox must
