@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"time"
+	"unicode"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -268,13 +270,19 @@ func (c *Client) Close() error { return c.conn.Close() }
 func (c *Client) State() connectivity.State { return c.conn.GetState() }
 
 // wireErr turns a gRPC error from the agent into an error with its backend kind,
-// prefixed with op. gRPC's own Unavailable (the connection broke) says the agent is
-// unreachable; a cancelled or expired call wraps the context error.
+// prefixed with op, the agent's message shown as peerText. gRPC's own Unavailable
+// (the connection broke) says the agent is unreachable; a cancelled or expired call
+// wraps the context error.
 func wireErr(op string, err error) error {
 	if err == nil {
 		return nil
 	}
 	st, ok := status.FromError(err)
+	if ok && peerText(st.Message()) != st.Message() {
+		p := st.Proto()
+		p.Message = peerText(p.Message)
+		err, st = status.ErrorProto(p), status.FromProto(p)
+	}
 	switch {
 	case !ok:
 		return fmt.Errorf("%s: %w", op, err)
@@ -288,6 +296,18 @@ func wireErr(op string, err error) error {
 		return &connLostError{backend.Errorf(backend.ErrUnavailable, "%s: agent unreachable: %s", op, st.Message())}
 	}
 	return fmt.Errorf("%s: %w", op, rpcerr.FromStatus(err))
+}
+
+// peerText returns s, text from the agent, as an error shows it: quoted when it
+// holds a control or format character, so that a hostile agent cannot drive the
+// terminal through an error message.
+func peerText(s string) string {
+	for _, r := range s {
+		if unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
 
 // connLostError is an error of a call whose connection to the agent broke (or could
