@@ -133,7 +133,7 @@ func clientHandshake(ctx context.Context, c net.Conn, token []byte) error {
 		return nil
 	}
 	reason, _ := strings.CutPrefix(rest, "DENIED ")
-	return backend.Errorf(backend.ErrConflict, "the agent refused the connection: %s", reason)
+	return backend.Errorf(backend.ErrConflict, "the agent refused the connection: %s", peerText(reason))
 }
 
 func handshakeErr(ctx context.Context, err error) error {
