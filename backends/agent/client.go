@@ -123,9 +123,10 @@ type Client struct {
 // (this client speaks ProtocolVersion), all within the hello timeout. Errors: the
 // agent cannot be reached (ErrUnavailable: nothing listens, no socket), something
 // that is not a socket sits at the socket's name or the agent refused the token
-// (ErrConflict), the agent is of an older berth or speaks no common version
-// (ErrUnsupported, naming both sides' versions), the agent accepted but did not
-// answer in time (ErrTimeout). Close the Client when done.
+// (ErrConflict), the agent is of an older berth, speaks no common version or
+// answers Hello as no berth agent does (ErrUnsupported, naming both sides'
+// versions), the agent accepted but did not answer in time (ErrTimeout). Close
+// the Client when done.
 func NewClient(ctx context.Context, dial backend.Dialer, opts ...ClientOption) (*Client, error) {
 	o := clientOptions{helloTimeout: DefaultHelloTimeout, versions: clientVersions()}
 	for _, f := range opts {
@@ -191,7 +192,12 @@ func NewClient(ctx context.Context, dial backend.Dialer, opts ...ClientOption) (
 		case hctx.Err() != nil:
 			return nil, backend.Errorf(backend.ErrTimeout, "the agent did not answer within %s (the hello timeout): a paused or overloaded sandbox, or something else listening on its socket", o.helloTimeout)
 		}
-		return nil, wireErr("agent hello", err)
+		err = wireErr("agent hello", err)
+		if backend.KindOf(err) == nil {
+			// An answer no berth agent gives: not protobuf, a status of no kind.
+			err = backend.Errorf(backend.ErrUnsupported, "%v: that is not an answer of a berth agent of protocol %v; recreate the sandbox (berth exec --recreate) to give it this berth's agent", err, o.versions)
+		}
+		return nil, err
 	}
 	p := int(resp.Protocol)
 	ok := false

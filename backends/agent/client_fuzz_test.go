@@ -152,6 +152,7 @@ func FuzzAgentConnect(f *testing.F) {
 		{okAnswer, fakewire.Marshal(&agentpb.HelloResponse{Protocol: 99})},
 		{okAnswer, fakewire.Marshal(&agentpb.HelloResponse{Protocol: -1, Pid: -5})},
 		{okAnswer, nil},
+		{okAnswer, []byte{0xff, 0xff}},
 		{[]byte(handshakeMagic + " DENIED wrong token\n"), nil},
 		{[]byte(handshakeMagic + " OK"), goodHello},
 		{[]byte(handshakeMagic + " OK\ngarbage before HTTP/2"), goodHello},
@@ -159,7 +160,7 @@ func FuzzAgentConnect(f *testing.F) {
 		{[]byte(strings.Repeat("A", 300)), nil},
 		{nil, nil},
 	} {
-		for _, st := range statusSeeds()[:3] {
+		for _, st := range statusSeeds() {
 			f.Add(s.answer, s.hello, st)
 		}
 	}
