@@ -144,10 +144,10 @@ func (c *Client) JobLogs(ctx context.Context, req JobLogsRequest, w io.Writer) (
 	}
 	for {
 		m, err := stream.Recv()
+		if err == io.EOF {
+			return JobLogsEnd{}, backend.Errorf(backend.ErrUnavailable, "job logs: the agent ended the call without its end")
+		}
 		if err != nil {
-			if err == io.EOF {
-				err = backend.Errorf(backend.ErrUnavailable, "job logs: the agent ended the call without its end")
-			}
 			return JobLogsEnd{}, wireErr("job logs", err)
 		}
 		switch x := m.Msg.(type) {
