@@ -86,7 +86,7 @@ func ToStatus(err error) error {
 }
 
 // FromStatus converts a gRPC status error into an error that wraps the backend kind,
-// with the status message as its text, so errors.Is(err, backend.ErrNotFound) holds on
+// with the status message as its text (an empty one says so and names the code), so errors.Is(err, backend.ErrNotFound) holds on
 // the client. The kind comes from the ErrorInfo detail or, without one (a peer not
 // written with this package, or gRPC itself: a broken connection is Unavailable),
 // from the code; AlreadyExists and Aborted read as ErrConflict, OutOfRange as
@@ -108,15 +108,20 @@ func FromStatus(err error) error {
 	if kind == nil {
 		kind = codeKind(st.Code())
 	}
+	msg := st.Message()
+	if msg == "" {
+		// The peer said nothing: the code is all there is to say.
+		msg = fmt.Sprintf("the peer's error has no message (gRPC %s)", st.Code())
+	}
 	switch {
 	case kind != nil:
-		return backend.Errorf(kind, "%s", st.Message())
+		return backend.Errorf(kind, "%s", msg)
 	case st.Code() == codes.Canceled:
-		return &wrapError{msg: st.Message(), err: context.Canceled}
-	case st.Code() == codes.Unknown:
-		return errors.New(st.Message())
+		return &wrapError{msg: msg, err: context.Canceled}
+	case st.Code() == codes.Unknown || st.Message() == "":
+		return errors.New(msg)
 	}
-	return fmt.Errorf("%s (gRPC %s)", st.Message(), st.Code())
+	return fmt.Errorf("%s (gRPC %s)", msg, st.Code())
 }
 
 // FromPeer reports whether err is a status that a berth server made from a backend
