@@ -14,7 +14,10 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/driverpb"
 )
 
 // Fuzz targets of the config's decoders (docs/fuzzing.md). Each checks what the
@@ -178,7 +181,7 @@ func checkConfig(t *testing.T, cfg *Config, file string) {
 		if b.StartTimeout < 0 || b.SHA256 != "" && len(b.SHA256) != 64 || b.Plugin != "" && strings.Contains(b.Plugin, "/") && !filepath.IsAbs(b.Plugin) {
 			t.Errorf("driver block %q: %+v", name, b)
 		}
-		checkDriverConfig(t, cfg, name, file)
+		checkDriverConfig(t, cfg, name, file, fuzzSchema)
 	}
 	shared := map[string]string{}
 	for i := range cfg.Rules {
@@ -253,30 +256,50 @@ func checkConfig(t *testing.T, cfg *Config, file string) {
 	}
 }
 
-// checkDriverConfig decodes driver's block against fuzzSchema: an error is a *Error
-// pointing into file; a result is a JSON object of the schema's fields, typed as
-// the schema says.
-func checkDriverConfig(t *testing.T, cfg *Config, driver, file string) {
+// checkDriverConfig decodes driver's block against schema: an error is a *Error
+// pointing into file (a driver without a block has nothing to point at) or, for a
+// schema of a type the host does not know, says the driver is at fault; a result is
+// a JSON object of the schema's fields, typed as the schema says, with every
+// required one.
+func checkDriverConfig(t *testing.T, cfg *Config, driver, file string, schema []backend.ConfigField) {
 	t.Helper()
-	js, err := cfg.DriverConfig(driver, fuzzSchema)
+	js, err := cfg.DriverConfig(driver, schema)
 	if err != nil {
-		checkConfigError(t, err, file)
+		var ce *Error
+		switch {
+		case !errors.Is(err, backend.ErrInvalid):
+			t.Fatalf("DriverConfig(%q): %v does not wrap ErrInvalid", driver, err)
+		case !errors.As(err, &ce):
+			if !strings.Contains(err.Error(), "bug in the driver") {
+				t.Fatalf("DriverConfig(%q): %v", driver, err)
+			}
+		case cfg.Drivers[driver] != nil:
+			checkConfigError(t, err, file)
+		}
 		return
 	}
 	var out map[string]any
 	if err := json.Unmarshal(js, &out); err != nil {
 		t.Fatalf("DriverConfig(%q) = %q: %v", driver, js, err)
 	}
-	if _, ok := out["req"]; !ok {
-		t.Errorf("DriverConfig(%q) = %s without the required field", driver, js)
+	for _, f := range schema {
+		if _, ok := out[f.Name]; f.Required && !ok {
+			t.Errorf("DriverConfig(%q) = %s without the required field %q", driver, js, f.Name)
+		}
 	}
 	for k, v := range out {
-		i := slices.IndexFunc(fuzzSchema, func(f backend.ConfigField) bool { return f.Name == k })
+		// The last field of a name is the one decoded.
+		i := -1
+		for j, f := range schema {
+			if f.Name == k {
+				i = j
+			}
+		}
 		if i < 0 {
 			t.Fatalf("DriverConfig(%q) = %s: field %q is not in the schema", driver, js, k)
 		}
 		ok := false
-		switch fuzzSchema[i].Type {
+		switch schema[i].Type {
 		case "string":
 			_, ok = v.(string)
 		case "number":
@@ -299,9 +322,50 @@ func checkDriverConfig(t *testing.T, cfg *Config, driver, file string) {
 			}
 		}
 		if !ok {
-			t.Errorf("DriverConfig(%q) = %s: field %q is not a %s", driver, js, k, fuzzSchema[i].Type)
+			t.Errorf("DriverConfig(%q) = %s: field %q is not a %s", driver, js, k, schema[i].Type)
 		}
 	}
+}
+
+// FuzzDriverConfig decodes the driver blocks of a config against a schema that a
+// (hostile or broken) plugin declares: ConfigSchemaResponse bytes, as the plugin
+// protocol carries them.
+func FuzzDriverConfig(f *testing.F) {
+	for _, c := range []struct {
+		src    string
+		schema []*driverpb.ConfigField
+	}{
+		{"driver \"fake\" {\n  x = \"1\"\n  n = 2\n}\n", []*driverpb.ConfigField{{Name: "x", Type: "string"}, {Name: "n", Type: "number", Required: true}}},
+		{"driver \"fake\" {\n  d = \"7d\"\n  l = [\"a\"]\n  b = false\n}\n", []*driverpb.ConfigField{{Name: "d", Type: "duration"}, {Name: "l", Type: "list(string)"}, {Name: "b", Type: "bool"}}},
+		{"driver \"fake\" {\n  x = 1\n}\n", []*driverpb.ConfigField{{Name: "x", Type: "string"}, {Name: "x", Type: "number"}}},
+		{"driver \"fake\" {\n  x = 1\n}\n", []*driverpb.ConfigField{{Name: "x", Type: "map(string)"}}},
+		{"driver \"fake\" {\n  plugin = \"/p\"\n  sub {\n  }\n}\n", []*driverpb.ConfigField{{Name: "", Type: "string", Required: true}, {Name: "plugin", Type: "string", Required: true}}},
+		{"", []*driverpb.ConfigField{{Name: "req", Type: "string", Required: true}}},
+	} {
+		schema, err := proto.Marshal(&driverpb.ConfigSchemaResponse{Fields: c.schema})
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add([]byte(c.src), schema)
+	}
+	f.Fuzz(func(t *testing.T, src, schemaPB []byte) {
+		var resp driverpb.ConfigSchemaResponse
+		if proto.Unmarshal(schemaPB, &resp) != nil {
+			return
+		}
+		var schema []backend.ConfigField
+		for _, fl := range resp.Fields {
+			schema = append(schema, backend.ConfigField{Name: fl.GetName(), Type: fl.GetType(), Required: fl.GetRequired(), Description: fl.GetDescription()})
+		}
+		const file = "/etc/berth/fuzz.hcl"
+		cfg, err := Parse(src, file, WithKnownDrivers(fuzzDrivers...))
+		if err != nil {
+			return
+		}
+		for _, name := range []string{"fake", "local"} {
+			checkDriverConfig(t, cfg, name, file, schema)
+		}
+	})
 }
 
 // durationUnitNS are the units of ParseDuration in nanoseconds, for the reference.
