@@ -576,11 +576,11 @@ func FuzzSessionName(f *testing.F) {
 // refMatch is the reference glob match: * any run of characters, ? one character,
 // by dynamic programming over runes.
 func refMatch(glob, name string) bool {
-	g, n := []rune(glob), []rune(name)
-	// m[j]: glob[:i] matches name[:j].
+	n := []rune(name)
+	// m[j]: the glob so far matches name[:j].
 	m := make([]bool, len(n)+1)
 	m[0] = true
-	for _, c := range g {
+	for _, c := range glob {
 		next := make([]bool, len(n)+1)
 		for j := 0; j <= len(n); j++ {
 			switch {
