@@ -121,6 +121,9 @@ type AgentFiles struct {
 
 // Paths inside a sandbox with its own root filesystem.
 const (
+	// AgentRoot holds berth's own paths (AgentMountDir, SocketMountDir, the agent's
+	// state): no mount may target it and no copy may write into it.
+	AgentRoot = "/.berth"
 	// AgentMountDir is where AgentFiles.Dir is mounted read-only.
 	AgentMountDir = "/.berth/agent"
 	// SocketMountDir is where AgentFiles.SocketDir is mounted.

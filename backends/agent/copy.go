@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent/agentpb"
@@ -48,7 +50,27 @@ func (s *server) CopyIn(stream agentpb.Agent_CopyInServer) error {
 	}
 	s.copyGate.enter()
 	defer s.copyGate.leave()
-	root, err := os.OpenRoot(target)
+	real, err := filepath.EvalSymlinks(target)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return backend.Errorf(backend.ErrNotFound, "directory %q does not exist", target)
+		}
+		return backend.Errorf(backend.ErrInvalid, "directory %q: %v", target, err)
+	}
+	var reserved []string
+	for _, d := range s.reserved {
+		switch rel, err := filepath.Rel(real, d); {
+		case err != nil || rel == ".." || strings.HasPrefix(rel, "../"):
+		case rel == ".":
+			return backend.Errorf(backend.ErrInvalid, "copy in: %q is berth's agent's own directory (its socket, state or binary), which a copy never writes; copy somewhere else", target)
+		default:
+			reserved = append(reserved, filepath.ToSlash(rel))
+		}
+		if inside(real, d) {
+			return backend.Errorf(backend.ErrInvalid, "copy in: %q lies in %s, berth's agent's own directory (its socket, state or binary), which a copy never writes; copy somewhere else", target, d)
+		}
+	}
+	root, err := os.OpenRoot(real)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return backend.Errorf(backend.ErrNotFound, "directory %q does not exist", target)
@@ -57,7 +79,7 @@ func (s *server) CopyIn(stream agentpb.Agent_CopyInServer) error {
 	}
 	defer root.Close()
 	r := &copyInReader{stream: stream}
-	if err := extractAll(root, r); err != nil {
+	if err := extractAll(root, r, reserved...); err != nil {
 		return backend.Errorf(backend.ErrInvalid, "%v", err)
 	}
 	// Swallow the tar padding and wait for the client's end of stream.
@@ -65,6 +87,41 @@ func (s *server) CopyIn(stream agentpb.Agent_CopyInServer) error {
 		return err
 	}
 	return stream.SendAndClose(&agentpb.CopyInResponse{})
+}
+
+// inside reports whether the clean absolute path p lies inside the directory dir
+// (not dir itself).
+func inside(p, dir string) bool {
+	return dir == "/" && p != "/" || strings.HasPrefix(p, dir+"/")
+}
+
+// reservedDirs are the directories of an agent that no copy may write (CopyIn): its
+// socket dir, its state dir, the directory of its binary when it runs as
+// backend.AgentBinaryName (where its token lies), and backend's /.berth when one of
+// them is under it (a container's layout). Paths are resolved through their links
+// (one that does not exist yet, as a state dir made on first use, is taken as it is).
+func reservedDirs(opts ServeOptions) []string {
+	dirs := []string{opts.SocketDir, opts.StateDir}
+	if self, err := os.Executable(); err == nil && filepath.Base(self) == backend.AgentBinaryName {
+		dirs = append(dirs, filepath.Dir(self))
+	}
+	var out []string
+	for _, d := range dirs {
+		if d == "" {
+			continue
+		}
+		real, err := filepath.EvalSymlinks(d)
+		if err != nil {
+			if real, err = filepath.Abs(d); err != nil {
+				continue
+			}
+		}
+		out = append(out, real)
+		if inside(real, backend.AgentRoot) && !slices.Contains(out, backend.AgentRoot) {
+			out = append(out, backend.AgentRoot)
+		}
+	}
+	return out
 }
 
 // copyOutWriter sends tar bytes as CopyOut chunks.

@@ -120,6 +120,7 @@ func serve(opts ServeOptions, logger *log.Logger) error {
 	}
 	s.shells.dir = opts.StateDir
 	s.execUser = opts.ExecUser
+	s.reserved = reservedDirs(opts)
 	s.oom = newOOMWatch(opts.OOMCounter)
 	if opts.OOMCounter != "" && !s.oom.on() {
 		logger.Printf("no OOM-kill counter found (--oom-counter %s): results will not report OOM kills", opts.OOMCounter)
@@ -467,6 +468,9 @@ type server struct {
 	execUser string
 	oom      oomWatch
 	instance string
+	// reserved are the agent's own directories, which CopyIn never writes
+	// (reservedDirs).
+	reserved []string
 
 	stopCh   chan struct{}
 	stopOnce sync.Once

@@ -48,7 +48,16 @@ type ExtractOptions struct {
 	// setuid and setgid bits. Without it everything belongs to the user who runs the
 	// extraction and setuid and setgid are dropped. The sticky bit is always kept.
 	Archive bool
+	// MaxBytes bounds the size of the copy's regular files together, in bytes: a
+	// file that would take the total past it is refused before any of it is written.
+	// 0 means DefaultMaxCopyBytes; a negative value means no bound.
+	MaxBytes int64
 }
+
+// DefaultMaxCopyBytes is ExtractOptions.MaxBytes's default, 1 GiB: the most one
+// download writes unless its caller raises it (berth cp --max-size), so that a
+// sandbox cannot fill the host's disk with one copy.
+const DefaultMaxCopyBytes int64 = 1 << 30
 
 // ExtractTar extracts the tar stream r, which comes from a sandbox and is treated
 // as hostile, into the existing directory dir (a download to the host). It accepts
@@ -57,8 +66,10 @@ type ExtractOptions struct {
 // is deep in the tree; a lone symlink is refused, as its target is outside the
 // copy); hard links, devices, FIFOs, sparse files (a few bytes of sparse map could
 // expand to gigabytes of zeros) and every other type are refused, and so are
-// entries outside opts.Top, names that leave dir, and entries under a symlink. Modes
-// and mtimes are kept; owners and setuid/setgid only with opts.Archive.
+// entries outside opts.Top, names that leave dir, entries under a symlink, and a
+// file that takes the copy past opts.MaxBytes. Modes and mtimes are kept; owners and
+// setuid/setgid only with opts.Archive. Runs of zeros in files (4 KiB blocks) are
+// written as holes, so a sparse file of the sandbox stays sparse on the host.
 //
 // The stream is extracted into a private directory inside dir (.berth-cp-*) and
 // moved into place only after r has ended without error (r is read to its end: the
@@ -87,7 +98,10 @@ func ExtractTar(r io.Reader, dir string, opts ExtractOptions) error {
 		root.RemoveAll(stage)
 		return err
 	}
-	x := &extractor{root: sroot, hostile: true, top: opts.Top, name: opts.Name, owners: opts.Archive, setid: opts.Archive}
+	x := &extractor{root: sroot, hostile: true, top: opts.Top, name: opts.Name, owners: opts.Archive, setid: opts.Archive, limit: opts.MaxBytes}
+	if x.limit == 0 {
+		x.limit = DefaultMaxCopyBytes
+	}
 	if opts.Top == "" {
 		x.top, x.topFromFirst = "", true
 	}
@@ -164,9 +178,10 @@ func (e *ExtractError) Error() string { return e.Err.Error() + "; " + e.Outcome(
 func (e *ExtractError) Unwrap() error { return e.Err }
 
 // extractAll extracts the tar stream r under root as the agent's CopyIn does (see the
-// comment at the top of this file): the stream is trusted.
-func extractAll(root *os.Root, r io.Reader) error {
-	x := &extractor{root: root, top: ".", owners: os.Geteuid() == 0, ownersBestEffort: true, setid: true, files: map[string]bool{}}
+// comment at the top of this file): the stream is trusted. No entry may be, lie
+// under or (as a non-directory) replace a name in reserved (relative to root).
+func extractAll(root *os.Root, r io.Reader, reserved ...string) error {
+	x := &extractor{root: root, top: ".", owners: os.Geteuid() == 0, ownersBestEffort: true, setid: true, files: map[string]bool{}, reserved: reserved}
 	if err := x.extract(r); err != nil {
 		return err
 	}
@@ -195,6 +210,12 @@ type extractor struct {
 	dirs []dirAttrs
 	// entries counts the entries extracted.
 	entries int
+	// limit bounds the regular files' bytes together (ExtractOptions.MaxBytes; no
+	// bound when ≤ 0); size is their total so far.
+	limit, size int64
+	// reserved are names under root that no entry may be, lie under, or replace as
+	// a non-directory (the agent's own directories: CopyIn's refusal).
+	reserved []string
 }
 
 type dirAttrs struct {
@@ -434,6 +455,17 @@ func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
 	if err != nil {
 		return err
 	}
+	for _, r := range x.reserved {
+		if name == r || strings.HasPrefix(name, r+"/") || strings.HasPrefix(r, name+"/") && hdr.Typeflag != tar.TypeDir {
+			return fmt.Errorf("refused: %s is berth's agent's own directory (its socket, state or binary), which a copy never writes", shown(r))
+		}
+	}
+	if hdr.Typeflag == tar.TypeReg && x.limit > 0 {
+		if hdr.Size > x.limit-x.size {
+			return fmt.Errorf("refused: %d bytes, which would take the copy past its limit of %d bytes (%s; %d bytes before this file); raise the limit (berth cp --max-size SIZE, or unlimited) if you expect a copy this large", hdr.Size, x.limit, formatSize(x.limit), x.size)
+		}
+		x.size += hdr.Size
+	}
 	if x.hostile && hdr.Typeflag == tar.TypeSymlink {
 		if why := linkInside(hdr.Linkname, depth); why != "" {
 			return fmt.Errorf("refused: a symlink to %s: %s", shown(hdr.Linkname), why)
@@ -479,7 +511,7 @@ func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
 	if err != nil {
 		return err
 	}
-	_, err = io.Copy(f, tr)
+	err = writeSparse(f, tr)
 	if err == nil && x.owners {
 		if cerr := f.Chown(hdr.Uid, hdr.Gid); cerr != nil && !x.ownersBestEffort {
 			err = fmt.Errorf("keeping the owner %d:%d: %v (only root can give files to other users; drop --archive to keep them yours)", hdr.Uid, hdr.Gid, cerr)
@@ -501,6 +533,77 @@ func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
 		x.root.Chtimes(name, hdr.ModTime, hdr.ModTime)
 	}
 	return nil
+}
+
+// holeBlock is the size of the blocks writeSparse leaves as holes when they hold
+// only zeros: the page and file system block size berth's hosts use.
+const holeBlock = 4096
+
+// writeSparse copies r to f (new and empty), leaving every whole holeBlock of zeros
+// as a hole (a seek past it), and sets f's size at the end: a file with holes is
+// written with holes, as `cp --sparse=auto` does, instead of with its zeros.
+func writeSparse(f *os.File, r io.Reader) error {
+	buf := make([]byte, 16*holeBlock)
+	var off int64
+	for {
+		n, rerr := fill(r, buf)
+		for b := 0; b < n; b += holeBlock {
+			blk := buf[b:min(b+holeBlock, n)]
+			if len(blk) == holeBlock && allZero(blk) {
+				continue
+			}
+			if _, err := f.WriteAt(blk, off+int64(b)); err != nil {
+				return err
+			}
+		}
+		off += int64(n)
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+	return f.Truncate(off)
+}
+
+// fill reads from r until buf is full or r fails; io.EOF is returned only with the
+// bytes read before it (unlike io.ReadFull, r's own io.ErrUnexpectedEOF, a cut
+// stream, stays an error).
+func fill(r io.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		m, err := r.Read(buf[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// allZero reports whether b holds only zero bytes.
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// formatSize renders n bytes as a size in the largest binary unit that divides it
+// (1 GiB, 512 MiB), else in bytes.
+func formatSize(n int64) string {
+	for _, u := range []struct {
+		name string
+		size int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.size && n%u.size == 0 {
+			return fmt.Sprintf("%d %s", n/u.size, u.name)
+		}
+	}
+	return fmt.Sprintf("%d bytes", n)
 }
 
 // chown gives name (not followed) the entry's owner when owners are kept.

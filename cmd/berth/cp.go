@@ -13,10 +13,11 @@ import (
 
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/registry/config"
 )
 
 func newCpCmd(g *globals) *cobra.Command {
-	var session string
+	var session, maxSize string
 	var archive bool
 	cmd := &cobra.Command{
 		Use:   "cp [-s SESSION] [-a] SRC :DEST | cp [-s SESSION] [-a] :SRC DEST",
@@ -42,7 +43,12 @@ runs berth cp, and setuid and setgid bits are dropped (a safety choice: a sandbo
 not hand the host a setuid program); the sticky bit is kept. --archive keeps the owners
 the sandbox names (uid and gid as numbers; only root can set other users' ones) and the
 setuid and setgid bits. Uploads keep owners as numbers where the agent runs as root (in
-containers), with or without --archive.`,
+containers), with or without --archive.
+
+A download writes at most --max-size (default 1g) of file data: the file that would
+take it past the limit fails the download, naming the limit, and nothing is written.
+Raise it for larger copies, or say unlimited. Runs of zeros are written as holes both
+ways, so a sparse file stays sparse (a sparse file counts at its full size).`,
 		Example: `  berth cp -s chat:1 ./src :/work/src
   berth cp -s chat:1 report.txt :/tmp/
   berth cp -s chat:1 :/work/out ./out
@@ -60,10 +66,15 @@ containers), with or without --archive.`,
 			if up {
 				return upload(cmd, g, session, src, dst[1:])
 			}
-			return download(cmd, g, session, src[1:], dst, archive)
+			limit, err := parseMaxSize(maxSize)
+			if err != nil {
+				return usageError("--max-size: %v", err)
+			}
+			return download(cmd, g, session, src[1:], dst, archive, limit)
 		},
 	}
 	cmd.Flags().StringVarP(&session, "session", "s", defaultSession(), "session name ($BERTH_SESSION sets the default)")
+	cmd.Flags().StringVar(&maxSize, "max-size", "1g", "downloads: the most file data one copy may write (a size such as 512m or 4g, or unlimited)")
 	cmd.Flags().BoolVarP(&archive, "archive", "a", false, "downloads: keep the owners (uid/gid) and setuid/setgid bits the sandbox names, instead of giving every file to you and dropping setuid/setgid")
 	return cmd
 }
@@ -86,10 +97,20 @@ func upload(cmd *cobra.Command, g *globals, session, src, dst string) error {
 	})
 }
 
+// parseMaxSize reads cp's --max-size: a size (config.ParseBytes) or "unlimited"
+// (-1, agent.ExtractOptions.MaxBytes's no bound).
+func parseMaxSize(s string) (int64, error) {
+	if strings.EqualFold(strings.TrimSpace(s), "unlimited") {
+		return -1, nil
+	}
+	return config.ParseBytes(s)
+}
+
 // download copies src in the sandbox to the host path dst (see agent.ExtractTar:
-// the stream is hostile). archive keeps owners and setuid/setgid bits.
-func download(cmd *cobra.Command, g *globals, session, src, dst string, archive bool) error {
-	opts := agent.ExtractOptions{Top: path.Base(path.Clean(src)), Archive: archive}
+// the stream is hostile). archive keeps owners and setuid/setgid bits; limit is the
+// most file data it writes (agent.ExtractOptions.MaxBytes).
+func download(cmd *cobra.Command, g *globals, session, src, dst string, archive bool, limit int64) error {
+	opts := agent.ExtractOptions{Top: path.Base(path.Clean(src)), Archive: archive, MaxBytes: limit}
 	switch opts.Top {
 	case "/":
 		opts.Top = "." // the sandbox's whole filesystem

@@ -48,9 +48,13 @@ func TestMountOfStateDirRefused(t *testing.T) {
 	}
 
 	e.config = e.writeFile("allowed.hcl", fmt.Sprintf("scope \"*\" {\n  allow_host_paths = true\n  mount {\n    source = %q\n    target = \"/home\"\n  }\n}\n", parent))
-	r = e.must("config", "check")
-	if !strings.Contains(r.stderr, e.config+":1:1: warning:") || !strings.Contains(r.stderr, "allow_host_paths = true accepts this") {
-		t.Errorf("config check with allow_host_paths: want a warning saying what it grants\n%v", r)
+	// The mount policy lets the rule through with a warning; the local driver then
+	// refuses mounts of its own (it sees the host already), which config check asks
+	// it too.
+	r = e.run("config", "check")
+	if !strings.Contains(r.stderr, e.config+":1:1: warning:") || !strings.Contains(r.stderr, "allow_host_paths = true accepts this") ||
+		r.code != 125 || !strings.Contains(r.stderr, "mounts are not supported by the local driver") {
+		t.Errorf("config check with allow_host_paths: want a warning saying what it grants, then the local driver's refusal of mounts\n%v", r)
 	}
 }
 
@@ -371,4 +375,52 @@ func TestCpDockerSandboxFiles(t *testing.T) {
 			t.Errorf("%s: the destination holds %v", c.make, ents)
 		}
 	}
+
+	// /.berth is berth's: a copy into it (its socket dir here) is refused, and the
+	// sandbox keeps working.
+	f := e.writeFile("agent.sock", "not a socket")
+	for _, dst := range []string{":/.berth/run/agent.sock", ":/.berth/run/", ":/.berth/"} {
+		if r := e.run("cp", f, dst); r.code != 125 || !strings.Contains(r.stderr, "berth's agent's own directory") {
+			t.Errorf("cp FILE %s: want exit 125 naming berth's agent's own directory\n%v", dst, r)
+		}
+	}
+	if r := e.must("exec", "--", "sh", "-c", "test -S /.berth/run/agent.sock && echo ok"); r.stdout != "ok\n" {
+		t.Errorf("the sandbox after the refused copies: %v", r)
+	}
+}
+
+// cp keeps holes both ways and bounds a download by --max-size: on local, a 64 MiB
+// sparse file is refused at 10m (nothing written, the limit named), copied at 100m
+// with its holes, and uploaded back with them.
+func TestCpSparseAndMaxSize(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.must("exec", "--", "sh", "-c", "truncate -s 64M big && printf end >> big")
+	out := t.TempDir()
+	r := e.run("cp", "--max-size", "10m", ":big", out+"/")
+	if r.code != 125 || !strings.Contains(r.stderr, "past its limit of 10485760 bytes (10 MiB") || !strings.Contains(r.stderr, "--max-size") || !strings.Contains(r.stderr, "nothing was written to "+out) {
+		t.Errorf("cp --max-size 10m of a 64 MiB file: want exit 125 naming the limit\n%v", r)
+	}
+	if ents, _ := os.ReadDir(out); len(ents) != 0 {
+		t.Errorf("a refused download left %v", ents)
+	}
+	if r := e.run("cp", "--max-size", "lots", ":big", out+"/"); r.code != 125 || !strings.Contains(r.stderr, "--max-size: invalid size \"lots\"") {
+		t.Errorf("cp --max-size lots: want a usage error naming the flag\n%v", r)
+	}
+	e.must("cp", "--max-size", "100m", ":big", out+"/")
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(out, "big"), &st); err != nil || st.Size != 64<<20+3 || st.Blocks*512 > 1<<20 {
+		t.Errorf("downloaded sparse file: size %d, %d bytes on disk (%v); want 64 MiB and 3 bytes, holes kept", st.Size, st.Blocks*512, err)
+	}
+	e.must("cp", filepath.Join(out, "big"), ":back")
+	if r := e.must("exec", "--", "sh", "-c", "stat -c '%s %b %B' back && tail -c 3 back"); !strings.HasSuffix(r.stdout, "\nend") {
+		t.Errorf("uploaded sparse file: %v", r)
+	} else {
+		var size, blocks, unit int64
+		fmt.Sscanf(r.stdout, "%d %d %d", &size, &blocks, &unit)
+		if size != 64<<20+3 || blocks*unit > 1<<20 {
+			t.Errorf("uploaded sparse file: size %d, %d bytes on disk; want 64 MiB and 3 bytes, holes kept", size, blocks*unit)
+		}
+	}
+	e.must("cp", "--max-size", "unlimited", ":big", filepath.Join(out, "again"))
 }

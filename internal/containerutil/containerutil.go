@@ -181,7 +181,7 @@ func CheckMount(m backend.Mount, allowHost bool, sockets []Socket, berth []hostp
 	if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Target) {
 		return fmt.Errorf("mount %s -> %s: both paths must be absolute", m.Source, m.Target)
 	}
-	if t := filepath.Clean(m.Target); t == "/" || t == "/.berth" || strings.HasPrefix(t, "/.berth/") {
+	if t := filepath.Clean(m.Target); t == "/" || t == backend.AgentRoot || strings.HasPrefix(t, backend.AgentRoot+"/") {
 		return fmt.Errorf("mount target %s is reserved (berth's agent lives under /.berth)", m.Target)
 	}
 	src, err := filepath.EvalSymlinks(m.Source)

@@ -237,7 +237,7 @@ func TestConfigBadInput(t *testing.T) {
 		{"bad cpu_shares", "scope \"*\" {\n  resources { cpu_shares = 1 }\n}\n",
 			[]string{"config.hcl:2:28: error: Invalid cpu_shares", "from 2 to 262144"}},
 		{"bad memory", "scope \"*\" {\n  resources {\n    memory = \"lots\"\n  }\n}\n",
-			[]string{"config.hcl:3:14: error: Invalid memory", `invalid memory size "lots"`, `"512m"`}},
+			[]string{"config.hcl:3:14: error: Invalid memory", `invalid size "lots"`, `"512m"`}},
 		{"bad pids", "scope \"*\" {\n  resources { pids = 1.5 }\n}\n",
 			[]string{"config.hcl:2:22: error: Invalid pids", "positive whole number"}},
 		{"bad cpus type", "scope \"*\" {\n  resources { cpus = \"two\" }\n}\n",

@@ -83,14 +83,14 @@ func ParseDuration(s string) (time.Duration, error) {
 	return total, nil
 }
 
-// ParseBytes parses a memory size: a plain number of bytes ("1048576"), or a number
+// ParseBytes parses a size (memory, output caps, cp --max-size): a plain number of bytes ("1048576"), or a number
 // with a unit k, m, g or t (powers of 1024), optionally followed by "b" or "ib" in any
 // case ("512m", "2g", "1.5GiB", "64KB"). The result, in bytes, must be a positive
 // whole number no larger than MaxBytes. Errors name the input, what is wrong
 // and the accepted form.
 func ParseBytes(s string) (int64, error) {
 	bad := func(why string) (int64, error) {
-		return 0, fmt.Errorf("invalid memory size %q: %s; use bytes or a number with k, m, g or t, e.g. \"512m\" or \"2g\"", s, why)
+		return 0, fmt.Errorf("invalid size %q: %s; use bytes or a number with k, m, g or t, e.g. \"512m\" or \"2g\"", s, why)
 	}
 	t := strings.ToLower(strings.TrimSpace(s))
 	i := 0
@@ -109,7 +109,7 @@ func ParseBytes(s string) (int64, error) {
 		return bad(fmt.Sprintf("unknown unit %q", t[i:]))
 	}
 	tooLarge := func() (int64, error) {
-		return 0, fmt.Errorf("invalid memory size %q: too large; the largest is %d bytes (4 EiB less one byte)", s, int64(MaxBytes))
+		return 0, fmt.Errorf("invalid size %q: too large; the largest is %d bytes (4 EiB less one byte)", s, int64(MaxBytes))
 	}
 	if n, err := strconv.ParseUint(t[:i], 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
 		// A whole number: exact arithmetic, so the limit is exact too.
