@@ -870,6 +870,8 @@ func (d *decoder) config(body hcl.Body) *Config {
 	return cfg
 }
 
+// scope decodes one scope block into a Rule; false when it had errors (reported in
+// d.diags).
 func (d *decoder) scope(b *hcl.Block, glob string) (Rule, bool) {
 	errs := len(d.diags)
 	where := fmt.Sprintf("scope %q", glob)
@@ -879,54 +881,9 @@ func (d *decoder) scope(b *hcl.Block, glob string) (Rule, bool) {
 		return r, false
 	}
 	at := c.Attributes
-	if a := at["driver"]; a != nil {
-		if s, ok := d.str(a); ok && d.driverName(a.Expr.Range(), s) {
-			r.Driver = s
-		}
-	} else if !slices.Contains(d.known, "local") {
-		d.errf(b.DefRange, "Missing driver", "%s has no driver and \"local\" is not known; add driver = \"NAME\" (known: %s).", where, strings.Join(d.known, ", "))
-	}
-	if a := at["isolation"]; a != nil {
-		if s, ok := d.str(a); ok {
-			switch Isolation(s) {
-			case IsolationSession, IsolationShared:
-				r.Isolation = Isolation(s)
-			default:
-				d.errf(a.Expr.Range(), "Invalid isolation", "isolation %q is not \"session\" or \"shared\".", s)
-			}
-		}
-	}
-	if a := at["name"]; a != nil {
-		if s, ok := d.str(a); ok {
-			if n, err := NormalizeSession(s); err != nil {
-				d.errf(a.Expr.Range(), "Invalid shared name", "%v.", err)
-			} else if r.Isolation != IsolationShared {
-				d.errf(a.NameRange, "Name without shared isolation", "name only applies with isolation = \"shared\"; remove it or add isolation = \"shared\" to %s.", where)
-			} else {
-				r.Name = n
-			}
-		}
-	} else if r.Isolation == IsolationShared {
-		d.errf(b.DefRange, "Missing shared name", "%s has isolation = \"shared\" but no name; add name = \"SANDBOX-NAME\" (the shared sandbox is named after it, so editing the glob orphans nothing).", where)
-	}
-	if a := at["image"]; a != nil {
-		r.Image, _ = d.str(a)
-	}
-	if a := at["pull"]; a != nil {
-		if s, ok := d.str(a); ok {
-			switch p := backend.PullPolicy(s); p {
-			case backend.PullMissing, backend.PullAlways, backend.PullNever:
-				r.Pull = p
-			default:
-				d.errf(a.Expr.Range(), "Invalid pull", "pull %q is not \"missing\", \"always\" or \"never\".", s)
-			}
-		}
-		if r.Image == "" {
-			d.errf(a.NameRange, "Pull without image", "pull only applies to a rule with an image; remove it or set image in %s.", where)
-		}
-	} else if r.Image != "" {
-		r.Pull = backend.PullMissing
-	}
+	d.scopeDriver(at, b, where, &r)
+	d.scopeIsolation(at, b, where, &r)
+	d.scopeImage(at, where, &r)
 	if a := at["user"]; a != nil {
 		r.User, _ = d.str(a)
 	}
@@ -942,6 +899,100 @@ func (d *decoder) scope(b *hcl.Block, glob string) (Rule, bool) {
 	if a := at["allow_host_paths"]; a != nil {
 		r.AllowHostPaths, _ = d.boolean(a)
 	}
+	d.scopeEnv(at, &r)
+	seen := map[string]hcl.Range{}
+	for _, blk := range c.Blocks {
+		if blk.Type != "mount" {
+			if prev, dup := seen[blk.Type]; dup {
+				d.errf(blk.TypeRange, "Duplicate block", "%s already has a %s block at %s; merge them.", where, blk.Type, posString(prev))
+				continue
+			}
+			seen[blk.Type] = blk.TypeRange
+		}
+		switch blk.Type {
+		case "mount":
+			if m, ok := d.mount(blk, where); ok {
+				r.Mounts = append(r.Mounts, m)
+			}
+		case "resources":
+			d.resources(blk, where, &r.Resources)
+		case "retention":
+			d.retention(blk, where, &r.Retention)
+		}
+	}
+	return r, len(d.diags) == errs
+}
+
+// scopeDriver decodes a scope's driver (default local, which must then be known).
+func (d *decoder) scopeDriver(at hcl.Attributes, b *hcl.Block, where string, r *Rule) {
+	if a := at["driver"]; a != nil {
+		if s, ok := d.str(a); ok && d.driverName(a.Expr.Range(), s) {
+			r.Driver = s
+		}
+	} else if !slices.Contains(d.known, "local") {
+		d.errf(b.DefRange, "Missing driver", "%s has no driver and \"local\" is not known; add driver = \"NAME\" (known: %s).", where, strings.Join(d.known, ", "))
+	}
+}
+
+// scopeIsolation decodes isolation and the shared sandbox's name, which go together.
+func (d *decoder) scopeIsolation(at hcl.Attributes, b *hcl.Block, where string, r *Rule) {
+	if a := at["isolation"]; a != nil {
+		if s, ok := d.str(a); ok {
+			switch Isolation(s) {
+			case IsolationSession, IsolationShared:
+				r.Isolation = Isolation(s)
+			default:
+				d.errf(a.Expr.Range(), "Invalid isolation", "isolation %q is not \"session\" or \"shared\".", s)
+			}
+		}
+	}
+	a := at["name"]
+	if a == nil {
+		if r.Isolation == IsolationShared {
+			d.errf(b.DefRange, "Missing shared name", "%s has isolation = \"shared\" but no name; add name = \"SANDBOX-NAME\" (the shared sandbox is named after it, so editing the glob orphans nothing).", where)
+		}
+		return
+	}
+	if s, ok := d.str(a); ok {
+		if n, err := NormalizeSession(s); err != nil {
+			d.errf(a.Expr.Range(), "Invalid shared name", "%v.", err)
+		} else if r.Isolation != IsolationShared {
+			d.errf(a.NameRange, "Name without shared isolation", "name only applies with isolation = \"shared\"; remove it or add isolation = \"shared\" to %s.", where)
+		} else {
+			r.Name = n
+		}
+	}
+}
+
+// scopeImage decodes image and its pull policy (default missing when an image is
+// set; pull without an image is an error).
+func (d *decoder) scopeImage(at hcl.Attributes, where string, r *Rule) {
+	if a := at["image"]; a != nil {
+		r.Image, _ = d.str(a)
+	}
+	a := at["pull"]
+	if a == nil {
+		if r.Image != "" {
+			r.Pull = backend.PullMissing
+		}
+		return
+	}
+	if s, ok := d.str(a); ok {
+		switch p := backend.PullPolicy(s); p {
+		case backend.PullMissing, backend.PullAlways, backend.PullNever:
+			r.Pull = p
+		default:
+			d.errf(a.Expr.Range(), "Invalid pull", "pull %q is not \"missing\", \"always\" or \"never\".", s)
+		}
+	}
+	if r.Image == "" {
+		d.errf(a.NameRange, "Pull without image", "pull only applies to a rule with an image; remove it or set image in %s.", where)
+	}
+}
+
+// scopeEnv decodes env and env_passthrough: names non-empty without "=" or NUL,
+// values without NUL.
+func (d *decoder) scopeEnv(at hcl.Attributes, r *Rule) {
 	if a := at["env"]; a != nil {
 		if m, ok := d.strMap(a); ok {
 			for _, k := range slices.Sorted(maps.Keys(m)) {
@@ -965,68 +1016,59 @@ func (d *decoder) scope(b *hcl.Block, glob string) (Rule, bool) {
 			r.EnvPassthrough = l
 		}
 	}
-	seen := map[string]hcl.Range{}
-	for _, blk := range c.Blocks {
-		if blk.Type != "mount" {
-			if prev, dup := seen[blk.Type]; dup {
-				d.errf(blk.TypeRange, "Duplicate block", "%s already has a %s block at %s; merge them.", where, blk.Type, posString(prev))
-				continue
-			}
-			seen[blk.Type] = blk.TypeRange
-		}
-		switch blk.Type {
-		case "mount":
-			mc := d.content(blk.Body, mountSchema, where+" mount")
-			if mc == nil {
-				continue
-			}
-			var m backend.Mount
-			if a := mc.Attributes["source"]; a != nil {
-				m.Source, _ = d.absPath(a, false)
-			}
-			if a := mc.Attributes["target"]; a != nil {
-				m.Target, _ = d.absPath(a, false)
-			}
-			if a := mc.Attributes["read_only"]; a != nil {
-				m.ReadOnly, _ = d.boolean(a)
-			}
-			r.Mounts = append(r.Mounts, m)
-		case "resources":
-			d.resources(blk, where, &r.Resources)
-		case "retention":
-			rc := d.content(blk.Body, retentionSchema, where+" retention")
-			if rc == nil {
-				continue
-			}
-			if a := rc.Attributes["on_close"]; a != nil {
-				if s, ok := d.str(a); ok {
-					switch OnClose(s) {
-					case OnCloseKeep, OnCloseStop, OnCloseRemove:
-						r.Retention.OnClose = OnClose(s)
-					default:
-						d.errf(a.Expr.Range(), "Invalid on_close", "on_close %q is not \"keep\", \"stop\" or \"remove\".", s)
-					}
-				}
-			}
-			if a := rc.Attributes["idle_ttl"]; a != nil {
-				r.Retention.IdleTTL, _ = d.duration(a)
-			}
-			if a := rc.Attributes["idle_action"]; a != nil {
-				if s, ok := d.str(a); ok {
-					switch IdleAction(s) {
-					case IdleStop, IdleRemove:
-						r.Retention.IdleAction = IdleAction(s)
-					default:
-						d.errf(a.Expr.Range(), "Invalid idle_action", "idle_action %q is not \"stop\" or \"remove\".", s)
-					}
-				}
-			}
-			if a := rc.Attributes["max_age"]; a != nil {
-				r.Retention.MaxAge, _ = d.duration(a)
+}
+
+// mount decodes a mount block; false when its body did not decode.
+func (d *decoder) mount(blk *hcl.Block, where string) (backend.Mount, bool) {
+	var m backend.Mount
+	mc := d.content(blk.Body, mountSchema, where+" mount")
+	if mc == nil {
+		return m, false
+	}
+	if a := mc.Attributes["source"]; a != nil {
+		m.Source, _ = d.absPath(a, false)
+	}
+	if a := mc.Attributes["target"]; a != nil {
+		m.Target, _ = d.absPath(a, false)
+	}
+	if a := mc.Attributes["read_only"]; a != nil {
+		m.ReadOnly, _ = d.boolean(a)
+	}
+	return m, true
+}
+
+// retention decodes a retention block into ret (whose defaults are already set).
+func (d *decoder) retention(blk *hcl.Block, where string, ret *Retention) {
+	rc := d.content(blk.Body, retentionSchema, where+" retention")
+	if rc == nil {
+		return
+	}
+	if a := rc.Attributes["on_close"]; a != nil {
+		if s, ok := d.str(a); ok {
+			switch OnClose(s) {
+			case OnCloseKeep, OnCloseStop, OnCloseRemove:
+				ret.OnClose = OnClose(s)
+			default:
+				d.errf(a.Expr.Range(), "Invalid on_close", "on_close %q is not \"keep\", \"stop\" or \"remove\".", s)
 			}
 		}
 	}
-	return r, len(d.diags) == errs
+	if a := rc.Attributes["idle_ttl"]; a != nil {
+		ret.IdleTTL, _ = d.duration(a)
+	}
+	if a := rc.Attributes["idle_action"]; a != nil {
+		if s, ok := d.str(a); ok {
+			switch IdleAction(s) {
+			case IdleStop, IdleRemove:
+				ret.IdleAction = IdleAction(s)
+			default:
+				d.errf(a.Expr.Range(), "Invalid idle_action", "idle_action %q is not \"stop\" or \"remove\".", s)
+			}
+		}
+	}
+	if a := rc.Attributes["max_age"]; a != nil {
+		ret.MaxAge, _ = d.duration(a)
+	}
 }
 
 func (d *decoder) resources(blk *hcl.Block, where string, res *backend.Resources) {
