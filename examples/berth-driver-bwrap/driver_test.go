@@ -120,6 +120,11 @@ func TestConformanceCLI(t *testing.T) {
 		switch {
 		case c.Status == "skip" && c.Reason == "":
 			t.Errorf("case %s/%s skipped without a reason", c.Group, c.Name)
+		case c.Group == "resources" && c.Name == "unlimited-memory-accepted":
+			// Every driver must accept a spec that asks for no limit.
+			if c.Status != "pass" {
+				t.Errorf("resources case %s: %s %s, want pass", c.Name, c.Status, c.Reason)
+			}
 		case c.Group == "resources" && c.Status != "skip":
 			t.Errorf("resources case %s ran (%s), but the driver claims no resource limits", c.Name, c.Status)
 		case c.Group == "isolation" && c.Status == "pass":
