@@ -224,23 +224,13 @@ func TestMountExposingStateDirRefused(t *testing.T) {
 		if err := f.d.Configure(f.ctx, backend.DriverSetup{StateDir: filepath.Join(f.state, "drivers", "containerd"), Owner: f.owner}); err != nil {
 			t.Fatal(err)
 		}
-		for _, c := range []struct {
-			src   func(backend.CreateRequest) string
-			words string
-		}{
-			{func(backend.CreateRequest) string { return filepath.Dir(f.state) }, "contains berth's state dir " + f.state},
-			{func(backend.CreateRequest) string { return f.state }, "is berth's state dir " + f.state},
-			{func(backend.CreateRequest) string { return filepath.Join(f.state, "agent") }, "lies inside berth's state dir " + f.state},
-			{func(r backend.CreateRequest) string { return r.Agent.SocketDir }, "lies inside berth's state dir"},
-		} {
+		for i := range testimage.StateDirMounts(f.state, "") {
 			name := conformance.SandboxName()
 			req := f.request(name)
-			src := c.src(req)
-			req.Spec.Mounts = []backend.Mount{{Source: src, Target: "/mnt", ReadOnly: true}}
+			m := testimage.StateDirMounts(f.state, req.Agent.SocketDir)[i]
+			req.Spec.Mounts = []backend.Mount{{Source: m.Source, Target: "/mnt", ReadOnly: true}}
 			_, err := f.d.Create(f.ctx, req)
-			if !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), c.words) || !strings.Contains(err.Error(), "allow_host_paths = true") {
-				t.Errorf("Create with a mount of %s: %v, want ErrInvalid saying %q", src, err, c.words)
-			}
+			testimage.CheckMountRefused(t, m, err)
 			f.absent(name)
 		}
 	})
