@@ -23,8 +23,12 @@ const DefaultStopGrace = time.Second
 // connTimeout bounds connecting to the agent of a running task.
 const connTimeout = 10 * time.Second
 
-// killTimeout bounds waiting for a task to exit after SIGKILL.
-const killTimeout = 10 * time.Second
+// killTimeout bounds waiting for a task to exit after SIGKILL. The kernel ends a
+// killed tree at once, but containerd and its shim report it only when they run: on a
+// machine with tens of runnable threads per CPU that took more than 10 s. A task
+// still there after a minute is stuck (a process in uninterruptible sleep), and the
+// error says so.
+const killTimeout = time.Minute
 
 // load returns the container record of sandbox name.
 func (d *Driver) load(ctx context.Context, name string) (*client.Client, context.Context, client.Container, containers.Container, error) {
