@@ -264,7 +264,22 @@ func (s *server) KillJob(ctx context.Context, req *agentpb.KillJobRequest) (*age
 		return nil, err
 	}
 	s.killTree(jobTree(j), s.grace)
-	return &agentpb.KillJobResponse{}, nil
+	// The tree is gone; the job's end is recorded by its own goroutines (the exit from
+	// the reaper, the output once drained), which a loaded machine may run a while
+	// later: answer once they have, so that a listing right after says it ended.
+	for {
+		j.mu.Lock()
+		over, changed := !j.running && j.drained, j.changed
+		j.mu.Unlock()
+		if over {
+			return &agentpb.KillJobResponse{}, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 }
 
 // startJob starts plan as a job of session: its own session, stdin /dev/null, stdout
