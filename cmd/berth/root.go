@@ -99,7 +99,7 @@ Without a config file every session runs on the local driver.`,
 	root.AddCommand(
 		newExecCmd(g), newShellCmd(g), newSessionsCmd(g), newCloseCmd(g), newStopCmd(g), newRmCmd(g), newPruneCmd(g),
 		newDriversCmd(g), newConfigCmd(g), newConformanceCmd(g), newVersionCmd(),
-		newDriverCmd(g), newImageCmd(g), newJobCmd(g), newCpCmd(g),
+		newDriverCmd(g), newImageCmd(g), newJobCmd(g), newCpCmd(g), newServeCmd(g),
 	)
 	return root
 }

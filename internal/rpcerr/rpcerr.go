@@ -52,6 +52,21 @@ var kinds = []struct {
 	{backend.ErrTimeout, codes.DeadlineExceeded, "timeout"},
 }
 
+// KindName returns the name of the backend kind that err wraps ("not_found",
+// "conflict", "unavailable", "unsupported", "invalid", "timeout": the table above,
+// the names the wire carries), or "" when it wraps none. berth serve's HTTP API
+// names kinds the same way.
+func KindName(err error) string {
+	if kind := backend.KindOf(err); kind != nil {
+		for _, k := range kinds {
+			if k.kind == kind {
+				return k.name
+			}
+		}
+	}
+	return ""
+}
+
 // ToStatus converts err into a gRPC status error for the wire. An error that wraps a
 // backend kind gets the kind's code (see the table in the package doc), its whole text
 // as message and the ErrorInfo detail naming the kind. context.Canceled becomes

@@ -101,3 +101,17 @@ func TestOtherErrors(t *testing.T) {
 		t.Error("FromPeer true for gRPC's own status")
 	}
 }
+
+// KindName names every kind as the wire does, through wrapping, and nothing else.
+func TestKindName(t *testing.T) {
+	for _, k := range kinds {
+		if got := KindName(fmt.Errorf("ctx: %w", backend.Errorf(k.kind, "x"))); got != k.name {
+			t.Errorf("KindName of a wrapped %v = %q, want %q", k.kind, got, k.name)
+		}
+	}
+	for _, err := range []error{nil, errors.New("plain"), context.Canceled} {
+		if got := KindName(err); got != "" {
+			t.Errorf("KindName(%v) = %q, want none", err, got)
+		}
+	}
+}

@@ -1,0 +1,429 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/spf13/cobra"
+
+	"github.com/berth-sh/berth/internal/flock"
+	"github.com/berth-sh/berth/internal/sigstart"
+	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/registry/config"
+	"github.com/berth-sh/berth/server"
+)
+
+// serveSocket is the name of berth serve's default unix socket in the state dir;
+// serveLock the name of the lock file that makes it one per state dir.
+const (
+	serveSocket = "berth.sock"
+	serveLock   = "serve.lock"
+)
+
+// minTokenBytes is the shortest bearer token berth serve accepts.
+const minTokenBytes = 16
+
+type serveFlags struct {
+	listen        string
+	tokenFile     string
+	tlsCert       string
+	tlsKey        string
+	pruneInterval time.Duration
+	grace         time.Duration
+	logJSON       bool
+	maxBody       string
+	bodyTimeout   time.Duration
+}
+
+func newServeCmd(g *globals) *cobra.Command {
+	f := &serveFlags{pruneInterval: server.DefaultRetentionInterval, grace: 30 * time.Second, bodyTimeout: server.DefaultBodyTimeout}
+	cmd := &cobra.Command{
+		Use:   "serve [--listen ADDR] [--token-file FILE] [--tls-cert FILE --tls-key FILE]",
+		Short: "Run berth as a long-lived service with an HTTP API",
+		Long: `Run berth as a service: one process per state dir holds one registry (driver
+plugins launched once), prunes every --prune-interval (retention and reconcile, as
+berth prune), and answers the HTTP API v1 (docs/api.md) on a unix socket in the
+state dir (STATE/berth.sock, mode 0600) unless --listen says otherwise.
+
+A TCP listener (--listen tcp://127.0.0.1:PORT) needs --token-file: every request
+must carry "Authorization: Bearer TOKEN". A non-loopback address also needs TLS
+(--tls-cert and --tls-key).
+
+SIGHUP reloads the config file (checked first: a bad file keeps the running config
+and logs why, with file:line:col). SIGTERM or SIGINT shut down: no new calls, calls
+in flight may finish within --shutdown-grace, then they are cancelled (their
+process trees killed). Sandboxes and background jobs are never stopped: the next
+berth serve adopts them. Logs go to stderr (JSON with --log-json).`,
+		Example: `  berth serve
+  berth serve --listen tcp://127.0.0.1:7878 --token-file ~/.config/berth/token
+  curl --unix-socket ~/.local/state/berth/berth.sock -H 'Content-Type: application/json' \
+    -d '{"argv":["sh","-c","echo hi; exit 3"]}' http://berth/v1/sessions/chat:1/exec`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runServe(g, f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.listen, "listen", "", "where to listen: unix:///PATH or tcp://HOST:PORT (default unix://STATE/berth.sock)")
+	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the bearer token that every request must carry (required for tcp://; mode 0600, at least 16 bytes)")
+	fl.StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate file (PEM) for a tcp:// listener; required for a non-loopback address")
+	fl.StringVar(&f.tlsKey, "tls-key", "", "TLS private key file (PEM) for --tls-cert")
+	fl.Var(durationValue{&f.pruneInterval}, "prune-interval", "prune (retention and reconcile) every INTERVAL")
+	fl.Var(durationValue{&f.grace}, "shutdown-grace", "on SIGTERM/SIGINT, how long calls in flight may go on before they are cancelled")
+	fl.BoolVar(&f.logJSON, "log-json", false, "log JSON lines on stderr instead of text")
+	fl.StringVar(&f.maxBody, "max-request-body", "1m", "largest request body (a size: 64k, 1m); larger ones are answered 413")
+	fl.Var(durationValue{&f.bodyTimeout}, "request-timeout", "how long a request body may take to arrive; slower ones are answered 408")
+	return takesSignals(cmd)
+}
+
+// listenAddr is a parsed --listen.
+type listenAddr struct {
+	network string // "unix" or "tcp"
+	addr    string // a path or HOST:PORT
+}
+
+// parseListen parses --listen; "" is the socket in the state dir.
+func parseListen(s, stateDir string) (listenAddr, error) {
+	if s == "" {
+		return listenAddr{"unix", filepath.Join(stateDir, serveSocket)}, nil
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return listenAddr{}, usageError("--listen %q: %v; use unix:///PATH or tcp://HOST:PORT", s, err)
+	}
+	switch u.Scheme {
+	case "unix":
+		p := u.Path
+		if u.Host != "" || !filepath.IsAbs(p) {
+			return listenAddr{}, usageError("--listen %q: a unix socket needs an absolute path: unix:///PATH", s)
+		}
+		return listenAddr{"unix", filepath.Clean(p)}, nil
+	case "tcp":
+		if u.Host == "" || u.Port() == "" || (u.Path != "" && u.Path != "/") {
+			return listenAddr{}, usageError("--listen %q: want tcp://HOST:PORT (e.g. tcp://127.0.0.1:7878)", s)
+		}
+		return listenAddr{"tcp", u.Host}, nil
+	}
+	return listenAddr{}, usageError("--listen %q: unknown scheme; use unix:///PATH or tcp://HOST:PORT", s)
+}
+
+// loopback reports whether a tcp listen address is a loopback IP literal.
+func loopback(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// readToken reads a bearer token file: owner-only, at least minTokenBytes after
+// trimming white space.
+func readToken(path string) (string, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return "", usageError("--token-file: %v", err)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return "", usageError("--token-file %s: mode %04o lets others read the token; chmod 600 %s", path, st.Mode().Perm(), path)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", usageError("--token-file: %v", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if len(tok) < minTokenBytes {
+		return "", usageError("--token-file %s: the token is %d bytes; use at least %d (e.g. head -c 32 /dev/urandom | base64 > %s)", path, len(tok), minTokenBytes, path)
+	}
+	if strings.ContainsAny(tok, " \t\r\n") {
+		return "", usageError("--token-file %s: the token holds white space; put one token on one line", path)
+	}
+	return tok, nil
+}
+
+// serveLogger is berth serve's logger: stderr, text or JSON, at the level of
+// --log-level, BERTH_LOG or the config's log_level, info when none sets one.
+func (g *globals) serveLogger(cfg *config.Config, json bool) (hclog.Logger, error) {
+	level, src := g.flagLogLevel()
+	if level == "" {
+		level, src = cfg.LogLevel, "log_level"
+	}
+	if level == "" {
+		level = "info"
+	}
+	if !slices.Contains(config.LogLevels, level) {
+		return nil, usageError("%s %q is not a log level; use one of %v", src, level, config.LogLevels)
+	}
+	return hclog.New(&hclog.LoggerOptions{
+		Name:       "berth",
+		Level:      hclog.LevelFromString(level),
+		Output:     os.Stderr,
+		JSONFormat: json,
+	}), nil
+}
+
+// openServeRegistry resolves the settings and opens a registry with log as its
+// logger.
+func (g *globals) openServeRegistry(ctx context.Context, log hclog.Logger) (*registry.Registry, error) {
+	s, err := g.settings()
+	if err != nil {
+		return nil, err
+	}
+	return registry.Open(ctx, s.cfg, append(s.opts, registry.WithLogger(log))...)
+}
+
+func runServe(g *globals, f *serveFlags) error {
+	sigs := sigstart.Take()
+	ctx := context.Background()
+	if f.grace < 0 {
+		return usageError("--shutdown-grace %v: must not be negative", f.grace)
+	}
+	if f.pruneInterval <= 0 {
+		return usageError("--prune-interval %v: must be positive, e.g. 30s", f.pruneInterval)
+	}
+	if f.bodyTimeout <= 0 {
+		return usageError("--request-timeout %v: must be positive, e.g. 30s", f.bodyTimeout)
+	}
+	maxBody, err := config.ParseBytes(f.maxBody)
+	if err != nil {
+		return usageError("--max-request-body: %v", err)
+	}
+	if (f.tlsCert == "") != (f.tlsKey == "") {
+		return usageError("--tls-cert and --tls-key go together")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return failure(err)
+	}
+	cfg, err := g.loadConfig(self)
+	if err != nil {
+		return failure(err)
+	}
+	log, err := g.serveLogger(cfg, f.logJSON)
+	if err != nil {
+		return err
+	}
+	reg, err := g.openServeRegistry(ctx, log)
+	if err != nil {
+		return failure(err)
+	}
+	stateDir := reg.StateDir()
+	addr, err := parseListen(f.listen, stateDir)
+	if err != nil {
+		reg.Close()
+		return err
+	}
+	var token string
+	switch {
+	case f.tokenFile != "":
+		if token, err = readToken(f.tokenFile); err != nil {
+			reg.Close()
+			return err
+		}
+	case addr.network == "tcp":
+		reg.Close()
+		return usageError("--listen %s: a TCP listener needs --token-file (a bearer token that every request must carry); refusing to serve without one", f.listen)
+	}
+	if addr.network == "unix" && f.tlsCert != "" {
+		reg.Close()
+		return usageError("--tls-cert and --tls-key are for a tcp:// listener; a unix socket is protected by its mode (0600)")
+	}
+	if addr.network == "tcp" && f.tlsCert == "" && !loopback(addr.addr) {
+		reg.Close()
+		return usageError("--listen %s: a non-loopback address needs TLS: give --tls-cert and --tls-key (or listen on 127.0.0.1)", f.listen)
+	}
+
+	lock, err := lockServe(stateDir)
+	if err != nil {
+		reg.Close()
+		return err
+	}
+	defer lock.Unlock(true)
+	ln, cleanup, err := listen(addr, f)
+	if err != nil {
+		reg.Close()
+		return err
+	}
+	defer cleanup()
+
+	srv := server.New(reg, server.WithLogger(log), server.WithToken(token), server.WithVersion(version),
+		server.WithMaxRequestBody(maxBody), server.WithBodyTimeout(f.bodyTimeout))
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	retCtx, stopRetention := context.WithCancel(ctx)
+	retDone := make(chan struct{})
+	go func() {
+		defer close(retDone)
+		srv.RunRetention(retCtx, f.pruneInterval, nil)
+	}()
+	log.Info("berth serve ready", "listen", addr.network+"://"+ln.Addr().String(), "pid", os.Getpid(), "state_dir", stateDir, "config", cfgPath(reg), "version", version)
+
+	for {
+		select {
+		case err := <-served:
+			stopRetention()
+			<-retDone
+			srv.Shutdown(ctx)
+			if err != nil {
+				return failure(fmt.Errorf("serving %s: %v", addr.addr, err))
+			}
+			return nil
+		case s := <-sigs:
+			if s == syscall.SIGHUP {
+				reload(ctx, g, srv, log, stateDir)
+				continue
+			}
+			log.Info("shutting down", "signal", s.String(), "calls_in_flight", srv.InFlight(), "grace", f.grace)
+			stopRetention()
+			graceCtx, cancel := context.WithTimeout(ctx, f.grace)
+			go func() {
+				// A second SIGINT or SIGTERM ends the grace at once.
+				for s := range sigs {
+					if s != syscall.SIGHUP {
+						log.Warn("second signal: cancelling the calls in flight now", "signal", s.String())
+						cancel()
+						return
+					}
+				}
+			}()
+			err := srv.Shutdown(graceCtx)
+			cancel()
+			<-retDone
+			if err != nil {
+				log.Warn("shut down after cancelling the calls that outlasted the grace", "grace", f.grace)
+			} else {
+				log.Info("shut down")
+			}
+			return nil
+		}
+	}
+}
+
+func cfgPath(reg *registry.Registry) string {
+	if p := reg.Config().Path; p != "" {
+		return p
+	}
+	return "(built-in default)"
+}
+
+// reload reads the config again and, when it is good and keeps the state dir, makes
+// the server use a new registry on it; otherwise it logs why and keeps the running
+// one.
+func reload(ctx context.Context, g *globals, srv *server.Server, log hclog.Logger, stateDir string) {
+	reg, err := g.openServeRegistry(ctx, log)
+	if err != nil {
+		log.Error("config reload refused; keeping the running config", "error", err.Error())
+		return
+	}
+	if reg.StateDir() != stateDir {
+		reg.Close()
+		log.Error("config reload refused; keeping the running config", "error",
+			fmt.Sprintf("the new config moves the state dir from %s to %s; restart berth serve for that", stateDir, reg.StateDir()))
+		return
+	}
+	srv.Reload(reg)
+	log.Info("config reloaded", "config", cfgPath(reg), "rules", len(reg.Config().Rules))
+}
+
+// lockServe takes STATE/serve.lock, so that one berth serve runs per state dir, and
+// writes this process's pid into it. Another holder's pid is named in the error.
+func lockServe(stateDir string) (*flock.Held, error) {
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return nil, failure(fmt.Errorf("state dir %s: %v", stateDir, err))
+	}
+	path := filepath.Join(stateDir, serveLock)
+	h, ok, err := flock.TryLock(path)
+	if err != nil {
+		return nil, failure(err)
+	}
+	if !ok {
+		pid := "unknown"
+		if b, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(b)) != "" {
+			pid = strings.TrimSpace(string(b))
+		}
+		return nil, failure(fmt.Errorf("another berth serve (pid %s) is running on state dir %s; stop it first (kill -TERM %s) or use another --state-dir", pid, stateDir, pid))
+	}
+	if err := os.WriteFile(path, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
+		h.Unlock(true)
+		return nil, failure(err)
+	}
+	return h, nil
+}
+
+// listen opens the listener of addr: a unix socket of mode 0600 in a directory that
+// no one else can write (a stale socket there is replaced: the lock says no berth
+// serve uses it), or a TCP port, with TLS when f asks. cleanup closes it and removes
+// the socket.
+func listen(addr listenAddr, f *serveFlags) (net.Listener, func(), error) {
+	if addr.network == "tcp" {
+		ln, err := net.Listen("tcp", addr.addr)
+		if err != nil {
+			return nil, nil, failure(fmt.Errorf("listening on %s: %v", addr.addr, err))
+		}
+		if f.tlsCert != "" {
+			cert, err := tls.LoadX509KeyPair(f.tlsCert, f.tlsKey)
+			if err != nil {
+				ln.Close()
+				return nil, nil, usageError("--tls-cert/--tls-key: %v", err)
+			}
+			ln = tls.NewListener(ln, &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}})
+		}
+		return ln, func() { ln.Close() }, nil
+	}
+	path := addr.addr
+	if len(path) > 107 {
+		return nil, nil, usageError("socket path %s is %d bytes, longer than a unix socket path may be (107); use --listen unix:///SHORTER/PATH", path, len(path))
+	}
+	dir := filepath.Dir(path)
+	st, err := os.Stat(dir)
+	if err != nil {
+		return nil, nil, failure(fmt.Errorf("socket directory: %v", err))
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && (int(sys.Uid) != os.Geteuid() || st.Mode().Perm()&0o022 != 0) {
+		return nil, nil, failure(fmt.Errorf("socket directory %s (mode %04o, owner uid %d): others could replace the socket; use a directory that only you (uid %d) can write", dir, st.Mode().Perm(), sys.Uid, os.Geteuid()))
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != os.ModeSocket {
+			return nil, nil, failure(fmt.Errorf("%s exists and is not a socket; move it away", path))
+		}
+		os.Remove(path) // stale: we hold the serve lock
+	}
+	old := syscall.Umask(0o177)
+	ln, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, nil, failure(fmt.Errorf("listening on %s: %v", path, err))
+	}
+	ul := ln.(*net.UnixListener)
+	ul.SetUnlinkOnClose(false)
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, nil, failure(err)
+	}
+	var ino uint64
+	if fi, err := os.Lstat(path); err == nil {
+		if sys, ok := fi.Sys().(*syscall.Stat_t); ok {
+			ino = sys.Ino
+		}
+	}
+	return ln, func() {
+		ln.Close()
+		// Remove the socket only while it is still ours.
+		if fi, err := os.Lstat(path); err == nil {
+			if sys, ok := fi.Sys().(*syscall.Stat_t); ok && sys.Ino == ino {
+				os.Remove(path)
+			}
+		}
+	}, nil
+}

@@ -1,0 +1,111 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/berth-sh/berth/internal/rpcerr"
+)
+
+// Kind is one error kind of the API: its name (ErrorInfo.Kind) and the HTTP status
+// of an answer that carries it.
+type Kind struct {
+	Name   string
+	Status int
+}
+
+// Kinds is the one table from error kinds to HTTP statuses. The first six are
+// berth's own kinds (package backend's ErrNotFound ... ErrTimeout, named as on
+// berth's wire protocols, rpcerr.KindName); the rest are the HTTP layer's.
+var Kinds = []Kind{
+	{"not_found", http.StatusNotFound},
+	{"conflict", http.StatusConflict},
+	{"unavailable", http.StatusServiceUnavailable},
+	{"unsupported", http.StatusNotImplemented},
+	{"invalid", http.StatusBadRequest},
+	{"timeout", http.StatusGatewayTimeout},
+	// The HTTP layer's kinds.
+	{KindUnauthorized, http.StatusUnauthorized},
+	{KindTooLarge, http.StatusRequestEntityTooLarge},
+	{KindRequestTimeout, http.StatusRequestTimeout},
+	{KindMediaType, http.StatusUnsupportedMediaType},
+	{KindMethod, http.StatusMethodNotAllowed},
+	{KindShuttingDown, http.StatusServiceUnavailable},
+	{KindCanceled, 499}, // the client went away; nobody reads this answer
+	{KindInternal, http.StatusInternalServerError},
+}
+
+// The HTTP layer's error kinds.
+const (
+	// KindUnauthorized: a TCP listener's request without the right bearer token.
+	KindUnauthorized = "unauthorized"
+	// KindTooLarge: a request body over MaxRequestBody.
+	KindTooLarge = "too_large"
+	// KindRequestTimeout: a request body that did not arrive within BodyTimeout.
+	KindRequestTimeout = "request_timeout"
+	// KindMediaType: a body that is not declared as application/json.
+	KindMediaType = "unsupported_media_type"
+	// KindMethod: a method that the path does not serve.
+	KindMethod = "method_not_allowed"
+	// KindShuttingDown: the daemon is shutting down and takes no new calls.
+	KindShuttingDown = "shutting_down"
+	// KindCanceled: the call was cancelled (the client went away, or the daemon's
+	// shutdown grace ran out).
+	KindCanceled = "canceled"
+	// KindInternal: an error of no kind.
+	KindInternal = "internal"
+)
+
+// statusOf returns the HTTP status of kind; 500 for a name not in Kinds.
+func statusOf(kind string) int {
+	for _, k := range Kinds {
+		if k.Name == kind {
+			return k.Status
+		}
+	}
+	return http.StatusInternalServerError
+}
+
+// httpError is an error of the HTTP layer, of one of its kinds.
+type httpError struct {
+	kind string
+	msg  string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+func errorf(kind, format string, args ...any) error {
+	return &httpError{kind: kind, msg: fmt.Sprintf(format, args...)}
+}
+
+// errorInfo classifies err: the HTTP layer's kind, else berth's kind, else
+// canceled for a cancelled context, timeout for an expired one, internal otherwise.
+func errorInfo(err error, session string) ErrorInfo {
+	info := ErrorInfo{Message: err.Error(), Session: session}
+	var he *httpError
+	switch {
+	case errors.As(err, &he):
+		info.Kind = he.kind
+	case rpcerr.KindName(err) != "":
+		info.Kind = rpcerr.KindName(err)
+	case errors.Is(err, context.Canceled):
+		info.Kind = KindCanceled
+	case errors.Is(err, context.DeadlineExceeded):
+		info.Kind = "timeout"
+	default:
+		info.Kind = KindInternal
+	}
+	return info
+}
+
+// writeError answers with err as an ErrorBody and the status of its kind.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error, session string) {
+	info := errorInfo(err, session)
+	status := statusOf(info.Kind)
+	if status >= 500 && info.Kind != KindShuttingDown {
+		s.log.Warn("call failed", "method", r.Method, "path", r.URL.EscapedPath(), "kind", info.Kind, "error", info.Message)
+	}
+	writeJSON(w, status, ErrorBody{Error: info})
+}

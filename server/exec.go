@@ -1,0 +1,339 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/output"
+	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/registry/config"
+)
+
+// NDJSON is the media type of a streamed exec answer: one Event per line.
+const NDJSON = "application/x-ndjson"
+
+// RecreateReason is the recreated_reason of an exec whose request set recreate.
+const RecreateReason = "recreated as asked (recreate)"
+
+// execCall is an ExecRequest checked and turned into what the registry takes.
+type execCall struct {
+	shell   bool
+	argv    []string
+	command string
+	env     []string
+	cwd     string
+	user    string
+	timeout time.Duration
+	max     *int64
+	stdin   []byte // nil: no stdin
+}
+
+// check validates req; errors are invalid and say which field is wrong.
+func (req *ExecRequest) check() (*execCall, error) {
+	c := &execCall{argv: req.Argv, command: req.Command, cwd: req.Cwd, user: req.User, max: req.MaxOutput}
+	switch {
+	case len(req.Argv) > 0 && req.Command != "":
+		return nil, errorf("invalid", "give either argv (a plain exec) or command (shell mode), not both")
+	case len(req.Argv) == 0 && req.Command == "":
+		return nil, errorf("invalid", "no command: give argv (a plain exec, e.g. [\"sh\",\"-c\",\"echo hi\"]) or command (shell mode)")
+	case req.Command != "" && strings.TrimSpace(req.Command) == "":
+		return nil, errorf("invalid", "command: empty shell-mode command")
+	case req.Command != "" && req.User != "":
+		return nil, errorf("invalid", "user: shell mode runs as the sandbox's user; drop user or use argv")
+	case len(req.Argv) > 0 && req.Argv[0] == "":
+		return nil, errorf("invalid", "argv[0]: empty program name")
+	}
+	c.shell = req.Command != ""
+	for i, a := range req.Argv {
+		if strings.ContainsRune(a, 0) {
+			return nil, errorf("invalid", "argv[%d] holds a NUL character", i)
+		}
+	}
+	for _, v := range []struct{ name, val string }{{"command", req.Command}, {"cwd", req.Cwd}, {"user", req.User}} {
+		if strings.ContainsRune(v.val, 0) {
+			return nil, errorf("invalid", "%s holds a NUL character", v.name)
+		}
+	}
+	keys := make([]string, 0, len(req.Env))
+	for k, v := range req.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return nil, errorf("invalid", "env %q: a name must be non-empty without '=' or NUL, and a value without NUL", k)
+		}
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		c.env = append(c.env, k+"="+req.Env[k])
+	}
+	if req.Timeout != "" {
+		d, err := config.ParseDuration(req.Timeout)
+		if err != nil {
+			return nil, errorf("invalid", "timeout: %v", err)
+		}
+		c.timeout = d
+	}
+	if req.MaxOutput != nil && *req.MaxOutput < 0 {
+		return nil, errorf("invalid", "max_output %d: must be 0 or more bytes", *req.MaxOutput)
+	}
+	if c.shell && req.MaxOutput != nil && *req.MaxOutput == 0 {
+		c.max = nil // shell mode: 0 is the rule's max_output
+	}
+	switch {
+	case req.Stdin != nil && req.StdinBase64 != nil:
+		return nil, errorf("invalid", "give stdin or stdin_base64, not both")
+	case req.Stdin != nil:
+		c.stdin = []byte(*req.Stdin)
+	case req.StdinBase64 != nil:
+		b, err := base64.StdEncoding.DecodeString(*req.StdinBase64)
+		if err != nil {
+			return nil, errorf("invalid", "stdin_base64: %v", err)
+		}
+		c.stdin = b
+	}
+	return c, nil
+}
+
+// wantsStream reports whether r asks for an NDJSON answer (Accept names NDJSON).
+func wantsStream(r *http.Request) bool {
+	for _, part := range strings.Split(r.Header.Get("Accept"), ",") {
+		if mt, _, err := mime.ParseMediaType(strings.TrimSpace(part)); err == nil && mt == NDJSON {
+			return true
+		}
+	}
+	return false
+}
+
+// exec is POST /v1/sessions/{name}/exec.
+func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	var req ExecRequest
+	if err := s.readJSON(w, r, &req); err != nil {
+		s.writeError(w, r, err, name)
+		return
+	}
+	c, err := req.check()
+	if err != nil {
+		s.writeError(w, r, err, name)
+		return
+	}
+	ref := s.acquire()
+	defer s.release(ref)
+	reg := ref.reg
+	ctx := r.Context()
+	recreated := false
+	if req.Recreate {
+		if recreated, err = reg.Recreate(ctx, name); err != nil {
+			s.writeError(w, r, err, name)
+			return
+		}
+	}
+	var st *stream
+	if wantsStream(r) {
+		st = newStream(w)
+	}
+	var res ExecResult
+	if c.shell {
+		res, err = s.runShell(ctx, reg, name, c, st)
+	} else {
+		res, err = s.runPlain(ctx, reg, name, c, st)
+	}
+	if recreated && err == nil {
+		res.Recreated, res.RecreatedReason = true, RecreateReason
+	}
+	switch {
+	case err != nil && (st == nil || !st.begun):
+		s.writeError(w, r, err, name)
+	case err != nil:
+		info := errorInfo(err, name)
+		st.event(Event{Event: "error", Error: &info})
+	case st != nil:
+		st.event(Event{Event: "result", Result: &res})
+	default:
+		writeJSON(w, http.StatusOK, res)
+	}
+	s.log.Info("exec", "session", name, "shell", c.shell, "exit_code", res.ExitCode, "timed_out", res.TimedOut, "duration_ms", res.DurationMS, "error", err)
+}
+
+// runPlain runs an argv exec: output captured for a JSON answer, or sent as events.
+func (s *Server) runPlain(ctx context.Context, reg *registry.Registry, name string, c *execCall, st *stream) (ExecResult, error) {
+	breq := backend.ExecRequest{Argv: c.argv, Env: c.env, Dir: c.cwd, User: c.user, Timeout: c.timeout, Stdin: c.stdin != nil}
+	var outCap, errCap *output.Capture
+	var outEv, errEv *capped
+	if st == nil {
+		limit := int64(DefaultMaxOutput)
+		if c.max != nil {
+			limit = *c.max
+		}
+		outCap, errCap = output.NewCapture(limit), output.NewCapture(limit)
+		breq.Stdout, breq.Stderr = outCap, errCap
+	} else {
+		outEv, errEv = st.writer("stdout", c.max), st.writer("stderr", c.max)
+		breq.Stdout, breq.Stderr = outEv, errEv
+	}
+	p, lease, err := reg.Exec(ctx, name, breq)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	if st != nil {
+		st.begin()
+	}
+	if c.stdin != nil {
+		go func() {
+			p.Write(c.stdin)
+			p.CloseStdin()
+		}()
+	}
+	res, err := p.Wait()
+	if err != nil {
+		return ExecResult{}, err
+	}
+	out := ExecResult{
+		ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
+		DurationMS: res.Duration.Milliseconds(), Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
+		Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason,
+	}
+	if st == nil {
+		out.Stdout, out.StdoutTruncatedBytes = outCap.Text()
+		out.Stderr, out.StderrTruncatedBytes = errCap.Text()
+	} else {
+		out.StdoutTruncatedBytes, out.StderrTruncatedBytes = outEv.dropped, errEv.dropped
+	}
+	return out, nil
+}
+
+// runShell runs a shell-mode call; a streamed answer gets the raw output as events
+// besides the capped text in the result.
+func (s *Server) runShell(ctx context.Context, reg *registry.Registry, name string, c *execCall, st *stream) (ExecResult, error) {
+	sreq := registry.ShellRequest{Command: c.command, Env: c.env, Dir: c.cwd, Timeout: c.timeout}
+	if c.max != nil {
+		sreq.MaxOutput = *c.max
+	}
+	if c.stdin != nil {
+		sreq.Stdin = bytes.NewReader(c.stdin)
+	}
+	if st != nil {
+		sreq.Stdout, sreq.Stderr = st.writer("stdout", nil), st.writer("stderr", nil)
+		sreq.Started = st.begin
+	}
+	res, err := reg.Shell(ctx, name, sreq)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	return ExecResult{
+		ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
+		DurationMS: res.Duration.Milliseconds(), Session: res.Session, Driver: res.Driver, Sandbox: res.Sandbox,
+		Recreated: res.Recreated, RecreatedReason: res.RecreatedReason, Moved: res.Moved, MovedReason: res.MovedReason,
+		Stdout: res.Stdout, Stderr: res.Stderr,
+		StdoutTruncatedBytes: res.StdoutTruncatedBytes, StderrTruncatedBytes: res.StderrTruncatedBytes,
+		Cwd: res.Cwd, StdoutFile: res.StdoutFile, StderrFile: res.StderrFile,
+		StdoutFileTruncatedBytes: res.StdoutFileTruncatedBytes, StderrFileTruncatedBytes: res.StderrFileTruncatedBytes,
+		OutputFilesRemoved: res.OutputFilesRemoved,
+	}, nil
+}
+
+// stream writes a streamed answer's events, each line flushed at once, so that a
+// client that stops reading holds the command back (flow control: nothing grows).
+type stream struct {
+	w     http.ResponseWriter
+	rc    *http.ResponseController
+	mu    sync.Mutex
+	begun bool
+	err   error // the first failed write; later events are dropped
+}
+
+func newStream(w http.ResponseWriter) *stream {
+	return &stream{w: w, rc: http.NewResponseController(w)}
+}
+
+// begin sends the answer's header (200, NDJSON) once the command runs: errors
+// before that get an ordinary error answer with their status.
+func (st *stream) begin() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.beginLocked()
+}
+
+func (st *stream) beginLocked() {
+	if st.begun {
+		return
+	}
+	st.begun = true
+	st.w.Header().Set("Content-Type", NDJSON)
+	st.w.Header().Set("X-Content-Type-Options", "nosniff")
+	st.w.WriteHeader(http.StatusOK)
+	st.rc.Flush()
+}
+
+// event writes one event line; it returns the first write error.
+func (st *stream) event(ev Event) error {
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.beginLocked()
+	if st.err != nil {
+		return st.err
+	}
+	if _, err := st.w.Write(append(b, '\n')); err != nil {
+		st.err = err
+		return err
+	}
+	if err := st.rc.Flush(); err != nil {
+		st.err = err
+	}
+	return st.err
+}
+
+// writer returns an io.Writer that sends what it is given as events of kind name,
+// the first *limit bytes only when limit is set (the rest counted in dropped).
+func (st *stream) writer(name string, limit *int64) *capped {
+	c := &capped{st: st, name: name, left: -1}
+	if limit != nil {
+		c.left = *limit
+	}
+	return c
+}
+
+// capped is one output stream's event writer.
+type capped struct {
+	st      *stream
+	name    string
+	left    int64 // bytes still to send; -1 for no cap
+	dropped int64
+}
+
+// maxEvent is the most output bytes one event carries (before base64).
+const maxEvent = 32 << 10
+
+func (c *capped) Write(b []byte) (int, error) {
+	n := len(b)
+	if c.left >= 0 {
+		keep := min(int64(len(b)), c.left)
+		c.dropped += int64(len(b)) - keep
+		c.left -= keep
+		b = b[:keep]
+	}
+	for len(b) > 0 {
+		k := min(len(b), maxEvent)
+		if err := c.st.event(Event{Event: c.name, Data: b[:k]}); err != nil {
+			return 0, fmt.Errorf("sending %s: %w", c.name, err)
+		}
+		b = b[k:]
+	}
+	return n, nil
+}
+
+var _ io.Writer = (*capped)(nil)

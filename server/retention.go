@@ -1,0 +1,75 @@
+package server
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/berth-sh/berth/registry"
+)
+
+// DefaultRetentionInterval is how often berth serve prunes (--prune-interval).
+const DefaultRetentionInterval = 30 * time.Second
+
+// RunRetention prunes (registry.Prune: reconcile every configured driver, apply
+// idle_ttl, max_age and on_close leftovers, clean up files) now and then every
+// interval, with the registry current at each round, until ctx is done. Every
+// action that changes something is logged at info with its cause and reason, a
+// failed action or an unreachable driver at warn; a round that fails as a whole (the
+// store cannot be used) is logged and the next round tries again. after, when set,
+// is called with each round's report (nil and the error for a failed round).
+func (s *Server) RunRetention(ctx context.Context, interval time.Duration, after func(*registry.PruneReport, error)) {
+	if interval <= 0 {
+		interval = DefaultRetentionInterval
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		rep, err := s.pruneOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if after != nil {
+			after(rep, err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// pruneOnce runs one round on the current registry and logs it.
+func (s *Server) pruneOnce(ctx context.Context) (*registry.PruneReport, error) {
+	ref := s.acquire()
+	defer s.release(ref)
+	rep, err := ref.reg.Prune(ctx, registry.PruneOptions{})
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("prune failed; trying again next round", "error", err)
+		}
+		return nil, err
+	}
+	for _, d := range rep.Drivers {
+		if d.Error != "" {
+			s.log.Warn("prune: driver skipped", "driver", d.Name, "error", d.Error)
+		}
+	}
+	changed := 0
+	for _, a := range rep.Actions {
+		if a.Action == registry.PruneKeep && a.Error == "" {
+			continue
+		}
+		changed++
+		args := []any{"action", a.Action, "driver", a.Driver, "sandbox", a.Sandbox, "path", a.Path,
+			"sessions", strings.Join(a.Sessions, ","), "cause", a.Cause, "reason", a.Reason}
+		if a.Error != "" {
+			s.log.Warn("prune action failed", append(args, "error", a.Error)...)
+		} else {
+			s.log.Info("prune", args...)
+		}
+	}
+	s.log.Debug("prune round done", "actions", changed)
+	return rep, nil
+}

@@ -1,0 +1,212 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Route is one operation the server answers: a method and a path in net/http's
+// pattern syntax ("/v1/sessions/{name}/exec"; {name} is one path segment, percent-
+// decoded).
+type Route struct {
+	Method string
+	Path   string
+}
+
+// route is a Route with its handler.
+type route struct {
+	Route
+	h func(s *Server, w http.ResponseWriter, r *http.Request)
+}
+
+// table is every route the server answers; Routes reports it and routes() serves it.
+var table = []route{
+	{Route{http.MethodGet, "/v1/health"}, (*Server).health},
+	{Route{http.MethodGet, "/v1/sessions"}, (*Server).listSessions},
+	{Route{http.MethodGet, "/v1/sessions/{name}"}, (*Server).getSession},
+	{Route{http.MethodDelete, "/v1/sessions/{name}"}, (*Server).removeSession},
+	{Route{http.MethodPost, "/v1/sessions/{name}/exec"}, (*Server).exec},
+	{Route{http.MethodPost, "/v1/sessions/{name}/close"}, (*Server).closeSession},
+	{Route{http.MethodPost, "/v1/sessions/{name}/stop"}, (*Server).stopSession},
+	{Route{http.MethodPost, "/v1/sessions/{name}/recreate"}, (*Server).recreateSession},
+}
+
+// Routes returns every route the server answers, sorted by path and method.
+func Routes() []Route {
+	out := make([]Route, 0, len(table))
+	for _, rt := range table {
+		out = append(out, rt.Route)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Path != out[j].Path {
+			return out[i].Path < out[j].Path
+		}
+		return out[i].Method < out[j].Method
+	})
+	return out
+}
+
+// routes builds the handler: one mux pattern per path (so that a method the path
+// does not serve gets a JSON 405 with Allow, not net/http's text), a JSON 404 for
+// every other path, and around it the token check and the count of calls in flight.
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	byPath := map[string][]route{}
+	var paths []string
+	for _, rt := range table {
+		if byPath[rt.Path] == nil {
+			paths = append(paths, rt.Path)
+		}
+		byPath[rt.Path] = append(byPath[rt.Path], rt)
+	}
+	for _, p := range paths {
+		rts := byPath[p]
+		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
+			var allow []string
+			for _, rt := range rts {
+				if r.Method == rt.Method {
+					rt.h(s, w, r)
+					return
+				}
+				allow = append(allow, rt.Method)
+			}
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			s.writeError(w, r, errorf(KindMethod, "%s %s: method not allowed; this path takes %s", r.Method, r.URL.EscapedPath(), strings.Join(allow, ", ")), "")
+		})
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.writeError(w, r, errorf("not_found", "no such API path: %s (see docs/api.md; every path starts with /v1/)", r.URL.EscapedPath()), "")
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			s.log.Info("request", "method", r.Method, "path", r.URL.EscapedPath(), "status", sw.status, "duration", time.Since(start))
+		}()
+		if !s.authorized(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="berth"`)
+			s.writeError(sw, r, errorf(KindUnauthorized, "this listener needs the header Authorization: Bearer TOKEN with the token of berth serve's --token-file"), "")
+			return
+		}
+		if !s.enter() {
+			w.Header().Set("Connection", "close")
+			s.writeError(sw, r, errorf(KindShuttingDown, "berth serve is shutting down; try again when it is back"), "")
+			return
+		}
+		defer s.leave()
+		mux.ServeHTTP(sw, r)
+	})
+}
+
+// statusWriter records the status of an answer for the request log. It passes
+// Flush and the rest of ResponseController's calls on (Unwrap).
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// writeJSON answers with v as JSON and status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		status = http.StatusInternalServerError
+		b.Reset()
+		fmt.Fprintf(&b, `{"error":{"kind":"internal","message":%q}}`+"\n", "encoding the answer: "+err.Error())
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(b.Bytes())
+}
+
+// readJSON reads r's body, declared as application/json, within the server's size
+// and time limits, into v, refusing unknown fields, trailing data and anything but
+// one JSON object. Errors are the HTTP layer's (unsupported_media_type, too_large,
+// request_timeout) or invalid, each saying what is wrong.
+func (s *Server) readJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || mt != "application/json" {
+		return errorf(KindMediaType, "the request body must be JSON, sent with Content-Type: application/json (got %q)", r.Header.Get("Content-Type"))
+	}
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Now().Add(s.bodyTimeout))
+	// No deadline once the body is in: net/http's read that notices a client going
+	// away (which cancels the call) must not time out during a long exec.
+	defer rc.SetReadDeadline(time.Time{})
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody))
+	var tooLarge *http.MaxBytesError
+	var ne net.Error
+	switch {
+	case errors.As(err, &tooLarge):
+		w.Header().Set("Connection", "close")
+		return errorf(KindTooLarge, "the request body is larger than the limit of %d bytes (berth serve --max-request-body); send large input another way", tooLarge.Limit)
+	case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
+		w.Header().Set("Connection", "close")
+		return errorf(KindRequestTimeout, "the request body did not arrive within %v", s.bodyTimeout)
+	case err != nil:
+		return errorf("invalid", "reading the request body: %v", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return errorf("invalid", "request body: %s", jsonProblem(err))
+	}
+	if dec.More() {
+		return errorf("invalid", "request body: more than one JSON value; send one object")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errorf("invalid", "request body: data after the JSON object")
+	}
+	return nil
+}
+
+// jsonProblem says what is wrong with a body that did not decode.
+func jsonProblem(err error) string {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syn):
+		return fmt.Sprintf("not valid JSON at byte %d: %v", syn.Offset, syn)
+	case errors.As(err, &typ):
+		if typ.Field != "" {
+			return fmt.Sprintf("field %q: want %s, got JSON %s", typ.Field, typ.Type, typ.Value)
+		}
+		return fmt.Sprintf("want a JSON object, got JSON %s", typ.Value)
+	case errors.Is(err, io.EOF):
+		return "empty; send a JSON object"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "the JSON ends early"
+	}
+	msg := err.Error()
+	if f, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
+		return "unknown field " + f + "; see docs/api.md for the fields it takes"
+	}
+	return msg
+}

@@ -1,0 +1,157 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"sort"
+
+	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/registry/config"
+)
+
+// SessionOf converts a registry row into the API's (and berth sessions --json's)
+// shape.
+func SessionOf(s registry.SessionInfo) Session {
+	return Session{
+		Session: s.Session, Driver: s.Driver, Sandbox: s.Sandbox, Scope: s.Scope, State: s.State,
+		Created: s.Created, LastUsed: s.LastUsed, Drift: s.Drift, DriftReason: s.DriftReason, Error: s.Error,
+		RemovedReason: s.RemovedReason,
+	}
+}
+
+// listSessions is GET /v1/sessions: every recorded session, sorted by name
+// ([] when there are none).
+func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
+	ref := s.acquire()
+	defer s.release(ref)
+	list, err := ref.reg.Sessions(r.Context())
+	if err != nil {
+		s.writeError(w, r, err, "")
+		return
+	}
+	out := make([]Session, 0, len(list))
+	for _, si := range list {
+		out = append(out, SessionOf(si))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// getSession is GET /v1/sessions/{name}: the session's row, or 404 (not_found)
+// when it has no recorded sandbox.
+func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	session, err := config.NormalizeSession(name)
+	if err != nil {
+		s.writeError(w, r, err, name)
+		return
+	}
+	ref := s.acquire()
+	defer s.release(ref)
+	list, err := ref.reg.Sessions(r.Context())
+	if err != nil {
+		s.writeError(w, r, err, name)
+		return
+	}
+	for _, si := range list {
+		if si.Session == session {
+			writeJSON(w, http.StatusOK, SessionOf(si))
+			return
+		}
+	}
+	s.writeError(w, r, errorf("not_found", "session %q has no sandbox recorded (it never ran a command, or it was removed)", session), name)
+}
+
+// sessionCall answers a call on one session that returns only an error: 204 on
+// success.
+func (s *Server) sessionCall(w http.ResponseWriter, r *http.Request, f func(*registry.Registry, context.Context, string) error) {
+	name := r.PathValue("name")
+	ref := s.acquire()
+	defer s.release(ref)
+	if err := f(ref.reg, r.Context(), name); err != nil {
+		s.writeError(w, r, err, name)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// closeSession is POST /v1/sessions/{name}/close: the rule's on_close (berth close).
+func (s *Server) closeSession(w http.ResponseWriter, r *http.Request) {
+	s.sessionCall(w, r, (*registry.Registry).CloseSession)
+}
+
+// stopSession is POST /v1/sessions/{name}/stop: stop the sandbox, keep its files
+// (berth stop).
+func (s *Server) stopSession(w http.ResponseWriter, r *http.Request) {
+	s.sessionCall(w, r, (*registry.Registry).StopSession)
+}
+
+// removeSession is DELETE /v1/sessions/{name}: remove the sandbox and its files
+// and forget the session (berth rm); idempotent.
+func (s *Server) removeSession(w http.ResponseWriter, r *http.Request) {
+	s.sessionCall(w, r, (*registry.Registry).RemoveSession)
+}
+
+// RecreateAnswer is the answer of POST /v1/sessions/{name}/recreate.
+type RecreateAnswer struct {
+	// Session is the session's name (NFC).
+	Session string `json:"session"`
+	// Removed says whether there was a sandbox to remove; the next exec creates a
+	// new one from the rule's current config.
+	Removed bool `json:"removed"`
+}
+
+// recreateSession is POST /v1/sessions/{name}/recreate: remove the session's
+// sandbox so that its next exec starts from the rule's current config.
+func (s *Server) recreateSession(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	session, err := config.NormalizeSession(name)
+	if err != nil {
+		s.writeError(w, r, err, name)
+		return
+	}
+	ref := s.acquire()
+	defer s.release(ref)
+	removed, err := ref.reg.Recreate(r.Context(), session)
+	if err != nil {
+		s.writeError(w, r, err, name)
+		return
+	}
+	writeJSON(w, http.StatusOK, RecreateAnswer{Session: session, Removed: removed})
+}
+
+// health is GET /v1/health: the store and the drivers the config's rules name.
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	ref := s.acquire()
+	defer s.release(ref)
+	reg := ref.reg
+	h := Health{Status: "ok", Version: s.version, PID: os.Getpid(), StateDir: reg.StateDir(), Config: reg.Config().Path, Store: "ok", Drivers: []DriverHealth{}}
+	status := http.StatusOK
+	if _, err := reg.Owner(); err != nil {
+		h.Status, h.Store, status = "unavailable", err.Error(), http.StatusServiceUnavailable
+	}
+	names := map[string]bool{}
+	for _, rule := range reg.Config().Rules {
+		names[rule.Driver] = true
+	}
+	sorted := make([]string, 0, len(names))
+	for n := range names {
+		sorted = append(sorted, n)
+	}
+	sort.Strings(sorted)
+	for _, n := range sorted {
+		dh := DriverHealth{Name: n, Health: "ok"}
+		b, err := reg.Backend(r.Context(), n)
+		if err == nil {
+			_, err = b.Info(r.Context())
+		}
+		if err != nil {
+			dh.Health = err.Error()
+			if h.Status == "ok" {
+				h.Status = "degraded"
+			}
+		}
+		h.Drivers = append(h.Drivers, dh)
+	}
+	writeJSON(w, status, h)
+}

@@ -1,0 +1,170 @@
+package server
+
+import "time"
+
+// ExecRequest is the JSON body of POST /v1/sessions/{name}/exec. Exactly one of Argv
+// (a plain exec: no implicit shell) and Command (shell mode: the session's cd and
+// export carry over to its next shell-mode call, see registry.Shell) is set. Unknown
+// fields are refused (400), so a misspelt field never passes silently.
+type ExecRequest struct {
+	// Argv is the program and its arguments; Argv[0] is looked up in the exec's PATH.
+	Argv []string `json:"argv,omitempty"`
+	// Command is a shell-mode command string (bash, else sh, through eval).
+	Command string `json:"command,omitempty"`
+	// Env holds variables for this exec only, over the sandbox's environment. Keys
+	// must be non-empty and hold no '=' or NUL.
+	Env map[string]string `json:"env,omitempty"`
+	// Cwd is the working directory; empty means the rule's workdir, else the
+	// sandbox's default (as berth exec -w). A missing directory is an error (400).
+	Cwd string `json:"cwd,omitempty"`
+	// User runs a plain exec as this user instead of the sandbox's default, where the
+	// driver can (Capabilities.ExecUser); not allowed with Command.
+	User string `json:"user,omitempty"`
+	// Timeout, a duration as berth's config takes it ("30s", "5m", "1d"), kills the
+	// exec's whole process tree once it has passed; the result then says timed_out.
+	// Empty means none.
+	Timeout string `json:"timeout,omitempty"`
+	// MaxOutput caps each output stream, in bytes, as berth exec --max-output does.
+	// Plain JSON answer: each stream's text is kept within it as head, marker line
+	// and tail (nil: DefaultMaxOutput). Streamed answer (NDJSON): the first MaxOutput
+	// bytes of each stream are sent, the rest dropped and counted (nil: no cap).
+	// Shell mode: as registry.ShellRequest.MaxOutput (nil or 0: the rule's max_output,
+	// else 50 KiB), and it must be at least 1.
+	MaxOutput *int64 `json:"max_output,omitempty"`
+	// Stdin is the command's standard input as text; StdinBase64 the same as base64
+	// (standard encoding, padded) for bytes that are not text. At most one of them;
+	// with neither the command reads EOF at once. Both count against the request
+	// body's limit (MaxRequestBody).
+	Stdin       *string `json:"stdin,omitempty"`
+	StdinBase64 *string `json:"stdin_base64,omitempty"`
+	// Recreate removes the session's sandbox first and runs in a new one made from
+	// its rule's current config (berth exec --recreate).
+	Recreate bool `json:"recreate,omitempty"`
+}
+
+// DefaultMaxOutput is the per-stream cap, in bytes, of a plain JSON exec answer
+// when the request sets no max_output: 1 MiB, as berth exec --json.
+const DefaultMaxOutput = 1 << 20
+
+// ExecResult is the result of an exec: the object that berth exec --json prints, and
+// the answer of POST /v1/sessions/{name}/exec (the last line, an Event of type
+// "result", of a streamed one). Times are milliseconds.
+type ExecResult struct {
+	// ExitCode is the command's exit code; 128+N when signal N killed it.
+	ExitCode int `json:"exit_code"`
+	// Signal is the signal that killed the command, 0 if none.
+	Signal int `json:"signal"`
+	// TimedOut is set when the request's timeout passed and the tree was killed.
+	TimedOut bool `json:"timed_out"`
+	// OOMKilled is set when the runtime reported an out-of-memory kill during the exec.
+	OOMKilled bool `json:"oom_killed"`
+	// DurationMS is the command's wall time in milliseconds.
+	DurationMS int64 `json:"duration_ms"`
+	// Session, Driver and Sandbox say where it ran.
+	Session string `json:"session"`
+	Driver  string `json:"driver"`
+	Sandbox string `json:"sandbox"`
+	// Recreated says that this exec ran in a new, empty sandbox (the session's
+	// previous one was removed by retention, vanished, was mapped elsewhere by a
+	// config change, or was removed as asked); RecreatedReason says why.
+	Recreated       bool   `json:"recreated"`
+	RecreatedReason string `json:"recreated_reason,omitempty"`
+	// Moved says that the session is back in a sandbox it had before; MovedReason why.
+	Moved       bool   `json:"moved,omitempty"`
+	MovedReason string `json:"moved_reason,omitempty"`
+	// Stdout and Stderr are the captured output as UTF-8 text (invalid bytes
+	// replaced), capped per stream (ExecRequest.MaxOutput); empty in a streamed
+	// answer, whose output came as events. StdoutTruncatedBytes and
+	// StderrTruncatedBytes count the bytes left out (of the text, or of the events).
+	Stdout               string `json:"stdout"`
+	Stderr               string `json:"stderr"`
+	StdoutTruncatedBytes int64  `json:"stdout_truncated_bytes"`
+	StderrTruncatedBytes int64  `json:"stderr_truncated_bytes"`
+	// Shell mode only: the session's directory for its next call; the host files
+	// that hold a capped stream whole (and what even they left out); how many of the
+	// session's older such files this call deleted to stay within output_max_total.
+	Cwd                      string `json:"cwd,omitempty"`
+	StdoutFile               string `json:"stdout_file,omitempty"`
+	StderrFile               string `json:"stderr_file,omitempty"`
+	StdoutFileTruncatedBytes int64  `json:"stdout_file_truncated_bytes,omitempty"`
+	StderrFileTruncatedBytes int64  `json:"stderr_file_truncated_bytes,omitempty"`
+	OutputFilesRemoved       int    `json:"output_files_removed,omitempty"`
+}
+
+// Event is one line of a streamed exec answer (Accept: application/x-ndjson):
+// output events ("stdout", "stderr") in the order the command wrote them, then one
+// "result" event, or one "error" event when the exec failed after the answer began.
+type Event struct {
+	// Event is "stdout", "stderr", "result" or "error".
+	Event string `json:"event"`
+	// Data is an output event's bytes, base64 (standard encoding, padded): output is
+	// passed on unchanged, whatever its encoding.
+	Data []byte `json:"data,omitempty"`
+	// Result is the "result" event's result.
+	Result *ExecResult `json:"result,omitempty"`
+	// Error is the "error" event's error.
+	Error *ErrorInfo `json:"error,omitempty"`
+}
+
+// Session is one session as GET /v1/sessions lists it and GET /v1/sessions/{name}
+// returns it; berth sessions --json prints the same objects.
+type Session struct {
+	// Session, Driver, Sandbox and Scope (the glob of the rule that created the
+	// record) are as recorded.
+	Session string `json:"session"`
+	Driver  string `json:"driver"`
+	Sandbox string `json:"sandbox"`
+	Scope   string `json:"scope"`
+	// State is created, running or stopped as the driver reports it; removed when
+	// retention removed the sandbox (RemovedReason says why), missing when the
+	// driver no longer has it, unknown when the driver could not be asked (Error).
+	State string `json:"state"`
+	// Created and LastUsed are RFC 3339 times (UTC).
+	Created  time.Time `json:"created"`
+	LastUsed time.Time `json:"last_used"`
+	// Drift says that the sandbox no longer matches its rule; DriftReason how.
+	Drift       bool   `json:"drift"`
+	DriftReason string `json:"drift_reason,omitempty"`
+	// Error is why State is unknown.
+	Error string `json:"error,omitempty"`
+	// RemovedReason is why retention removed the sandbox (State removed).
+	RemovedReason string `json:"removed_reason,omitempty"`
+}
+
+// ErrorBody is the body of every error answer: {"error": {...}}.
+type ErrorBody struct {
+	Error ErrorInfo `json:"error"`
+}
+
+// ErrorInfo is one error: its kind (see Kinds), its message, and the session it
+// concerns, if any.
+type ErrorInfo struct {
+	Kind    string `json:"kind"`
+	Message string `json:"message"`
+	Session string `json:"session,omitempty"`
+}
+
+// Health is the answer of GET /v1/health.
+type Health struct {
+	// Status is "ok" when the store can be used and every driver that a scope rule
+	// names answers, "degraded" when a driver does not (see Drivers), "unavailable"
+	// (HTTP 503) when the store cannot be used.
+	Status string `json:"status"`
+	// Version is berth's version; PID the daemon's process id; StateDir its state
+	// dir; Config the config file in use ("" for the built-in default).
+	Version  string `json:"version"`
+	PID      int    `json:"pid"`
+	StateDir string `json:"state_dir"`
+	Config   string `json:"config"`
+	// Store is "ok" or why the store cannot be used.
+	Store string `json:"store"`
+	// Drivers are the drivers the config's rules name, sorted, each with "ok" or the
+	// error that starting or asking it gave.
+	Drivers []DriverHealth `json:"drivers"`
+}
+
+// DriverHealth is one driver's line in Health.
+type DriverHealth struct {
+	Name   string `json:"name"`
+	Health string `json:"health"`
+}
