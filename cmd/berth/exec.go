@@ -18,6 +18,7 @@ import (
 	"github.com/berth-sh/berth/internal/sigstart"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/registry/config"
+	"github.com/berth-sh/berth/server"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 )
@@ -97,35 +98,10 @@ func defaultSession() string {
 	return "main"
 }
 
-// execJSON is the --json output of berth exec.
-type execJSON struct {
-	ExitCode             int    `json:"exit_code"`
-	Signal               int    `json:"signal"`
-	TimedOut             bool   `json:"timed_out"`
-	OOMKilled            bool   `json:"oom_killed"`
-	DurationMS           int64  `json:"duration_ms"`
-	Session              string `json:"session"`
-	Driver               string `json:"driver"`
-	Sandbox              string `json:"sandbox"`
-	Recreated            bool   `json:"recreated"`
-	RecreatedReason      string `json:"recreated_reason,omitempty"`
-	Moved                bool   `json:"moved,omitempty"`
-	MovedReason          string `json:"moved_reason,omitempty"`
-	Stdout               string `json:"stdout"`
-	Stderr               string `json:"stderr"`
-	StdoutTruncatedBytes int64  `json:"stdout_truncated_bytes"`
-	StderrTruncatedBytes int64  `json:"stderr_truncated_bytes"`
-	// Shell mode only: the session's directory for its next call; the files that
-	// hold a capped stream whole (or, when even the file was cut, its first
-	// DefaultFullOutputMax bytes and the count left out); how many of the session's
-	// older such files this call deleted to stay within output_max_total.
-	Cwd                      string `json:"cwd,omitempty"`
-	StdoutFile               string `json:"stdout_file,omitempty"`
-	StderrFile               string `json:"stderr_file,omitempty"`
-	StdoutFileTruncatedBytes int64  `json:"stdout_file_truncated_bytes,omitempty"`
-	StderrFileTruncatedBytes int64  `json:"stderr_file_truncated_bytes,omitempty"`
-	OutputFilesRemoved       int    `json:"output_files_removed,omitempty"`
-}
+// execJSON is the --json output of berth exec: the API's exec result
+// (server.ExecResult), so that berth exec --json and POST /v1/sessions/{name}/exec
+// print the same object.
+type execJSON = server.ExecResult
 
 func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error {
 	if err := checkExecFlags(f); err != nil {
@@ -497,7 +473,8 @@ func (h *headWriter) Write(b []byte) (int, error) {
 // than a sandbox create or an image pull.
 const startGrace = time.Second
 
-// recreateReason is the recreated_reason of a call made with --recreate.
+// recreateReason is the recreated_reason of a call made with --recreate (the
+// API's recreate field says server.RecreateReason).
 const recreateReason = "recreated as asked (--recreate)"
 
 // recreateFirst removes session's sandbox when on (--recreate) and reports whether

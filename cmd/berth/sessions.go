@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server"
 	"github.com/spf13/cobra"
 )
 
@@ -30,13 +31,9 @@ func newSessionsCmd(g *globals) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				rows := make([]sessionJSON, 0, len(list))
+				rows := make([]server.Session, 0, len(list))
 				for _, s := range list {
-					rows = append(rows, sessionJSON{
-						Session: s.Session, Driver: s.Driver, Sandbox: s.Sandbox, Scope: s.Scope, State: s.State,
-						Created: s.Created, LastUsed: s.LastUsed, Drift: s.Drift, DriftReason: s.DriftReason, Error: s.Error,
-						RemovedReason: s.RemovedReason,
-					})
+					rows = append(rows, server.SessionOf(s)) // as GET /v1/sessions lists them
 				}
 				return printJSON(rows)
 			}
@@ -54,23 +51,6 @@ func newSessionsCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
-}
-
-// sessionJSON is one row of `berth sessions --json`, named like berth's other JSON
-// output (snake_case), not after registry.SessionInfo's Go fields.
-type sessionJSON struct {
-	Session     string    `json:"session"`
-	Driver      string    `json:"driver"`
-	Sandbox     string    `json:"sandbox"`
-	Scope       string    `json:"scope"`
-	State       string    `json:"state"`
-	Created     time.Time `json:"created"`
-	LastUsed    time.Time `json:"last_used"`
-	Drift       bool      `json:"drift"`
-	DriftReason string    `json:"drift_reason,omitempty"`
-	Error       string    `json:"error,omitempty"`
-	// RemovedReason is why retention removed the sandbox (state "removed").
-	RemovedReason string `json:"removed_reason,omitempty"`
 }
 
 // ago says how long before now t was; a t after now (a store written by a berth whose
