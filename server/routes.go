@@ -91,7 +91,7 @@ func (s *Server) routes() http.Handler {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
 		defer func() {
-			s.log.Info("request", "method", r.Method, "path", r.URL.EscapedPath(), "status", sw.status, "duration", time.Since(start))
+			s.log.Debug("request", "method", r.Method, "path", r.URL.EscapedPath(), "status", sw.status, "duration", time.Since(start))
 		}()
 		if !s.authorized(r) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="berth"`)

@@ -282,9 +282,8 @@ func (s *Server) authorized(r *http.Request) bool {
 	if s.token == nil {
 		return true
 	}
-	h := r.Header.Get("Authorization")
-	tok, ok := strings.CutPrefix(h, "Bearer ")
-	if !ok {
+	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return false
 	}
 	sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))

@@ -152,9 +152,9 @@ func readToken(path string) (string, error) {
 	return tok, nil
 }
 
-// serveLogger is berth serve's logger: stderr, text or JSON, at the level of
-// --log-level, BERTH_LOG or the config's log_level, info when none sets one.
-func (g *globals) serveLogger(cfg *config.Config, json bool) (hclog.Logger, error) {
+// serveLevel is berth serve's log level: --log-level, else BERTH_LOG, else the
+// config's log_level, else info.
+func (g *globals) serveLevel(cfg *config.Config) (hclog.Level, error) {
 	level, src := g.flagLogLevel()
 	if level == "" {
 		level, src = cfg.LogLevel, "log_level"
@@ -163,11 +163,20 @@ func (g *globals) serveLogger(cfg *config.Config, json bool) (hclog.Logger, erro
 		level = "info"
 	}
 	if !slices.Contains(config.LogLevels, level) {
-		return nil, usageError("%s %q is not a log level; use one of %v", src, level, config.LogLevels)
+		return hclog.NoLevel, usageError("%s %q is not a log level; use one of %v", src, level, config.LogLevels)
+	}
+	return hclog.LevelFromString(level), nil
+}
+
+// serveLogger is berth serve's logger: stderr, text or JSON, at serveLevel.
+func (g *globals) serveLogger(cfg *config.Config, json bool) (hclog.Logger, error) {
+	level, err := g.serveLevel(cfg)
+	if err != nil {
+		return nil, err
 	}
 	return hclog.New(&hclog.LoggerOptions{
 		Name:       "berth",
-		Level:      hclog.LevelFromString(level),
+		Level:      level,
 		Output:     os.Stderr,
 		JSONFormat: json,
 	}), nil
@@ -331,6 +340,9 @@ func reload(ctx context.Context, g *globals, srv *server.Server, log hclog.Logge
 		log.Error("config reload refused; keeping the running config", "error",
 			fmt.Sprintf("the new config moves the state dir from %s to %s; restart berth serve for that", stateDir, reg.StateDir()))
 		return
+	}
+	if level, err := g.serveLevel(reg.Config()); err == nil {
+		log.SetLevel(level) // the config's log_level, unless a flag or BERTH_LOG sets one
 	}
 	srv.Reload(reg)
 	log.Info("config reloaded", "config", cfgPath(reg), "rules", len(reg.Config().Rules))

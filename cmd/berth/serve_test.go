@@ -827,6 +827,30 @@ func TestServeDocker(t *testing.T) {
 	}
 }
 
+// containerd sessions through the daemon, on each containerd version (skipped
+// without one, except under CI).
+func TestServeContainerd(t *testing.T) {
+	for _, env := range testimage.ContainerdEnvs {
+		t.Run(env, func(t *testing.T) {
+			addr := testimage.RequireContainerd(t, env)
+			t.Parallel()
+			e := newEnv(t)
+			e.config = e.writeFile("config.hcl", containerdConfig(addr))
+			importImage(t, e, "containerd")
+			d := e.serve()
+			res := d.exec("job:1", `{"argv":["sh","-c","echo hi; exit 3"]}`)
+			if res.ExitCode != 3 || res.Stdout != "hi\n" || res.Driver != "containerd" {
+				t.Errorf("containerd exec through the daemon: %+v", res)
+			}
+			status, b := d.call("POST", "/v1/sessions/job:1/exec", `{"command":"echo streamed"}`, "Accept", server.NDJSON)
+			evs := readEvents(t, bytes.NewReader(b))
+			if status != http.StatusOK || streamed(evs, "stdout") != "streamed\n" || evs[len(evs)-1].Event != "result" {
+				t.Errorf("streamed shell mode on containerd: %d %s", status, b)
+			}
+		})
+	}
+}
+
 // BenchmarkServeExec measures `true` on a warm local session through berth serve
 // from a Go HTTP client (one kept connection over the unix socket), interleaved with
 // the whole `berth exec` CLI (embedded) on the same session; p50 and p95 in ms.
