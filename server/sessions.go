@@ -37,13 +37,24 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// getSession is GET /v1/sessions/{name}: the session's row, or 404 (not_found)
-// when it has no recorded sandbox.
-func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
+// sessionName returns the path's session name as given and in its normal form
+// (config.NormalizeSession); a name that breaks the rules is answered 400 and ok is
+// false.
+func (s *Server) sessionName(w http.ResponseWriter, r *http.Request) (name, session string, ok bool) {
+	name = r.PathValue("name")
 	session, err := config.NormalizeSession(name)
 	if err != nil {
 		s.writeError(w, r, err, name)
+		return name, "", false
+	}
+	return name, session, true
+}
+
+// getSession is GET /v1/sessions/{name}: the session's row, or 404 (not_found)
+// when it has no recorded sandbox.
+func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
+	name, session, ok := s.sessionName(w, r)
+	if !ok {
 		return
 	}
 	ref := s.acquire()
@@ -104,10 +115,8 @@ type RecreateAnswer struct {
 // recreateSession is POST /v1/sessions/{name}/recreate: remove the session's
 // sandbox so that its next exec starts from the rule's current config.
 func (s *Server) recreateSession(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
-	session, err := config.NormalizeSession(name)
-	if err != nil {
-		s.writeError(w, r, err, name)
+	name, session, ok := s.sessionName(w, r)
+	if !ok {
 		return
 	}
 	ref := s.acquire()

@@ -776,6 +776,78 @@ func TestServeClientDisconnect(t *testing.T) {
 	}
 }
 
+// kill -9 of the daemon mid-exec: the exec's foreground tree dies with its
+// connection, a background process of an earlier exec lives, and a new serve on the
+// state dir (the lock and the stale socket of the dead one are no obstacle) adopts
+// the sandbox: no session is lost or recreated.
+func TestServeKilledMidExec(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d := e.serve()
+	bg, fg := newMark(), newMark()
+	d.exec("chat:5", fmt.Sprintf(`{"argv":["sh","-c","sleep 300 &"],"env":{%q:%q}}`, markVar, bg))
+	go func() {
+		resp, err := d.do(context.Background(), "POST", "/v1/sessions/chat:5/exec",
+			fmt.Sprintf(`{"argv":["sh","-c","sleep 300 & sleep 300"],"env":{%q:%q}}`, markVar, fg), "Accept", server.NDJSON)
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	testwait.Until(t, "the foreground exec's sleeps", func() bool { return len(marked(fg)) >= 2 })
+	d.cmd.Process.Kill()
+	d.wait()
+	testwait.Until(t, "the foreground tree to die with the daemon", func() bool { return len(marked(fg)) == 0 })
+	if len(marked(bg)) != 1 {
+		t.Errorf("the background process of an earlier exec died with the daemon")
+	}
+	d2 := e.serve()
+	if status, b := d2.call("GET", "/v1/sessions/chat:5", ""); status != http.StatusOK || !strings.Contains(string(b), `"state":"running"`) {
+		t.Errorf("the new serve's view of chat:5: %d %s", status, b)
+	}
+	if res := d2.exec("chat:5", `{"argv":["true"]}`); res.Recreated || res.ExitCode != 0 {
+		t.Errorf("the new serve did not adopt chat:5: %+v", res)
+	}
+	if len(marked(bg)) != 1 {
+		t.Errorf("the background process did not survive the new serve's first call")
+	}
+}
+
+// A driver plugin killed under the daemon: a call that meets the dead plugin gets a
+// typed error (503 unavailable, saying it crashed), and the registry launches the
+// plugin again for the next call, which works. (Supervision that restarts it before
+// any call needs it is not built yet.)
+func TestServePluginKilled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d := e.serve()
+	d.exec("p:1", `{"argv":["true"]}`) // creates the sandbox: launches the local plugin
+	plugin := func() []procInfo {
+		return liveProcs(func(p procInfo) bool {
+			return strings.Join(p.cmdline, " ") == berthBin+" driver serve local" && p.ppid == d.cmd.Process.Pid
+		})
+	}
+	ps := plugin()
+	if len(ps) != 1 {
+		t.Fatalf("want the daemon's one local plugin, found %v", ps)
+	}
+	syscall.Kill(ps[0].pid, syscall.SIGKILL)
+	testwait.Until(t, "the killed plugin to be reaped", func() bool { _, ok := readProc(ps[0].pid); return !ok })
+	status, b := d.call("POST", "/v1/sessions/p:1/stop", "")
+	if status != http.StatusNoContent {
+		wantError(t, "stop that meets the killed plugin", status, b, http.StatusServiceUnavailable, "unavailable", "crashed")
+		if status, b := d.call("POST", "/v1/sessions/p:1/stop", ""); status != http.StatusNoContent {
+			t.Errorf("the stop after that: %d %s", status, b)
+		}
+	}
+	if res := d.exec("p:1", `{"argv":["sh","-c","echo again"]}`); res.Stdout != "again\n" {
+		t.Errorf("exec after the plugin was killed: %+v", res)
+	}
+	if n := len(plugin()); n != 1 {
+		t.Errorf("want one new local plugin, found %d", n)
+	}
+}
+
 // The retention loop prunes on its own: a session idle past its rule's idle_ttl is
 // removed without any call.
 func TestServePrunes(t *testing.T) {
@@ -783,13 +855,11 @@ func TestServePrunes(t *testing.T) {
 	e := newEnv(t)
 	e.config = e.writeFile("config.hcl", "scope \"*\" {\n  driver = \"local\"\n  retention {\n    idle_ttl    = \"1h\"\n    idle_action = \"remove\"\n  }\n}\n")
 	e.must("exec", "-s", "idle:1", "--", "true")
-	e.extra = append(e.extra, envClockOffset+"=2h") // the daemon judges retention two hours ahead
-	d := e.serve("--prune-interval", "1s")
+	d := e.at("2h").serve("--prune-interval", "1s") // the daemon judges retention two hours ahead
 	line := d.waitLog("prune", 1)
 	if line["action"] != "remove" || line["sessions"] != "idle:1" || line["cause"] != "idle" {
 		t.Errorf("prune log line %v, want the idle session's removal", line)
 	}
-	e.extra = nil
 	if rows := e.sessions(); len(rows) != 1 || rows[0].State != "removed" {
 		t.Errorf("after the daemon's prune: %+v", rows)
 	}
