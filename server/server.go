@@ -245,25 +245,29 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 
-	shutDone := make(chan error, 1)
-	go func() { shutDone <- s.http.Shutdown(context.Background()) }()
+	// http.Server.Shutdown returns once every connection is idle: every answer,
+	// streamed ones included, written to its end.
+	shutDone := make(chan struct{})
+	go func() {
+		s.http.Shutdown(context.Background())
+		close(shutDone)
+	}()
 	var graceErr error
 	select {
-	case <-idle:
+	case <-shutDone:
 	case <-ctx.Done():
 		graceErr = ctx.Err()
-		n := s.InFlight()
-		s.log.Warn("shutdown grace over: cancelling the calls still running", "calls", n)
+		s.log.Warn("shutdown grace over: cancelling the calls still running", "calls", s.InFlight())
 		s.cancelCalls()
 		t := time.NewTimer(killWait)
 		select {
-		case <-idle:
+		case <-shutDone:
 		case <-t.C:
 		}
 		t.Stop()
+		s.http.Close()
+		<-shutDone
 	}
-	s.http.Close()
-	<-shutDone
 	<-idle
 	s.cancelCalls()
 	s.mu.Lock()

@@ -921,53 +921,131 @@ func TestServeContainerd(t *testing.T) {
 	}
 }
 
-// BenchmarkServeExec measures `true` on a warm local session through berth serve
-// from a Go HTTP client (one kept connection over the unix socket), interleaved with
-// the whole `berth exec` CLI (embedded) on the same session; p50 and p95 in ms.
-//
-//	go test ./cmd/berth -run '^$' -bench ServeExec -benchtime 40x
-func BenchmarkServeExec(b *testing.B) {
-	state := filepath.Join(b.TempDir(), "state")
-	xdg := b.TempDir()
-	cmd := exec.Command(berthBin, "serve", "--log-json", "--log-level", "warn")
-	cmd.Env = append(os.Environ(), "BERTH_STATE_DIR="+state, "XDG_CONFIG_HOME="+xdg)
+// benchServe starts `berth serve` for a benchmark in a fresh state dir with config
+// (none when ""), and returns the env of its berth commands, a Go HTTP client over
+// its socket and the socket's path. It stops the daemon when b ends.
+func benchServe(b *testing.B, config string) (environ []string, client *http.Client, sock string) {
+	b.Helper()
+	dir := b.TempDir()
+	state := filepath.Join(dir, "state")
+	environ = append(os.Environ(), "BERTH_STATE_DIR="+state, "XDG_CONFIG_HOME="+filepath.Join(dir, "xdg"))
+	if config != "" {
+		path := filepath.Join(dir, "config.hcl")
+		if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
+			b.Fatal(err)
+		}
+		environ = append(environ, "BERTH_CONFIG="+path)
+	}
+	cmd := exec.Command(berthBin, "serve", "--log-level", "warn")
+	cmd.Env = environ
 	var stderr lockedBuffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	defer func() {
-		exec.Command(berthBin, "--state-dir", state, "rm", "bench").Run()
+	b.Cleanup(func() {
 		cmd.Process.Signal(syscall.SIGTERM)
 		cmd.Wait()
-	}()
-	sock := filepath.Join(state, "berth.sock")
-	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+	})
+	sock = filepath.Join(state, "berth.sock")
+	client = &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var dl net.Dialer
 		return dl.DialContext(ctx, "unix", sock)
 	}}}
-	post := func() error {
-		resp, err := client.Post("http://berth/v1/sessions/bench/exec", "application/json", strings.NewReader(`{"argv":["true"]}`))
+	if !testwait.For(context.Background(), 0, func() bool {
+		resp, err := client.Get("http://berth/v1/health")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil
+	}) {
+		b.Fatalf("berth serve did not answer: %s", stderr.String())
+	}
+	return environ, client, sock
+}
+
+// benchExec returns a way that posts {"argv":["true"]} to session's exec with client
+// and checks the result; it also returns the sandbox of the first call.
+func benchExec(b *testing.B, client *http.Client, session string) (func() error, string) {
+	b.Helper()
+	post := func() (server.ExecResult, error) {
+		resp, err := client.Post("http://berth/v1/sessions/"+session+"/exec", "application/json", strings.NewReader(`{"argv":["true"]}`))
 		if err != nil {
-			return err
+			return server.ExecResult{}, err
 		}
 		defer resp.Body.Close()
 		var res server.ExecResult
 		if err := json.NewDecoder(resp.Body).Decode(&res); err != nil || resp.StatusCode != 200 || res.ExitCode != 0 {
-			return fmt.Errorf("status %d, %+v, %v", resp.StatusCode, res, err)
+			return res, fmt.Errorf("status %d, %+v, %v", resp.StatusCode, res, err)
+		}
+		return res, nil
+	}
+	first, err := post() // creates the session's sandbox: the rounds run warm
+	if err != nil {
+		b.Fatal(err)
+	}
+	return func() error { _, err := post(); return err }, first.Sandbox
+}
+
+// BenchmarkServeExec measures `true` on a warm local session through berth serve
+// from a Go HTTP client (one kept connection over the unix socket) and from the
+// whole `curl --unix-socket` command, interleaved with the whole `berth exec` CLI
+// (embedded, beside the daemon) on the same session; p50 and p95 in ms.
+//
+//	go test ./cmd/berth -run '^$' -bench 'ServeExec$' -benchtime 40x
+func BenchmarkServeExec(b *testing.B) {
+	environ, client, sock := benchServe(b, "")
+	post, _ := benchExec(b, client, "bench")
+	b.Cleanup(func() { cli(environ, "rm", "bench").Run() })
+	benchutil.Interleave(b, []benchutil.Way{
+		{Name: "serve-http", Run: post},
+		{Name: "serve-curl", Run: curlExec(sock, "bench")},
+		{Name: "cli-embedded", Run: func() error { return cli(environ, "exec", "-s", "bench", "--", "true").Run() }},
+	})
+}
+
+// BenchmarkServeExecDocker is BenchmarkServeExec on a warm docker session, beside
+// `docker exec CONTAINER true` on the session's own container.
+//
+//	go test ./cmd/berth -run '^$' -bench ServeExecDocker -benchtime 40x
+func BenchmarkServeExecDocker(b *testing.B) {
+	host := testimage.RequireEngine(b)
+	archive, err := testimage.Archive()
+	if err != nil {
+		b.Fatal(err)
+	}
+	environ, client, sock := benchServe(b, fmt.Sprintf("scope \"*\" {\n  driver = \"docker\"\n  image  = %q\n}\n", testimage.Ref))
+	imp := cli(environ, "image", "import", "-")
+	imp.Stdin = bytes.NewReader(archive)
+	if out, err := imp.CombinedOutput(); err != nil {
+		b.Fatalf("image import: %v\n%s", err, out)
+	}
+	post, sandbox := benchExec(b, client, "bench")
+	b.Cleanup(func() { cli(environ, "rm", "bench").Run() })
+	benchutil.Interleave(b, []benchutil.Way{
+		{Name: "serve-http", Run: post},
+		{Name: "serve-curl", Run: curlExec(sock, "bench")},
+		{Name: "cli-embedded", Run: func() error { return cli(environ, "exec", "-s", "bench", "--", "true").Run() }},
+		{Name: "docker-exec", Run: func() error { return exec.Command("docker", "-H", host, "exec", sandbox, "true").Run() }},
+	})
+}
+
+// cli returns `berth ARGS...` with environ.
+func cli(environ []string, args ...string) *exec.Cmd {
+	c := exec.Command(berthBin, args...)
+	c.Env = environ
+	return c
+}
+
+// curlExec returns a way that runs the whole curl command of the API's example for
+// `true` in session.
+func curlExec(sock, session string) func() error {
+	return func() error {
+		out, err := exec.Command("curl", "-sS", "--fail-with-body", "--unix-socket", sock, "-H", "Content-Type: application/json",
+			"-d", `{"argv":["true"]}`, "http://berth/v1/sessions/"+session+"/exec").CombinedOutput()
+		if err != nil || !bytes.Contains(out, []byte(`"exit_code":0`)) {
+			return fmt.Errorf("curl: %v: %s", err, out)
 		}
 		return nil
 	}
-	if !testwait.For(context.Background(), 0, func() bool { return post() == nil }) {
-		b.Fatalf("berth serve did not answer: %s", stderr.String())
-	}
-	cli := func() error {
-		c := exec.Command(berthBin, "exec", "-s", "bench", "--", "true")
-		c.Env = cmd.Env
-		return c.Run()
-	}
-	benchutil.Interleave(b, []benchutil.Way{
-		{Name: "serve-http", Run: post},
-		{Name: "cli-embedded", Run: cli},
-	})
 }
