@@ -848,6 +848,41 @@ func TestServePluginKilled(t *testing.T) {
 	}
 }
 
+// Concurrent execs across sessions through one daemon: every one answers with its
+// own output, none fails (the sessions' sandboxes are created concurrently too).
+func TestServeConcurrentExecs(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d := e.serve()
+	const sessions, perSession = 10, 5
+	errs := make(chan error, sessions*perSession)
+	for i := 0; i < sessions*perSession; i++ {
+		go func() {
+			session := fmt.Sprintf("c:%d", i%sessions)
+			resp, err := d.do(context.Background(), "POST", "/v1/sessions/"+session+"/exec", fmt.Sprintf(`{"argv":["echo","%d"]}`, i))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer resp.Body.Close()
+			var res server.ExecResult
+			if err := json.NewDecoder(resp.Body).Decode(&res); err != nil || resp.StatusCode != 200 || res.Stdout != fmt.Sprintf("%d\n", i) || res.Session != session {
+				errs <- fmt.Errorf("exec %d in %s: status %d, %+v, %v", i, session, resp.StatusCode, res, err)
+				return
+			}
+			errs <- nil
+		}()
+	}
+	for i := 0; i < sessions*perSession; i++ {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if rows := e.sessions(); len(rows) != sessions {
+		t.Errorf("want %d sessions, got %d", sessions, len(rows))
+	}
+}
+
 // The retention loop prunes on its own: a session idle past its rule's idle_ttl is
 // removed without any call.
 func TestServePrunes(t *testing.T) {
