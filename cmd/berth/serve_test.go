@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -881,6 +882,71 @@ func TestServeConcurrentExecs(t *testing.T) {
 	if rows := e.sessions(); len(rows) != sessions {
 		t.Errorf("want %d sessions, got %d", sessions, len(rows))
 	}
+}
+
+// A client that stops reading a streamed answer holds the command back: the writer
+// in the sandbox blocks in write(2) long before its 64 MiB are out, and the daemon's
+// peak memory does not grow with the output; reading on then gets all of it.
+func TestServeFlowControl(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d := e.serve()
+	d.exec("main", `{"argv":["true"]}`) // the sandbox exists: measure only the stream
+	before := vmHWM(t, d.cmd.Process.Pid)
+	mark := newMark()
+	const total = 64 << 20
+	resp, err := d.do(context.Background(), "POST", "/v1/sessions/main/exec",
+		fmt.Sprintf(`{"argv":["head","-c","%d","/dev/zero"],"env":{%q:%q}}`, total, markVar, mark), "Accept", server.NDJSON)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("streamed exec: %v %v", err, resp)
+	}
+	defer resp.Body.Close()
+	var writer int
+	testwait.Until(t, "the writer to block in write(2) on its stdout, or to end", func() bool {
+		ps := marked(mark)
+		if len(ps) == 0 {
+			return writer != 0 // it ended (without flow control it would, at once)
+		}
+		writer = ps[0].pid
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/syscall", writer))
+		return err == nil && strings.HasPrefix(string(b), "1 0x1 ")
+	})
+	if len(marked(mark)) == 0 {
+		t.Errorf("the writer wrote all %d bytes while the client read nothing", total)
+	}
+	got := 0
+	evs := readEvents(t, resp.Body)
+	for _, ev := range evs {
+		got += len(ev.Data)
+	}
+	if got != total || evs[len(evs)-1].Event != "result" || evs[len(evs)-1].Result.ExitCode != 0 {
+		t.Errorf("read %d bytes of %d; last event %+v", got, total, evs[len(evs)-1])
+	}
+	grew := vmHWM(t, d.cmd.Process.Pid) - before
+	t.Logf("the daemon's peak RSS grew by %d KiB during the %d MiB stream", grew>>10, total>>20)
+	if grew > 32<<20 {
+		t.Errorf("the daemon's peak memory grew by %d MiB during a %d MiB stream", grew>>20, total>>20)
+	}
+}
+
+// vmHWM returns the peak resident memory of pid, in bytes.
+func vmHWM(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			kb, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
+			if err != nil {
+				t.Fatalf("VmHWM %q: %v", v, err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatalf("no VmHWM in /proc/%d/status", pid)
+	return 0
 }
 
 // The retention loop prunes on its own: a session idle past its rule's idle_ttl is
