@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-sh/berth/internal/flock"
 	"github.com/berth-sh/berth/internal/sigstart"
@@ -30,6 +31,10 @@ const (
 	serveSocket = "berth.sock"
 	serveLock   = "serve.lock"
 )
+
+// maxSocketPath is the longest path a unix socket address holds (sun_path less its
+// NUL).
+const maxSocketPath = 107
 
 // minTokenBytes is the shortest bearer token berth serve accepts.
 const minTokenBytes = 16
@@ -276,7 +281,11 @@ func runServe(g *globals, f *serveFlags) error {
 		defer close(retDone)
 		srv.RunRetention(retCtx, f.pruneInterval, nil)
 	}()
-	log.Info("berth serve ready", "listen", addr.network+"://"+ln.Addr().String(), "pid", os.Getpid(), "state_dir", stateDir, "config", cfgPath(reg), "version", version)
+	where := "unix://" + addr.addr // the socket's path, however it was bound
+	if addr.network == "tcp" {
+		where = "tcp://" + ln.Addr().String() // the port, when it was 0
+	}
+	log.Info("berth serve ready", "listen", where, "pid", os.Getpid(), "state_dir", stateDir, "config", cfgPath(reg), "version", version)
 
 	for {
 		select {
@@ -394,9 +403,6 @@ func listen(addr listenAddr, f *serveFlags) (net.Listener, func(), error) {
 		return ln, func() { ln.Close() }, nil
 	}
 	path := addr.addr
-	if len(path) > 107 {
-		return nil, nil, usageError("socket path %s is %d bytes, longer than a unix socket path may be (107); use --listen unix:///SHORTER/PATH", path, len(path))
-	}
 	dir := filepath.Dir(path)
 	st, err := os.Stat(dir)
 	if err != nil {
@@ -411,8 +417,20 @@ func listen(addr listenAddr, f *serveFlags) (net.Listener, func(), error) {
 		}
 		os.Remove(path) // stale: we hold the serve lock
 	}
+	// A path past the 107 bytes a socket address holds is bound through the
+	// directory's descriptor, /proc/self/fd/N/NAME, as berth dials its agents: a
+	// deep state dir still gets its socket (clients dial it the same way).
+	bindPath := path
+	if len(path) > maxSocketPath {
+		d, err := os.OpenFile(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, nil, failure(fmt.Errorf("socket directory: %v", err))
+		}
+		defer d.Close()
+		bindPath = fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), filepath.Base(path))
+	}
 	old := syscall.Umask(0o177)
-	ln, err := net.Listen("unix", path)
+	ln, err := net.Listen("unix", bindPath)
 	syscall.Umask(old)
 	if err != nil {
 		return nil, nil, failure(fmt.Errorf("listening on %s: %v", path, err))

@@ -31,6 +31,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/internal/testimage"
 	"github.com/berth-sh/berth/internal/testwait"
@@ -95,13 +97,27 @@ func (d *daemon) waitReady() {
 		d.sock = p
 		d.base = "http://berth"
 		d.client = &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var dl net.Dialer
-			return dl.DialContext(ctx, "unix", p)
+			return dialUnix(ctx, p)
 		}}}
 		return
 	}
 	d.base = "http://" + strings.TrimPrefix(d.listen, "tcp://")
 	d.client = &http.Client{Transport: &http.Transport{}}
+}
+
+// dialUnix connects to the unix socket path, through its directory's descriptor
+// (/proc/self/fd/N/NAME) when the path is longer than a socket address holds.
+func dialUnix(ctx context.Context, path string) (net.Conn, error) {
+	var dl net.Dialer
+	if len(path) <= 107 {
+		return dl.DialContext(ctx, "unix", path)
+	}
+	dir, err := os.OpenFile(filepath.Dir(path), unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	return dl.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path)))
 }
 
 func (d *daemon) hasExited() bool {
@@ -498,6 +514,24 @@ func TestServeSlowBody(t *testing.T) {
 	wantError(t, "stalled body", resp.StatusCode, b, 408, server.KindRequestTimeout, "1s")
 	if status, b := d.call("GET", "/v1/health", ""); status != http.StatusOK {
 		t.Fatalf("health after a stalled body: %d %s", status, b)
+	}
+}
+
+// A state dir too deep for a socket address still gets its socket (bound through
+// the directory's descriptor), and clients that dial it the same way get through.
+func TestServeDeepStateDir(t *testing.T) {
+	t.Parallel()
+	deep := filepath.Join(t.TempDir(), strings.Repeat("d", 60), strings.Repeat("e", 60), "state")
+	e := newEnvAt(t, deep)
+	d := e.serve()
+	if len(d.sock) <= 107 || d.sock != filepath.Join(deep, "berth.sock") {
+		t.Fatalf("socket %s (%d bytes): want STATE/berth.sock past 107 bytes", d.sock, len(d.sock))
+	}
+	if st, err := os.Lstat(d.sock); err != nil || st.Mode().Type() != os.ModeSocket || st.Mode().Perm() != 0o600 {
+		t.Errorf("socket: %v %v", st, err)
+	}
+	if res := d.exec("main", `{"argv":["echo","deep"]}`); res.Stdout != "deep\n" {
+		t.Errorf("exec: %+v", res)
 	}
 }
 
