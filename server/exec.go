@@ -152,7 +152,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		res.Recreated, res.RecreatedReason = true, RecreateReason
 	}
 	switch {
-	case err != nil && (st == nil || !st.begun):
+	case err != nil && (st == nil || !st.started()):
 		s.writeError(w, r, err, name)
 	case err != nil:
 		info := errorInfo(err, name)
@@ -262,6 +262,13 @@ func (st *stream) begin() {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.beginLocked()
+}
+
+// started reports whether the answer's header has been sent.
+func (st *stream) started() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.begun
 }
 
 func (st *stream) beginLocked() {
