@@ -573,6 +573,9 @@ func TestServeTCPToken(t *testing.T) {
 		{"non-loopback", []string{"--listen", "tcp://192.0.2.1:7878", "--token-file", tokenFile}, "needs TLS"},
 		{"half-tls", []string{"--listen", "tcp://127.0.0.1:0", "--token-file", tokenFile, "--tls-cert", tokenFile}, "go together"},
 		{"bad-listen", []string{"--listen", "udp://x"}, "unknown scheme"},
+		{"tls-on-unix", []string{"--tls-cert", tokenFile, "--tls-key", tokenFile}, "are for a tcp:// listener"},
+		{"relative-socket", []string{"--listen", "unix://berth.sock"}, "absolute path"},
+		{"bad-interval", []string{"--prune-interval", "0s"}, "must be positive"},
 	} {
 		if r := e.run(append([]string{"serve"}, c.args...)...); r.code != 125 || !strings.Contains(r.stderr, c.msg) {
 			t.Errorf("%s: want 125 saying %q\n%v", c.name, c.msg, r)
