@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -199,6 +200,10 @@ func (g *globals) openServeRegistry(ctx context.Context, log hclog.Logger) (*reg
 
 func runServe(g *globals, f *serveFlags) error {
 	sigs := sigstart.Take()
+	// A log reader that went away (berth serve 2>&1 | head) must not end the daemon:
+	// with SIGPIPE caught, a write to a closed stderr fails instead of killing it
+	// (caught, not ignored, so the plugins and commands it starts get the default).
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	ctx := context.Background()
 	if f.grace < 0 {
 		return usageError("--shutdown-grace %v: must not be negative", f.grace)

@@ -535,6 +535,42 @@ func TestServeDeepStateDir(t *testing.T) {
 	}
 }
 
+// A log reader that goes away (berth serve 2>&1 | head) does not end the daemon.
+func TestServeLogReaderGone(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cmd := e.command("serve")
+	logs, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-exited })
+	sc := bufio.NewScanner(logs)
+	for sc.Scan() && !strings.Contains(sc.Text(), "berth serve ready") {
+	}
+	logs.Close() // the reader is gone: the next log line meets a broken pipe
+	d := &daemon{t: t, stderr: &lockedBuffer{}, exited: exited, cmd: cmd, listen: "unix://" + filepath.Join(e.state, "berth.sock")}
+	d.sock = strings.TrimPrefix(d.listen, "unix://")
+	d.base = "http://berth"
+	d.client = &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return dialUnix(ctx, d.sock)
+	}}}
+	for i := 0; i < 3; i++ { // each exec logs a line
+		if res := d.exec("main", `{"argv":["true"]}`); res.ExitCode != 0 {
+			t.Fatalf("exec %d: %+v", i, res)
+		}
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	if code := d.wait(); code != 0 {
+		t.Errorf("berth serve exited %d (%v), want 0 after SIGTERM", code, cmd.ProcessState)
+	}
+}
+
 // One berth serve per state dir: a second refuses, naming the first one's pid.
 func TestServeSecondInstance(t *testing.T) {
 	t.Parallel()
