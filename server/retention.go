@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"time"
 
@@ -72,4 +73,30 @@ func (s *Server) pruneOnce(ctx context.Context) (*registry.PruneReport, error) {
 	}
 	s.log.Debug("prune round done", "actions", changed)
 	return rep, nil
+}
+
+// PruneRequest is the optional JSON body of POST /v1/prune.
+type PruneRequest struct {
+	// DryRun reports what prune would do and changes nothing (berth prune --dry-run).
+	DryRun bool `json:"dry_run,omitempty"`
+}
+
+// prune is POST /v1/prune: one round now, as berth prune does, answered with its
+// report (the object berth prune --json prints). A body is optional.
+func (s *Server) prune(w http.ResponseWriter, r *http.Request) {
+	var req PruneRequest
+	if r.ContentLength != 0 {
+		if err := s.readJSON(w, r, &req); err != nil {
+			s.writeError(w, r, err, "")
+			return
+		}
+	}
+	ref := s.acquire()
+	defer s.release(ref)
+	rep, err := ref.reg.Prune(r.Context(), registry.PruneOptions{DryRun: req.DryRun})
+	if err != nil {
+		s.writeError(w, r, err, "")
+		return
+	}
+	writeJSON(w, http.StatusOK, rep)
 }

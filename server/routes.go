@@ -39,6 +39,7 @@ var table = []route{
 	{Route{http.MethodPost, "/v1/sessions/{name}/close"}, (*Server).closeSession},
 	{Route{http.MethodPost, "/v1/sessions/{name}/stop"}, (*Server).stopSession},
 	{Route{http.MethodPost, "/v1/sessions/{name}/recreate"}, (*Server).recreateSession},
+	{Route{http.MethodPost, "/v1/prune"}, (*Server).prune},
 }
 
 // Routes returns every route the server answers, sorted by path and method.
