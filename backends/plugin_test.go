@@ -569,15 +569,16 @@ func TestLaunchBadPath(t *testing.T) {
 	t.Log(err)
 }
 
-// TestHostDeath kills -9 a host process that launched the plugin and runs
-// `sleep 300` through it: the plugin must notice, have the exec's tree killed,
-// and exit.
-func TestHostDeath(t *testing.T) {
+// startTestHost starts this test binary as a host process (envTestHost) that
+// launches the test plugin and runs `sleep 300` through it, and returns it with the
+// plugin's and the sleep's pids, read from its stdout.
+func startTestHost(t *testing.T) (host *exec.Cmd, plugin, sleep int) {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	host := exec.Command(self, "-test.run=^$")
+	host = exec.Command(self, "-test.run=^$")
 	host.Env = append(os.Environ(), envTestHost+"="+pluginBin)
 	host.Stderr = os.Stderr
 	stdout, err := host.StdoutPipe()
@@ -589,7 +590,15 @@ func TestHostDeath(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = host.Process.Kill(); _ = host.Wait() })
 	pids := readPidLines(t, bufio.NewScanner(stdout), 2)
-	plugin, sleep := pids["plugin"], pids["sleep"]
+	plugin, sleep = pids["plugin"], pids["sleep"]
+	return host, plugin, sleep
+}
+
+// TestHostDeath kills -9 a host process that launched the plugin and runs
+// `sleep 300` through it: the plugin must notice, have the exec's tree killed,
+// and exit.
+func TestHostDeath(t *testing.T) {
+	host, plugin, sleep := startTestHost(t)
 	if !alive(plugin) || !alive(sleep) {
 		t.Fatalf("plugin %d or sleep %d not running", plugin, sleep)
 	}
@@ -608,23 +617,7 @@ func TestHostDeath(t *testing.T) {
 // socket dir), PruneSocketDirs removes the dir once it is past the grace period:
 // nothing holds it any more.
 func TestSocketDirOfKilledHost(t *testing.T) {
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	host := exec.Command(self, "-test.run=^$")
-	host.Env = append(os.Environ(), envTestHost+"="+pluginBin)
-	host.Stderr = os.Stderr
-	stdout, err := host.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := host.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = host.Process.Kill(); _ = host.Wait() })
-	pids := readPidLines(t, bufio.NewScanner(stdout), 2)
-	plugin, sleep := pids["plugin"], pids["sleep"]
+	host, plugin, sleep := startTestHost(t)
 	t.Cleanup(func() { _ = syscall.Kill(sleep, syscall.SIGKILL); _ = syscall.Kill(plugin, syscall.SIGKILL) })
 	socketDir := pluginSocketDir(t, plugin)
 	// Stopped first, the plugin cannot see its host go and clean up after itself.
