@@ -59,15 +59,14 @@ func (s *server) CopyIn(stream agentpb.Agent_CopyInServer) error {
 	}
 	var reserved []string
 	for _, d := range s.reserved {
-		switch rel, err := filepath.Rel(real, d); {
-		case err != nil || rel == ".." || strings.HasPrefix(rel, "../"):
-		case rel == ".":
+		switch {
+		case real == d:
 			return backend.Errorf(backend.ErrInvalid, "copy in: %q is berth's agent's own directory (its socket, state or binary), which a copy never writes; copy somewhere else", target)
-		default:
-			reserved = append(reserved, filepath.ToSlash(rel))
-		}
-		if inside(real, d) {
+		case inside(real, d):
 			return backend.Errorf(backend.ErrInvalid, "copy in: %q lies in %s, berth's agent's own directory (its socket, state or binary), which a copy never writes; copy somewhere else", target, d)
+		case inside(d, real):
+			rel, _ := filepath.Rel(real, d) // both clean and absolute: never an error
+			reserved = append(reserved, rel)
 		}
 	}
 	root, err := os.OpenRoot(real)
