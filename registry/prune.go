@@ -207,9 +207,6 @@ func (r *Registry) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, 
 			if act.Action == PruneRemove && act.Done {
 				delete(listed, key)
 			}
-			if act.Action != PruneKeep {
-				r.log.Info("prune", "driver", name, "sandbox", sb.Name, "action", act.Action, "reason", act.Reason, "dry_run", opts.DryRun, "error", act.Error)
-			}
 			rep.Actions = append(rep.Actions, act)
 		}
 		listedOK[name] = true
@@ -218,7 +215,26 @@ func (r *Registry) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, 
 	if !foreign {
 		rep.Actions = append(rep.Actions, r.pruneFiles(listed, listedOK, allListed, opts.DryRun)...)
 	}
+	r.logPrune(rep, opts.DryRun)
 	return rep, nil
+}
+
+// logPrune logs every action of rep that changed something or failed, one line each
+// (berth prune, prune --watch and berth serve's rounds alike): "prune" at info,
+// "prune action failed" at warn with the error.
+func (r *Registry) logPrune(rep *PruneReport, dry bool) {
+	for _, a := range rep.Actions {
+		if a.Action == PruneKeep && a.Error == "" {
+			continue
+		}
+		args := []any{"action", a.Action, "driver", a.Driver, "sandbox", a.Sandbox, "path", a.Path,
+			"sessions", strings.Join(a.Sessions, ","), "cause", a.Cause, "reason", a.Reason, "dry_run", dry}
+		if a.Error != "" {
+			r.log.Warn("prune action failed", append(args, "error", a.Error)...)
+		} else {
+			r.log.Info("prune", args...)
+		}
+	}
 }
 
 // sbKey names one sandbox: a driver and a sandbox name.

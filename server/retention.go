@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/berth-sh/berth/registry"
@@ -52,23 +51,11 @@ func (s *Server) pruneOnce(ctx context.Context) (*registry.PruneReport, error) {
 		}
 		return nil, err
 	}
-	for _, d := range rep.Drivers {
-		if d.Error != "" {
-			s.log.Warn("prune: driver skipped", "driver", d.Name, "error", d.Error)
-		}
-	}
+	// The registry has logged each action and each driver it skipped.
 	changed := 0
 	for _, a := range rep.Actions {
-		if a.Action == registry.PruneKeep && a.Error == "" {
-			continue
-		}
-		changed++
-		args := []any{"action", a.Action, "driver", a.Driver, "sandbox", a.Sandbox, "path", a.Path,
-			"sessions", strings.Join(a.Sessions, ","), "cause", a.Cause, "reason", a.Reason}
-		if a.Error != "" {
-			s.log.Warn("prune action failed", append(args, "error", a.Error)...)
-		} else {
-			s.log.Info("prune", args...)
+		if a.Action != registry.PruneKeep || a.Error != "" {
+			changed++
 		}
 	}
 	s.log.Debug("prune round done", "actions", changed)
