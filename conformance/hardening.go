@@ -332,6 +332,7 @@ func caseForkBomb(t T, h *Harness) {
 	var second execOut
 	var secondErr error
 	var tries int
+	var refused error // the first refusal of the second exec, logged for diagnosis
 	wg.Go(func() {
 		deadline := time.Now().Add(testwait.Limit)
 		for {
@@ -342,6 +343,9 @@ func caseForkBomb(t T, h *Harness) {
 			}
 			if secondErr != nil && !errors.Is(secondErr, backend.ErrUnavailable) {
 				return // a wrong kind of error: reported below
+			}
+			if refused == nil {
+				refused = secondErr
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -376,4 +380,7 @@ func caseForkBomb(t T, h *Harness) {
 		t.Errorf("exec after the fork bomb: %s", out.describe())
 	}
 	t.Logf("fork bomb: %s; second exec after %d tries", bomb.describe(), tries)
+	if refused != nil {
+		t.Logf("the second exec's first refusal: %v", refused)
+	}
 }

@@ -702,7 +702,7 @@ func (s *server) spawn(plan *execPlan, st *agentpb.ExecStart, snd *execSender) (
 		if f := failureOf(ferr); f != nil {
 			return nil, nil, f, nil
 		}
-		return nil, nil, nil, backend.Errorf(backend.ErrUnavailable, "starting %s: %v", plan.name, ferr)
+		return nil, nil, nil, forkFailed(plan.name, ferr)
 	}
 	if st.Tty && !st.Stdin {
 		// No stdin: the terminal reads EOF from the start.

@@ -310,7 +310,7 @@ func (s *server) startJob(plan *execPlan, session string) (*job, *execFailure, e
 		if f := failureOf(ferr); f != nil {
 			return nil, f, nil
 		}
-		return nil, nil, backend.Errorf(backend.ErrUnavailable, "starting job %s: %v", plan.name, ferr)
+		return nil, nil, forkFailed("job "+plan.name, ferr)
 	}
 	j := &job{session: session, argv: plan.argv, pid: pid, marker: marker, started: time.Now().UTC(), running: true, changed: make(chan struct{})}
 	s.jobs.add(j)

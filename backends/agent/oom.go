@@ -44,38 +44,45 @@ func (w oomWatch) grew(before int64) bool {
 }
 
 // findOOMCounter finds the counter of the agent's own memory cgroup as the agent sees
-// the cgroup filesystem: cgroup v2's memory.events, or cgroup v1's
-// memory.oom_control, first at the path /proc/self/cgroup names (the host's view,
-// or a container with the whole hierarchy), then at the mount's root (a container's
-// view of its own cgroup: runc mounts the container's cgroup there). "" when there
-// is none.
+// the cgroup filesystem: cgroup v1's memory.oom_control or cgroup v2's
+// memory.events (see cgroupFiles). "" when there is none.
 func findOOMCounter() string {
+	for _, c := range cgroupFiles("memory", "memory.oom_control", "memory.events") {
+		if readOOMCount(c) >= 0 {
+			return c
+		}
+	}
+	return ""
+}
+
+// cgroupFiles lists where the agent may find a file of its own cgroup for the
+// controller v1ctl, in the order to try: cgroup v1's v1file in that controller's
+// hierarchy, then cgroup v2's v2file; each first at the path /proc/self/cgroup names
+// (the host's view, or a container that sees the whole hierarchy), then at the
+// mount's root (a container's view of its own cgroup: runc mounts the container's
+// cgroup there). Nil when /proc/self/cgroup cannot be read.
+func cgroupFiles(v1ctl, v1file, v2file string) []string {
 	b, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
-		return ""
+		return nil
 	}
-	var candidates []string
+	var v1, v2 []string
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.SplitN(line, ":", 3)
 		if len(f) != 3 {
 			continue
 		}
 		if f[0] == "0" && f[1] == "" {
-			candidates = append(candidates, filepath.Join("/sys/fs/cgroup", f[2], "memory.events"), "/sys/fs/cgroup/memory.events")
+			v2 = append(v2, filepath.Join("/sys/fs/cgroup", f[2], v2file), filepath.Join("/sys/fs/cgroup", v2file))
 			continue
 		}
 		for _, ctl := range strings.Split(f[1], ",") {
-			if ctl == "memory" {
-				candidates = append([]string{filepath.Join("/sys/fs/cgroup/memory", f[2], "memory.oom_control"), "/sys/fs/cgroup/memory/memory.oom_control"}, candidates...)
+			if ctl == v1ctl {
+				v1 = append(v1, filepath.Join("/sys/fs/cgroup", v1ctl, f[2], v1file), filepath.Join("/sys/fs/cgroup", v1ctl, v1file))
 			}
 		}
 	}
-	for _, c := range candidates {
-		if readOOMCount(c) >= 0 {
-			return c
-		}
-	}
-	return ""
+	return append(v1, v2...)
 }
 
 // readOOMCount returns the "oom_kill N" value of the counter file path, or -1 when
