@@ -399,6 +399,15 @@ func (c *Client) Exited() bool {
 	return c.runner.hasExited(0)
 }
 
+// Done returns a channel that is closed once the plugin process has exited, by
+// Kill or otherwise (see Killed): a supervising host waits on it to restart a
+// crashed plugin at once instead of at the next call.
+func (c *Client) Done() <-chan struct{} { return c.runner.exited }
+
+// Killed reports whether the host stopped the plugin (Kill or Close), as opposed to
+// the plugin exiting on its own or being killed from outside.
+func (c *Client) Killed() bool { return c.killed.Load() }
+
 // Close implements backend.TerminalBackend: it kills the plugin (see Kill).
 // Sandboxes are not touched. It returns nil.
 func (c *Client) Close() error {
@@ -425,7 +434,7 @@ func (c *Client) callErr(ctx context.Context, op string, err error) error {
 		if how != "" {
 			how = " (" + how + ")"
 		}
-		return backend.Errorf(backend.ErrUnavailable, "driver plugin %s crashed during %s%s: %v; its last log lines are in berth's log", c.path, op, how, rpcerr.FromStatus(err))
+		return &crashError{msg: fmt.Sprintf("driver plugin %s crashed during %s%s: %v; its last log lines are in berth's log", c.path, op, how, rpcerr.FromStatus(err))}
 	}
 	return rpcerr.FromStatus(err)
 }

@@ -29,6 +29,8 @@ type options struct {
 	clockOffset  time.Duration
 	grace        time.Duration
 	onPull       func(PullEvent)
+	onSandbox    func(SandboxEvent)
+	supervise    *SupervisePolicy
 }
 
 // WithStateDir sets the state dir: the store, locks, agent files and the drivers'

@@ -376,6 +376,7 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 		}
 	}
 	act.Done = true
+	r.event(SandboxEvent{Action: act.Action, Driver: driver, Sandbox: sb.Name, Cause: act.Cause, Retention: true})
 	return act
 }
 

@@ -52,6 +52,8 @@ type Registry struct {
 	launch    LaunchFunc
 	prepare   PrepareAgentFunc
 	onPull    func(PullEvent)
+	onSandbox func(SandboxEvent)
+	supervise *SupervisePolicy
 	store     *store
 	caps      sync.Map // backend.TerminalBackend → backend.Capabilities
 	clock     func() time.Time
@@ -68,11 +70,23 @@ type Registry struct {
 
 	// agents are the clients of the agents that calls reached directly.
 	agents agentCache
+
+	// life ends when the registry is closed: supervision's goroutines stop then.
+	life    context.Context
+	endLife context.CancelFunc
 }
 
 type driverEntry struct {
 	mu sync.Mutex
 	b  backend.TerminalBackend
+	// Supervision (WithSupervision): when b was started; down is non-nil while a
+	// restart is pending and closed when it ends; attempt counts the restarts in a
+	// row, nextTry is when the next one is due, lastErr the last one's failure.
+	started time.Time
+	down    chan struct{}
+	attempt int
+	nextTry time.Time
+	lastErr error
 }
 
 // Open returns a registry over cfg (nil means config.Default(): every session on
@@ -154,6 +168,8 @@ func Open(ctx context.Context, cfg *config.Config, opts ...Option) (*Registry, e
 		launch:    o.launch,
 		prepare:   o.prepare,
 		onPull:    o.onPull,
+		onSandbox: o.onSandbox,
+		supervise: o.supervise,
 		store:     newStore(filepath.Join(stateDir, StoreFile), o.storeTimeout),
 		drivers:   map[string]*driverEntry{},
 		clock:     o.clock,
@@ -161,6 +177,7 @@ func Open(ctx context.Context, cfg *config.Config, opts ...Option) (*Registry, e
 		grace:     o.grace,
 		agentSrc:  agentSrc,
 	}
+	r.life, r.endLife = context.WithCancel(context.Background())
 	if r.clock == nil {
 		r.clock = time.Now
 	}
@@ -396,7 +413,12 @@ func (r *Registry) createIn(ctx context.Context, p *pending, session string, rul
 	}
 	now := r.stamp()
 	p.spec.Labels[backend.LabelCreated] = now.Format(time.RFC3339)
-	sb, err := b.Create(ctx, backend.CreateRequest{Spec: p.spec, Agent: p.files})
+	var sb backend.Sandbox
+	b, err = r.again(ctx, rule.Driver, "create sandbox "+name, b, func(b backend.TerminalBackend) (err error) {
+		sb, err = b.Create(ctx, backend.CreateRequest{Spec: p.spec, Agent: p.files})
+		return err
+	})
+	p.b = b
 	if err != nil {
 		doing := r.createDoing(ctx, b, name, hadOld && old.Removed.IsZero(), err)
 		return r.dropDir(p, fmt.Errorf("session %q: %s on driver %s: %w", session, doing, rule.Driver, err))
@@ -413,6 +435,16 @@ func (r *Registry) createIn(ctx context.Context, p *pending, session string, rul
 		p.lease.Recreated, p.lease.RecreatedReason = true, movedReason(old, rule, name)
 	case moved:
 		p.lease.Moved, p.lease.MovedReason = true, movedBackReason(old, rule, name)
+	}
+	if !sb.Adopted {
+		cause := CreateNew
+		switch {
+		case moved:
+			cause = CreateMoved
+		case hadOld:
+			cause = CreateRecreated
+		}
+		r.event(SandboxEvent{Action: EventCreate, Driver: rule.Driver, Sandbox: name, Cause: cause})
 	}
 	if recorded && !hadOld {
 		r.log.Warn("session moves to another sandbox; the old one is left for prune", "session", session,
@@ -519,6 +551,7 @@ func (r *Registry) undo(p *pending) {
 		r.log.Error("removing a sandbox after a failed call", "sandbox", p.lease.Sandbox, "error", err)
 		return
 	}
+	r.event(SandboxEvent{Action: EventRemove, Driver: p.lease.Driver, Sandbox: p.lease.Sandbox, Cause: RemoveFailedCreate})
 	os.RemoveAll(p.dir)
 }
 
@@ -739,7 +772,7 @@ func (r *Registry) CloseSession(ctx context.Context, session string) error {
 	}
 	switch rule.Retention.OnClose {
 	case config.OnCloseRemove:
-		return nothingToDo(r.removeSession(ctx, session))
+		return nothingToDo(r.removeSession(ctx, session, RemoveClose))
 	case config.OnCloseStop:
 		return r.stopSession(ctx, session, "closing")
 	}
@@ -779,7 +812,7 @@ func (r *Registry) stopSession(ctx context.Context, session, doing string) error
 	if err != nil {
 		return fmt.Errorf("%s session %q: %w", doing, session, err)
 	}
-	if err := b.Stop(ctx, rec.Sandbox, 0); err != nil {
+	if _, err := r.again(ctx, rec.Driver, "stop sandbox "+rec.Sandbox, b, func(b backend.TerminalBackend) error { return b.Stop(ctx, rec.Sandbox, 0) }); err != nil {
 		return fmt.Errorf("%s session %q: stopping sandbox %s: %w", doing, session, rec.Sandbox, err)
 	}
 	return nil
@@ -805,7 +838,7 @@ func (r *Registry) RemoveSession(ctx context.Context, session string) error {
 	if err := r.ensure(); err != nil {
 		return err
 	}
-	return nothingToDo(r.removeSession(ctx, session))
+	return nothingToDo(r.removeSession(ctx, session, RemoveAsked))
 }
 
 // nothingToDo turns removeSession's "no record" (errNoSession) into success.
@@ -817,8 +850,9 @@ func nothingToDo(err error) error {
 }
 
 // removeSession removes session's recorded sandbox (see RemoveSession); a session
-// without a record is noSession (ErrNotFound and errNoSession).
-func (r *Registry) removeSession(ctx context.Context, session string) error {
+// without a record is noSession (ErrNotFound and errNoSession). cause is the
+// SandboxEvent's.
+func (r *Registry) removeSession(ctx context.Context, session, cause string) error {
 	rec, lock, ok, err := r.lockRecord(ctx, session)
 	if err != nil {
 		return err
@@ -832,9 +866,10 @@ func (r *Registry) removeSession(ctx context.Context, session string) error {
 	if err != nil {
 		return fmt.Errorf("removing session %q: %w", session, err)
 	}
-	if err := b.Remove(ctx, rec.Sandbox); err != nil {
+	if _, err := r.again(ctx, rec.Driver, "remove sandbox "+rec.Sandbox, b, func(b backend.TerminalBackend) error { return b.Remove(ctx, rec.Sandbox) }); err != nil {
 		return fmt.Errorf("removing session %q: sandbox %s: %w", session, rec.Sandbox, err)
 	}
+	r.event(SandboxEvent{Action: EventRemove, Driver: rec.Driver, Sandbox: rec.Sandbox, Cause: cause})
 	if _, err := r.store.forgetSandbox(rec.Driver, rec.Sandbox); err != nil {
 		return fmt.Errorf("removing session %q: sandbox %s is removed, but forgetting it failed: %w", session, rec.Sandbox, err)
 	}
@@ -862,7 +897,7 @@ func (r *Registry) Recreate(ctx context.Context, session string) (bool, error) {
 	if err := r.ensure(); err != nil {
 		return false, err
 	}
-	err = r.removeSession(ctx, session)
+	err = r.removeSession(ctx, session, RemoveRecreate)
 	if err == nil {
 		return true, nil
 	}
@@ -886,6 +921,7 @@ func (r *Registry) Recreate(ctx context.Context, session string) (bool, error) {
 	if err := b.Remove(ctx, name); err != nil {
 		return false, fmt.Errorf("recreating session %q: sandbox %s: %w", session, name, err)
 	}
+	r.event(SandboxEvent{Action: EventRemove, Driver: rule.Driver, Sandbox: name, Cause: RemoveRecreate})
 	return true, nil
 }
 
@@ -1045,6 +1081,14 @@ func (r *Registry) driver(ctx context.Context, name string) (backend.TerminalBac
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if r.supervise != nil {
+		if x, ok := e.b.(exiter); ok && x.Exited() {
+			r.crashNoticed(name, e) // before supervision's goroutine sees it
+		}
+		if err := r.awaitRestart(ctx, name, e); err != nil {
+			return nil, err
+		}
+	}
 	if e.b != nil {
 		if x, ok := e.b.(exiter); !ok || !x.Exited() {
 			return e.b, nil
@@ -1065,6 +1109,7 @@ func (r *Registry) driver(ctx context.Context, name string) (backend.TerminalBac
 		return nil, backend.Errorf(backend.ErrUnavailable, "driver %s: the registry is closed", name)
 	}
 	e.b = b
+	r.supervised(name, e, b)
 	return b, nil
 }
 
@@ -1140,6 +1185,7 @@ func (r *Registry) atBlock(driver string, err error) error {
 // client, and their trees are killed). Sandboxes keep running. Later calls that need
 // a driver fail with ErrUnavailable.
 func (r *Registry) Close() error {
+	r.endLife()
 	r.agents.closeAll()
 	r.drvMu.Lock()
 	r.closed = true

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/registry/config"
 )
 
@@ -168,11 +169,13 @@ func (r *Registry) expireOwn(ctx context.Context, b backend.TerminalBackend, rul
 		if err := b.Stop(ctx, old.Sandbox, 0); err != nil {
 			return old, fmt.Errorf("stopping expired sandbox %s (%s): %w", old.Sandbox, v.reason, err)
 		}
+		r.event(SandboxEvent{Action: EventStop, Driver: old.Driver, Sandbox: old.Sandbox, Cause: v.cause, Retention: true})
 	case PruneRemove:
 		r.log.Info("removing an expired sandbox before use", "session", old.Session, "sandbox", old.Sandbox, "reason", v.reason)
 		if err := b.Remove(ctx, old.Sandbox); err != nil {
 			return old, fmt.Errorf("removing expired sandbox %s (%s): %w", old.Sandbox, v.reason, err)
 		}
+		r.event(SandboxEvent{Action: EventRemove, Driver: old.Driver, Sandbox: old.Sandbox, Cause: v.cause, Retention: true})
 		reason, at := v.reason, r.stamp()
 		if _, err := r.store.markRemoved(old.Driver, old.Sandbox, at, reason); err != nil {
 			return old, fmt.Errorf("sandbox %s is removed (%s), but recording that failed: %w", old.Sandbox, v.reason, err)
@@ -215,6 +218,13 @@ func recreatedReason(old record, driver string) string {
 // crashed adds to err, an exec error on driver, that the driver's plugin has
 // exited and will be started again, when that is so and err does not say it yet.
 func (r *Registry) crashed(driver string, err error) error {
+	var dc *DriverCrashedError
+	if errors.As(err, &dc) {
+		return err
+	}
+	if errors.Is(err, backends.ErrCrashed) {
+		return &DriverCrashedError{Driver: driver, Op: "the call", Err: err}
+	}
 	if err == nil || !errors.Is(err, backend.ErrUnavailable) || strings.Contains(err.Error(), "crashed") {
 		return err
 	}
@@ -228,7 +238,7 @@ func (r *Registry) crashed(driver string, err error) error {
 	b := e.b
 	e.mu.Unlock()
 	if x, ok := b.(exiter); ok && x.Exited() {
-		return fmt.Errorf("driver %s crashed (its plugin process exited; berth starts it again on the next call): %w", driver, err)
+		return &DriverCrashedError{Driver: driver, Op: "the call", Err: fmt.Errorf("its plugin process exited; berth starts it again: %w", err)}
 	}
 	return err
 }
