@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"github.com/berth-sh/berth/internal/rpcerr"
+	"github.com/berth-sh/berth/registry"
 )
 
 // Kind is one error kind of the API: its name (ErrorInfo.Kind) and the HTTP status
@@ -35,6 +36,9 @@ var Kinds = []Kind{
 	{KindShuttingDown, http.StatusServiceUnavailable},
 	{KindCanceled, 499}, // the client went away; nobody reads this answer
 	{KindInternal, http.StatusInternalServerError},
+	// A driver plugin crashed during the call (registry.DriverCrashedError; berth
+	// serve restarts it): ErrorInfo.Retried says whether the call was made again.
+	{KindDriverCrashed, http.StatusServiceUnavailable},
 }
 
 // The HTTP layer's error kinds.
@@ -56,6 +60,9 @@ const (
 	KindCanceled = "canceled"
 	// KindInternal: an error of no kind.
 	KindInternal = "internal"
+	// KindDriverCrashed: the driver's plugin crashed during the call (a kind of
+	// unavailable: errors.Is(err, backend.ErrUnavailable) holds for it).
+	KindDriverCrashed = "driver_crashed"
 )
 
 // statusOf returns the HTTP status of kind; 500 for a name not in Kinds.
@@ -85,9 +92,12 @@ func errorf(kind, format string, args ...any) error {
 func errorInfo(err error, session string) ErrorInfo {
 	info := ErrorInfo{Message: err.Error(), Session: session}
 	var he *httpError
+	var dc *registry.DriverCrashedError
 	switch {
 	case errors.As(err, &he):
 		info.Kind = he.kind
+	case errors.As(err, &dc):
+		info.Kind, info.Retried = KindDriverCrashed, &dc.Retried
 	case rpcerr.KindName(err) != "":
 		info.Kind = rpcerr.KindName(err)
 	case errors.Is(err, context.Canceled):
@@ -103,6 +113,7 @@ func errorInfo(err error, session string) ErrorInfo {
 // writeError answers with err as an ErrorBody and the status of its kind.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error, session string) {
 	info := errorInfo(err, session)
+	auditError(r, info.Kind)
 	status := statusOf(info.Kind)
 	if status >= 500 && info.Kind != KindShuttingDown {
 		s.log.Warn("call failed", "method", r.Method, "path", r.URL.EscapedPath(), "kind", info.Kind, "error", info.Message)

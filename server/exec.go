@@ -116,6 +116,7 @@ func wantsStream(r *http.Request) bool {
 
 // exec is POST /v1/sessions/{name}/exec.
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
 	name := r.PathValue("name")
 	var req ExecRequest
 	if err := s.readJSON(w, r, &req); err != nil {
@@ -127,6 +128,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err, name)
 		return
 	}
+	auditCommand(r, c)
 	ref := s.acquire()
 	defer s.release(ref)
 	reg := ref.reg
@@ -156,12 +158,15 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err, name)
 	case err != nil:
 		info := errorInfo(err, name)
+		auditError(r, info.Kind)
 		st.event(Event{Event: "error", Error: &info})
 	case st != nil:
 		st.event(Event{Event: "result", Result: &res})
 	default:
 		writeJSON(w, http.StatusOK, res)
 	}
+	auditResult(r, res, err)
+	s.metrics.exec(res.Driver, c.shell, st != nil, res, err, start)
 	s.log.Info("exec", "session", name, "shell", c.shell, "exit_code", res.ExitCode, "timed_out", res.TimedOut, "duration_ms", res.DurationMS, "error", err)
 }
 

@@ -40,6 +40,9 @@ var table = []route{
 	{Route{http.MethodPost, "/v1/sessions/{name}/stop"}, (*Server).stopSession},
 	{Route{http.MethodPost, "/v1/sessions/{name}/recreate"}, (*Server).recreateSession},
 	{Route{http.MethodPost, "/v1/prune"}, (*Server).prune},
+	{Route{http.MethodGet, "/v1/drivers"}, (*Server).drivers},
+	{Route{http.MethodGet, "/v1/config/explain"}, (*Server).explain},
+	{Route{http.MethodGet, "/metrics"}, (*Server).serveMetrics},
 }
 
 // Routes returns every route the server answers, sorted by path and method.
@@ -91,8 +94,10 @@ func (s *Server) routes() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
+		r, entry := s.startAudit(r, start)
 		defer func() {
 			s.log.Debug("request", "method", r.Method, "path", r.URL.EscapedPath(), "status", sw.status, "duration", time.Since(start))
+			s.endAudit(r, entry, sw.status, start)
 		}()
 		if !s.authorized(r) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="berth"`)

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/berth-sh/berth/registry"
 )
@@ -69,6 +70,11 @@ func WithToken(token string) Option {
 	}
 }
 
+// WithMetrics makes the server count into m (served at GET /metrics); open its
+// registries with m.RegistryOptions() so that sandbox events and plugin restarts
+// are counted too. Default: metrics of its own, without the registry's events.
+func WithMetrics(m *Metrics) Option { return func(s *Server) { s.metrics = m } }
+
 // WithVersion sets the version that health reports.
 func WithVersion(v string) Option { return func(s *Server) { s.version = v } }
 
@@ -103,6 +109,10 @@ type Server struct {
 	http        *http.Server
 	handler     http.Handler
 
+	metrics        *Metrics
+	metricsHandler http.Handler
+	audit          *auditLog // nil: no audit log
+
 	callsCtx    context.Context // the base of every request's context
 	cancelCalls context.CancelFunc
 
@@ -133,6 +143,11 @@ func New(reg *registry.Registry, opts ...Option) *Server {
 	for _, o := range opts {
 		o(s)
 	}
+	if s.metrics == nil {
+		s.metrics = NewMetrics()
+	}
+	s.metrics.srv = s
+	s.metricsHandler = promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{ErrorLog: s.log.StandardLogger(nil)})
 	s.callsCtx, s.cancelCalls = context.WithCancel(context.Background())
 	s.handler = s.routes()
 	s.http = &http.Server{
@@ -141,10 +156,14 @@ func New(reg *registry.Registry, opts ...Option) *Server {
 		IdleTimeout:       IdleTimeout,
 		MaxHeaderBytes:    MaxHeaderBytes,
 		BaseContext:       func(net.Listener) context.Context { return s.callsCtx },
+		ConnContext:       connContext,
 		ErrorLog:          s.log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
 	}
 	return s
 }
+
+// Metrics returns the server's metrics (WithMetrics, or its own).
+func (s *Server) Metrics() *Metrics { return s.metrics }
 
 // Handler returns the server's HTTP handler (what Serve serves), for tests and for
 // programs that serve it themselves.
@@ -277,6 +296,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Unlock()
 	if done {
 		ref.reg.Close()
+	}
+	if s.audit != nil {
+		if err := s.audit.close(); err != nil {
+			s.log.Error("closing the audit log", "error", err)
+		}
 	}
 	return graceErr
 }

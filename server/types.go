@@ -142,6 +142,10 @@ type ErrorInfo struct {
 	Kind    string `json:"kind"`
 	Message string `json:"message"`
 	Session string `json:"session,omitempty"`
+	// Retried is set for kind driver_crashed only: whether berth made the call once
+	// more on the restarted plugin (it does for idempotent calls: create, stop,
+	// remove; never for an exec that may have started).
+	Retried *bool `json:"retried,omitempty"`
 }
 
 // Health is the answer of GET /v1/health.

@@ -37,6 +37,7 @@ import (
 	"github.com/berth-sh/berth/internal/testbin"
 	"github.com/berth-sh/berth/internal/testproc"
 	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/server"
 )
 
 var berthBin string
@@ -1274,10 +1275,10 @@ func TestDrivers(t *testing.T) {
 		t.Errorf("drivers: no healthy local row served through the plugin at protocol 2\n%v", r)
 	}
 
-	var list []driverJSON
+	var list []server.Driver
 	r = e.must("drivers", "--json")
 	decodeOne(t, r, &list)
-	i := slices.IndexFunc(list, func(d driverJSON) bool { return d.Name == "local" })
+	i := slices.IndexFunc(list, func(d server.Driver) bool { return d.Name == "local" })
 	if i < 0 || list[i].Version == "" || list[i].Protocol != 2 || list[i].Served != "plugin" || list[i].Health != "ok" ||
 		!slices.Equal(list[i].ProtocolVersions, []int{2}) {
 		t.Errorf("drivers --json: want local, healthy, served through the plugin at protocol 2: %+v", list)

@@ -11,6 +11,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/registry/config"
+	"github.com/berth-sh/berth/server"
 	"github.com/spf13/cobra"
 )
 
@@ -78,18 +79,7 @@ func newConfigCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return failure(err)
 			}
-			out := explainJSON{
-				Session: ex.Session, Rule: ex.Rule.Glob, RuleIndex: ex.RuleIndex, Position: ex.Position,
-				Driver: ex.Driver, Isolation: string(ex.Isolation), Sandbox: ex.Sandbox, SpecHash: ex.SpecHash,
-				Spec: ex.Spec, Retention: retentionJSON{OnClose: string(ex.Rule.Retention.OnClose)},
-			}
-			if d := ex.Rule.Retention.IdleTTL; d > 0 {
-				out.Retention.IdleTTL = d.String()
-				out.Retention.IdleAction = string(ex.Rule.Retention.IdleAction)
-			}
-			if d := ex.Rule.Retention.MaxAge; d > 0 {
-				out.Retention.MaxAge = d.String()
-			}
+			out := server.ExplanationOf(ex)
 			if asJSON {
 				return printJSON(out)
 			}
@@ -232,27 +222,6 @@ func pullOrDefault(p backend.PullPolicy) backend.PullPolicy {
 // atRule prefixes err with rule r's position and glob.
 func atRule(r *config.Rule, err error) error {
 	return fmt.Errorf("%s: scope %q: %w", r.Pos(), r.Glob, err)
-}
-
-// explainJSON is the output of `berth config explain --json`.
-type explainJSON struct {
-	Session   string              `json:"session"`
-	Rule      string              `json:"rule"`
-	RuleIndex int                 `json:"rule_index"`
-	Position  string              `json:"position"`
-	Driver    string              `json:"driver"`
-	Isolation string              `json:"isolation"`
-	Sandbox   string              `json:"sandbox"`
-	SpecHash  string              `json:"spec_hash"`
-	Retention retentionJSON       `json:"retention"`
-	Spec      backend.SandboxSpec `json:"spec"`
-}
-
-type retentionJSON struct {
-	OnClose    string `json:"on_close"`
-	IdleTTL    string `json:"idle_ttl,omitempty"`
-	IdleAction string `json:"idle_action,omitempty"`
-	MaxAge     string `json:"max_age,omitempty"`
 }
 
 func orNone(s string) string {

@@ -9,12 +9,14 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/berth-sh/berth/server"
 )
 
 // rowOf returns the row of driver name in list, or fails.
-func rowOf(t *testing.T, list []driverJSON, name string) driverJSON {
+func rowOf(t *testing.T, list []server.Driver, name string) server.Driver {
 	t.Helper()
-	i := slices.IndexFunc(list, func(d driverJSON) bool { return d.Name == name })
+	i := slices.IndexFunc(list, func(d server.Driver) bool { return d.Name == name })
 	if i < 0 {
 		t.Fatalf("no %s row in %+v", name, list)
 	}
@@ -27,7 +29,7 @@ func rowOf(t *testing.T, list []driverJSON, name string) driverJSON {
 func TestDriverExecutables(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	var list []driverJSON
+	var list []server.Driver
 	decodeOne(t, e.must("drivers", "--json"), &list)
 	if r := rowOf(t, list, "local"); r.Path != berthBin || r.Health != "ok" || r.Served != "plugin" {
 		t.Errorf("local: %+v, want served by %s", r, berthBin)

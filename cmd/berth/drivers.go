@@ -10,6 +10,7 @@ import (
 	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server"
 	"github.com/spf13/cobra"
 )
 
@@ -28,41 +29,17 @@ cannot start, or whose runtime does not answer (docker and containerd ask their 
 or daemon, waiting at most 5 s), shows why under HEALTH.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var list []registry.DriverStatus
-			paths := map[string]string{}
+			var rows []server.Driver
 			err := g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
 				var err error
-				if list, err = reg.Drivers(cmd.Context()); err != nil {
-					return err
-				}
-				for _, d := range list {
-					if d.Err != nil {
-						continue
-					}
-					// The plugin is running already: this only reads its path.
-					if b, err := reg.Backend(cmd.Context(), d.Name); err == nil {
-						if p, ok := b.(interface{ Path() string }); ok {
-							paths[d.Name] = p.Path()
-						}
-					}
-				}
-				return nil
+				rows, err = server.DriversOf(cmd.Context(), reg, func(name string) bool {
+					_, ok := inProcessDrivers()[name]
+					return ok && g.inProcess
+				})
+				return err
 			})
 			if err != nil {
 				return err
-			}
-			rows := make([]driverJSON, 0, len(list))
-			for _, d := range list {
-				row := driverJSON{Name: d.Name, Version: d.Info.Version, Protocol: d.Info.Protocol,
-					ProtocolVersions: d.Info.ProtocolVersions, Served: "plugin", Capabilities: d.Info.Capabilities, Health: "ok",
-					Path: paths[d.Name]}
-				if _, ok := inProcessDrivers()[d.Name]; ok && g.inProcess {
-					row.Served = "in-process"
-				}
-				if d.Err != nil {
-					row.Health = d.Err.Error()
-				}
-				rows = append(rows, row)
 			}
 			if asJSON {
 				return printJSON(rows)
@@ -81,21 +58,6 @@ or daemon, waiting at most 5 s), shows why under HEALTH.`,
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
-}
-
-// driverJSON is one row of `berth drivers --json`.
-type driverJSON struct {
-	Name             string               `json:"name"`
-	Version          string               `json:"version"`
-	Protocol         int                  `json:"protocol"`
-	ProtocolVersions []int                `json:"protocol_versions"`
-	Served           string               `json:"served"`
-	Health           string               `json:"health"`
-	Capabilities     backend.Capabilities `json:"capabilities"`
-	// Path is the executable serving the driver's plugin (the berth binary for
-	// local, berth-driver-NAME for docker, containerd and third-party drivers);
-	// empty in process or when it could not start.
-	Path string `json:"path,omitempty"`
 }
 
 // capsSummary renders capabilities as a short comma-separated list.

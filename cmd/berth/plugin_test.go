@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/berth-sh/berth/internal/testbin"
+	"github.com/berth-sh/berth/server"
 )
 
 var (
@@ -74,9 +75,9 @@ scope "*" {
 		t.Errorf("session t:1: %+v, want driver tlocal", row)
 	}
 
-	var list []driverJSON
+	var list []server.Driver
 	decodeOne(t, e.must("drivers", "--json"), &list)
-	i := slices.IndexFunc(list, func(d driverJSON) bool { return d.Name == "tlocal" })
+	i := slices.IndexFunc(list, func(d server.Driver) bool { return d.Name == "tlocal" })
 	if i < 0 || list[i].Protocol != 2 || list[i].Health != "ok" || list[i].Version != "0.0.1-test" || list[i].Path != path {
 		t.Errorf("drivers --json: want tlocal at protocol 2 from %s: %+v", path, list)
 	}

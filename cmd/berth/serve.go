@@ -50,6 +50,9 @@ type serveFlags struct {
 	logJSON       bool
 	maxBody       string
 	bodyTimeout   time.Duration
+	auditLog      string
+	auditMaxSize  string
+	auditKeep     int
 }
 
 func newServeCmd(g *globals) *cobra.Command {
@@ -90,6 +93,9 @@ berth serve adopts them. Logs go to stderr (JSON with --log-json).`,
 	fl.BoolVar(&f.logJSON, "log-json", false, "log JSON lines on stderr instead of text")
 	fl.StringVar(&f.maxBody, "max-request-body", "1m", "largest request body (a size: 64k, 1m); larger ones are answered 413")
 	fl.Var(durationValue{&f.bodyTimeout}, "request-timeout", "how long a request body may take to arrive; slower ones are answered 408")
+	fl.StringVar(&f.auditLog, "audit-log", "", "audit log of calls, JSON lines (default STATE/audit.log; \"off\" writes none)")
+	fl.StringVar(&f.auditMaxSize, "audit-max-size", strconv.Itoa(server.DefaultAuditMaxMB)+"m", "rotate the audit log when it reaches this size (whole MiB, at least 1m)")
+	fl.IntVar(&f.auditKeep, "audit-keep", server.DefaultAuditKeep, "how many rotated audit logs to keep")
 	return takesSignals(cmd)
 }
 
@@ -190,12 +196,13 @@ func (g *globals) serveLogger(cfg *config.Config, json bool) (hclog.Logger, erro
 
 // openServeRegistry resolves the settings and opens a registry with log as its
 // logger.
-func (g *globals) openServeRegistry(ctx context.Context, log hclog.Logger) (*registry.Registry, error) {
+func (g *globals) openServeRegistry(ctx context.Context, log hclog.Logger, m *server.Metrics) (*registry.Registry, error) {
 	s, err := g.settings()
 	if err != nil {
 		return nil, err
 	}
-	return registry.Open(ctx, s.cfg, append(s.opts, registry.WithLogger(log))...)
+	opts := append(append(s.opts, registry.WithLogger(log)), m.RegistryOptions()...)
+	return registry.Open(ctx, s.cfg, opts...)
 }
 
 func runServe(g *globals, f *serveFlags) error {
@@ -218,6 +225,13 @@ func runServe(g *globals, f *serveFlags) error {
 	if err != nil {
 		return usageError("--max-request-body: %v", err)
 	}
+	auditMax, err := config.ParseBytes(f.auditMaxSize)
+	if err != nil || auditMax < 1<<20 {
+		return usageError("--audit-max-size %q: want a size of at least 1m (whole MiB), e.g. 10m", f.auditMaxSize)
+	}
+	if f.auditKeep < 1 {
+		return usageError("--audit-keep %d: keep at least 1 rotated file", f.auditKeep)
+	}
 	if (f.tlsCert == "") != (f.tlsKey == "") {
 		return usageError("--tls-cert and --tls-key go together")
 	}
@@ -233,7 +247,8 @@ func runServe(g *globals, f *serveFlags) error {
 	if err != nil {
 		return err
 	}
-	reg, err := g.openServeRegistry(ctx, log)
+	metrics := server.NewMetrics()
+	reg, err := g.openServeRegistry(ctx, log, metrics)
 	if err != nil {
 		return failure(err)
 	}
@@ -275,9 +290,23 @@ func runServe(g *globals, f *serveFlags) error {
 		return err
 	}
 	defer cleanup()
+	auditPath := f.auditLog
+	switch auditPath {
+	case "":
+		auditPath = filepath.Join(stateDir, server.AuditFile)
+	case "off":
+		auditPath = ""
+	}
+	if auditPath != "" {
+		if err := server.OpenAudit(auditPath); err != nil {
+			reg.Close()
+			return failure(fmt.Errorf("--audit-log: %v", err))
+		}
+	}
 
 	srv := server.New(reg, server.WithLogger(log), server.WithToken(token), server.WithVersion(version),
-		server.WithMaxRequestBody(maxBody), server.WithBodyTimeout(f.bodyTimeout))
+		server.WithMaxRequestBody(maxBody), server.WithBodyTimeout(f.bodyTimeout), server.WithMetrics(metrics),
+		server.WithAudit(auditPath, int((auditMax+(1<<20)-1)>>20), f.auditKeep))
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	retCtx, stopRetention := context.WithCancel(ctx)
@@ -290,7 +319,7 @@ func runServe(g *globals, f *serveFlags) error {
 	if addr.network == "tcp" {
 		where = "tcp://" + ln.Addr().String() // the port, when it was 0
 	}
-	log.Info("berth serve ready", "listen", where, "pid", os.Getpid(), "state_dir", stateDir, "config", cfgPath(reg), "version", version)
+	log.Info("berth serve ready", "audit_log", auditPath, "listen", where, "pid", os.Getpid(), "state_dir", stateDir, "config", cfgPath(reg), "version", version)
 
 	for {
 		select {
@@ -344,7 +373,7 @@ func cfgPath(reg *registry.Registry) string {
 // the server use a new registry on it; otherwise it logs why and keeps the running
 // one.
 func reload(ctx context.Context, g *globals, srv *server.Server, log hclog.Logger, stateDir string) {
-	reg, err := g.openServeRegistry(ctx, log)
+	reg, err := g.openServeRegistry(ctx, log, srv.Metrics())
 	if err != nil {
 		log.Error("config reload refused; keeping the running config", "error", err.Error())
 		return

@@ -888,41 +888,6 @@ func TestServeKilledMidExec(t *testing.T) {
 	}
 }
 
-// A driver plugin killed under the daemon: a call that meets the dead plugin gets a
-// typed error (503 unavailable, saying it crashed), and the registry launches the
-// plugin again for the next call, which works. (Supervision that restarts it before
-// any call needs it is not built yet.)
-func TestServePluginKilled(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	d := e.serve()
-	d.exec("p:1", `{"argv":["true"]}`) // creates the sandbox: launches the local plugin
-	plugin := func() []procInfo {
-		return liveProcs(func(p procInfo) bool {
-			return strings.Join(p.cmdline, " ") == berthBin+" driver serve local" && p.ppid == d.cmd.Process.Pid
-		})
-	}
-	ps := plugin()
-	if len(ps) != 1 {
-		t.Fatalf("want the daemon's one local plugin, found %v", ps)
-	}
-	syscall.Kill(ps[0].pid, syscall.SIGKILL)
-	testwait.Until(t, "the killed plugin to be reaped", func() bool { _, ok := readProc(ps[0].pid); return !ok })
-	status, b := d.call("POST", "/v1/sessions/p:1/stop", "")
-	if status != http.StatusNoContent {
-		wantError(t, "stop that meets the killed plugin", status, b, http.StatusServiceUnavailable, "unavailable", "crashed")
-		if status, b := d.call("POST", "/v1/sessions/p:1/stop", ""); status != http.StatusNoContent {
-			t.Errorf("the stop after that: %d %s", status, b)
-		}
-	}
-	if res := d.exec("p:1", `{"argv":["sh","-c","echo again"]}`); res.Stdout != "again\n" {
-		t.Errorf("exec after the plugin was killed: %+v", res)
-	}
-	if n := len(plugin()); n != 1 {
-		t.Errorf("want one new local plugin, found %d", n)
-	}
-}
-
 // Concurrent execs across sessions through one daemon: every one answers with its
 // own output, none fails (the sessions' sandboxes are created concurrently too).
 func TestServeConcurrentExecs(t *testing.T) {

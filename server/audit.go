@@ -1,0 +1,240 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"gopkg.in/natefinch/lumberjack.v2"
+)
+
+// AuditFile is the audit log's default name in the state dir.
+const AuditFile = "audit.log"
+
+// Audit log defaults (berth serve's --audit-max-size and --audit-keep).
+const (
+	// DefaultAuditMaxMB is the size, in MiB, at which the audit log is rotated.
+	DefaultAuditMaxMB = 10
+	// DefaultAuditKeep is how many rotated audit logs are kept beside the current one.
+	DefaultAuditKeep = 5
+)
+
+// AuditEntry is one line of the audit log: one API call, written when its answer
+// has ended. It never holds a command's text, its stdin or its environment: only
+// the command's length and SHA-256, so that an operator can match a call to a
+// command they know without the log holding secrets.
+type AuditEntry struct {
+	// Time is when the call arrived (RFC 3339, UTC, nanoseconds).
+	Time time.Time `json:"time"`
+	// Caller is who called: on a unix socket the peer's uid, gid and pid (SO_PEERCRED,
+	// as the kernel saw them at connect time), on TCP the remote address.
+	Caller Caller `json:"caller"`
+	// Method and Route are the HTTP method and the route's pattern
+	// ("/v1/sessions/{name}/exec"; "" for a path that no route serves); Path is the
+	// request's escaped path.
+	Method string `json:"method"`
+	Route  string `json:"route"`
+	Path   string `json:"path"`
+	// Session is the session name of the path, as given, or "".
+	Session string `json:"session,omitempty"`
+	// CommandBytes and CommandSHA256 describe an exec's command: the shell-mode
+	// command text, or a plain exec's argv joined with NUL bytes (its length in bytes,
+	// and the lower-case hex SHA-256 of those bytes).
+	CommandBytes  *int   `json:"command_bytes,omitempty"`
+	CommandSHA256 string `json:"command_sha256,omitempty"`
+	// ExitCode is an exec's exit code, when it ran to a result.
+	ExitCode *int `json:"exit_code,omitempty"`
+	// Status is the answer's HTTP status (200 for a streamed answer, whatever its end);
+	// ErrorKind the kind of its error, if it ended with one.
+	Status    int    `json:"status"`
+	ErrorKind string `json:"error_kind,omitempty"`
+	// DurationMS is the call's wall time, from its arrival to its answer's end, in
+	// milliseconds.
+	DurationMS float64 `json:"duration_ms"`
+}
+
+// Caller is an API caller, as the audit log records it.
+type Caller struct {
+	// UID, GID and PID are a unix socket peer's credentials (SO_PEERCRED).
+	UID *uint32 `json:"uid,omitempty"`
+	GID *uint32 `json:"gid,omitempty"`
+	PID *int32  `json:"pid,omitempty"`
+	// Addr is a TCP caller's remote address (HOST:PORT).
+	Addr string `json:"addr,omitempty"`
+}
+
+// auditLog writes AuditEntry lines to a size-rotated file (lumberjack: the file is
+// renamed to NAME-TIMESTAMP.log when it would pass its size, and the oldest beyond
+// keep are deleted).
+type auditLog struct {
+	mu sync.Mutex
+	lj *lumberjack.Logger
+}
+
+// WithAudit makes the server write an audit log of its calls (every call but GET
+// /metrics) to path as JSON lines (AuditEntry), rotated when it reaches maxMB MiB,
+// keeping keep rotated files (0: DefaultAuditKeep; rotated files are NAME-TIME.log
+// beside it). The file is created with mode 0600. An empty path writes none.
+func WithAudit(path string, maxMB, keep int) Option {
+	return func(s *Server) {
+		if path == "" {
+			return
+		}
+		if maxMB <= 0 {
+			maxMB = DefaultAuditMaxMB
+		}
+		if keep <= 0 {
+			keep = DefaultAuditKeep
+		}
+		s.audit = &auditLog{lj: &lumberjack.Logger{Filename: path, MaxSize: maxMB, MaxBackups: keep, LocalTime: false}}
+	}
+}
+
+// OpenAudit checks that the audit log at path can be written, creating it (mode
+// 0600, and its directory 0700) when missing; an existing file of a mode that lets
+// others read it is refused, naming the fix. berth serve calls it before it serves.
+func OpenAudit(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("audit log %s: %v", path, err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("audit log %s: %v", path, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("audit log %s: %v", path, err)
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("audit log %s is not a regular file", path)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return fmt.Errorf("audit log %s: mode %04o lets others read it; chmod 600 %s", path, st.Mode().Perm(), path)
+	}
+	return nil
+}
+
+// write appends e as one JSON line; a failure is logged by the caller.
+func (a *auditLog) write(e *AuditEntry) error {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, err = a.lj.Write(append(b, '\n'))
+	return err
+}
+
+func (a *auditLog) close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.lj.Close()
+}
+
+// auditKey is the context key of a call's *AuditEntry.
+type auditKey struct{}
+
+// auditOf returns r's audit entry, for a handler to add to; nil without an audit log.
+func auditOf(r *http.Request) *AuditEntry {
+	e, _ := r.Context().Value(auditKey{}).(*AuditEntry)
+	return e
+}
+
+// auditCommand records an exec's command (never its text) in r's audit entry.
+func auditCommand(r *http.Request, c *execCall) {
+	e := auditOf(r)
+	if e == nil {
+		return
+	}
+	text := c.command
+	if !c.shell {
+		text = strings.Join(c.argv, "\x00")
+	}
+	sum := sha256.Sum256([]byte(text))
+	n := len(text)
+	e.CommandBytes, e.CommandSHA256 = &n, hex.EncodeToString(sum[:])
+}
+
+// auditResult records an exec's exit code in r's audit entry.
+func auditResult(r *http.Request, res ExecResult, err error) {
+	if e := auditOf(r); e != nil && err == nil {
+		code := res.ExitCode
+		e.ExitCode = &code
+	}
+}
+
+// auditError records the kind of the error r was answered with.
+func auditError(r *http.Request, kind string) {
+	if e := auditOf(r); e != nil {
+		e.ErrorKind = kind
+	}
+}
+
+// peerKey is the context key of a unix connection's peer credentials.
+type peerKey struct{}
+
+// connContext is the http.Server's ConnContext: it reads a unix socket peer's
+// credentials (SO_PEERCRED) once per connection.
+func connContext(ctx context.Context, c net.Conn) context.Context {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return ctx
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return ctx
+	}
+	var cred *unix.Ucred
+	raw.Control(func(fd uintptr) {
+		cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	})
+	if cred == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, peerKey{}, *cred)
+}
+
+// callerOf says who sent r.
+func callerOf(r *http.Request) Caller {
+	if cred, ok := r.Context().Value(peerKey{}).(unix.Ucred); ok {
+		return Caller{UID: &cred.Uid, GID: &cred.Gid, PID: &cred.Pid}
+	}
+	return Caller{Addr: r.RemoteAddr}
+}
+
+// startAudit returns r with a new audit entry in its context, or r unchanged (and
+// nil) when there is no audit log or r is a metrics scrape.
+func (s *Server) startAudit(r *http.Request, start time.Time) (*http.Request, *AuditEntry) {
+	if s.audit == nil || r.URL.Path == "/metrics" {
+		return r, nil
+	}
+	e := &AuditEntry{Time: start.UTC(), Caller: callerOf(r), Method: r.Method, Path: r.URL.EscapedPath()}
+	return r.WithContext(context.WithValue(r.Context(), auditKey{}, e)), e
+}
+
+// endAudit completes e, once r's answer has ended with status, and writes it.
+func (s *Server) endAudit(r *http.Request, e *AuditEntry, status int, start time.Time) {
+	if e == nil {
+		return
+	}
+	e.Route, e.Session, e.Status = r.Pattern, r.PathValue("name"), status
+	if e.Route == "/" {
+		e.Route = "" // no route serves the path
+	}
+	e.DurationMS = float64(time.Since(start).Microseconds()) / 1000
+	if err := s.audit.write(e); err != nil {
+		s.log.Error("writing the audit log", "error", err)
+	}
+}
