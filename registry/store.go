@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -68,7 +69,26 @@ type store struct {
 	path    string
 	timeout time.Duration
 	mu      *sync.RWMutex // serialises opens of path within this process
+
+	// touched is each session's last touch by this store (touch coalesces), and
+	// lastUseMade says that lastUseDir exists.
+	touchMu     sync.Mutex
+	touched     map[string]touchMark
+	lastUseMade bool
 }
+
+// touchMark is a touch that this store wrote: the sandbox and the time.
+type touchMark struct {
+	sandbox string
+	t       time.Time
+}
+
+// touchCoalesce is how close to the last touch of a session, on the same sandbox, a
+// new one may be and still be skipped: a session that runs many commands a second
+// (an agent's loop) costs one last-use write a second, not one per command, and its
+// recorded last use is at most this much older than the truth, which no retention
+// setting notices (idle_ttl counts in minutes and more).
+const touchCoalesce = time.Second
 
 var storeLocks sync.Map // path → *sync.RWMutex
 
@@ -77,7 +97,7 @@ func newStore(path string, timeout time.Duration) *store {
 	if timeout <= 0 {
 		timeout = DefaultStoreTimeout
 	}
-	return &store{path: path, timeout: timeout, mu: mu.(*sync.RWMutex)}
+	return &store{path: path, timeout: timeout, mu: mu.(*sync.RWMutex), touched: map[string]touchMark{}}
 }
 
 // withDB opens the store at path (checked first with plain reads: see checkStore),
@@ -461,19 +481,43 @@ func (s *store) forgetSandbox(driver, sandbox string) ([]string, error) {
 // machine the file may hold an older time, or be gone: then the record's LastUsed
 // counts, which a call that created or changed the record wrote durably (and touched
 // too). get and all merge it in.
+//
+// A touch less than touchCoalesce after this store's last touch of the session on
+// the same sandbox is skipped (a clock set back writes at once).
 func (s *store) touch(session, sandbox string, t time.Time) error {
+	s.touchMu.Lock()
+	m, seen := s.touched[session]
+	made := s.lastUseMade
+	s.touchMu.Unlock()
+	if seen && m.sandbox == sandbox && !t.Before(m.t) && t.Sub(m.t) < touchCoalesce {
+		return nil
+	}
 	path := s.lastUsePath(session)
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return err
+	if !made {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return err
+		}
 	}
 	tmp := path + ".tmp-" + randomHex(4)
-	if err := os.WriteFile(tmp, []byte(sandbox+" "+t.UTC().Format(time.RFC3339Nano)+"\n"), 0o600); err != nil {
+	data := []byte(sandbox + " " + t.UTC().Format(time.RFC3339Nano) + "\n")
+	err := os.WriteFile(tmp, data, 0o600)
+	if err != nil && made && errors.Is(err, fs.ErrNotExist) {
+		// The directory went away (removed by hand): make it again.
+		if err = os.MkdirAll(filepath.Dir(path), 0o700); err == nil {
+			err = os.WriteFile(tmp, data, 0o600)
+		}
+	}
+	if err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		os.Remove(tmp)
 		return err
 	}
+	s.touchMu.Lock()
+	s.touched[session] = touchMark{sandbox, t}
+	s.lastUseMade = true
+	s.touchMu.Unlock()
 	return nil
 }
 
@@ -508,6 +552,9 @@ func (s *store) withLastUse(r record) record {
 // forgetLastUse deletes the last-use files of sessions.
 func (s *store) forgetLastUse(sessions []string) {
 	for _, session := range sessions {
+		s.touchMu.Lock()
+		delete(s.touched, session)
+		s.touchMu.Unlock()
 		os.Remove(s.lastUsePath(session))
 	}
 }
