@@ -121,3 +121,51 @@ func TestDefaultWiringConfigErrors(t *testing.T) {
 		t.Errorf("third-party driver: %v", err)
 	}
 }
+
+// A plugin that crashes during Create under a supervising registry: it is
+// restarted, the Create is made again on the new plugin (it is idempotent) and the
+// call succeeds, counted in OnRestart. Without supervision the call fails with a
+// *DriverCrashedError that says it was not retried, and nothing is recorded.
+func TestSupervisedCreateCrash(t *testing.T) {
+	plugin := buildTestPlugin(t)
+	for _, supervised := range []bool{true, false} {
+		t.Run(map[bool]string{true: "supervised", false: "unsupervised"}[supervised], func(t *testing.T) {
+			t.Setenv("BERTH_TESTPLUGIN_CRASH_CREATE", filepath.Join(t.TempDir(), "crashed"))
+			e := newEnv(t, "driver \"local\" {\n  root = \"/unused\"\n}\n")
+			cfg, err := e.load()
+			if err != nil {
+				t.Fatal(err)
+			}
+			restarts := make(chan error, 10)
+			opts := []Option{WithStateDir(e.stateDir), WithBerthBinary(plugin)}
+			if supervised {
+				opts = append(opts, WithSupervision(SupervisePolicy{OnRestart: func(driver string, err error) { restarts <- err }}))
+			}
+			r, err := Open(context.Background(), cfg, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			lease, err := r.Acquire(context.Background(), "main")
+			var dc *DriverCrashedError
+			if !supervised {
+				if !errors.As(err, &dc) || dc.Retried || !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "not retried") {
+					t.Fatalf("unsupervised Acquire across the crash: %v", err)
+				}
+				if list, err := r.Sessions(context.Background()); err != nil || len(list) != 0 {
+					t.Errorf("sessions after the failed create: %+v %v", list, err)
+				}
+				return
+			}
+			if err != nil || !lease.Created {
+				t.Fatalf("supervised Acquire across the crash: %+v %v", lease, err)
+			}
+			if err := <-restarts; err != nil {
+				t.Errorf("restart: %v", err)
+			}
+			if list, err := r.Sessions(context.Background()); err != nil || len(list) != 1 || list[0].State != "running" {
+				t.Errorf("sessions after the retried create: %+v %v", list, err)
+			}
+		})
+	}
+}

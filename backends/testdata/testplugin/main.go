@@ -271,6 +271,14 @@ func (d *driver) Create(_ context.Context, req backend.CreateRequest) (backend.S
 	if strings.HasPrefix(req.Spec.Name, "taken") {
 		return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "sandbox %s: held by someone else", req.Spec.Name)
 	}
+	// BERTH_TESTPLUGIN_CRASH_CREATE=FILE: the first Create of all (FILE is missing)
+	// makes FILE and crashes the plugin in the middle of the call.
+	if f := os.Getenv("BERTH_TESTPLUGIN_CRASH_CREATE"); f != "" {
+		if _, err := os.Stat(f); errors.Is(err, os.ErrNotExist) {
+			os.WriteFile(f, nil, 0o600)
+			os.Exit(3)
+		}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if sb, ok := d.sandboxes[req.Spec.Name]; ok {
