@@ -210,7 +210,7 @@ func (r *Registry) restart(name string, e *driverEntry) {
 func (r *Registry) awaitRestart(ctx context.Context, name string, e *driverEntry) error {
 	deadline := time.Now().Add(restartWaitMax)
 	for e.down != nil {
-		if e.nextTry.After(deadline) {
+		if e.nextTry.After(deadline) || !time.Now().Before(deadline) {
 			err := fmt.Errorf("the plugin is being restarted; next attempt at %s", e.nextTry.UTC().Format(time.RFC3339))
 			if e.lastErr != nil {
 				err = fmt.Errorf("%w (the last one failed: %v)", err, e.lastErr)
