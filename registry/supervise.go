@@ -72,6 +72,16 @@ func WithSupervision(p SupervisePolicy) Option {
 	}
 }
 
+// delay is the wait before restart number attempt+1 of a series of crashes in a
+// row: Initial doubled attempt times, at most Max.
+func (p *SupervisePolicy) delay(attempt int) time.Duration {
+	d := p.Initial << min(attempt, 30)
+	if d > p.Max || d <= 0 {
+		d = p.Max
+	}
+	return d
+}
+
 // DriverCrashedError is the error of a call that met a crashed driver plugin. It
 // wraps backend.ErrUnavailable (errors.Is) and the error the call got.
 type DriverCrashedError struct {
@@ -131,9 +141,8 @@ func (r *Registry) crashNoticed(name string, e *driverEntry) {
 	if e.down != nil {
 		return
 	}
-	p := r.supervise
-	if time.Since(e.started) >= p.HealthyAfter {
-		e.attempt = 0
+	if time.Since(e.started) >= r.supervise.HealthyAfter {
+		e.attempt = 0 // it ran long enough: the series starts again
 	}
 	e.down = make(chan struct{})
 	how := ""
@@ -152,10 +161,7 @@ func (r *Registry) restart(name string, e *driverEntry) {
 	p := r.supervise
 	for {
 		e.mu.Lock()
-		delay := p.Initial << min(e.attempt, 30)
-		if delay > p.Max || delay <= 0 {
-			delay = p.Max
-		}
+		delay := p.delay(e.attempt)
 		e.attempt++
 		e.nextTry = time.Now().Add(delay)
 		e.mu.Unlock()
