@@ -29,7 +29,7 @@ func servePid(b *testing.B, sock string) int {
 }
 
 // procStatus returns a /proc/PID/status field in bytes (VmRSS, VmHWM).
-func procStatus(b *testing.B, pid int, field string) int64 {
+func procStatus(b testing.TB, pid int, field string) int64 {
 	b.Helper()
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {

@@ -4,7 +4,6 @@ package main
 // audit log, plugin supervision, drivers and config explain.
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -98,16 +97,7 @@ func auditLines(t *testing.T, path string) []server.AuditEntry {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var out []server.AuditEntry
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var a server.AuditEntry
-		if err := json.Unmarshal(sc.Bytes(), &a); err != nil {
-			t.Fatalf("audit line %q: %v", sc.Text(), err)
-		}
-		out = append(out, a)
-	}
-	return out
+	return jsonLines[server.AuditEntry](t, f)
 }
 
 // The audit log records each call (not /metrics) with its caller's credentials,

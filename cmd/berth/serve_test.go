@@ -26,7 +26,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -245,20 +244,26 @@ func wantError(t *testing.T, what string, status int, b []byte, wantStatus int, 
 	return eb.Error
 }
 
-// events reads a streamed answer's events until its end.
+// readEvents reads a streamed answer's events until its end.
 func readEvents(t *testing.T, r io.Reader) []server.Event {
 	t.Helper()
-	var evs []server.Event
+	return jsonLines[server.Event](t, r)
+}
+
+// jsonLines decodes r's lines, each one JSON value of type T (lines of up to 1 MiB).
+func jsonLines[T any](t *testing.T, r io.Reader) []T {
+	t.Helper()
+	var out []T
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		var ev server.Event
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			t.Fatalf("event line %q: %v", sc.Text(), err)
+		var v T
+		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
+			t.Fatalf("JSON line %q: %v", sc.Text(), err)
 		}
-		evs = append(evs, ev)
+		out = append(out, v)
 	}
-	return evs
+	return out
 }
 
 // streamed joins the data of a stream's events.
@@ -998,21 +1003,7 @@ func TestServeFlowControl(t *testing.T) {
 // vmHWM returns the peak resident memory of pid, in bytes.
 func vmHWM(t *testing.T, pid int) int {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
-			kb, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
-			if err != nil {
-				t.Fatalf("VmHWM %q: %v", v, err)
-			}
-			return kb << 10
-		}
-	}
-	t.Fatalf("no VmHWM in /proc/%d/status", pid)
-	return 0
+	return int(procStatus(t, pid, "VmHWM"))
 }
 
 // The retention loop prunes on its own: a session idle past its rule's idle_ttl is
