@@ -239,3 +239,35 @@ func TestServeDriversExplain(t *testing.T) {
 		wantError(t, "explain"+c.query, status, b, http.StatusBadRequest, "invalid", c.msg)
 	}
 }
+
+// On TCP the audit log's caller is the remote address; a request without the token
+// is audited too (401), and the token itself is never written.
+func TestServeAuditTCP(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	tokenFile := filepath.Join(e.dir, "token")
+	token := randHex(16)
+	os.WriteFile(tokenFile, []byte(token+"\n"), 0o600)
+	d := e.serve("--listen", "tcp://127.0.0.1:0", "--token-file", tokenFile)
+	if status, b := d.call("GET", "/v1/health", ""); status != http.StatusUnauthorized {
+		t.Fatalf("health without the token: %d %s", status, b)
+	}
+	d.token = token
+	d.exec("tcp:1", `{"command":"echo hi"}`)
+	path := filepath.Join(e.state, server.AuditFile)
+	testwait.Until(t, "the audit log's two lines", func() bool { return len(auditLines(t, path)) >= 2 })
+	lines := auditLines(t, path)
+	host := strings.TrimPrefix(d.listen, "tcp://")
+	for _, l := range lines {
+		if l.Caller.UID != nil || !strings.HasPrefix(l.Caller.Addr, "127.0.0.1:") || l.Caller.Addr == host {
+			t.Errorf("TCP caller %+v (the daemon listens on %s)", l.Caller, host)
+		}
+	}
+	sum := sha256.Sum256([]byte("echo hi"))
+	if lines[0].Status != 401 || lines[0].ErrorKind != "unauthorized" || lines[1].CommandSHA256 != hex.EncodeToString(sum[:]) || *lines[1].CommandBytes != 7 {
+		t.Errorf("audit lines: %+v", lines)
+	}
+	if raw, _ := os.ReadFile(path); strings.Contains(string(raw), token) {
+		t.Errorf("the audit log holds the token")
+	}
+}
