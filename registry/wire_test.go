@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
@@ -165,6 +166,54 @@ func TestSupervisedCreateCrash(t *testing.T) {
 			}
 			if list, err := r.Sessions(context.Background()); err != nil || len(list) != 1 || list[0].State != "running" {
 				t.Errorf("sessions after the retried create: %+v %v", list, err)
+			}
+		})
+	}
+}
+
+// A supervised plugin killed from outside is restarted without any call; crashes
+// in a row count up the backoff, unless the plugin ran for HealthyAfter first, which
+// starts the series again.
+func TestSupervisedRestartSeries(t *testing.T) {
+	plugin := buildTestPlugin(t)
+	for _, c := range []struct {
+		healthy time.Duration
+		want    int // restarts in a row counted after two crashes
+	}{{time.Hour, 2}, {time.Nanosecond, 1}} {
+		t.Run(c.healthy.String(), func(t *testing.T) {
+			e := newEnv(t, "driver \"local\" {\n  root = \"/unused\"\n}\n")
+			cfg, err := e.load()
+			if err != nil {
+				t.Fatal(err)
+			}
+			restarts := make(chan error, 10)
+			r, err := Open(context.Background(), cfg, WithStateDir(e.stateDir), WithBerthBinary(plugin),
+				WithSupervision(SupervisePolicy{Initial: time.Millisecond, HealthyAfter: c.healthy, OnRestart: func(_ string, err error) { restarts <- err }}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			for i := 0; i < 2; i++ {
+				b, err := r.Backend(context.Background(), "local")
+				if err != nil {
+					t.Fatal(err)
+				}
+				syscall.Kill(b.(*backends.Client).Pid(), syscall.SIGKILL)
+				if err := <-restarts; err != nil {
+					t.Fatalf("restart %d: %v", i+1, err)
+				}
+			}
+			r.drvMu.Lock()
+			de := r.drivers["local"]
+			r.drvMu.Unlock()
+			de.mu.Lock()
+			got := de.attempt
+			de.mu.Unlock()
+			if got != c.want {
+				t.Errorf("restarts in a row after two crashes: %d, want %d", got, c.want)
+			}
+			if b, err := r.Backend(context.Background(), "local"); err != nil || b.(*backends.Client).Exited() {
+				t.Errorf("the driver after the restarts: %v", err)
 			}
 		})
 	}
