@@ -163,6 +163,7 @@ func (r *Registry) restart(name string, e *driverEntry) {
 		e.mu.Lock()
 		delay := p.delay(e.attempt)
 		e.attempt++
+		attempt := e.attempt
 		e.nextTry = time.Now().Add(delay)
 		e.mu.Unlock()
 		t := time.NewTimer(delay)
@@ -195,7 +196,7 @@ func (r *Registry) restart(name string, e *driverEntry) {
 			p.OnRestart(name, err)
 		}
 		if err == nil {
-			r.log.Info("driver plugin restarted", "driver", name, "attempt", e.attempt)
+			r.log.Info("driver plugin restarted", "driver", name, "attempt", attempt)
 			return
 		}
 		if r.life.Err() != nil {
@@ -205,7 +206,7 @@ func (r *Registry) restart(name string, e *driverEntry) {
 			e.mu.Unlock()
 			return
 		}
-		r.log.Warn("driver plugin restart failed; trying again", "driver", name, "attempt", e.attempt, "error", err)
+		r.log.Warn("driver plugin restart failed; trying again", "driver", name, "attempt", attempt, "error", err)
 	}
 }
 
