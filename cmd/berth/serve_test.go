@@ -33,6 +33,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/internal/testimage"
 	"github.com/berth-sh/berth/internal/testwait"
@@ -1180,7 +1181,8 @@ func BenchmarkServeExec(b *testing.B) {
 }
 
 // BenchmarkServeExecDocker is BenchmarkServeExec on a warm docker session, beside
-// `docker exec CONTAINER true` on the session's own container.
+// `docker exec CONTAINER true` on the session's own container and, as the floor,
+// the sandbox's agent over a kept connection (what the daemon itself pays).
 //
 //	go test ./cmd/berth -run '^$' -bench ServeExecDocker -benchtime 40x
 func BenchmarkServeExecDocker(b *testing.B) {
@@ -1197,7 +1199,11 @@ func BenchmarkServeExecDocker(b *testing.B) {
 	}
 	post, sandbox := benchExec(b, client, "bench")
 	b.Cleanup(func() { cli(environ, "rm", "bench").Run() })
+	// The floor: the sandbox's agent over a kept connection, as the daemon reaches it.
+	dir := filepath.Join(filepath.Dir(sock), "sandboxes", "docker", sandbox)
+	files := backend.AgentFiles{Binary: filepath.Join(dir, "agent", backend.AgentBinaryName), Dir: filepath.Join(dir, "agent"), SocketDir: filepath.Join(dir, "run")}
 	benchutil.Interleave(b, []benchutil.Way{
+		{Name: "agent-kept", Run: benchutil.AgentKept(b, files)},
 		{Name: "serve-http", Run: post},
 		{Name: "serve-curl", Run: curlExec(sock, "bench")},
 		{Name: "cli-embedded", Run: func() error { return cli(environ, "exec", "-s", "bench", "--", "true").Run() }},
