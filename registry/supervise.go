@@ -97,11 +97,11 @@ type DriverCrashedError struct {
 }
 
 func (e *DriverCrashedError) Error() string {
-	how := "not retried (it may not be repeated safely)"
+	how := "not retried"
 	if e.Retried {
 		how = "retried once on the restarted plugin, which failed too"
 	}
-	return fmt.Sprintf("driver %s crashed during %s; %s: %v", e.Driver, e.Op, how, e.Err)
+	return fmt.Sprintf("driver %s crashed during %s (%s): %v", e.Driver, e.Op, how, e.Err)
 }
 
 // Unwrap returns backend.ErrUnavailable and Err.
