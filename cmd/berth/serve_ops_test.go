@@ -245,9 +245,7 @@ func TestServeDriversExplain(t *testing.T) {
 func TestServeAuditTCP(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	tokenFile := filepath.Join(e.dir, "token")
-	token := randHex(16)
-	os.WriteFile(tokenFile, []byte(token+"\n"), 0o600)
+	tokenFile, token := e.tokenFile()
 	d := e.serve("--listen", "tcp://127.0.0.1:0", "--token-file", tokenFile)
 	if status, b := d.call("GET", "/v1/health", ""); status != http.StatusUnauthorized {
 		t.Fatalf("health without the token: %d %s", status, b)
@@ -270,4 +268,15 @@ func TestServeAuditTCP(t *testing.T) {
 	if raw, _ := os.ReadFile(path); strings.Contains(string(raw), token) {
 		t.Errorf("the audit log holds the token")
 	}
+}
+
+// tokenFile writes a new bearer token to an owner-only file in e's scratch dir and
+// returns the file and the token.
+func (e *env) tokenFile() (path, token string) {
+	e.t.Helper()
+	path, token = filepath.Join(e.dir, "token"), randHex(16)
+	if err := os.WriteFile(path, []byte(token+"\n"), 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	return path, token
 }

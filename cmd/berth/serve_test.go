@@ -598,9 +598,7 @@ func TestServeSecondInstance(t *testing.T) {
 func TestServeTCPToken(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	tokenFile := filepath.Join(e.dir, "token")
-	token := randHex(16)
-	os.WriteFile(tokenFile, []byte(token+"\n"), 0o600)
+	tokenFile, token := e.tokenFile()
 	loose := filepath.Join(e.dir, "loose")
 	os.WriteFile(loose, []byte(token), 0o644)
 	short := filepath.Join(e.dir, "short")
