@@ -170,6 +170,12 @@ type SandboxSpec struct {
 	// and the plugin socket dir. The registry refuses mounts of berth's own dirs
 	// without it before any driver sees the spec; drivers refuse the rest.
 	AllowHostPaths bool `json:"allow_host_paths,omitempty"`
+	// Runtime is the OCI runtime of a container sandbox, one the driver lists in
+	// Capabilities.Runtimes (e.g. "runsc", gVisor); empty means the engine's default
+	// (runc). Drivers without Runtimes refuse any other value with ErrUnsupported.
+	// It is part of the spec hash (only when set, so specs from before it hash as
+	// they did).
+	Runtime string `json:"runtime,omitempty"`
 }
 
 // DefaultEnvAllowlist is the host environment that local execs start from.

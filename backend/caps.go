@@ -101,6 +101,62 @@ type Capabilities struct {
 	AgentDial bool `json:"agent_dial"`
 	// Validate: the driver implements Validator.
 	Validate bool `json:"validate"`
+	// Runtimes lists the OCI runtimes besides the engine's default that a spec may
+	// name (SandboxSpec.Runtime), each with the capabilities its sandboxes have:
+	// those replace the fields above for a sandbox of that runtime (ForRuntime).
+	// Empty for drivers without a choice of runtime. The built-in container drivers
+	// list the runtimes their engine is configured with (Docker Engine's `docker
+	// info` Runtimes; the containerd driver's runtimes setting) and report gVisor's
+	// (runsc) with what it lacks turned off (docs/gvisor.md).
+	Runtimes []RuntimeCapabilities `json:"runtimes,omitempty"`
+}
+
+// RuntimeCapabilities is one entry of Capabilities.Runtimes.
+type RuntimeCapabilities struct {
+	// Name is the runtime's name as a spec gives it (SandboxSpec.Runtime), e.g. "runsc".
+	Name string `json:"name"`
+	// Kernel says whose kernel the runtime's sandboxes run on: KernelHost (runc,
+	// crun) or KernelGVisor (runsc's user-space kernel).
+	Kernel string `json:"kernel"`
+	// Capabilities are the capabilities of a sandbox of this runtime. Its own
+	// Runtimes is empty.
+	Capabilities Capabilities `json:"capabilities"`
+}
+
+// Kernels of RuntimeCapabilities.Kernel.
+const (
+	// KernelHost: the sandbox's processes make system calls to the host's kernel.
+	KernelHost = "host"
+	// KernelGVisor: the sandbox's processes make system calls to gVisor's Sentry, a
+	// kernel in user space, which makes a small set of its own to the host's.
+	KernelGVisor = "gvisor"
+)
+
+// ForRuntime returns the capabilities of a sandbox whose spec names runtime (see
+// Runtimes): c itself (with no Runtimes) for "", the entry's for a listed runtime,
+// and false for one the driver does not offer.
+func (c Capabilities) ForRuntime(runtime string) (Capabilities, bool) {
+	if runtime == "" {
+		c.Runtimes = nil
+		return c, true
+	}
+	for _, r := range c.Runtimes {
+		if r.Name == runtime {
+			rc := r.Capabilities
+			rc.Runtimes = nil
+			return rc, true
+		}
+	}
+	return Capabilities{}, false
+}
+
+// RuntimeNames returns the names in c.Runtimes, in their order.
+func (c Capabilities) RuntimeNames() []string {
+	names := make([]string, len(c.Runtimes))
+	for i, r := range c.Runtimes {
+		names[i] = r.Name
+	}
+	return names
 }
 
 // HasAgent reports whether the driver's sandboxes run berth's agent, reachable one
@@ -112,7 +168,8 @@ type ConfigField struct {
 	// Name is the HCL attribute name.
 	Name string `json:"name"`
 	// Type is one of "string", "number", "bool", "duration" (a Go duration string such
-	// as "30s"), "list(string)".
+	// as "30s"), "list(string)", "map(string)" (an HCL object of strings, a JSON
+	// object in DriverSetup.Config).
 	Type string `json:"type"`
 	// Required fields must be set.
 	Required bool `json:"required"`

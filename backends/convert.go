@@ -32,7 +32,24 @@ func capsToPB(c backend.Capabilities) *pb.Capabilities {
 		Agent:            string(c.Agent),
 		AgentDial:        c.AgentDial,
 		Validate:         c.Validate,
+		Runtimes:         runtimesToPB(c.Runtimes),
 	}
+}
+
+func runtimesToPB(rs []backend.RuntimeCapabilities) []*pb.RuntimeCapabilities {
+	var out []*pb.RuntimeCapabilities
+	for _, r := range rs {
+		out = append(out, &pb.RuntimeCapabilities{Name: r.Name, Kernel: r.Kernel, Capabilities: capsToPB(r.Capabilities)})
+	}
+	return out
+}
+
+func runtimesFromPB(rs []*pb.RuntimeCapabilities) []backend.RuntimeCapabilities {
+	var out []backend.RuntimeCapabilities
+	for _, r := range rs {
+		out = append(out, backend.RuntimeCapabilities{Name: r.GetName(), Kernel: r.GetKernel(), Capabilities: capsFromPB(r.GetCapabilities())})
+	}
+	return out
 }
 
 func capsFromPB(c *pb.Capabilities) backend.Capabilities {
@@ -54,6 +71,7 @@ func capsFromPB(c *pb.Capabilities) backend.Capabilities {
 		Agent:            backend.AgentReach(c.GetAgent()),
 		AgentDial:        c.GetAgentDial(),
 		Validate:         c.GetValidate(),
+		Runtimes:         runtimesFromPB(c.GetRuntimes()),
 	}
 }
 
@@ -131,6 +149,7 @@ func specToPB(s backend.SandboxSpec) *pb.SandboxSpec {
 			CpuShares:   s.Resources.CPUShares,
 		},
 		AllowHostPaths: s.AllowHostPaths,
+		Runtime:        s.Runtime,
 	}
 }
 
@@ -156,6 +175,7 @@ func specFromPB(s *pb.SandboxSpec) backend.SandboxSpec {
 			CPUShares:   s.GetResources().GetCpuShares(),
 		},
 		AllowHostPaths: s.GetAllowHostPaths(),
+		Runtime:        s.GetRuntime(),
 	}
 }
 

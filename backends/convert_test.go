@@ -38,7 +38,8 @@ func TestRoundTrip(t *testing.T) {
 		TTY: true, CPULimit: true, MemoryLimit: true, PidsLimit: true, DropCapabilities: true, Copy: true,
 		StopStart: true, ExecUser: true, ImagePull: true, ImageImport: true, Config: true, Agent: backend.AgentSocket, AgentDial: true, Validate: true,
 	}
-	if reflect.ValueOf(caps).NumField() != 17 {
+	caps.Runtimes = []backend.RuntimeCapabilities{{Name: "runsc", Kernel: backend.KernelGVisor, Capabilities: backend.Capabilities{FSIsolation: backend.FSIsolationImage, NetworkModes: []string{"none"}, TTY: true}}}
+	if reflect.ValueOf(caps).NumField() != 18 {
 		t.Fatal("backend.Capabilities changed: update capsToPB/capsFromPB and this test")
 	}
 	info := backend.Info{Name: "docker", Version: "1.2.3", ProtocolVersions: []int{1, 2}, Protocol: 1, Capabilities: caps}
@@ -55,8 +56,9 @@ func TestRoundTrip(t *testing.T) {
 		Network:        "bridge",
 		Resources:      backend.Resources{CPUs: 1.5, MemoryBytes: 512 << 20, Pids: 256},
 		AllowHostPaths: true,
+		Runtime:        "runsc",
 	}
-	if reflect.ValueOf(spec).NumField() != 11 {
+	if reflect.ValueOf(spec).NumField() != 12 {
 		t.Fatal("backend.SandboxSpec changed: update specToPB/specFromPB and this test")
 	}
 	check(t, "SandboxSpec", spec, specFromPB(wire(t, specToPB(spec))))

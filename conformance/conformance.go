@@ -4,9 +4,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -98,6 +101,12 @@ type Options struct {
 	// sleep (fractions allowed), stty, dd and touch, as busybox has them (grep must
 	// know -z). Ignored by drivers without their own filesystem.
 	Image string
+	// Runtime is the OCI runtime of every sandbox the suite makes
+	// (backend.SandboxSpec.Runtime, and runtime in the registry cases' rules), one
+	// the driver lists in Capabilities.Runtimes; the cases then branch on that
+	// runtime's capabilities (Capabilities.ForRuntime). Default "": the engine's
+	// default runtime.
+	Runtime string
 	// Capabilities, when set, is the driver's documented set of Linux capabilities
 	// that a sandbox keeps (names with or without CAP_); isolation/capabilities-dropped
 	// then checks that the bounding set is exactly that. When nil, the case checks only
@@ -140,6 +149,18 @@ type Options struct {
 
 // DefaultCaseTimeout is RunAll's per-case timeout when Options.CaseTimeout is zero.
 const DefaultCaseTimeout = 5 * time.Minute
+
+// forRuntime returns info with the capabilities of the sandboxes of runtime
+// (Options.Runtime) in place of the driver's, so that every case branches on what
+// those sandboxes have. Error: a runtime the driver does not list.
+func forRuntime(info backend.Info, runtime string) (backend.Info, error) {
+	caps, ok := info.Capabilities.ForRuntime(runtime)
+	if !ok {
+		return info, fmt.Errorf("driver %s does not offer runtime %q (its runtimes: %v); register it with the engine (docs/gvisor.md) or drop the runtime", info.Name, runtime, info.Capabilities.RuntimeNames())
+	}
+	info.Capabilities = caps
+	return info, nil
+}
 
 // Harness is what a case gets: the driver under test, its Info, the owner id and the
 // options, with helpers that create sandboxes and remove them when the case ends.
@@ -192,8 +213,9 @@ func newHarness(b backend.TerminalBackend, info backend.Info, opts Options, stat
 func (h *Harness) Spec(t T, name string) backend.SandboxSpec {
 	sum := sha256.Sum256([]byte(name + "\x00" + h.RunID))
 	return backend.SandboxSpec{
-		Name:  name,
-		Image: h.Options.Image,
+		Name:    name,
+		Image:   h.Options.Image,
+		Runtime: h.Options.Runtime,
 		Labels: map[string]string{
 			backend.LabelOwner:    h.Owner,
 			backend.LabelSession:  "conformance/" + t.Name(),
@@ -203,6 +225,20 @@ func (h *Harness) Spec(t T, name string) backend.SandboxSpec {
 			RunLabel:              h.RunID,
 		},
 	}
+}
+
+// ruleLines returns the image and runtime attributes of the registry cases' scope
+// rules (Options.Image, Options.Runtime), each on its own line indented by two
+// spaces, "" for those unset.
+func (h *Harness) ruleLines() string {
+	var b strings.Builder
+	if h.Options.Image != "" {
+		fmt.Fprintf(&b, "  image = %s\n", strconv.Quote(h.Options.Image))
+	}
+	if h.Options.Runtime != "" {
+		fmt.Fprintf(&b, "  runtime = %s\n", strconv.Quote(h.Options.Runtime))
+	}
+	return b.String()
 }
 
 // SandboxName returns a new unique sandbox name: "bconf-" and 12 random hex digits.
@@ -350,6 +386,9 @@ func Run(t *testing.T, b backend.TerminalBackend, opts Options) {
 	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
 	info, err := b.Info(ctx)
 	cancel()
+	if err == nil {
+		info, err = forRuntime(info, opts.Runtime)
+	}
 	if err != nil {
 		t.Fatalf("Info: %v", err)
 	}

@@ -22,10 +22,7 @@ const needsRegistry = "needs a registry (run through berth conformance or pass O
 // "conf-iso-ID:*" and a shared rule (sandbox name "conf-shared-ID") for
 // "conf-shared-ID:*", both on the driver under test.
 func (h *Harness) registryConfig(id string) string {
-	image := ""
-	if h.Options.Image != "" {
-		image = "  image     = " + strconv.Quote(h.Options.Image) + "\n"
-	}
+	image := h.ruleLines()
 	driver := strconv.Quote(h.Info.Name)
 	return fmt.Sprintf(`scope "conf-iso-%[1]s:*" {
   driver    = %[2]s

@@ -80,10 +80,7 @@ func ClockOf(r *registry.Registry) *Clock {
 // retentionConfig is the config of the retention cases: one rule per policy, for
 // sessions "conf-POLICY-ID:*", on the driver under test.
 func (h *Harness) retentionConfig(id string) string {
-	image := ""
-	if h.Options.Image != "" {
-		image = "  image  = " + strconv.Quote(h.Options.Image) + "\n"
-	}
+	image := h.ruleLines()
 	var b strings.Builder
 	rule := func(policy, retention string) {
 		fmt.Fprintf(&b, "scope \"conf-%s-%s:*\" {\n  driver = %s\n%s  retention {\n%s  }\n}\n\n", policy, id, strconv.Quote(h.Info.Name), image, retention)
@@ -480,7 +477,7 @@ func caseReconcileOthers(t T, h *Harness) {
 	// may remove again, so "unlabelled" is an empty owner id and no other berth label,
 	// under a name that our naming gives a session of a rule.
 	bareSession := "conf-keep-" + id + ":bare"
-	bare := backend.SandboxSpec{Name: explain(t, r, bareSession).Name, Image: h.Options.Image}
+	bare := backend.SandboxSpec{Name: explain(t, r, bareSession).Name, Image: h.Options.Image, Runtime: h.Options.Runtime}
 	h.plant(t, r, bare, old, func(s *backend.SandboxSpec) { s.Labels = map[string]string{backend.LabelOwner: ""} })
 	clk.Advance(2 * r.OrphanGrace())
 	for _, name := range []string{foreign.Name, bare.Name} {

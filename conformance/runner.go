@@ -30,6 +30,9 @@ func RunAll(ctx context.Context, b backend.TerminalBackend, opts Options, filter
 	ictx, cancel := context.WithTimeout(ctx, callTimeout)
 	info, err := b.Info(ictx)
 	cancel()
+	if err == nil {
+		info, err = forRuntime(info, opts.Runtime)
+	}
 	if err != nil {
 		rep := Report{}
 		rep.add(CaseReport{Group: "setup", Name: "info", Status: StatusFail, Reason: fmt.Sprintf("Info: %v", err), DurationMS: time.Since(start).Milliseconds()})

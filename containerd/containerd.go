@@ -25,7 +25,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -108,6 +111,7 @@ type Driver struct {
 	namespace   string
 	snapshotter string
 	runtime     string
+	runtimes    map[string]string // OCI runtime name → binary (the runtimes setting)
 	seccomp     string
 	owner       string
 	stateDir    string
@@ -168,29 +172,39 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 	if err := d.health(ctx); err != nil {
 		return backend.Info{}, err
 	}
+	caps := baseCapabilities()
+	d.mu.Lock()
+	caps.Runtimes = containerutil.RuntimesCaps(caps, d.runtimes, "")
+	d.mu.Unlock()
 	return backend.Info{
 		Name:             Name,
 		Version:          Version,
 		ProtocolVersions: []int{backend.ProtocolVersion},
-		Capabilities: backend.Capabilities{
-			FSIsolation:      backend.FSIsolationImage,
-			PIDIsolation:     true,
-			NetworkModes:     append([]string(nil), NetworkModes...),
-			TTY:              true,
-			CPULimit:         true,
-			MemoryLimit:      true,
-			PidsLimit:        true,
-			DropCapabilities: true,
-			Copy:             true,
-			StopStart:        true,
-			ExecUser:         true,
-			ImagePull:        true,
-			ImageImport:      true,
-			Config:           true,
-			Validate:         true,
-			Agent:            backend.AgentSocket, // the host reaches the agent itself
-		},
+		Capabilities:     caps,
 	}, nil
+}
+
+// baseCapabilities are the capabilities of a sandbox of the default OCI runtime
+// (runc, under the task runtime's shim).
+func baseCapabilities() backend.Capabilities {
+	return backend.Capabilities{
+		FSIsolation:      backend.FSIsolationImage,
+		PIDIsolation:     true,
+		NetworkModes:     append([]string(nil), NetworkModes...),
+		TTY:              true,
+		CPULimit:         true,
+		MemoryLimit:      true,
+		PidsLimit:        true,
+		DropCapabilities: true,
+		Copy:             true,
+		StopStart:        true,
+		ExecUser:         true,
+		ImagePull:        true,
+		ImageImport:      true,
+		Config:           true,
+		Validate:         true,
+		Agent:            backend.AgentSocket, // the host reaches the agent itself
+	}
 }
 
 // health asks the daemon of a configured driver for its version (see Info).
@@ -219,17 +233,19 @@ func (d *Driver) ConfigSchema(ctx context.Context) ([]backend.ConfigField, error
 		{Name: "namespace", Type: "string", Description: "containerd namespace of berth's containers, images and snapshots (default " + DefaultNamespace + ")"},
 		{Name: "snapshotter", Type: "string", Description: "snapshotter of the sandboxes' root filesystems (default " + DefaultSnapshotter + ")"},
 		{Name: "runtime", Type: "string", Description: "task runtime (default " + DefaultRuntime + ")"},
+		{Name: "runtimes", Type: "map(string)", Description: "OCI runtimes a scope's runtime may name besides runc: name → absolute path of the runtime's binary (or a wrapper that adds its flags), which the runc shim runs in runc's place (its BinaryName), e.g. { runsc = \"/usr/local/bin/runsc-berth\" } for gVisor (docs/gvisor.md)"},
 		{Name: "seccomp", Type: "string", Description: "seccomp profile of new sandboxes: \"native\" (default: Docker's profile for the native system call ABI only), \"docker\" (Docker's profile with the 32-bit ABIs), \"unconfined\", or the absolute path of an OCI seccomp JSON file"},
 	}, nil
 }
 
 // config is the decoded `driver "containerd" {}` block.
 type config struct {
-	Address     string `json:"address"`
-	Namespace   string `json:"namespace"`
-	Snapshotter string `json:"snapshotter"`
-	Runtime     string `json:"runtime"`
-	Seccomp     string `json:"seccomp"`
+	Address     string            `json:"address"`
+	Namespace   string            `json:"namespace"`
+	Snapshotter string            `json:"snapshotter"`
+	Runtime     string            `json:"runtime"`
+	Runtimes    map[string]string `json:"runtimes"`
+	Seccomp     string            `json:"seccomp"`
 }
 
 // Configure applies the config block and the owner. Values set with options in New
@@ -261,6 +277,11 @@ func (d *Driver) Configure(ctx context.Context, setup backend.DriverSetup) error
 			return err
 		}
 	}
+	for name, path := range cfg.Runtimes {
+		if err := checkRuntimeEntry(name, path); err != nil {
+			return err
+		}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	before := d.settingsLocked()
@@ -279,6 +300,9 @@ func (d *Driver) Configure(ctx context.Context, setup backend.DriverSetup) error
 	if cfg.Seccomp != "" {
 		d.seccomp = cfg.Seccomp
 	}
+	if cfg.Runtimes != nil {
+		d.runtimes = maps.Clone(cfg.Runtimes)
+	}
 	// The client carries the address, default namespace and runtime: a new one is made
 	// on the next call when they changed.
 	if after := d.settingsLocked(); after != before && d.cli != nil {
@@ -288,6 +312,47 @@ func (d *Driver) Configure(ctx context.Context, setup backend.DriverSetup) error
 	d.owner = setup.Owner
 	d.stateDir = setup.StateDir
 	return nil
+}
+
+// checkRuntimeEntry checks one entry of the runtimes setting: a runtime name as a
+// scope writes it and an absolute path to an executable file. The file is checked
+// here so that `berth config check` and the first create say so, not the shim.
+func checkRuntimeEntry(name, path string) error {
+	if err := checkIdentifier("runtimes key", name); err != nil {
+		return err
+	}
+	if name == "runc" {
+		return backend.Errorf(backend.ErrInvalid, "driver \"containerd\": runtimes: runc is the default runtime (a scope without runtime uses it); remove the entry")
+	}
+	if !filepath.IsAbs(path) {
+		return backend.Errorf(backend.ErrInvalid, "driver \"containerd\": runtimes: %s = %q is not an absolute path; give the path of the runtime's binary, e.g. %s = \"/usr/local/bin/runsc-berth\"", name, path, name)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+		why := "it is not an executable file"
+		if err != nil {
+			why = err.Error()
+		}
+		return backend.Errorf(backend.ErrInvalid, "driver \"containerd\": runtimes: %s = %q: %s; install the runtime there (runsc: docs/gvisor.md) or fix the path", name, path, why)
+	}
+	return nil
+}
+
+// runtimeBinary returns the binary of OCI runtime name (the runtimes setting); "" for
+// the default. Error: ErrUnsupported for a runtime not in the setting, naming those
+// that are and how to add one.
+func (d *Driver) runtimeBinary(sandbox, name string) (string, error) {
+	if name == "" {
+		return "", nil
+	}
+	d.mu.Lock()
+	path, ok := d.runtimes[name]
+	have := slices.Sorted(maps.Keys(d.runtimes))
+	d.mu.Unlock()
+	if !ok {
+		return "", backend.Errorf(backend.ErrUnsupported, "containerd sandbox %s: runtime %q is not in driver \"containerd\" { runtimes = {...} } (it has %v); add it, e.g. runtimes = { %s = \"/usr/local/bin/runsc-berth\" } for gVisor, as docs/gvisor.md says", sandbox, name, have, name)
+	}
+	return path, nil
 }
 
 // checkIdentifier accepts containerd identifiers: letters, digits, '.', '_' and '-',

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/leases"
@@ -59,6 +60,10 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 		return backend.Sandbox{}, err
 	}
 	build, user, err := d.specOpts(spec, req.Agent)
+	if err != nil {
+		return backend.Sandbox{}, err
+	}
+	binary, err := d.runtimeBinary(spec.Name, spec.Runtime)
 	if err != nil {
 		return backend.Sandbox{}, err
 	}
@@ -114,7 +119,7 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 			client.WithSnapshotter(s.snapshotter),
 			client.WithNewSnapshot(spec.Name, img),
 			client.WithContainerLabels(labels),
-			client.WithRuntime(s.runtime, nil),
+			client.WithRuntime(s.runtime, runtimeOptions(spec.Runtime, binary)),
 			client.WithNewSpec(build(img, filter)...),
 		)
 		if err != nil {
@@ -716,6 +721,20 @@ func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(
 		return opts
 	}
 	return build, user, nil
+}
+
+// runtimeOptions returns the runc shim's options for OCI runtime name, whose binary
+// is binary: nil for the default (runc), else the shim runs binary in runc's place
+// (BinaryName) with its state under /run/containerd/NAME rather than runc's
+// /run/containerd/runc, as Docker Engine does for a runtime added with
+// --add-runtime. The runsc shim (containerd-shim-runsc-v1) is not used: containerd
+// 1.6 cannot start it, and it sets its own oom_score_adj, which needs
+// CAP_SYS_RESOURCE (docs/gvisor.md).
+func runtimeOptions(name, binary string) any {
+	if name == "" {
+		return nil
+	}
+	return &options.Options{BinaryName: binary, Root: "/run/containerd/" + name}
 }
 
 // runtimeSockets lists the runtime sockets a mount must not expose

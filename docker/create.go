@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -66,6 +68,11 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 			if rerr := remoteEngine(spec.Name, d.engineHost(), req.Agent, err); rerr != nil {
 				return backend.Sandbox{}, rerr
 			}
+			if spec.Runtime != "" && strings.Contains(err.Error(), "runtime") {
+				if cerr := d.checkRuntime(ctx, spec); cerr != nil {
+					return backend.Sandbox{}, cerr
+				}
+			}
 			if errors.Is(werr, backend.ErrNotFound) && strings.Contains(strings.ToLower(err.Error()), "image") {
 				return backend.Sandbox{}, backend.Errorf(backend.ErrNotFound, "docker sandbox %s: image %q is not in the Docker Engine at %s (%v); pull it (berth pulls before create unless the rule says pull = \"never\") or load it (berth image import FILE --driver docker)", spec.Name, spec.Image, d.engineHost(), err)
 			}
@@ -93,8 +100,33 @@ func (d *Driver) Validate(ctx context.Context, spec backend.SandboxSpec) error {
 	if err := backend.ValidateSandboxName(spec.Name); err != nil {
 		return err
 	}
-	_, _, _, err := d.containerConfig(spec, backend.AgentFiles{})
-	return err
+	if _, _, _, err := d.containerConfig(spec, backend.AgentFiles{}); err != nil {
+		return err
+	}
+	return d.checkRuntime(ctx, spec)
+}
+
+// checkRuntime checks that the engine knows spec.Runtime (`docker info`'s Runtimes),
+// so that `berth config check` says so before any sandbox is made. Error:
+// ErrUnsupported naming the runtimes the engine has and how to register one.
+func (d *Driver) checkRuntime(ctx context.Context, spec backend.SandboxSpec) error {
+	if spec.Runtime == "" {
+		return nil
+	}
+	paths, _, err := d.engineRuntimes(ctx)
+	if err != nil {
+		return err
+	}
+	if _, ok := paths[spec.Runtime]; ok {
+		return nil
+	}
+	return d.unknownRuntime(spec, slices.Sorted(maps.Keys(paths)))
+}
+
+// unknownRuntime is the error for a spec whose runtime the engine lacks.
+func (d *Driver) unknownRuntime(spec backend.SandboxSpec, have []string) error {
+	return backend.Errorf(backend.ErrUnsupported, "docker sandbox %s: the Docker Engine at %s has no runtime %q (it has %s); register it: dockerd --add-runtime %s=/path/to/runsc (or \"runtimes\": {%q: {\"path\": \"/path/to/runsc\", \"runtimeArgs\": [\"--host-uds=create\", \"--overlay2=none\"]}} in daemon.json) and restart dockerd; install runsc as docs/gvisor.md says",
+		spec.Name, d.engineHost(), spec.Runtime, strings.Join(have, ", "), spec.Runtime, spec.Runtime)
 }
 
 // remoteEngine recognises the engine's answer to a create whose agent or socket dir
@@ -361,6 +393,7 @@ func (d *Driver) containerConfig(spec backend.SandboxSpec, a backend.AgentFiles)
 		Cmd:        containerutil.AgentArgs(user),
 	}
 	hcfg := &container.HostConfig{
+		Runtime:     spec.Runtime,
 		NetworkMode: container.NetworkMode(network),
 		Mounts:      mounts,
 		CapDrop:     []string{"ALL"},

@@ -109,37 +109,74 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 	if err := d.health(ctx); err != nil {
 		return backend.Info{}, err
 	}
+	caps := baseCapabilities()
+	if d.configured() {
+		paths, dflt, err := d.engineRuntimes(ctx)
+		if err != nil {
+			return backend.Info{}, err
+		}
+		caps.Runtimes = containerutil.RuntimesCaps(caps, paths, dflt)
+	}
 	return backend.Info{
 		Name:             Name,
 		Version:          Version,
 		ProtocolVersions: []int{backend.ProtocolVersion},
-		Capabilities: backend.Capabilities{
-			FSIsolation:      backend.FSIsolationImage,
-			PIDIsolation:     true,
-			NetworkModes:     append([]string(nil), NetworkModes...),
-			TTY:              true,
-			Agent:            backend.AgentSocket,
-			CPULimit:         true,
-			MemoryLimit:      true,
-			PidsLimit:        true,
-			DropCapabilities: true,
-			Copy:             true,
-			StopStart:        true,
-			ExecUser:         true,
-			ImageImport:      true,
-			ImagePull:        true,
-			Config:           true,
-			Validate:         true,
-		},
+		Capabilities:     caps,
 	}, nil
+}
+
+// configured reports whether Configure has told the driver its owner or state dir.
+func (d *Driver) configured() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.owner != "" || d.stateDir != ""
+}
+
+// engineRuntimes returns the OCI runtimes the engine is configured with (`docker
+// info`'s Runtimes: name → binary path as dockerd's --add-runtime or daemon.json's
+// "runtimes" set it, "" for a shim v2 runtime without one) and its default runtime.
+func (d *Driver) engineRuntimes(ctx context.Context) (map[string]string, string, error) {
+	api, err := d.api()
+	if err != nil {
+		return nil, "", err
+	}
+	info, err := api.Info(ctx)
+	if err != nil {
+		return nil, "", d.wrap("read the engine's runtimes (docker info)", err)
+	}
+	paths := make(map[string]string, len(info.Runtimes))
+	for n, r := range info.Runtimes {
+		paths[n] = r.Path
+	}
+	return paths, info.DefaultRuntime, nil
+}
+
+// baseCapabilities are the capabilities of a sandbox of the engine's default
+// runtime (runc).
+func baseCapabilities() backend.Capabilities {
+	return backend.Capabilities{
+		FSIsolation:      backend.FSIsolationImage,
+		PIDIsolation:     true,
+		NetworkModes:     append([]string(nil), NetworkModes...),
+		TTY:              true,
+		Agent:            backend.AgentSocket,
+		CPULimit:         true,
+		MemoryLimit:      true,
+		PidsLimit:        true,
+		DropCapabilities: true,
+		Copy:             true,
+		StopStart:        true,
+		ExecUser:         true,
+		ImageImport:      true,
+		ImagePull:        true,
+		Config:           true,
+		Validate:         true,
+	}
 }
 
 // health pings the engine of a configured driver (see Info).
 func (d *Driver) health(ctx context.Context) error {
-	d.mu.Lock()
-	configured := d.owner != "" || d.stateDir != ""
-	d.mu.Unlock()
-	if !configured {
+	if !d.configured() {
 		return nil // not told its engine yet: Info describes the driver
 	}
 	return containerutil.CheckHealth(ctx, func(ctx context.Context) error {

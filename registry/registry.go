@@ -386,6 +386,9 @@ func (r *Registry) createIn(ctx context.Context, p *pending, session string, rul
 	if p.caps, err = r.capabilities(ctx, b); err != nil {
 		return fmt.Errorf("session %q: driver %s: %w", session, rule.Driver, err)
 	}
+	if p.caps, err = RuntimeCapabilities(p.caps, rule); err != nil {
+		return fmt.Errorf("session %q: %w", session, err)
+	}
 	p.b = b
 	old, recorded, err := r.store.get(session)
 	if err != nil {

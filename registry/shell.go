@@ -133,6 +133,25 @@ func (r *Registry) capabilities(ctx context.Context, b backend.TerminalBackend) 
 	return info.Capabilities, nil
 }
 
+// RuntimeCapabilities returns the capabilities of rule's sandboxes on a driver with
+// caps: caps.ForRuntime(rule.Runtime). A runtime the driver does not list (a driver
+// from before runtimes, which would ignore the field, or an engine without it) is
+// ErrUnsupported, naming the rule, the runtime, those the driver offers and how to
+// register one, so that no sandbox is ever made with the engine's default runtime in
+// its place.
+func RuntimeCapabilities(caps backend.Capabilities, rule *config.Rule) (backend.Capabilities, error) {
+	rc, ok := caps.ForRuntime(rule.Runtime)
+	if ok {
+		return rc, nil
+	}
+	offered := "none besides the default"
+	if names := caps.RuntimeNames(); len(names) > 0 {
+		offered = strings.Join(names, ", ")
+	}
+	return backend.Capabilities{}, backend.Errorf(backend.ErrUnsupported, "%s: scope %q: driver %s does not offer runtime %q (it offers %s); register it with the engine (docker: dockerd --add-runtime %s=/path/to/%s, or \"runtimes\" in daemon.json, then restart dockerd; containerd: the driver block's runtimes = { %s = \"/path/to/%s\" }; see docs/gvisor.md), or remove runtime from the rule",
+		rule.Pos(), rule.Glob, rule.Driver, rule.Runtime, offered, rule.Runtime, rule.Runtime, rule.Runtime, rule.Runtime)
+}
+
 // spillSeq makes full-output file names unique within a process.
 var spillSeq atomic.Uint64
 

@@ -63,9 +63,11 @@ type Capabilities struct {
 	ImageImport      bool                   `protobuf:"varint,13,opt,name=image_import,json=imageImport,proto3" json:"image_import,omitempty"`
 	Config           bool                   `protobuf:"varint,14,opt,name=config,proto3" json:"config,omitempty"`
 	// How the host reaches the agent: "socket", "dial", or "" (no agent: Exec).
-	Agent         string `protobuf:"bytes,17,opt,name=agent,proto3" json:"agent,omitempty"`
-	AgentDial     bool   `protobuf:"varint,18,opt,name=agent_dial,json=agentDial,proto3" json:"agent_dial,omitempty"`
-	Validate      bool   `protobuf:"varint,19,opt,name=validate,proto3" json:"validate,omitempty"`
+	Agent     string `protobuf:"bytes,17,opt,name=agent,proto3" json:"agent,omitempty"`
+	AgentDial bool   `protobuf:"varint,18,opt,name=agent_dial,json=agentDial,proto3" json:"agent_dial,omitempty"`
+	Validate  bool   `protobuf:"varint,19,opt,name=validate,proto3" json:"validate,omitempty"`
+	// The OCI runtimes a spec may name besides the default (SandboxSpec.runtime).
+	Runtimes      []*RuntimeCapabilities `protobuf:"bytes,20,rep,name=runtimes,proto3" json:"runtimes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -219,6 +221,74 @@ func (x *Capabilities) GetValidate() bool {
 	return false
 }
 
+func (x *Capabilities) GetRuntimes() []*RuntimeCapabilities {
+	if x != nil {
+		return x.Runtimes
+	}
+	return nil
+}
+
+type RuntimeCapabilities struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// "host" or "gvisor".
+	Kernel        string        `protobuf:"bytes,2,opt,name=kernel,proto3" json:"kernel,omitempty"`
+	Capabilities  *Capabilities `protobuf:"bytes,3,opt,name=capabilities,proto3" json:"capabilities,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuntimeCapabilities) Reset() {
+	*x = RuntimeCapabilities{}
+	mi := &file_driver_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuntimeCapabilities) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuntimeCapabilities) ProtoMessage() {}
+
+func (x *RuntimeCapabilities) ProtoReflect() protoreflect.Message {
+	mi := &file_driver_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuntimeCapabilities.ProtoReflect.Descriptor instead.
+func (*RuntimeCapabilities) Descriptor() ([]byte, []int) {
+	return file_driver_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RuntimeCapabilities) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RuntimeCapabilities) GetKernel() string {
+	if x != nil {
+		return x.Kernel
+	}
+	return ""
+}
+
+func (x *RuntimeCapabilities) GetCapabilities() *Capabilities {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
 type Info struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Name             string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -232,7 +302,7 @@ type Info struct {
 
 func (x *Info) Reset() {
 	*x = Info{}
-	mi := &file_driver_proto_msgTypes[1]
+	mi := &file_driver_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -244,7 +314,7 @@ func (x *Info) String() string {
 func (*Info) ProtoMessage() {}
 
 func (x *Info) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[1]
+	mi := &file_driver_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -257,7 +327,7 @@ func (x *Info) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Info.ProtoReflect.Descriptor instead.
 func (*Info) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{1}
+	return file_driver_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Info) GetName() string {
@@ -303,7 +373,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_driver_proto_msgTypes[2]
+	mi := &file_driver_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -315,7 +385,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[2]
+	mi := &file_driver_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -328,7 +398,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{2}
+	return file_driver_proto_rawDescGZIP(), []int{3}
 }
 
 type InfoResponse struct {
@@ -340,7 +410,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_driver_proto_msgTypes[3]
+	mi := &file_driver_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -352,7 +422,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[3]
+	mi := &file_driver_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -365,7 +435,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{3}
+	return file_driver_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *InfoResponse) GetInfo() *Info {
@@ -387,7 +457,7 @@ type ConfigField struct {
 
 func (x *ConfigField) Reset() {
 	*x = ConfigField{}
-	mi := &file_driver_proto_msgTypes[4]
+	mi := &file_driver_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -399,7 +469,7 @@ func (x *ConfigField) String() string {
 func (*ConfigField) ProtoMessage() {}
 
 func (x *ConfigField) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[4]
+	mi := &file_driver_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -412,7 +482,7 @@ func (x *ConfigField) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigField.ProtoReflect.Descriptor instead.
 func (*ConfigField) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{4}
+	return file_driver_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ConfigField) GetName() string {
@@ -451,7 +521,7 @@ type ConfigSchemaRequest struct {
 
 func (x *ConfigSchemaRequest) Reset() {
 	*x = ConfigSchemaRequest{}
-	mi := &file_driver_proto_msgTypes[5]
+	mi := &file_driver_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -463,7 +533,7 @@ func (x *ConfigSchemaRequest) String() string {
 func (*ConfigSchemaRequest) ProtoMessage() {}
 
 func (x *ConfigSchemaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[5]
+	mi := &file_driver_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -476,7 +546,7 @@ func (x *ConfigSchemaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigSchemaRequest.ProtoReflect.Descriptor instead.
 func (*ConfigSchemaRequest) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{5}
+	return file_driver_proto_rawDescGZIP(), []int{6}
 }
 
 type ConfigSchemaResponse struct {
@@ -488,7 +558,7 @@ type ConfigSchemaResponse struct {
 
 func (x *ConfigSchemaResponse) Reset() {
 	*x = ConfigSchemaResponse{}
-	mi := &file_driver_proto_msgTypes[6]
+	mi := &file_driver_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -500,7 +570,7 @@ func (x *ConfigSchemaResponse) String() string {
 func (*ConfigSchemaResponse) ProtoMessage() {}
 
 func (x *ConfigSchemaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[6]
+	mi := &file_driver_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -513,7 +583,7 @@ func (x *ConfigSchemaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigSchemaResponse.ProtoReflect.Descriptor instead.
 func (*ConfigSchemaResponse) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{6}
+	return file_driver_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ConfigSchemaResponse) GetFields() []*ConfigField {
@@ -534,7 +604,7 @@ type DriverSetup struct {
 
 func (x *DriverSetup) Reset() {
 	*x = DriverSetup{}
-	mi := &file_driver_proto_msgTypes[7]
+	mi := &file_driver_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -546,7 +616,7 @@ func (x *DriverSetup) String() string {
 func (*DriverSetup) ProtoMessage() {}
 
 func (x *DriverSetup) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[7]
+	mi := &file_driver_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -559,7 +629,7 @@ func (x *DriverSetup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriverSetup.ProtoReflect.Descriptor instead.
 func (*DriverSetup) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{7}
+	return file_driver_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DriverSetup) GetStateDir() string {
@@ -592,7 +662,7 @@ type ConfigureRequest struct {
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_driver_proto_msgTypes[8]
+	mi := &file_driver_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -604,7 +674,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[8]
+	mi := &file_driver_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -617,7 +687,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{8}
+	return file_driver_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ConfigureRequest) GetSetup() *DriverSetup {
@@ -635,7 +705,7 @@ type ConfigureResponse struct {
 
 func (x *ConfigureResponse) Reset() {
 	*x = ConfigureResponse{}
-	mi := &file_driver_proto_msgTypes[9]
+	mi := &file_driver_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -647,7 +717,7 @@ func (x *ConfigureResponse) String() string {
 func (*ConfigureResponse) ProtoMessage() {}
 
 func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[9]
+	mi := &file_driver_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -660,7 +730,7 @@ func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureResponse) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{9}
+	return file_driver_proto_rawDescGZIP(), []int{10}
 }
 
 type Mount struct {
@@ -674,7 +744,7 @@ type Mount struct {
 
 func (x *Mount) Reset() {
 	*x = Mount{}
-	mi := &file_driver_proto_msgTypes[10]
+	mi := &file_driver_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -686,7 +756,7 @@ func (x *Mount) String() string {
 func (*Mount) ProtoMessage() {}
 
 func (x *Mount) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[10]
+	mi := &file_driver_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -699,7 +769,7 @@ func (x *Mount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mount.ProtoReflect.Descriptor instead.
 func (*Mount) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{10}
+	return file_driver_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Mount) GetSource() string {
@@ -736,7 +806,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_driver_proto_msgTypes[11]
+	mi := &file_driver_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -748,7 +818,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[11]
+	mi := &file_driver_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -761,7 +831,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{11}
+	return file_driver_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Resources) GetCpus() float64 {
@@ -805,13 +875,15 @@ type SandboxSpec struct {
 	Network        string                 `protobuf:"bytes,9,opt,name=network,proto3" json:"network,omitempty"`
 	Resources      *Resources             `protobuf:"bytes,10,opt,name=resources,proto3" json:"resources,omitempty"`
 	AllowHostPaths bool                   `protobuf:"varint,11,opt,name=allow_host_paths,json=allowHostPaths,proto3" json:"allow_host_paths,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The OCI runtime, one of Capabilities.runtimes; "" for the engine's default.
+	Runtime       string `protobuf:"bytes,12,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SandboxSpec) Reset() {
 	*x = SandboxSpec{}
-	mi := &file_driver_proto_msgTypes[12]
+	mi := &file_driver_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -823,7 +895,7 @@ func (x *SandboxSpec) String() string {
 func (*SandboxSpec) ProtoMessage() {}
 
 func (x *SandboxSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[12]
+	mi := &file_driver_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -836,7 +908,7 @@ func (x *SandboxSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxSpec.ProtoReflect.Descriptor instead.
 func (*SandboxSpec) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{12}
+	return file_driver_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SandboxSpec) GetName() string {
@@ -916,6 +988,13 @@ func (x *SandboxSpec) GetAllowHostPaths() bool {
 	return false
 }
 
+func (x *SandboxSpec) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
 type AgentFiles struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Binary        string                 `protobuf:"bytes,1,opt,name=binary,proto3" json:"binary,omitempty"`
@@ -928,7 +1007,7 @@ type AgentFiles struct {
 
 func (x *AgentFiles) Reset() {
 	*x = AgentFiles{}
-	mi := &file_driver_proto_msgTypes[13]
+	mi := &file_driver_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -940,7 +1019,7 @@ func (x *AgentFiles) String() string {
 func (*AgentFiles) ProtoMessage() {}
 
 func (x *AgentFiles) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[13]
+	mi := &file_driver_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -953,7 +1032,7 @@ func (x *AgentFiles) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentFiles.ProtoReflect.Descriptor instead.
 func (*AgentFiles) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{13}
+	return file_driver_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AgentFiles) GetBinary() string {
@@ -999,7 +1078,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_driver_proto_msgTypes[14]
+	mi := &file_driver_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1011,7 +1090,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[14]
+	mi := &file_driver_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1024,7 +1103,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{14}
+	return file_driver_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Sandbox) GetName() string {
@@ -1079,7 +1158,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_driver_proto_msgTypes[15]
+	mi := &file_driver_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1091,7 +1170,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[15]
+	mi := &file_driver_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1104,7 +1183,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{15}
+	return file_driver_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CreateRequest) GetSpec() *SandboxSpec {
@@ -1130,7 +1209,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_driver_proto_msgTypes[16]
+	mi := &file_driver_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1142,7 +1221,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[16]
+	mi := &file_driver_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1155,7 +1234,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{16}
+	return file_driver_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -1174,7 +1253,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_driver_proto_msgTypes[17]
+	mi := &file_driver_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1186,7 +1265,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[17]
+	mi := &file_driver_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1199,7 +1278,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{17}
+	return file_driver_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StartRequest) GetName() string {
@@ -1217,7 +1296,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_driver_proto_msgTypes[18]
+	mi := &file_driver_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1229,7 +1308,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[18]
+	mi := &file_driver_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1242,7 +1321,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{18}
+	return file_driver_proto_rawDescGZIP(), []int{19}
 }
 
 type InspectRequest struct {
@@ -1254,7 +1333,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_driver_proto_msgTypes[19]
+	mi := &file_driver_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1266,7 +1345,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[19]
+	mi := &file_driver_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1279,7 +1358,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{19}
+	return file_driver_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *InspectRequest) GetName() string {
@@ -1298,7 +1377,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_driver_proto_msgTypes[20]
+	mi := &file_driver_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1310,7 +1389,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[20]
+	mi := &file_driver_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1323,7 +1402,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{20}
+	return file_driver_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *InspectResponse) GetSandbox() *Sandbox {
@@ -1342,7 +1421,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_driver_proto_msgTypes[21]
+	mi := &file_driver_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1354,7 +1433,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[21]
+	mi := &file_driver_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1367,7 +1446,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{21}
+	return file_driver_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListRequest) GetFilter() map[string]string {
@@ -1386,7 +1465,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_driver_proto_msgTypes[22]
+	mi := &file_driver_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1398,7 +1477,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[22]
+	mi := &file_driver_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1411,7 +1490,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{22}
+	return file_driver_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1432,7 +1511,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_driver_proto_msgTypes[23]
+	mi := &file_driver_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1444,7 +1523,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[23]
+	mi := &file_driver_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1457,7 +1536,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{23}
+	return file_driver_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StopRequest) GetName() string {
@@ -1482,7 +1561,7 @@ type StopResponse struct {
 
 func (x *StopResponse) Reset() {
 	*x = StopResponse{}
-	mi := &file_driver_proto_msgTypes[24]
+	mi := &file_driver_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1494,7 +1573,7 @@ func (x *StopResponse) String() string {
 func (*StopResponse) ProtoMessage() {}
 
 func (x *StopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[24]
+	mi := &file_driver_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1507,7 +1586,7 @@ func (x *StopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopResponse.ProtoReflect.Descriptor instead.
 func (*StopResponse) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{24}
+	return file_driver_proto_rawDescGZIP(), []int{25}
 }
 
 type RemoveRequest struct {
@@ -1519,7 +1598,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_driver_proto_msgTypes[25]
+	mi := &file_driver_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1531,7 +1610,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[25]
+	mi := &file_driver_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1544,7 +1623,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{25}
+	return file_driver_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RemoveRequest) GetName() string {
@@ -1562,7 +1641,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_driver_proto_msgTypes[26]
+	mi := &file_driver_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1574,7 +1653,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[26]
+	mi := &file_driver_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1587,7 +1666,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{26}
+	return file_driver_proto_rawDescGZIP(), []int{27}
 }
 
 type WindowSize struct {
@@ -1600,7 +1679,7 @@ type WindowSize struct {
 
 func (x *WindowSize) Reset() {
 	*x = WindowSize{}
-	mi := &file_driver_proto_msgTypes[27]
+	mi := &file_driver_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1612,7 +1691,7 @@ func (x *WindowSize) String() string {
 func (*WindowSize) ProtoMessage() {}
 
 func (x *WindowSize) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[27]
+	mi := &file_driver_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1625,7 +1704,7 @@ func (x *WindowSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowSize.ProtoReflect.Descriptor instead.
 func (*WindowSize) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{27}
+	return file_driver_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WindowSize) GetRows() uint32 {
@@ -1661,7 +1740,7 @@ type ExecSetup struct {
 
 func (x *ExecSetup) Reset() {
 	*x = ExecSetup{}
-	mi := &file_driver_proto_msgTypes[28]
+	mi := &file_driver_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1673,7 +1752,7 @@ func (x *ExecSetup) String() string {
 func (*ExecSetup) ProtoMessage() {}
 
 func (x *ExecSetup) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[28]
+	mi := &file_driver_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1686,7 +1765,7 @@ func (x *ExecSetup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSetup.ProtoReflect.Descriptor instead.
 func (*ExecSetup) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{28}
+	return file_driver_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ExecSetup) GetName() string {
@@ -1769,7 +1848,7 @@ type ExecIn struct {
 
 func (x *ExecIn) Reset() {
 	*x = ExecIn{}
-	mi := &file_driver_proto_msgTypes[29]
+	mi := &file_driver_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1781,7 +1860,7 @@ func (x *ExecIn) String() string {
 func (*ExecIn) ProtoMessage() {}
 
 func (x *ExecIn) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[29]
+	mi := &file_driver_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1794,7 +1873,7 @@ func (x *ExecIn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecIn.ProtoReflect.Descriptor instead.
 func (*ExecIn) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{29}
+	return file_driver_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ExecIn) GetMsg() isExecIn_Msg {
@@ -1917,7 +1996,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_driver_proto_msgTypes[30]
+	mi := &file_driver_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1929,7 +2008,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[30]
+	mi := &file_driver_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1942,7 +2021,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{30}
+	return file_driver_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ExecResult) GetExitCode() int32 {
@@ -2002,7 +2081,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_driver_proto_msgTypes[31]
+	mi := &file_driver_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2014,7 +2093,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[31]
+	mi := &file_driver_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2027,7 +2106,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{31}
+	return file_driver_proto_rawDescGZIP(), []int{32}
 }
 
 type ExecOut struct {
@@ -2045,7 +2124,7 @@ type ExecOut struct {
 
 func (x *ExecOut) Reset() {
 	*x = ExecOut{}
-	mi := &file_driver_proto_msgTypes[32]
+	mi := &file_driver_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2057,7 +2136,7 @@ func (x *ExecOut) String() string {
 func (*ExecOut) ProtoMessage() {}
 
 func (x *ExecOut) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[32]
+	mi := &file_driver_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2070,7 +2149,7 @@ func (x *ExecOut) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecOut.ProtoReflect.Descriptor instead.
 func (*ExecOut) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{32}
+	return file_driver_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ExecOut) GetMsg() isExecOut_Msg {
@@ -2155,7 +2234,7 @@ type CopyInRequest struct {
 
 func (x *CopyInRequest) Reset() {
 	*x = CopyInRequest{}
-	mi := &file_driver_proto_msgTypes[33]
+	mi := &file_driver_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2167,7 +2246,7 @@ func (x *CopyInRequest) String() string {
 func (*CopyInRequest) ProtoMessage() {}
 
 func (x *CopyInRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[33]
+	mi := &file_driver_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2180,7 +2259,7 @@ func (x *CopyInRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyInRequest.ProtoReflect.Descriptor instead.
 func (*CopyInRequest) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{33}
+	return file_driver_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CopyInRequest) GetName() string {
@@ -2212,7 +2291,7 @@ type CopyInResponse struct {
 
 func (x *CopyInResponse) Reset() {
 	*x = CopyInResponse{}
-	mi := &file_driver_proto_msgTypes[34]
+	mi := &file_driver_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2224,7 +2303,7 @@ func (x *CopyInResponse) String() string {
 func (*CopyInResponse) ProtoMessage() {}
 
 func (x *CopyInResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[34]
+	mi := &file_driver_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2237,7 +2316,7 @@ func (x *CopyInResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyInResponse.ProtoReflect.Descriptor instead.
 func (*CopyInResponse) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{34}
+	return file_driver_proto_rawDescGZIP(), []int{35}
 }
 
 type CopyOutRequest struct {
@@ -2250,7 +2329,7 @@ type CopyOutRequest struct {
 
 func (x *CopyOutRequest) Reset() {
 	*x = CopyOutRequest{}
-	mi := &file_driver_proto_msgTypes[35]
+	mi := &file_driver_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2262,7 +2341,7 @@ func (x *CopyOutRequest) String() string {
 func (*CopyOutRequest) ProtoMessage() {}
 
 func (x *CopyOutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[35]
+	mi := &file_driver_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2275,7 +2354,7 @@ func (x *CopyOutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyOutRequest.ProtoReflect.Descriptor instead.
 func (*CopyOutRequest) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{35}
+	return file_driver_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CopyOutRequest) GetName() string {
@@ -2301,7 +2380,7 @@ type CopyOutChunk struct {
 
 func (x *CopyOutChunk) Reset() {
 	*x = CopyOutChunk{}
-	mi := &file_driver_proto_msgTypes[36]
+	mi := &file_driver_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2313,7 +2392,7 @@ func (x *CopyOutChunk) String() string {
 func (*CopyOutChunk) ProtoMessage() {}
 
 func (x *CopyOutChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[36]
+	mi := &file_driver_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2326,7 +2405,7 @@ func (x *CopyOutChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyOutChunk.ProtoReflect.Descriptor instead.
 func (*CopyOutChunk) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{36}
+	return file_driver_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CopyOutChunk) GetData() []byte {
@@ -2346,7 +2425,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_driver_proto_msgTypes[37]
+	mi := &file_driver_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2358,7 +2437,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[37]
+	mi := &file_driver_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2371,7 +2450,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{37}
+	return file_driver_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -2400,7 +2479,7 @@ type PullProgress struct {
 
 func (x *PullProgress) Reset() {
 	*x = PullProgress{}
-	mi := &file_driver_proto_msgTypes[38]
+	mi := &file_driver_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2412,7 +2491,7 @@ func (x *PullProgress) String() string {
 func (*PullProgress) ProtoMessage() {}
 
 func (x *PullProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[38]
+	mi := &file_driver_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2425,7 +2504,7 @@ func (x *PullProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullProgress.ProtoReflect.Descriptor instead.
 func (*PullProgress) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{38}
+	return file_driver_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *PullProgress) GetLayer() string {
@@ -2465,7 +2544,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_driver_proto_msgTypes[39]
+	mi := &file_driver_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2477,7 +2556,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[39]
+	mi := &file_driver_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2490,7 +2569,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{39}
+	return file_driver_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ImportImageRequest) GetData() []byte {
@@ -2509,7 +2588,7 @@ type ImportImageResponse struct {
 
 func (x *ImportImageResponse) Reset() {
 	*x = ImportImageResponse{}
-	mi := &file_driver_proto_msgTypes[40]
+	mi := &file_driver_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2521,7 +2600,7 @@ func (x *ImportImageResponse) String() string {
 func (*ImportImageResponse) ProtoMessage() {}
 
 func (x *ImportImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[40]
+	mi := &file_driver_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2534,7 +2613,7 @@ func (x *ImportImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageResponse.ProtoReflect.Descriptor instead.
 func (*ImportImageResponse) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{40}
+	return file_driver_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ImportImageResponse) GetRefs() []string {
@@ -2555,7 +2634,7 @@ type AgentData struct {
 
 func (x *AgentData) Reset() {
 	*x = AgentData{}
-	mi := &file_driver_proto_msgTypes[41]
+	mi := &file_driver_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2567,7 +2646,7 @@ func (x *AgentData) String() string {
 func (*AgentData) ProtoMessage() {}
 
 func (x *AgentData) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[41]
+	mi := &file_driver_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2580,7 +2659,7 @@ func (x *AgentData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentData.ProtoReflect.Descriptor instead.
 func (*AgentData) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{41}
+	return file_driver_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AgentData) GetName() string {
@@ -2606,7 +2685,7 @@ type ValidateRequest struct {
 
 func (x *ValidateRequest) Reset() {
 	*x = ValidateRequest{}
-	mi := &file_driver_proto_msgTypes[42]
+	mi := &file_driver_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2618,7 +2697,7 @@ func (x *ValidateRequest) String() string {
 func (*ValidateRequest) ProtoMessage() {}
 
 func (x *ValidateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[42]
+	mi := &file_driver_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2631,7 +2710,7 @@ func (x *ValidateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ValidateRequest.ProtoReflect.Descriptor instead.
 func (*ValidateRequest) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{42}
+	return file_driver_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ValidateRequest) GetSpec() *SandboxSpec {
@@ -2649,7 +2728,7 @@ type ValidateResponse struct {
 
 func (x *ValidateResponse) Reset() {
 	*x = ValidateResponse{}
-	mi := &file_driver_proto_msgTypes[43]
+	mi := &file_driver_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2661,7 +2740,7 @@ func (x *ValidateResponse) String() string {
 func (*ValidateResponse) ProtoMessage() {}
 
 func (x *ValidateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_driver_proto_msgTypes[43]
+	mi := &file_driver_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2674,14 +2753,14 @@ func (x *ValidateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ValidateResponse.ProtoReflect.Descriptor instead.
 func (*ValidateResponse) Descriptor() ([]byte, []int) {
-	return file_driver_proto_rawDescGZIP(), []int{43}
+	return file_driver_proto_rawDescGZIP(), []int{44}
 }
 
 var File_driver_proto protoreflect.FileDescriptor
 
 const file_driver_proto_rawDesc = "" +
 	"\n" +
-	"\fdriver.proto\x12\x0fberth.driver.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa0\x04\n" +
+	"\fdriver.proto\x12\x0fberth.driver.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe2\x04\n" +
 	"\fCapabilities\x12!\n" +
 	"\ffs_isolation\x18\x01 \x01(\tR\vfsIsolation\x12#\n" +
 	"\rpid_isolation\x18\x02 \x01(\bR\fpidIsolation\x12#\n" +
@@ -2704,7 +2783,12 @@ const file_driver_proto_rawDesc = "" +
 	"\x05agent\x18\x11 \x01(\tR\x05agent\x12\x1d\n" +
 	"\n" +
 	"agent_dial\x18\x12 \x01(\bR\tagentDial\x12\x1a\n" +
-	"\bvalidate\x18\x13 \x01(\bR\bvalidateJ\x04\b\x0f\x10\x10J\x04\b\x10\x10\x11\"\xc0\x01\n" +
+	"\bvalidate\x18\x13 \x01(\bR\bvalidate\x12@\n" +
+	"\bruntimes\x18\x14 \x03(\v2$.berth.driver.v1.RuntimeCapabilitiesR\bruntimesJ\x04\b\x0f\x10\x10J\x04\b\x10\x10\x11\"\x84\x01\n" +
+	"\x13RuntimeCapabilities\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06kernel\x18\x02 \x01(\tR\x06kernel\x12A\n" +
+	"\fcapabilities\x18\x03 \x01(\v2\x1d.berth.driver.v1.CapabilitiesR\fcapabilities\"\xc0\x01\n" +
 	"\x04Info\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12+\n" +
@@ -2738,7 +2822,7 @@ const file_driver_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x1d\n" +
 	"\n" +
-	"cpu_shares\x18\x04 \x01(\x03R\tcpuShares\"\xc7\x03\n" +
+	"cpu_shares\x18\x04 \x01(\x03R\tcpuShares\"\xe1\x03\n" +
 	"\vSandboxSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12@\n" +
@@ -2751,7 +2835,8 @@ const file_driver_proto_rawDesc = "" +
 	"\anetwork\x18\t \x01(\tR\anetwork\x128\n" +
 	"\tresources\x18\n" +
 	" \x01(\v2\x1a.berth.driver.v1.ResourcesR\tresources\x12(\n" +
-	"\x10allow_host_paths\x18\v \x01(\bR\x0eallowHostPaths\x1a9\n" +
+	"\x10allow_host_paths\x18\v \x01(\bR\x0eallowHostPaths\x12\x18\n" +
+	"\aruntime\x18\f \x01(\tR\aruntime\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"m\n" +
@@ -2900,116 +2985,119 @@ func file_driver_proto_rawDescGZIP() []byte {
 	return file_driver_proto_rawDescData
 }
 
-var file_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_driver_proto_goTypes = []any{
 	(*Capabilities)(nil),          // 0: berth.driver.v1.Capabilities
-	(*Info)(nil),                  // 1: berth.driver.v1.Info
-	(*InfoRequest)(nil),           // 2: berth.driver.v1.InfoRequest
-	(*InfoResponse)(nil),          // 3: berth.driver.v1.InfoResponse
-	(*ConfigField)(nil),           // 4: berth.driver.v1.ConfigField
-	(*ConfigSchemaRequest)(nil),   // 5: berth.driver.v1.ConfigSchemaRequest
-	(*ConfigSchemaResponse)(nil),  // 6: berth.driver.v1.ConfigSchemaResponse
-	(*DriverSetup)(nil),           // 7: berth.driver.v1.DriverSetup
-	(*ConfigureRequest)(nil),      // 8: berth.driver.v1.ConfigureRequest
-	(*ConfigureResponse)(nil),     // 9: berth.driver.v1.ConfigureResponse
-	(*Mount)(nil),                 // 10: berth.driver.v1.Mount
-	(*Resources)(nil),             // 11: berth.driver.v1.Resources
-	(*SandboxSpec)(nil),           // 12: berth.driver.v1.SandboxSpec
-	(*AgentFiles)(nil),            // 13: berth.driver.v1.AgentFiles
-	(*Sandbox)(nil),               // 14: berth.driver.v1.Sandbox
-	(*CreateRequest)(nil),         // 15: berth.driver.v1.CreateRequest
-	(*CreateResponse)(nil),        // 16: berth.driver.v1.CreateResponse
-	(*StartRequest)(nil),          // 17: berth.driver.v1.StartRequest
-	(*StartResponse)(nil),         // 18: berth.driver.v1.StartResponse
-	(*InspectRequest)(nil),        // 19: berth.driver.v1.InspectRequest
-	(*InspectResponse)(nil),       // 20: berth.driver.v1.InspectResponse
-	(*ListRequest)(nil),           // 21: berth.driver.v1.ListRequest
-	(*ListResponse)(nil),          // 22: berth.driver.v1.ListResponse
-	(*StopRequest)(nil),           // 23: berth.driver.v1.StopRequest
-	(*StopResponse)(nil),          // 24: berth.driver.v1.StopResponse
-	(*RemoveRequest)(nil),         // 25: berth.driver.v1.RemoveRequest
-	(*RemoveResponse)(nil),        // 26: berth.driver.v1.RemoveResponse
-	(*WindowSize)(nil),            // 27: berth.driver.v1.WindowSize
-	(*ExecSetup)(nil),             // 28: berth.driver.v1.ExecSetup
-	(*ExecIn)(nil),                // 29: berth.driver.v1.ExecIn
-	(*ExecResult)(nil),            // 30: berth.driver.v1.ExecResult
-	(*ExecStarted)(nil),           // 31: berth.driver.v1.ExecStarted
-	(*ExecOut)(nil),               // 32: berth.driver.v1.ExecOut
-	(*CopyInRequest)(nil),         // 33: berth.driver.v1.CopyInRequest
-	(*CopyInResponse)(nil),        // 34: berth.driver.v1.CopyInResponse
-	(*CopyOutRequest)(nil),        // 35: berth.driver.v1.CopyOutRequest
-	(*CopyOutChunk)(nil),          // 36: berth.driver.v1.CopyOutChunk
-	(*PullImageRequest)(nil),      // 37: berth.driver.v1.PullImageRequest
-	(*PullProgress)(nil),          // 38: berth.driver.v1.PullProgress
-	(*ImportImageRequest)(nil),    // 39: berth.driver.v1.ImportImageRequest
-	(*ImportImageResponse)(nil),   // 40: berth.driver.v1.ImportImageResponse
-	(*AgentData)(nil),             // 41: berth.driver.v1.AgentData
-	(*ValidateRequest)(nil),       // 42: berth.driver.v1.ValidateRequest
-	(*ValidateResponse)(nil),      // 43: berth.driver.v1.ValidateResponse
-	nil,                           // 44: berth.driver.v1.SandboxSpec.LabelsEntry
-	nil,                           // 45: berth.driver.v1.Sandbox.LabelsEntry
-	nil,                           // 46: berth.driver.v1.ListRequest.FilterEntry
-	(*timestamppb.Timestamp)(nil), // 47: google.protobuf.Timestamp
+	(*RuntimeCapabilities)(nil),   // 1: berth.driver.v1.RuntimeCapabilities
+	(*Info)(nil),                  // 2: berth.driver.v1.Info
+	(*InfoRequest)(nil),           // 3: berth.driver.v1.InfoRequest
+	(*InfoResponse)(nil),          // 4: berth.driver.v1.InfoResponse
+	(*ConfigField)(nil),           // 5: berth.driver.v1.ConfigField
+	(*ConfigSchemaRequest)(nil),   // 6: berth.driver.v1.ConfigSchemaRequest
+	(*ConfigSchemaResponse)(nil),  // 7: berth.driver.v1.ConfigSchemaResponse
+	(*DriverSetup)(nil),           // 8: berth.driver.v1.DriverSetup
+	(*ConfigureRequest)(nil),      // 9: berth.driver.v1.ConfigureRequest
+	(*ConfigureResponse)(nil),     // 10: berth.driver.v1.ConfigureResponse
+	(*Mount)(nil),                 // 11: berth.driver.v1.Mount
+	(*Resources)(nil),             // 12: berth.driver.v1.Resources
+	(*SandboxSpec)(nil),           // 13: berth.driver.v1.SandboxSpec
+	(*AgentFiles)(nil),            // 14: berth.driver.v1.AgentFiles
+	(*Sandbox)(nil),               // 15: berth.driver.v1.Sandbox
+	(*CreateRequest)(nil),         // 16: berth.driver.v1.CreateRequest
+	(*CreateResponse)(nil),        // 17: berth.driver.v1.CreateResponse
+	(*StartRequest)(nil),          // 18: berth.driver.v1.StartRequest
+	(*StartResponse)(nil),         // 19: berth.driver.v1.StartResponse
+	(*InspectRequest)(nil),        // 20: berth.driver.v1.InspectRequest
+	(*InspectResponse)(nil),       // 21: berth.driver.v1.InspectResponse
+	(*ListRequest)(nil),           // 22: berth.driver.v1.ListRequest
+	(*ListResponse)(nil),          // 23: berth.driver.v1.ListResponse
+	(*StopRequest)(nil),           // 24: berth.driver.v1.StopRequest
+	(*StopResponse)(nil),          // 25: berth.driver.v1.StopResponse
+	(*RemoveRequest)(nil),         // 26: berth.driver.v1.RemoveRequest
+	(*RemoveResponse)(nil),        // 27: berth.driver.v1.RemoveResponse
+	(*WindowSize)(nil),            // 28: berth.driver.v1.WindowSize
+	(*ExecSetup)(nil),             // 29: berth.driver.v1.ExecSetup
+	(*ExecIn)(nil),                // 30: berth.driver.v1.ExecIn
+	(*ExecResult)(nil),            // 31: berth.driver.v1.ExecResult
+	(*ExecStarted)(nil),           // 32: berth.driver.v1.ExecStarted
+	(*ExecOut)(nil),               // 33: berth.driver.v1.ExecOut
+	(*CopyInRequest)(nil),         // 34: berth.driver.v1.CopyInRequest
+	(*CopyInResponse)(nil),        // 35: berth.driver.v1.CopyInResponse
+	(*CopyOutRequest)(nil),        // 36: berth.driver.v1.CopyOutRequest
+	(*CopyOutChunk)(nil),          // 37: berth.driver.v1.CopyOutChunk
+	(*PullImageRequest)(nil),      // 38: berth.driver.v1.PullImageRequest
+	(*PullProgress)(nil),          // 39: berth.driver.v1.PullProgress
+	(*ImportImageRequest)(nil),    // 40: berth.driver.v1.ImportImageRequest
+	(*ImportImageResponse)(nil),   // 41: berth.driver.v1.ImportImageResponse
+	(*AgentData)(nil),             // 42: berth.driver.v1.AgentData
+	(*ValidateRequest)(nil),       // 43: berth.driver.v1.ValidateRequest
+	(*ValidateResponse)(nil),      // 44: berth.driver.v1.ValidateResponse
+	nil,                           // 45: berth.driver.v1.SandboxSpec.LabelsEntry
+	nil,                           // 46: berth.driver.v1.Sandbox.LabelsEntry
+	nil,                           // 47: berth.driver.v1.ListRequest.FilterEntry
+	(*timestamppb.Timestamp)(nil), // 48: google.protobuf.Timestamp
 }
 var file_driver_proto_depIdxs = []int32{
-	0,  // 0: berth.driver.v1.Info.capabilities:type_name -> berth.driver.v1.Capabilities
-	1,  // 1: berth.driver.v1.InfoResponse.info:type_name -> berth.driver.v1.Info
-	4,  // 2: berth.driver.v1.ConfigSchemaResponse.fields:type_name -> berth.driver.v1.ConfigField
-	7,  // 3: berth.driver.v1.ConfigureRequest.setup:type_name -> berth.driver.v1.DriverSetup
-	44, // 4: berth.driver.v1.SandboxSpec.labels:type_name -> berth.driver.v1.SandboxSpec.LabelsEntry
-	10, // 5: berth.driver.v1.SandboxSpec.mounts:type_name -> berth.driver.v1.Mount
-	11, // 6: berth.driver.v1.SandboxSpec.resources:type_name -> berth.driver.v1.Resources
-	45, // 7: berth.driver.v1.Sandbox.labels:type_name -> berth.driver.v1.Sandbox.LabelsEntry
-	47, // 8: berth.driver.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	12, // 9: berth.driver.v1.CreateRequest.spec:type_name -> berth.driver.v1.SandboxSpec
-	13, // 10: berth.driver.v1.CreateRequest.agent:type_name -> berth.driver.v1.AgentFiles
-	14, // 11: berth.driver.v1.CreateResponse.sandbox:type_name -> berth.driver.v1.Sandbox
-	14, // 12: berth.driver.v1.InspectResponse.sandbox:type_name -> berth.driver.v1.Sandbox
-	46, // 13: berth.driver.v1.ListRequest.filter:type_name -> berth.driver.v1.ListRequest.FilterEntry
-	14, // 14: berth.driver.v1.ListResponse.sandboxes:type_name -> berth.driver.v1.Sandbox
-	27, // 15: berth.driver.v1.ExecSetup.size:type_name -> berth.driver.v1.WindowSize
-	28, // 16: berth.driver.v1.ExecIn.setup:type_name -> berth.driver.v1.ExecSetup
-	27, // 17: berth.driver.v1.ExecIn.resize:type_name -> berth.driver.v1.WindowSize
-	31, // 18: berth.driver.v1.ExecOut.started:type_name -> berth.driver.v1.ExecStarted
-	30, // 19: berth.driver.v1.ExecOut.result:type_name -> berth.driver.v1.ExecResult
-	12, // 20: berth.driver.v1.ValidateRequest.spec:type_name -> berth.driver.v1.SandboxSpec
-	2,  // 21: berth.driver.v1.Driver.Info:input_type -> berth.driver.v1.InfoRequest
-	5,  // 22: berth.driver.v1.Driver.ConfigSchema:input_type -> berth.driver.v1.ConfigSchemaRequest
-	8,  // 23: berth.driver.v1.Driver.Configure:input_type -> berth.driver.v1.ConfigureRequest
-	15, // 24: berth.driver.v1.Driver.Create:input_type -> berth.driver.v1.CreateRequest
-	17, // 25: berth.driver.v1.Driver.Start:input_type -> berth.driver.v1.StartRequest
-	19, // 26: berth.driver.v1.Driver.Inspect:input_type -> berth.driver.v1.InspectRequest
-	21, // 27: berth.driver.v1.Driver.List:input_type -> berth.driver.v1.ListRequest
-	23, // 28: berth.driver.v1.Driver.Stop:input_type -> berth.driver.v1.StopRequest
-	25, // 29: berth.driver.v1.Driver.Remove:input_type -> berth.driver.v1.RemoveRequest
-	29, // 30: berth.driver.v1.Driver.Exec:input_type -> berth.driver.v1.ExecIn
-	41, // 31: berth.driver.v1.Driver.DialAgent:input_type -> berth.driver.v1.AgentData
-	42, // 32: berth.driver.v1.Driver.Validate:input_type -> berth.driver.v1.ValidateRequest
-	33, // 33: berth.driver.v1.Driver.CopyIn:input_type -> berth.driver.v1.CopyInRequest
-	35, // 34: berth.driver.v1.Driver.CopyOut:input_type -> berth.driver.v1.CopyOutRequest
-	37, // 35: berth.driver.v1.Driver.PullImage:input_type -> berth.driver.v1.PullImageRequest
-	39, // 36: berth.driver.v1.Driver.ImportImage:input_type -> berth.driver.v1.ImportImageRequest
-	3,  // 37: berth.driver.v1.Driver.Info:output_type -> berth.driver.v1.InfoResponse
-	6,  // 38: berth.driver.v1.Driver.ConfigSchema:output_type -> berth.driver.v1.ConfigSchemaResponse
-	9,  // 39: berth.driver.v1.Driver.Configure:output_type -> berth.driver.v1.ConfigureResponse
-	16, // 40: berth.driver.v1.Driver.Create:output_type -> berth.driver.v1.CreateResponse
-	18, // 41: berth.driver.v1.Driver.Start:output_type -> berth.driver.v1.StartResponse
-	20, // 42: berth.driver.v1.Driver.Inspect:output_type -> berth.driver.v1.InspectResponse
-	22, // 43: berth.driver.v1.Driver.List:output_type -> berth.driver.v1.ListResponse
-	24, // 44: berth.driver.v1.Driver.Stop:output_type -> berth.driver.v1.StopResponse
-	26, // 45: berth.driver.v1.Driver.Remove:output_type -> berth.driver.v1.RemoveResponse
-	32, // 46: berth.driver.v1.Driver.Exec:output_type -> berth.driver.v1.ExecOut
-	41, // 47: berth.driver.v1.Driver.DialAgent:output_type -> berth.driver.v1.AgentData
-	43, // 48: berth.driver.v1.Driver.Validate:output_type -> berth.driver.v1.ValidateResponse
-	34, // 49: berth.driver.v1.Driver.CopyIn:output_type -> berth.driver.v1.CopyInResponse
-	36, // 50: berth.driver.v1.Driver.CopyOut:output_type -> berth.driver.v1.CopyOutChunk
-	38, // 51: berth.driver.v1.Driver.PullImage:output_type -> berth.driver.v1.PullProgress
-	40, // 52: berth.driver.v1.Driver.ImportImage:output_type -> berth.driver.v1.ImportImageResponse
-	37, // [37:53] is the sub-list for method output_type
-	21, // [21:37] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	1,  // 0: berth.driver.v1.Capabilities.runtimes:type_name -> berth.driver.v1.RuntimeCapabilities
+	0,  // 1: berth.driver.v1.RuntimeCapabilities.capabilities:type_name -> berth.driver.v1.Capabilities
+	0,  // 2: berth.driver.v1.Info.capabilities:type_name -> berth.driver.v1.Capabilities
+	2,  // 3: berth.driver.v1.InfoResponse.info:type_name -> berth.driver.v1.Info
+	5,  // 4: berth.driver.v1.ConfigSchemaResponse.fields:type_name -> berth.driver.v1.ConfigField
+	8,  // 5: berth.driver.v1.ConfigureRequest.setup:type_name -> berth.driver.v1.DriverSetup
+	45, // 6: berth.driver.v1.SandboxSpec.labels:type_name -> berth.driver.v1.SandboxSpec.LabelsEntry
+	11, // 7: berth.driver.v1.SandboxSpec.mounts:type_name -> berth.driver.v1.Mount
+	12, // 8: berth.driver.v1.SandboxSpec.resources:type_name -> berth.driver.v1.Resources
+	46, // 9: berth.driver.v1.Sandbox.labels:type_name -> berth.driver.v1.Sandbox.LabelsEntry
+	48, // 10: berth.driver.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	13, // 11: berth.driver.v1.CreateRequest.spec:type_name -> berth.driver.v1.SandboxSpec
+	14, // 12: berth.driver.v1.CreateRequest.agent:type_name -> berth.driver.v1.AgentFiles
+	15, // 13: berth.driver.v1.CreateResponse.sandbox:type_name -> berth.driver.v1.Sandbox
+	15, // 14: berth.driver.v1.InspectResponse.sandbox:type_name -> berth.driver.v1.Sandbox
+	47, // 15: berth.driver.v1.ListRequest.filter:type_name -> berth.driver.v1.ListRequest.FilterEntry
+	15, // 16: berth.driver.v1.ListResponse.sandboxes:type_name -> berth.driver.v1.Sandbox
+	28, // 17: berth.driver.v1.ExecSetup.size:type_name -> berth.driver.v1.WindowSize
+	29, // 18: berth.driver.v1.ExecIn.setup:type_name -> berth.driver.v1.ExecSetup
+	28, // 19: berth.driver.v1.ExecIn.resize:type_name -> berth.driver.v1.WindowSize
+	32, // 20: berth.driver.v1.ExecOut.started:type_name -> berth.driver.v1.ExecStarted
+	31, // 21: berth.driver.v1.ExecOut.result:type_name -> berth.driver.v1.ExecResult
+	13, // 22: berth.driver.v1.ValidateRequest.spec:type_name -> berth.driver.v1.SandboxSpec
+	3,  // 23: berth.driver.v1.Driver.Info:input_type -> berth.driver.v1.InfoRequest
+	6,  // 24: berth.driver.v1.Driver.ConfigSchema:input_type -> berth.driver.v1.ConfigSchemaRequest
+	9,  // 25: berth.driver.v1.Driver.Configure:input_type -> berth.driver.v1.ConfigureRequest
+	16, // 26: berth.driver.v1.Driver.Create:input_type -> berth.driver.v1.CreateRequest
+	18, // 27: berth.driver.v1.Driver.Start:input_type -> berth.driver.v1.StartRequest
+	20, // 28: berth.driver.v1.Driver.Inspect:input_type -> berth.driver.v1.InspectRequest
+	22, // 29: berth.driver.v1.Driver.List:input_type -> berth.driver.v1.ListRequest
+	24, // 30: berth.driver.v1.Driver.Stop:input_type -> berth.driver.v1.StopRequest
+	26, // 31: berth.driver.v1.Driver.Remove:input_type -> berth.driver.v1.RemoveRequest
+	30, // 32: berth.driver.v1.Driver.Exec:input_type -> berth.driver.v1.ExecIn
+	42, // 33: berth.driver.v1.Driver.DialAgent:input_type -> berth.driver.v1.AgentData
+	43, // 34: berth.driver.v1.Driver.Validate:input_type -> berth.driver.v1.ValidateRequest
+	34, // 35: berth.driver.v1.Driver.CopyIn:input_type -> berth.driver.v1.CopyInRequest
+	36, // 36: berth.driver.v1.Driver.CopyOut:input_type -> berth.driver.v1.CopyOutRequest
+	38, // 37: berth.driver.v1.Driver.PullImage:input_type -> berth.driver.v1.PullImageRequest
+	40, // 38: berth.driver.v1.Driver.ImportImage:input_type -> berth.driver.v1.ImportImageRequest
+	4,  // 39: berth.driver.v1.Driver.Info:output_type -> berth.driver.v1.InfoResponse
+	7,  // 40: berth.driver.v1.Driver.ConfigSchema:output_type -> berth.driver.v1.ConfigSchemaResponse
+	10, // 41: berth.driver.v1.Driver.Configure:output_type -> berth.driver.v1.ConfigureResponse
+	17, // 42: berth.driver.v1.Driver.Create:output_type -> berth.driver.v1.CreateResponse
+	19, // 43: berth.driver.v1.Driver.Start:output_type -> berth.driver.v1.StartResponse
+	21, // 44: berth.driver.v1.Driver.Inspect:output_type -> berth.driver.v1.InspectResponse
+	23, // 45: berth.driver.v1.Driver.List:output_type -> berth.driver.v1.ListResponse
+	25, // 46: berth.driver.v1.Driver.Stop:output_type -> berth.driver.v1.StopResponse
+	27, // 47: berth.driver.v1.Driver.Remove:output_type -> berth.driver.v1.RemoveResponse
+	33, // 48: berth.driver.v1.Driver.Exec:output_type -> berth.driver.v1.ExecOut
+	42, // 49: berth.driver.v1.Driver.DialAgent:output_type -> berth.driver.v1.AgentData
+	44, // 50: berth.driver.v1.Driver.Validate:output_type -> berth.driver.v1.ValidateResponse
+	35, // 51: berth.driver.v1.Driver.CopyIn:output_type -> berth.driver.v1.CopyInResponse
+	37, // 52: berth.driver.v1.Driver.CopyOut:output_type -> berth.driver.v1.CopyOutChunk
+	39, // 53: berth.driver.v1.Driver.PullImage:output_type -> berth.driver.v1.PullProgress
+	41, // 54: berth.driver.v1.Driver.ImportImage:output_type -> berth.driver.v1.ImportImageResponse
+	39, // [39:55] is the sub-list for method output_type
+	23, // [23:39] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_driver_proto_init() }
@@ -3017,7 +3105,7 @@ func file_driver_proto_init() {
 	if File_driver_proto != nil {
 		return
 	}
-	file_driver_proto_msgTypes[29].OneofWrappers = []any{
+	file_driver_proto_msgTypes[30].OneofWrappers = []any{
 		(*ExecIn_Setup)(nil),
 		(*ExecIn_Stdin)(nil),
 		(*ExecIn_CloseStdin)(nil),
@@ -3025,7 +3113,7 @@ func file_driver_proto_init() {
 		(*ExecIn_Signal)(nil),
 		(*ExecIn_Cancel)(nil),
 	}
-	file_driver_proto_msgTypes[32].OneofWrappers = []any{
+	file_driver_proto_msgTypes[33].OneofWrappers = []any{
 		(*ExecOut_Started)(nil),
 		(*ExecOut_Stdout)(nil),
 		(*ExecOut_Stderr)(nil),
@@ -3037,7 +3125,7 @@ func file_driver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_driver_proto_rawDesc), len(file_driver_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   47,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -152,11 +152,13 @@ func checkDrivers(ctx context.Context, g *globals, c *config.Config, self string
 	}
 	validators := map[string]backend.Validator{}
 	pullers := map[string]backend.ImagePuller{}
+	caps := map[string]backend.Capabilities{}
 	for _, name := range names {
 		b, err := reg.Backend(ctx, name)
 		if err == nil {
 			var info backend.Info
 			if info, err = b.Info(ctx); err == nil {
+				caps[name] = info.Capabilities
 				if v, ok := b.(backend.Validator); ok && info.Capabilities.Validate {
 					validators[name] = v
 				}
@@ -175,6 +177,9 @@ func checkDrivers(ctx context.Context, g *globals, c *config.Config, self string
 	var notes []string
 	for i := range c.Rules {
 		r := &c.Rules[i]
+		if _, err := registry.RuntimeCapabilities(caps[r.Driver], r); err != nil {
+			return nil, err
+		}
 		if v := validators[r.Driver]; v != nil {
 			if err := v.Validate(ctx, r.Spec(owner, r.ExampleSession())); err != nil {
 				return nil, atRule(r, err)

@@ -25,15 +25,16 @@ import (
 )
 
 type conformanceFlags struct {
-	driver string
-	plugin string
-	run    string
-	skip   string
-	list   bool
-	json   bool
-	junit  string
-	image  string
-	hook   string
+	driver  string
+	plugin  string
+	run     string
+	skip    string
+	list    bool
+	json    bool
+	junit   string
+	image   string
+	hook    string
+	runtime string
 }
 
 func newConformanceCmd(g *globals) *cobra.Command {
@@ -54,6 +55,7 @@ Exit status: 0 when no case failed, 1 when any failed, 125 when the suite could 
 		Example: `  berth conformance --driver local
   berth conformance --driver local --run '^exec/' --skip 'output-20mib'
   berth conformance --driver local --json --junit report.xml
+  berth conformance --driver docker --runtime runsc
   berth conformance --plugin ./berth-driver-bwrap --junit report.xml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -70,6 +72,7 @@ Exit status: 0 when no case failed, 1 when any failed, 125 when the suite could 
 	fl.StringVar(&f.junit, "junit", "", "also write the report as JUnit XML to FILE")
 	fl.StringVar(&f.hook, "restart-hook", "", "shell command that restarts the driver's runtime (e.g. 'systemctl restart docker'); recovery/runtime-restart runs only with it")
 	fl.StringVar(&f.image, "image", "", "image for drivers with their own filesystem (default: import berth's busybox test image, built from the host's static busybox)")
+	fl.StringVar(&f.runtime, "runtime", "", "OCI runtime of every sandbox of the run (e.g. runsc, gVisor), one the driver lists in 'berth drivers'; cases branch on that runtime's capabilities (default: the engine's default runtime)")
 	fl.BoolVar(&g.inProcess, "in-process", false, "run the driver inside this process instead of through its plugin (local only: the one driver compiled into berth)")
 	return cmd
 }
@@ -232,6 +235,7 @@ func conformanceOptions(ctx context.Context, g *globals, f *conformanceFlags, re
 		AgentBinary:   self,
 		StateDir:      tmp,
 		Image:         image,
+		Runtime:       f.runtime,
 		OpenRegistry: func(t conformance.T, cfg string) (*registry.Registry, error) {
 			return opener(t, block+cfg)
 		},

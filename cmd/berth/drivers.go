@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -83,6 +84,19 @@ func capsSummary(c backend.Capabilities) string {
 	}
 	if c.Agent != backend.AgentNone {
 		s = append(s, "agent="+string(c.Agent))
+	}
+	// Each runtime with its kernel and what it lacks beside the default's:
+	// runtime=runsc(gvisor;-memory;-pids).
+	for _, r := range c.Runtimes {
+		entry := r.Name + "(" + r.Kernel
+		base, _ := c.ForRuntime("")
+		have := strings.Split(capsSummary(r.Capabilities), ",")
+		for _, f := range strings.Split(capsSummary(base), ",") {
+			if !slices.Contains(have, f) {
+				entry += ";-" + f
+			}
+		}
+		s = append(s, "runtime="+entry+")")
 	}
 	return strings.Join(s, ",")
 }

@@ -94,10 +94,15 @@ type Rule struct {
 	// Pull says when Image is pulled before a sandbox is created: backend.PullMissing
 	// (the default when the rule sets an image), PullAlways or PullNever. It applies
 	// only to drivers that pull images (Capabilities.ImagePull).
-	Pull           backend.PullPolicy
-	Workdir        string
-	User           string
-	Network        string
+	Pull    backend.PullPolicy
+	Workdir string
+	User    string
+	Network string
+	// Runtime is the OCI runtime of the rule's container sandboxes (runtime =
+	// "runsc" for gVisor), one the rule's driver lists in Capabilities.Runtimes;
+	// "" for the engine's default. It goes into the spec (backend.SandboxSpec.Runtime)
+	// and its hash, so changing it is drift.
+	Runtime        string
 	Mounts         []backend.Mount
 	Resources      backend.Resources
 	AllowHostPaths bool
@@ -170,6 +175,7 @@ func (r *Rule) Spec(owner, session string) backend.SandboxSpec {
 		Network:        r.Network,
 		Resources:      r.Resources,
 		AllowHostPaths: r.AllowHostPaths,
+		Runtime:        r.Runtime,
 		EnvAllowlist:   slices.Clone(r.EnvPassthrough),
 		Mounts:         slices.Clone(r.Mounts),
 	}
@@ -707,7 +713,7 @@ var scopeSchema = &hcl.BodySchema{
 	Attributes: []hcl.AttributeSchema{
 		{Name: "driver"}, {Name: "name"}, {Name: "image"}, {Name: "pull"}, {Name: "env"}, {Name: "env_passthrough"},
 		{Name: "workdir"}, {Name: "user"}, {Name: "network"}, {Name: "allow_host_paths"},
-		{Name: "isolation"}, {Name: "max_output"},
+		{Name: "isolation"}, {Name: "max_output"}, {Name: "runtime"},
 	},
 	Blocks: []hcl.BlockHeaderSchema{{Type: "mount"}, {Type: "resources"}, {Type: "retention"}},
 }
@@ -893,6 +899,15 @@ func (d *decoder) scope(b *hcl.Block, glob string) (Rule, bool) {
 	if a := at["network"]; a != nil {
 		r.Network, _ = d.str(a)
 	}
+	if a := at["runtime"]; a != nil {
+		if s, ok := d.str(a); ok {
+			if err := ValidateRuntimeName(s); err != nil {
+				d.errf(a.Expr.Range(), "Invalid runtime", "%v.", err)
+			} else {
+				r.Runtime = s
+			}
+		}
+	}
 	if a := at["workdir"]; a != nil {
 		r.Workdir, _ = d.absPath(a, false)
 	}
@@ -921,6 +936,25 @@ func (d *decoder) scope(b *hcl.Block, glob string) (Rule, bool) {
 		}
 	}
 	return r, len(d.diags) == errs
+}
+
+// ValidateRuntimeName checks a scope's runtime: 1–64 characters of A–Z a–z 0–9 . _ -
+// starting with a letter or digit, as Docker Engine's runtime names are written
+// (dockerd --add-runtime NAME=PATH). Whether the driver offers it is checked against
+// the driver (`berth config check`, and before every create). Error: which rule
+// broke and how to fix it.
+func ValidateRuntimeName(s string) error {
+	ok := s != "" && len(s) <= 64
+	for i, c := range s {
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if !alnum && (i == 0 || !strings.ContainsRune("._-", c)) {
+			ok = false
+		}
+	}
+	if !ok {
+		return fmt.Errorf("runtime %q is not a runtime name (1-64 of A-Z a-z 0-9 . _ -, starting with a letter or digit, e.g. \"runsc\"); remove runtime for the engine's default", s)
+	}
+	return nil
 }
 
 // scopeDriver decodes a scope's driver (default local, which must then be known).

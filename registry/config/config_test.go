@@ -3,6 +3,7 @@ package config
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -217,7 +218,7 @@ func TestConfigBadInput(t *testing.T) {
 		{"unknown top key", "stat_dir = \"/x\"\n",
 			[]string{"config.hcl:1:1: error: Unsupported argument", `"stat_dir"`, `Did you mean "state_dir"?`, "Valid arguments in the config file: state_dir, agent_path, plugin_dirs, log_level, agent_timeout, output_max_total, output_max_age; valid blocks: driver, scope."}},
 		{"unknown scope key", "scope \"*\" {\n  drivr = \"local\"\n}\n",
-			[]string{"config.hcl:2:3: error: Unsupported argument", `Did you mean "driver"?`, `Valid arguments in scope "*": driver, name, image, pull, env, env_passthrough, workdir, user, network, allow_host_paths, isolation, max_output; valid blocks: mount, resources, retention.`}},
+			[]string{"config.hcl:2:3: error: Unsupported argument", `Did you mean "driver"?`, `Valid arguments in scope "*": driver, name, image, pull, env, env_passthrough, workdir, user, network, allow_host_paths, isolation, max_output, runtime; valid blocks: mount, resources, retention.`}},
 		{"unknown block", "scope \"*\" {\n  limits {}\n}\n",
 			[]string{"config.hcl:2:3: error: Unsupported block type", `"limits"`, "valid blocks: mount, resources, retention"}},
 		{"unknown retention key", "scope \"*\" {\n  retention {\n    on_clos = \"stop\"\n  }\n}\n",
@@ -526,6 +527,37 @@ func TestExampleSession(t *testing.T) {
 		}
 		if err := ValidateSession(got); err != nil {
 			t.Errorf("ExampleSession of %q: %v", glob, err)
+		}
+	}
+}
+
+// A rule's runtime reaches the spec and its hash; a spec without one hashes as specs
+// did before the field existed (its JSON has no "runtime" key), so upgrading berth
+// reports no drift on existing sandboxes; a bad runtime name is refused at its
+// position.
+func TestRuntimeConfig(t *testing.T) {
+	src := "scope \"u:*\" {\n  driver = \"other\"\n  runtime = \"runsc\"\n}\nscope \"*\" {\n  driver = \"other\"\n}\n"
+	cfg, err := Parse([]byte(src), "c.hcl", WithKnownDrivers("local", "other"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, p := cfg.Rules[0].Spec("o", "u:1"), cfg.Rules[1].Spec("o", "u:1")
+	if g.Runtime != "runsc" || p.Runtime != "" {
+		t.Fatalf("runtimes %q and %q, want runsc and none", g.Runtime, p.Runtime)
+	}
+	p.Labels, g.Labels = nil, nil
+	if SpecHash(g) == SpecHash(p) {
+		t.Error("runtime did not change the hash")
+	}
+	js, _ := json.Marshal(p)
+	if strings.Contains(string(js), "runtime") {
+		t.Errorf("a spec without runtime marshals with it: %s (its hash would change on upgrade)", js)
+	}
+	for _, bad := range []string{"", "-x", "run sc", "a/b", strings.Repeat("r", 65)} {
+		src := fmt.Sprintf("scope \"*\" {\n  runtime = %q\n}\n", bad)
+		_, err := Parse([]byte(src), "c.hcl", WithKnownDrivers("local"))
+		if err == nil || !strings.Contains(err.Error(), "c.hcl:2:") || !strings.Contains(err.Error(), "is not a runtime name") {
+			t.Errorf("runtime %q: %v, want an error at c.hcl:2 saying it is not a runtime name", bad, err)
 		}
 	}
 }

@@ -37,9 +37,9 @@ func DecodeDriverConfig(driver string, body hcl.Body, schema []backend.ConfigFie
 	fields := map[string]backend.ConfigField{}
 	for _, f := range schema {
 		switch f.Type {
-		case "string", "number", "bool", "duration", "list(string)":
+		case "string", "number", "bool", "duration", "list(string)", "map(string)":
 		default:
-			return nil, backend.Errorf(backend.ErrInvalid, "driver %q declares config field %q with unsupported type %q (want string, number, bool, duration or list(string)); this is a bug in the driver", driver, f.Name, f.Type)
+			return nil, backend.Errorf(backend.ErrInvalid, "driver %q declares config field %q with unsupported type %q (want string, number, bool, duration, list(string) or map(string)); this is a bug in the driver", driver, f.Name, f.Type)
 		}
 		fields[f.Name] = f
 	}
@@ -91,6 +91,13 @@ func DecodeDriverConfig(driver string, body hcl.Body, schema []backend.ConfigFie
 					l = []string{}
 				}
 				out[n] = l
+			}
+		case "map(string)":
+			if m, ok := d.strMap(a); ok {
+				if m == nil {
+					m = map[string]string{}
+				}
+				out[n] = m
 			}
 		}
 	}
