@@ -82,6 +82,20 @@ func (c Case) applies(caps backend.Capabilities) (bool, string) {
 	return c.Needs(caps)
 }
 
+// applies is c.applies with the capabilities under test (h.Info's); a case skipped
+// only because Options.Runtime lacks what the driver's default runtime has says so,
+// naming the runtime and its kernel.
+func (h *Harness) applies(c Case) (bool, string) {
+	ok, reason := c.applies(h.Info.Capabilities)
+	if ok || h.Options.Runtime == "" {
+		return ok, reason
+	}
+	if dflt, _ := c.applies(h.driverCaps); dflt {
+		reason = fmt.Sprintf("runtime %s (kernel %s) lacks what the driver's default runtime has: %s; see docs/gvisor.md", h.Options.Runtime, h.kernel, reason)
+	}
+	return false, reason
+}
+
 // Options configures a run of the suite. Only AgentBinary (or PrepareAgent) is
 // required; the rest have defaults.
 type Options struct {
@@ -154,6 +168,9 @@ const DefaultCaseTimeout = 5 * time.Minute
 // (Options.Runtime) in place of the driver's, so that every case branches on what
 // those sandboxes have. Error: a runtime the driver does not list.
 func forRuntime(info backend.Info, runtime string) (backend.Info, error) {
+	if runtime == "" {
+		return info, nil
+	}
 	caps, ok := info.Capabilities.ForRuntime(runtime)
 	if !ok {
 		return info, fmt.Errorf("driver %s does not offer runtime %q (its runtimes: %v); register it with the engine (docs/gvisor.md) or drop the runtime", info.Name, runtime, info.Capabilities.RuntimeNames())
@@ -168,7 +185,9 @@ func forRuntime(info backend.Info, runtime string) (backend.Info, error) {
 type Harness struct {
 	// Backend is the driver under test.
 	Backend backend.TerminalBackend
-	// Info is Backend.Info, read once at the start of the run.
+	// Info is Backend.Info, read once at the start of the run, with the capabilities
+	// of Options.Runtime's sandboxes (Capabilities.ForRuntime) in place of the
+	// driver's when a runtime is set.
 	Info backend.Info
 	// Owner is the LabelOwner value of every sandbox the suite creates.
 	Owner string
@@ -176,6 +195,11 @@ type Harness struct {
 	RunID string
 	// Options are the run's options with defaults filled in.
 	Options Options
+
+	// driverCaps are the driver's own capabilities (its default runtime's), kernel
+	// the kernel of Options.Runtime ("" without one).
+	driverCaps backend.Capabilities
+	kernel     string
 
 	// reach is how the cases' execs reach sandboxes; files the agent files that
 	// Create prepared, by sandbox name (shared by the copies withReach makes).
@@ -202,8 +226,18 @@ func newHarness(b backend.TerminalBackend, info backend.Info, opts Options, stat
 	if opts.CaseTimeout <= 0 {
 		opts.CaseTimeout = DefaultCaseTimeout
 	}
-	return &Harness{Backend: b, Info: info, Owner: opts.Owner, RunID: randHex(8), Options: opts,
+	h := &Harness{Backend: b, Info: info, Owner: opts.Owner, RunID: randHex(8), Options: opts,
 		filesMu: &sync.Mutex{}, files: map[string]backend.AgentFiles{}}
+	h.driverCaps, _ = info.Capabilities.ForRuntime("")
+	for _, r := range info.Capabilities.Runtimes {
+		if r.Name == opts.Runtime {
+			h.kernel = r.Kernel
+		}
+	}
+	if caps, err := forRuntime(info, opts.Runtime); err == nil {
+		h.Info = caps
+	}
+	return h
 }
 
 // Spec returns the spec of a sandbox called name with every berth label set
@@ -387,13 +421,13 @@ func Run(t *testing.T, b backend.TerminalBackend, opts Options) {
 	info, err := b.Info(ctx)
 	cancel()
 	if err == nil {
-		info, err = forRuntime(info, opts.Runtime)
+		_, err = forRuntime(info, opts.Runtime)
 	}
 	if err != nil {
 		t.Fatalf("Info: %v", err)
 	}
 	h := newHarness(b, info, opts, t.TempDir())
-	t.Logf("conformance: driver %s %s, owner %s, run %s, state dir %s", info.Name, info.Version, h.Owner, h.RunID, h.Options.StateDir)
+	t.Logf("conformance: driver %s %s, runtime %q, owner %s, run %s, state dir %s", info.Name, info.Version, opts.Runtime, h.Owner, h.RunID, h.Options.StateDir)
 	cases := Cases()
 	for i := 0; i < len(cases); {
 		group := cases[i].Group
@@ -406,7 +440,7 @@ func Run(t *testing.T, b backend.TerminalBackend, opts Options) {
 		t.Run(group, func(t *testing.T) {
 			for _, c := range groupCases {
 				t.Run(c.Name, func(t *testing.T) {
-					if ok, reason := c.applies(info.Capabilities); !ok {
+					if ok, reason := h.applies(c); !ok {
 						t.Skip(reason)
 					}
 					if !c.Serial {

@@ -31,7 +31,7 @@ func RunAll(ctx context.Context, b backend.TerminalBackend, opts Options, filter
 	info, err := b.Info(ictx)
 	cancel()
 	if err == nil {
-		info, err = forRuntime(info, opts.Runtime)
+		_, err = forRuntime(info, opts.Runtime)
 	}
 	if err != nil {
 		rep := Report{}
@@ -83,7 +83,7 @@ func runCases(ctx context.Context, h *Harness, cases []Case, filter Filter) Repo
 func runCase(ctx context.Context, h *Harness, c Case) CaseReport {
 	start := time.Now()
 	cr := CaseReport{Name: c.Name, Group: c.Group}
-	if ok, reason := c.applies(h.Info.Capabilities); !ok {
+	if ok, reason := h.applies(c); !ok {
 		cr.Status, cr.Reason = StatusSkip, reason
 		return cr
 	}

@@ -380,3 +380,56 @@ func TestReportJUnit(t *testing.T) {
 		t.Errorf("skipped case %+v", got.Suites[1].Cases[0])
 	}
 }
+
+// With Options.Runtime the cases branch on that runtime's capabilities: a case the
+// driver's default runtime could run but the runtime cannot is skipped naming the
+// runtime and its kernel; one neither can run keeps its plain reason; a runtime the
+// driver does not list fails the run's setup.
+func TestRuntimeCapabilities(t *testing.T) {
+	base := backend.Capabilities{MemoryLimit: true, StopStart: true}
+	gv := base
+	gv.MemoryLimit = false
+	base.Runtimes = []backend.RuntimeCapabilities{{Name: "runsc", Kernel: backend.KernelGVisor, Capabilities: gv}}
+	info := backend.Info{Name: "synthetic", Capabilities: base}
+	h := newHarness(nil, info, Options{Runtime: "runsc"}, os.TempDir())
+	if h.Info.Capabilities.MemoryLimit || len(h.Info.Capabilities.Runtimes) != 0 || !h.Info.Capabilities.StopStart {
+		t.Fatalf("harness capabilities %+v, want runsc's", h.Info.Capabilities)
+	}
+	byName := map[string]Case{}
+	for _, c := range Cases() {
+		byName[c.FullName()] = c
+	}
+	ok, reason := h.applies(byName["resources/oom-137"])
+	if ok || !strings.Contains(reason, "runtime runsc (kernel gvisor)") || !strings.Contains(reason, "MemoryLimit") {
+		t.Errorf("oom-137 under runsc: %v %q, want a skip naming runsc, gvisor and MemoryLimit", ok, reason)
+	}
+	ok, reason = h.applies(byName["tty/is-terminal"])
+	if ok || strings.Contains(reason, "runsc") {
+		t.Errorf("tty under runsc (neither claims TTY): %v %q, want the plain reason", ok, reason)
+	}
+	if spec := h.Spec(t, "x"); spec.Runtime != "runsc" {
+		t.Errorf("spec runtime %q, want runsc", spec.Runtime)
+	}
+	rep := RunAll(t.Context(), syntheticInfo{info}, Options{Runtime: "kata"}, Filter{})
+	if rep.Failed != 1 || len(rep.Cases) != 1 || !strings.Contains(rep.Cases[0].Reason, `does not offer runtime "kata"`) {
+		t.Errorf("run with an unknown runtime: %+v, want one failed setup case saying so", rep)
+	}
+}
+
+// syntheticInfo is a backend whose Info is fixed; RunAll with an unknown runtime
+// calls nothing else.
+type syntheticInfo struct{ info backend.Info }
+
+func (s syntheticInfo) Info(context.Context) (backend.Info, error) { return s.info, nil }
+func (syntheticInfo) Create(context.Context, backend.CreateRequest) (backend.Sandbox, error) {
+	return backend.Sandbox{}, backend.ErrUnsupported
+}
+func (syntheticInfo) Inspect(context.Context, string) (backend.Sandbox, error) {
+	return backend.Sandbox{}, backend.ErrUnsupported
+}
+func (syntheticInfo) List(context.Context, map[string]string) ([]backend.Sandbox, error) {
+	return nil, nil
+}
+func (syntheticInfo) Stop(context.Context, string, time.Duration) error { return nil }
+func (syntheticInfo) Remove(context.Context, string) error              { return nil }
+func (syntheticInfo) Close() error                                      { return nil }

@@ -153,15 +153,15 @@ func TestNotifyWriter(t *testing.T) {
 }
 
 func TestRegistryConfig(t *testing.T) {
-	h := testHarness(Options{Image: "berth-test/busybox:1"})
+	h := testHarness(Options{Image: "berth-test/busybox:1", Runtime: "runsc"})
 	cfg := h.registryConfig("abcd")
-	for _, want := range []string{`scope "conf-iso-abcd:*" {`, `isolation = "session"`, `scope "conf-shared-abcd:*" {`, `isolation = "shared"`, `name      = "conf-shared-abcd"`, `driver    = "synthetic"`, `image     = "berth-test/busybox:1"`} {
+	for _, want := range []string{`scope "conf-iso-abcd:*" {`, `isolation = "session"`, `scope "conf-shared-abcd:*" {`, `isolation = "shared"`, `name      = "conf-shared-abcd"`, `driver    = "synthetic"`, `image = "berth-test/busybox:1"`, `runtime = "runsc"`} {
 		if !strings.Contains(cfg, want) {
 			t.Errorf("config lacks %q:\n%s", want, cfg)
 		}
 	}
-	if strings.Contains(testHarness(Options{}).registryConfig("x"), "image") {
-		t.Errorf("config without Options.Image sets image")
+	if c := testHarness(Options{}).registryConfig("x"); strings.Contains(c, "image") || strings.Contains(c, "runtime") {
+		t.Errorf("config without Options.Image and Runtime sets them:\n%s", c)
 	}
 }
 

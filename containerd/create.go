@@ -211,7 +211,7 @@ func (d *Driver) destroy(ctx context.Context, cli *client.Client, c client.Conta
 		return d.wrap("container info "+c.ID(), err)
 	}
 	if t, err := c.Task(ctx, nil); err == nil {
-		if _, err := t.Delete(ctx, client.WithProcessKill); err != nil && !cerrdefs.IsNotFound(err) {
+		if err := deleteTask(ctx, t); err != nil && !cerrdefs.IsNotFound(err) {
 			return d.wrap("delete the task of "+c.ID(), err)
 		}
 	} else if err := d.deleteStaleTask(ctx, cli, c.ID()); err != nil {
@@ -358,7 +358,7 @@ func (d *Driver) start(ctx context.Context, cli *client.Client, c client.Contain
 			}
 			// A task that has exited (its agent died, an OOM kill of PID 1) or that
 			// was never started: a new one replaces it.
-			if _, err := t.Delete(ctx, client.WithProcessKill); err != nil && !cerrdefs.IsNotFound(err) {
+			if err := deleteTask(ctx, t); err != nil && !cerrdefs.IsNotFound(err) {
 				return backend.Sandbox{}, d.wrap("delete the old task of "+name, err)
 			}
 		case !cerrdefs.IsNotFound(err):
@@ -494,7 +494,25 @@ func (d *Driver) deleteTask(ctx context.Context, t client.Task) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	t.Kill(ctx, syscall.SIGKILL, client.WithKillAll)
-	t.Delete(ctx, client.WithProcessKill)
+	deleteTask(ctx, t)
+}
+
+// deleteTask deletes task t, killing what is left of it first (WithProcessKill).
+// When that kill fails and the task has stopped, it deletes it without: gVisor's
+// runsc refuses to kill a sandbox whose Sentry is gone ("sandbox is not running"),
+// which a fork bomb or the host's OOM killer leaves behind, and the task must still
+// go so that a new one can start.
+func deleteTask(ctx context.Context, t client.Task) error {
+	_, err := t.Delete(ctx, client.WithProcessKill)
+	if err == nil || cerrdefs.IsNotFound(err) {
+		return err
+	}
+	if st, serr := t.Status(ctx); serr == nil && st.Status == client.Stopped {
+		if _, derr := t.Delete(ctx); derr == nil || cerrdefs.IsNotFound(derr) {
+			return derr
+		}
+	}
+	return err
 }
 
 // agentLogTail returns "; agent log: " and the end of the agent's log in sockDir, or

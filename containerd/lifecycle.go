@@ -185,7 +185,7 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 func (d *Driver) killDelete(ctx context.Context, name string, t client.Task) error {
 	kctx, cancel := context.WithTimeout(ctx, killTimeout)
 	defer cancel()
-	if _, err := t.Delete(kctx, client.WithProcessKill); err != nil && !cerrdefs.IsNotFound(err) {
+	if err := deleteTask(kctx, t); err != nil && !cerrdefs.IsNotFound(err) {
 		if ctx.Err() == nil && kctx.Err() != nil {
 			return backend.Errorf(backend.ErrTimeout, "containerd sandbox %s: the task did not end within %s of SIGKILL", name, killTimeout)
 		}
