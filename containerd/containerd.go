@@ -104,6 +104,13 @@ const (
 	LabelUser = "berth.containerd.user"
 )
 
+// GVisorNetworkModes are the network modes of a sandbox whose runtime is gVisor
+// (containerutil.IsGVisor): none only. runsc given an empty network namespace has
+// not even a loopback unless run with --network=none (which scripts/runtimes.sh's
+// runsc-berth passes), and with that flag it has no other network, so "host" is
+// refused rather than run without one.
+var GVisorNetworkModes = []string{"none"}
+
 // Driver is the containerd driver. It is safe for concurrent use.
 type Driver struct {
 	mu          sync.Mutex
@@ -133,6 +140,14 @@ func WithSnapshotter(name string) Option { return func(d *Driver) { d.snapshotte
 
 // WithRuntime sets the task runtime (default DefaultRuntime).
 func WithRuntime(name string) Option { return func(d *Driver) { d.runtime = name } }
+
+// WithRuntimes sets the OCI runtimes a spec may name besides runc, as the runtimes
+// setting does: name → absolute path of the runtime's binary (or a wrapper adding its
+// flags), run by the runc shim in runc's place. A bad entry makes Create fail with
+// backend.ErrInvalid (Configure checks the setting's).
+func WithRuntimes(runtimes map[string]string) Option {
+	return func(d *Driver) { d.runtimes = maps.Clone(runtimes) }
+}
 
 // WithSeccomp sets the seccomp profile of new sandboxes: SeccompNative (the default),
 // SeccompDocker, SeccompUnconfined or the absolute path of an OCI seccomp JSON file.
@@ -176,6 +191,11 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 	d.mu.Lock()
 	caps.Runtimes = containerutil.RuntimesCaps(caps, d.runtimes, "")
 	d.mu.Unlock()
+	for i, r := range caps.Runtimes {
+		if r.Kernel == backend.KernelGVisor {
+			caps.Runtimes[i].Capabilities.NetworkModes = slices.Clone(GVisorNetworkModes)
+		}
+	}
 	return backend.Info{
 		Name:             Name,
 		Version:          Version,
@@ -351,6 +371,9 @@ func (d *Driver) runtimeBinary(sandbox, name string) (string, error) {
 	d.mu.Unlock()
 	if !ok {
 		return "", backend.Errorf(backend.ErrUnsupported, "containerd sandbox %s: runtime %q is not in driver \"containerd\" { runtimes = {...} } (it has %v); add it, e.g. runtimes = { %s = \"/usr/local/bin/runsc-berth\" } for gVisor, as docs/gvisor.md says", sandbox, name, have, name)
+	}
+	if err := checkRuntimeEntry(name, path); err != nil { // set with WithRuntimes, or gone since
+		return "", err
 	}
 	return path, nil
 }

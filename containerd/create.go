@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -65,6 +66,9 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 	}
 	binary, err := d.runtimeBinary(spec.Name, spec.Runtime)
 	if err != nil {
+		return backend.Sandbox{}, err
+	}
+	if err := checkRuntimeNetwork(spec, binary); err != nil {
 		return backend.Sandbox{}, err
 	}
 	cli, nctx, err := d.api(ctx)
@@ -739,6 +743,15 @@ func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(
 		return opts
 	}
 	return build, user, nil
+}
+
+// checkRuntimeNetwork refuses a network mode the spec's runtime lacks
+// (GVisorNetworkModes for gVisor). Error: ErrUnsupported naming both.
+func checkRuntimeNetwork(spec backend.SandboxSpec, binary string) error {
+	if spec.Runtime == "" || !containerutil.IsGVisor(spec.Runtime, binary) || spec.Network == "" || slices.Contains(GVisorNetworkModes, spec.Network) {
+		return nil
+	}
+	return backend.Errorf(backend.ErrUnsupported, "containerd sandbox %s: network %q: under runtime %s (gVisor) the containerd driver supports %s; remove network from the rule, or use the docker driver, whose runsc has docker's network modes", spec.Name, spec.Network, spec.Runtime, strings.Join(GVisorNetworkModes, ", "))
 }
 
 // runtimeOptions returns the runc shim's options for OCI runtime name, whose binary

@@ -52,10 +52,14 @@ func (d *Driver) Validate(ctx context.Context, spec backend.SandboxSpec) error {
 	if _, _, err := d.specOpts(spec, backend.AgentFiles{}); err != nil {
 		return err
 	}
-	if _, err := d.runtimeBinary(spec.Name, spec.Runtime); err != nil {
+	binary, err := d.runtimeBinary(spec.Name, spec.Runtime)
+	if err != nil {
 		return err
 	}
-	_, err := seccompOpt(d.seccompSetting()) // what Create does, without a container
+	if err := checkRuntimeNetwork(spec, binary); err != nil {
+		return err
+	}
+	_, err = seccompOpt(d.seccompSetting()) // what Create does, without a container
 	return err
 }
 

@@ -16,6 +16,7 @@
 #   containerd.log   containerd2.log   dockerd.log    the daemons' logs
 #   containerd.pid   containerd2.pid   dockerd.pid    their pids
 #   containerd2-bin/                       containerd 2.x and its runc shim
+#   runsc-bin/                             gVisor's runsc and runsc-berth, its wrapper
 #   env                                    the export lines below, for `. DIR/env`
 #
 # containerd 2.x (version $BERTH_CONTAINERD2_VERSION, default v2.4.2) is built with
@@ -23,6 +24,22 @@
 # into containerd2-bin when its binaries are missing or of another version; it runs
 # with that directory first on its PATH, so it starts its own shim (which uses the
 # host's runc). Its exports: CONTAINERD2_ADDRESS.
+#
+# gVisor's runsc (version $BERTH_RUNSC_VERSION, a pseudo-version of the gvisor.dev/gvisor
+# module's go branch, which the module proxy serves only at an explicit version) is
+# built with `go install` into runsc-bin when it is missing or of another version
+# (about 2 minutes, once; the version is kept in runsc-bin/VERSION), beside
+# runsc-berth, a wrapper that runs it with the flags berth's sandboxes need
+# (docs/gvisor.md): --host-uds=create (the host reaches the agent's socket; never
+# "open"), --overlay2=none (a stopped sandbox keeps its files), --platform=systrap
+# (no KVM needed) and --network=none (a loopback only). dockerd gets runsc as runtime
+# "runsc" (daemon.json's "runtimes", with those flags but --network=none as
+# runtimeArgs, so that docker's own network modes apply); containerd 2.x needs no
+# registration: berth's containerd driver runs runsc-berth through the runc shim
+# (driver "containerd" { runtimes = { runsc = "DIR/runsc-bin/runsc-berth" } }).
+# BERTH_RUNSC_VERSION=none skips all of it. Its export: BERTH_RUNSC (runsc-berth's path). A
+# dockerd that is already running keeps the runtimes it started with: `scripts/
+# runtimes.sh stop` and a new run give it runsc.
 #
 # Nothing host-wide is changed for the tests' sake: dockerd runs with --bridge=none
 # (no docker0), --iptables=false and --ip-masq=false (no firewall or NAT rules) and
@@ -46,6 +63,8 @@ CSOCK=$DIR/containerd.sock
 C2SOCK=$DIR/containerd2.sock
 C2BIN=$DIR/containerd2-bin
 C2VERSION=${BERTH_CONTAINERD2_VERSION:-v2.4.2}
+RUNSC_BIN=$DIR/runsc-bin
+RUNSC_VERSION=${BERTH_RUNSC_VERSION:-v0.0.0-20260905035102-160fafc42237}
 DSOCK=$DIR/dockerd.sock
 
 say() { printf 'runtimes: %s\n' "$*" >&2; }
@@ -173,6 +192,24 @@ TOML
   say "containerd 2 up: $("$C2BIN/containerd" --version)"
 fi
 
+# --- gVisor's runsc, built from its Go module ----------------------------------------
+if [ "$RUNSC_VERSION" != none ]; then
+  if [ ! -x "$RUNSC_BIN/runsc" ] || [ "$(cat "$RUNSC_BIN/VERSION" 2>/dev/null)" != "$RUNSC_VERSION" ]; then
+    command -v go >/dev/null || die "building runsc $RUNSC_VERSION needs Go (https://go.dev/dl/) on PATH"
+    say "building gVisor's runsc $RUNSC_VERSION into $RUNSC_BIN (go install, about 2 minutes)"
+    mkdir -p "$RUNSC_BIN"
+    rm -f "$RUNSC_BIN/VERSION"
+    (cd "$DIR" && GOBIN=$RUNSC_BIN CGO_ENABLED=0 GOFLAGS= go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION") >&2 ||
+      die "go install of runsc $RUNSC_VERSION failed (output above)"
+    echo "$RUNSC_VERSION" >"$RUNSC_BIN/VERSION"
+  fi
+  # Written anew each run (then renamed into place), so a flag change takes effect.
+  printf '#!/bin/sh\n# gVisor runsc with the flags berth needs (docs/gvisor.md); written by scripts/runtimes.sh.\nexec "%s" --host-uds=create --overlay2=none --platform=systrap --network=none "$@"\n' \
+    "$RUNSC_BIN/runsc" >"$RUNSC_BIN/runsc-berth.new"
+  chmod 755 "$RUNSC_BIN/runsc-berth.new"
+  mv "$RUNSC_BIN/runsc-berth.new" "$RUNSC_BIN/runsc-berth"
+fi
+
 # --- dockerd ----------------------------------------------------------------------
 if alive "$DIR/dockerd.pid" && docker -H "unix://$DSOCK" version >/dev/null 2>&1; then
   say "dockerd already running (pid $(cat "$DIR/dockerd.pid"))"
@@ -183,10 +220,15 @@ else
   # Not the host's /etc/docker/daemon.json. dockerd before 23.0 makes a trust key and
   # writes it to /etc/docker/key.json unless deprecated-key-path says where (23.0 and
   # later make none, and refuse the setting).
+  # runsc as runtime "runsc", when built (see above).
+  runtimes=
+  if [ "$RUNSC_VERSION" != none ]; then
+    runtimes=$(printf '"runtimes": {"runsc": {"path": "%s", "runtimeArgs": ["--host-uds=create", "--overlay2=none", "--platform=systrap"]}}' "$RUNSC_BIN/runsc")
+  fi
   if [ "$(dockerd --version | sed -nE 's/^Docker version ([0-9]+)\..*/\1/p')" -lt 23 ] 2>/dev/null; then
-    printf '{"deprecated-key-path": "%s"}\n' "$DIR/docker/key.json" >"$DIR/daemon.json"
+    printf '{"deprecated-key-path": "%s"%s}\n' "$DIR/docker/key.json" "${runtimes:+, $runtimes}" >"$DIR/daemon.json"
   else
-    echo '{}' >"$DIR/daemon.json"
+    printf '{%s}\n' "$runtimes" >"$DIR/daemon.json"
   fi
   # --pidfile is dockerd's own lock file; ours ($DIR/dockerd.pid) is written by us.
   setsid dockerd -H "unix://$DSOCK" --containerd "$CSOCK" \
@@ -204,5 +246,6 @@ fi
   echo "export DOCKER_HOST=unix://$DSOCK"
   echo "export CONTAINERD_ADDRESS=$CSOCK"
   echo "export CONTAINERD2_ADDRESS=$C2SOCK"
+  if [ "$RUNSC_VERSION" != none ]; then echo "export BERTH_RUNSC=$RUNSC_BIN/runsc-berth"; fi
 } >"$DIR/env"
 cat "$DIR/env"
