@@ -33,6 +33,21 @@ func runscBench(b *testing.B, plug backend.TerminalBackend) {
 	}
 }
 
+// runtimeRequest returns the create request of sandbox name of owner under runtime
+// rt ("runc": the engine's default), with its agent files prepared under state.
+func runtimeRequest(b *testing.B, state, owner string, bin agent.Binary, name, rt string) backend.CreateRequest {
+	b.Helper()
+	files, err := agent.PrepareSandbox(filepath.Join(state, "sandboxes", name), bin)
+	if err != nil {
+		b.Fatal(err)
+	}
+	spec := backend.SandboxSpec{Name: name, Image: testimage.Ref, Labels: map[string]string{backend.LabelOwner: owner}}
+	if rt != "runc" {
+		spec.Runtime = rt
+	}
+	return backend.CreateRequest{Spec: spec, Agent: files}
+}
+
 // BenchmarkGVisorExec compares the round trip of `true` in a running sandbox under
 // runsc (gVisor) and under runc, on the docker driver, interleaved: through the
 // agent over a kept connection, over a new connection per exec, and the whole
@@ -47,18 +62,11 @@ func BenchmarkGVisorExec(b *testing.B) {
 	files := map[string]backend.AgentFiles{}
 	for _, rt := range []string{"runc", "runsc"} {
 		name := benchName(0) + "-" + rt
-		f, err := agent.PrepareSandbox(filepath.Join(state, "sandboxes", name), bin)
-		if err != nil {
+		req := runtimeRequest(b, state, owner, bin, name, rt)
+		if _, err := plug.Create(ctx, req); err != nil {
 			b.Fatal(err)
 		}
-		spec := backend.SandboxSpec{Name: name, Image: testimage.Ref, Labels: map[string]string{backend.LabelOwner: owner}}
-		if rt == "runsc" {
-			spec.Runtime = rt
-		}
-		if _, err := plug.Create(ctx, backend.CreateRequest{Spec: spec, Agent: f}); err != nil {
-			b.Fatal(err)
-		}
-		files[rt] = f
+		files[rt] = req.Agent
 	}
 	cliState := filepath.Join(state, "cli")
 	xdg := filepath.Join(state, "xdg")
@@ -115,19 +123,12 @@ func BenchmarkGVisorCreateToFirstExec(b *testing.B) {
 	for i := 0; i < rounds; i++ {
 		for j, rt := range []string{"runc", "runsc"} {
 			name := benchName(i) + "-" + rt
-			files, err := agent.PrepareSandbox(filepath.Join(state, "sandboxes", name), bin)
-			if err != nil {
-				b.Fatal(err)
-			}
-			spec := backend.SandboxSpec{Name: name, Image: testimage.Ref, Labels: map[string]string{backend.LabelOwner: owner}}
-			if rt == "runsc" {
-				spec.Runtime = rt
-			}
+			req := runtimeRequest(b, state, owner, bin, name, rt)
 			start := time.Now()
-			if _, err := plug.Create(ctx, backend.CreateRequest{Spec: spec, Agent: files}); err != nil {
+			if _, err := plug.Create(ctx, req); err != nil {
 				b.Fatal(err)
 			}
-			p, err := agent.Exec(ctx, files, backend.ExecRequest{Argv: []string{"true"}})
+			p, err := agent.Exec(ctx, req.Agent, backend.ExecRequest{Argv: []string{"true"}})
 			if err := benchutil.WaitTrue(b, p, err); err != nil {
 				b.Fatal(err)
 			}
@@ -169,19 +170,12 @@ func BenchmarkGVisorIdleMemory(b *testing.B) {
 		var mibs []float64
 		for i := 0; i < n; i++ {
 			name := benchName(i) + "-mem-" + rt
-			files, err := agent.PrepareSandbox(filepath.Join(state, "sandboxes", name), bin)
-			if err != nil {
-				b.Fatal(err)
-			}
-			spec := backend.SandboxSpec{Name: name, Image: testimage.Ref, Labels: map[string]string{backend.LabelOwner: owner}}
-			if rt == "runsc" {
-				spec.Runtime = rt
-			}
-			if _, err := plug.Create(ctx, backend.CreateRequest{Spec: spec, Agent: files}); err != nil {
+			req := runtimeRequest(b, state, owner, bin, name, rt)
+			if _, err := plug.Create(ctx, req); err != nil {
 				b.Fatal(err)
 			}
 			defer plug.Remove(ctx, name)
-			p, err := agent.Exec(ctx, files, backend.ExecRequest{Argv: []string{"true"}})
+			p, err := agent.Exec(ctx, req.Agent, backend.ExecRequest{Argv: []string{"true"}})
 			if err := benchutil.WaitTrue(b, p, err); err != nil {
 				b.Fatal(err)
 			}
