@@ -39,12 +39,13 @@ func checkSeccomp(v string) error {
 // Validate implements backend.Validator (Capabilities.Validate, for `berth config
 // check`): it checks spec as Create does before it asks containerd anything (the
 // sandbox name, and specOpts: image reference, env, workdir, network, resources,
-// the user's form, mounts, the seccomp setting's shape) and reads the seccomp profile
-// file that Configure checks only for shape, as Create does for a new container. It
-// connects to no daemon, so it does not check that the image is there, nor that a
-// user name exists in it (the agent resolves that at Create). Errors wrap
-// backend.ErrInvalid (backend.ErrUnsupported for a network the driver lacks) and
-// name the input (the profile file, for its errors).
+// the user's form, mounts, the seccomp setting's shape, the spec's runtime: in the
+// runtimes setting, its binary executable, its network one it has) and reads the
+// seccomp profile file that Configure checks only for shape, as Create does for a
+// new container. It connects to no daemon, so it does not check that the image is
+// there, nor that a user name exists in it (the agent resolves that at Create).
+// Errors wrap backend.ErrInvalid (backend.ErrUnsupported for a network or runtime the
+// driver lacks) and name the input (the profile file, for its errors).
 func (d *Driver) Validate(ctx context.Context, spec backend.SandboxSpec) error {
 	if err := backend.ValidateSandboxName(spec.Name); err != nil {
 		return err

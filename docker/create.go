@@ -92,10 +92,12 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 // Validate implements backend.Validator (Capabilities.Validate, for `berth config
 // check`): it checks spec as Create does before it asks the engine anything: the
 // sandbox name and containerConfig's checks (image set, env, workdir, network,
-// resources, the user's form, mounts under the host-path policy). It makes no API
-// call, so it does not check that the image is there, nor that a user name exists in
+// resources, the user's form, mounts under the host-path policy), and, for a spec
+// that names a runtime, that the engine has it (`docker info`, the one API call it
+// makes). It does not check that the image is there, nor that a user name exists in
 // it (the agent resolves that at Create). Errors wrap backend.ErrInvalid
-// (backend.ErrUnsupported for a network the driver lacks) and name the input.
+// (backend.ErrUnsupported for a network or runtime the engine lacks) and name the
+// input.
 func (d *Driver) Validate(ctx context.Context, spec backend.SandboxSpec) error {
 	if err := backend.ValidateSandboxName(spec.Name); err != nil {
 		return err
