@@ -93,3 +93,48 @@ func TestRuntimesSetting(t *testing.T) {
 		t.Errorf("runtime runsc-x, network none: %v", err)
 	}
 }
+
+// TestGVisorSandboxDeathRecovers: a fork bomb past the pids limit of a sandbox under
+// runsc takes its Sentry down (the host cgroup counts the Sentry's threads; see
+// docs/gvisor.md), which leaves a stopped task that runsc refuses to kill again; the
+// next Create deletes that task without the kill and starts the sandbox again, files
+// kept, and its agent answers.
+func TestGVisorSandboxDeathRecovers(t *testing.T) {
+	runsc := testimage.RequireRunsc(t)
+	addr := requireDaemon(t, daemons[1])
+	f := newFixture(t, addr)
+	f.d.Close()
+	f.d = containerd.New(containerd.WithAddress(addr), containerd.WithNamespace(testNamespace), containerd.WithRuntimes(map[string]string{"runsc": runsc}))
+	if err := f.d.Configure(f.ctx, backend.DriverSetup{StateDir: f.state, Owner: f.owner}); err != nil {
+		t.Fatal(err)
+	}
+	name := conformance.SandboxName()
+	req := f.request(name)
+	req.Spec.Runtime = "runsc"
+	req.Spec.Resources.Pids = 64
+	if _, err := f.d.Create(f.ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	run := func(script string) (backend.ExecResult, error) {
+		p, err := f.exec(name, backend.ExecRequest{Argv: []string{"sh", "-c", script}})
+		if err != nil {
+			return backend.ExecResult{}, err
+		}
+		return p.Wait()
+	}
+	if res, err := run("echo kept > /kept"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("writing /kept: %+v %v", res, err)
+	}
+	res, err := run("i=0; while [ $i -lt 200 ]; do sleep 300 & i=$((i+1)); done; echo started")
+	t.Logf("fork bomb under runsc, pids 64: %+v, %v", res, err)
+	sb, err := f.d.Create(f.ctx, req)
+	if err != nil {
+		t.Fatalf("Create after the fork bomb: %v, want the sandbox back", err)
+	}
+	if sb.State != backend.StateRunning {
+		t.Errorf("state after Create: %s, want running", sb.State)
+	}
+	if res, err := run("cat /kept"); err != nil || res.ExitCode != 0 {
+		t.Errorf("cat /kept after the sandbox came back: %+v %v, want its file kept", res, err)
+	}
+}

@@ -85,14 +85,20 @@ func capsSummary(c backend.Capabilities) string {
 	if c.Agent != backend.AgentNone {
 		s = append(s, "agent="+string(c.Agent))
 	}
-	// Each runtime with its kernel and what it lacks beside the default's:
-	// runtime=runsc(gvisor;-memory;-pids).
+	// Each runtime with its kernel and how it differs from the default's: what it
+	// lacks, and its own value of a key=value entry: runtime=runsc(gvisor;net=none;-memory).
+	base, _ := c.ForRuntime("")
 	for _, r := range c.Runtimes {
 		entry := r.Name + "(" + r.Kernel
-		base, _ := c.ForRuntime("")
 		have := strings.Split(capsSummary(r.Capabilities), ",")
 		for _, f := range strings.Split(capsSummary(base), ",") {
-			if !slices.Contains(have, f) {
+			if slices.Contains(have, f) {
+				continue
+			}
+			key, _, ok := strings.Cut(f, "=")
+			if i := slices.IndexFunc(have, func(h string) bool { return ok && strings.HasPrefix(h, key+"=") }); i >= 0 {
+				entry += ";" + have[i]
+			} else {
 				entry += ";-" + f
 			}
 		}

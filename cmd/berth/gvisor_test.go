@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/testimage"
 )
 
@@ -74,5 +75,19 @@ func TestGVisorExec(t *testing.T) {
 				t.Errorf("exec -s trusted:1 -- uname -r: want the host's kernel %s\n%v", hostKernel, r)
 			}
 		})
+	}
+}
+
+// TestCapsSummaryRuntimes: `berth drivers` shows each runtime with its kernel, what
+// it lacks beside the default runtime, and its own value of a key=value entry.
+func TestCapsSummaryRuntimes(t *testing.T) {
+	base := backend.Capabilities{FSIsolation: backend.FSIsolationImage, NetworkModes: []string{"none", "host"}, MemoryLimit: true, PidsLimit: true, TTY: true}
+	gv := base
+	gv.NetworkModes, gv.MemoryLimit, gv.PidsLimit = []string{"none"}, false, false
+	base.Runtimes = []backend.RuntimeCapabilities{{Name: "runsc", Kernel: backend.KernelGVisor, Capabilities: gv}, {Name: "crun", Kernel: backend.KernelHost, Capabilities: base}}
+	got := capsSummary(base)
+	want := "fs=image,net=none|host,tty,memory,pids,runtime=runsc(gvisor;net=none;-memory;-pids),runtime=crun(host)"
+	if got != want {
+		t.Errorf("capsSummary = %q, want %q", got, want)
 	}
 }
