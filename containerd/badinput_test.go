@@ -59,8 +59,8 @@ func TestConfigRefused(t *testing.T) {
 	for _, f := range schema {
 		keys = append(keys, f.Name)
 	}
-	if strings.Join(keys, ",") != "address,namespace,snapshotter,runtime,seccomp" {
-		t.Errorf("config keys %v, want address, namespace, snapshotter, runtime, seccomp", keys)
+	if strings.Join(keys, ",") != "address,namespace,snapshotter,runtime,runtimes,seccomp" {
+		t.Errorf("config keys %v, want address, namespace, snapshotter, runtime, runtimes, seccomp", keys)
 	}
 	// A profile file is read by Validate (config check) and at Create, not by
 	// Configure: one that went missing must not lock the user out of rm and stop.
