@@ -207,24 +207,7 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 // baseCapabilities are the capabilities of a sandbox of the default OCI runtime
 // (runc, under the task runtime's shim).
 func baseCapabilities() backend.Capabilities {
-	return backend.Capabilities{
-		FSIsolation:      backend.FSIsolationImage,
-		PIDIsolation:     true,
-		NetworkModes:     append([]string(nil), NetworkModes...),
-		TTY:              true,
-		CPULimit:         true,
-		MemoryLimit:      true,
-		PidsLimit:        true,
-		DropCapabilities: true,
-		Copy:             true,
-		StopStart:        true,
-		ExecUser:         true,
-		ImagePull:        true,
-		ImageImport:      true,
-		Config:           true,
-		Validate:         true,
-		Agent:            backend.AgentSocket, // the host reaches the agent itself
-	}
+	return containerutil.Capabilities(NetworkModes)
 }
 
 // health asks the daemon of a configured driver for its version (see Info).

@@ -154,24 +154,7 @@ func (d *Driver) engineRuntimes(ctx context.Context) (map[string]string, string,
 // baseCapabilities are the capabilities of a sandbox of the engine's default
 // runtime (runc).
 func baseCapabilities() backend.Capabilities {
-	return backend.Capabilities{
-		FSIsolation:      backend.FSIsolationImage,
-		PIDIsolation:     true,
-		NetworkModes:     append([]string(nil), NetworkModes...),
-		TTY:              true,
-		Agent:            backend.AgentSocket,
-		CPULimit:         true,
-		MemoryLimit:      true,
-		PidsLimit:        true,
-		DropCapabilities: true,
-		Copy:             true,
-		StopStart:        true,
-		ExecUser:         true,
-		ImageImport:      true,
-		ImagePull:        true,
-		Config:           true,
-		Validate:         true,
-	}
+	return containerutil.Capabilities(NetworkModes)
 }
 
 // health pings the engine of a configured driver (see Info).

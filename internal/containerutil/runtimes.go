@@ -9,6 +9,32 @@ import (
 	"github.com/berth-sh/berth/backend"
 )
 
+// Capabilities are the capabilities of a sandbox of the built-in container drivers
+// (docker, containerd) under the engine's default runtime (runc), with networkModes
+// (copied) as their network modes: an image's own filesystem, its own PIDs, TTY, CPU,
+// memory and pids limits, dropped capabilities, copy, stop and start, exec users,
+// image pull and import, config, Validate, and the agent reached by its socket.
+func Capabilities(networkModes []string) backend.Capabilities {
+	return backend.Capabilities{
+		FSIsolation:      backend.FSIsolationImage,
+		PIDIsolation:     true,
+		NetworkModes:     slices.Clone(networkModes),
+		TTY:              true,
+		Agent:            backend.AgentSocket, // the host reaches the agent itself
+		CPULimit:         true,
+		MemoryLimit:      true,
+		PidsLimit:        true,
+		DropCapabilities: true,
+		Copy:             true,
+		StopStart:        true,
+		ExecUser:         true,
+		ImageImport:      true,
+		ImagePull:        true,
+		Config:           true,
+		Validate:         true,
+	}
+}
+
 // IsGVisor reports whether an OCI runtime is gVisor's runsc, by the name it is
 // registered under or the base name of its binary (or wrapper): "runsc", or one
 // that starts with "runsc" ("runsc-berth", "runsc-systrap"). A runtime is told
