@@ -90,6 +90,15 @@ if [ "${1:-}" = stop ]; then
   stop_one dockerd
   stop_one containerd
   stop_one containerd2
+  # runsc leaves an nsfs mount, null-netns, in each state root it used (under dockerd's
+  # exec root, and /run/containerd/runsc/NAMESPACE for containerd 2.x) after its
+  # sandboxes are gone; with the daemons stopped nothing uses them.
+  while read -r _ mnt fstype _; do
+    case $mnt in
+      "$DIR"/*/null-netns | /run/containerd/runsc/*/null-netns)
+        [ "$fstype" = nsfs ] && umount "$mnt" 2>/dev/null && say "unmounted $mnt" ;;
+    esac
+  done </proc/mounts
   exit 0
 fi
 [ $# -eq 0 ] || die "usage: $0 [stop]"
