@@ -200,6 +200,10 @@ func (r *Registry) Config() *config.Config { return r.cfg }
 // StateDir returns the resolved, absolute state dir.
 func (r *Registry) StateDir() string { return r.stateDir }
 
+// ClockOffset returns the offset at which retention is judged (WithClockOffset; 0
+// for none).
+func (r *Registry) ClockOffset() time.Duration { return r.offset }
+
 // OrphanGrace returns the grace period of Prune (WithOrphanGrace, default
 // DefaultOrphanGrace).
 func (r *Registry) OrphanGrace() time.Duration { return r.grace }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
@@ -9,7 +10,6 @@ import (
 	"io"
 	"mime"
 	"net/http"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -37,6 +37,7 @@ type execCall struct {
 	timeout time.Duration
 	max     *int64
 	stdin   []byte // nil: no stdin
+	in      *input // a streamed request's input: stdin and signals
 }
 
 // check validates req; errors are invalid and say which field is wrong.
@@ -65,17 +66,11 @@ func (req *ExecRequest) check() (*execCall, error) {
 			return nil, errorf("invalid", "%s holds a NUL character", v.name)
 		}
 	}
-	keys := make([]string, 0, len(req.Env))
-	for k, v := range req.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
-			return nil, errorf("invalid", "env %q: a name must be non-empty without '=' or NUL, and a value without NUL", k)
-		}
-		keys = append(keys, k)
+	env, err := envList(req.Env)
+	if err != nil {
+		return nil, err
 	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		c.env = append(c.env, k+"="+req.Env[k])
-	}
+	c.env = env
 	if req.Timeout != "" {
 		d, err := config.ParseDuration(req.Timeout)
 		if err != nil {
@@ -119,11 +114,27 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	name := r.PathValue("name")
 	var req ExecRequest
-	if err := s.readJSON(w, r, &req); err != nil {
+	var rest *bufio.Reader // a streamed request's input events
+	if isNDJSON(r) {
+		line, br, err := s.readFirstLine(w, r)
+		if err == nil {
+			if derr := decodeStrict(line, &req); derr != nil {
+				err = errorf("invalid", "request body's first line: %v", derr)
+			}
+		}
+		if err != nil {
+			s.writeError(w, r, err, name)
+			return
+		}
+		rest = br
+	} else if err := s.readJSON(w, r, &req); err != nil {
 		s.writeError(w, r, err, name)
 		return
 	}
 	c, err := req.check()
+	if err == nil && rest != nil && (req.Stdin != nil || req.StdinBase64 != nil) {
+		err = errorf("invalid", "a streamed request sends its stdin as stdin events; drop stdin and stdin_base64 from its first line")
+	}
 	if err != nil {
 		s.writeError(w, r, err, name)
 		return
@@ -132,7 +143,17 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	ref := s.acquire()
 	defer s.release(ref)
 	reg := ref.reg
-	ctx := r.Context()
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	var in *input
+	if rest != nil {
+		if in, err = newInput(rest, s.maxBody, reg.StateDir(), cancel); err != nil {
+			s.writeError(w, r, err, name)
+			return
+		}
+		defer in.close()
+	}
+	c.in = in
 	recreated := false
 	if req.Recreate {
 		if recreated, err = reg.Recreate(ctx, name); err != nil {
@@ -152,6 +173,9 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	}
 	if recreated && err == nil {
 		res.Recreated, res.RecreatedReason = true, RecreateReason
+	}
+	if in != nil && in.badEvent() != nil {
+		err = in.badEvent()
 	}
 	switch {
 	case err != nil && (st == nil || !st.started()):
@@ -186,17 +210,39 @@ func (s *Server) runPlain(ctx context.Context, reg *registry.Registry, name stri
 		outEv, errEv = st.writer("stdout", c.max), st.writer("stderr", c.max)
 		breq.Stdout, breq.Stderr = outEv, errEv
 	}
+	if c.in != nil {
+		breq.Stdin = true
+	}
 	p, lease, err := reg.Exec(ctx, name, breq)
 	if err != nil {
 		return ExecResult{}, err
 	}
 	if st != nil {
-		st.begin()
+		st.event(Event{Event: "started", Started: &ExecStarted{Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
+			Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason}})
 	}
-	if c.stdin != nil {
+	switch {
+	case c.stdin != nil:
 		go func() {
 			p.Write(c.stdin)
 			p.CloseStdin()
+		}()
+	case c.in != nil:
+		go func() {
+			io.Copy(processWriter{p}, c.in.sp)
+			p.CloseStdin()
+		}()
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			for {
+				select {
+				case sig := <-c.in.signals:
+					p.Signal(sig)
+				case <-done:
+					return
+				}
+			}
 		}()
 	}
 	res, err := p.Wait()
@@ -207,6 +253,7 @@ func (s *Server) runPlain(ctx context.Context, reg *registry.Registry, name stri
 		ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
 		DurationMS: res.Duration.Milliseconds(), Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
 		Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason,
+		Canceled: res.Canceled,
 	}
 	if st == nil {
 		out.Stdout, out.StdoutTruncatedBytes = outCap.Text()
@@ -224,12 +271,31 @@ func (s *Server) runShell(ctx context.Context, reg *registry.Registry, name stri
 	if c.max != nil {
 		sreq.MaxOutput = *c.max
 	}
-	if c.stdin != nil {
+	switch {
+	case c.stdin != nil:
 		sreq.Stdin = bytes.NewReader(c.stdin)
+	case c.in != nil:
+		sreq.Stdin = c.in.sp
+		// A shell-mode call takes no signals: one ends the call, as cancel does.
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			select {
+			case <-c.in.signals:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		return s.shellCall(ctx, reg, name, sreq, st)
 	}
+	return s.shellCall(ctx, reg, name, sreq, st)
+}
+
+// shellCall makes a shell-mode call and converts its result.
+func (s *Server) shellCall(ctx context.Context, reg *registry.Registry, name string, sreq registry.ShellRequest, st *stream) (ExecResult, error) {
 	if st != nil {
 		sreq.Stdout, sreq.Stderr = st.writer("stdout", nil), st.writer("stderr", nil)
-		sreq.Started = st.begin
+		sreq.Started = func() { st.event(Event{Event: "started", Started: &ExecStarted{Session: name}}) }
 	}
 	res, err := reg.Shell(ctx, name, sreq)
 	if err != nil {
@@ -243,9 +309,14 @@ func (s *Server) runShell(ctx context.Context, reg *registry.Registry, name stri
 		StdoutTruncatedBytes: res.StdoutTruncatedBytes, StderrTruncatedBytes: res.StderrTruncatedBytes,
 		Cwd: res.Cwd, StdoutFile: res.StdoutFile, StderrFile: res.StderrFile,
 		StdoutFileTruncatedBytes: res.StdoutFileTruncatedBytes, StderrFileTruncatedBytes: res.StderrFileTruncatedBytes,
-		OutputFilesRemoved: res.OutputFilesRemoved,
+		OutputFilesRemoved: res.OutputFilesRemoved, Canceled: res.Canceled,
 	}, nil
 }
+
+// processWriter adapts a Process's stdin to io.Writer.
+type processWriter struct{ p backend.Process }
+
+func (w processWriter) Write(b []byte) (int, error) { return w.p.Write(b) }
 
 // stream writes a streamed answer's events, each line flushed at once, so that a
 // client that stops reading holds the command back (flow control: nothing grows).
@@ -288,8 +359,14 @@ func (st *stream) beginLocked() {
 }
 
 // event writes one event line; it returns the first write error.
-func (st *stream) event(ev Event) error {
-	b, err := json.Marshal(ev)
+func (st *stream) event(ev Event) error { return st.line(ev) }
+
+// logEvent writes one job log event line; it returns the first write error.
+func (st *stream) logEvent(ev LogEvent) error { return st.line(ev) }
+
+// line writes v as one JSON line and flushes it; it returns the first write error.
+func (st *stream) line(v any) error {
+	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}

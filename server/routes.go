@@ -39,10 +39,15 @@ var table = []route{
 	{Route{http.MethodPost, "/v1/sessions/{name}/close"}, (*Server).closeSession},
 	{Route{http.MethodPost, "/v1/sessions/{name}/stop"}, (*Server).stopSession},
 	{Route{http.MethodPost, "/v1/sessions/{name}/recreate"}, (*Server).recreateSession},
+	{Route{http.MethodPost, "/v1/sessions/{name}/jobs"}, (*Server).startJob},
+	{Route{http.MethodGet, "/v1/sessions/{name}/jobs"}, (*Server).listJobs},
+	{Route{http.MethodGet, "/v1/sessions/{name}/jobs/{id}/logs"}, (*Server).jobLogs},
+	{Route{http.MethodPost, "/v1/sessions/{name}/jobs/{id}/kill"}, (*Server).killJob},
 	{Route{http.MethodPost, "/v1/prune"}, (*Server).prune},
 	{Route{http.MethodGet, "/v1/drivers"}, (*Server).drivers},
 	{Route{http.MethodGet, "/v1/config/explain"}, (*Server).explain},
 	{Route{http.MethodGet, "/metrics"}, (*Server).serveMetrics},
+	{Route{http.MethodGet, "/v1/status"}, (*Server).status},
 }
 
 // Routes returns every route the server answers, sorted by path and method.
@@ -179,16 +184,25 @@ func (s *Server) readJSON(w http.ResponseWriter, r *http.Request, v any) error {
 	case err != nil:
 		return errorf("invalid", "reading the request body: %v", err)
 	}
+	if err := decodeStrict(data, v); err != nil {
+		return errorf("invalid", "request body: %v", err)
+	}
+	return nil
+}
+
+// decodeStrict decodes data, one JSON object, into v, refusing unknown fields,
+// trailing data and a second value; the error says what is wrong.
+func decodeStrict(data []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return errorf("invalid", "request body: %s", jsonProblem(err))
+		return errors.New(jsonProblem(err))
 	}
 	if dec.More() {
-		return errorf("invalid", "request body: more than one JSON value; send one object")
+		return errors.New("more than one JSON value; send one object")
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return errorf("invalid", "request body: data after the JSON object")
+		return errors.New("data after the JSON object")
 	}
 	return nil
 }

@@ -164,3 +164,14 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, status, h)
 }
+
+// status is GET /v1/status: the daemon's identity (version, pid, state dir, config
+// file, clock offset), asking no driver: what berth's CLI checks before it uses the
+// daemon.
+func (s *Server) status(w http.ResponseWriter, r *http.Request) {
+	ref := s.acquire()
+	defer s.release(ref)
+	reg := ref.reg
+	writeJSON(w, http.StatusOK, Status{API: "v1", Version: s.version, PID: os.Getpid(), StateDir: reg.StateDir(),
+		Config: reg.Config().Path, ClockOffsetMS: reg.ClockOffset().Milliseconds()})
+}

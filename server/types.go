@@ -80,6 +80,10 @@ type ExecResult struct {
 	Stderr               string `json:"stderr"`
 	StdoutTruncatedBytes int64  `json:"stdout_truncated_bytes"`
 	StderrTruncatedBytes int64  `json:"stderr_truncated_bytes"`
+	// Canceled says that the call was cancelled while the command ran (a cancel
+	// input event, a signal event in shell mode, a shutdown past its grace) and its
+	// tree was killed.
+	Canceled bool `json:"canceled,omitempty"`
 	// Shell mode only: the session's directory for its next call; the host files
 	// that hold a capped stream whole (and what even they left out); how many of the
 	// session's older such files this call deleted to stay within output_max_total.
@@ -91,19 +95,40 @@ type ExecResult struct {
 	OutputFilesRemoved       int    `json:"output_files_removed,omitempty"`
 }
 
-// Event is one line of a streamed exec answer (Accept: application/x-ndjson):
-// output events ("stdout", "stderr") in the order the command wrote them, then one
-// "result" event, or one "error" event when the exec failed after the answer began.
+// Event is one line of a streamed exec answer (Accept: application/x-ndjson): one
+// "started" event once the command runs, output events ("stdout", "stderr") in the
+// order the command wrote them, then one "result" event, or one "error" event when
+// the exec failed after the answer began. Clients ignore events they do not know.
+// It is also one input event of a streamed exec request (Content-Type:
+// application/x-ndjson; see InputStdin ... InputCancel).
 type Event struct {
-	// Event is "stdout", "stderr", "result" or "error".
+	// Event is "started", "stdout", "stderr", "result" or "error" in an answer;
+	// "stdin", "eof", "signal" or "cancel" in a request.
 	Event string `json:"event"`
-	// Data is an output event's bytes, base64 (standard encoding, padded): output is
-	// passed on unchanged, whatever its encoding.
+	// Data is an output or stdin event's bytes, base64 (standard encoding, padded):
+	// bytes are passed on unchanged, whatever their encoding.
 	Data []byte `json:"data,omitempty"`
+	// Started is the "started" event's placement of the command.
+	Started *ExecStarted `json:"started,omitempty"`
+	// Signal is a "signal" input event's Linux signal number (1-64).
+	Signal int `json:"signal,omitempty"`
 	// Result is the "result" event's result.
 	Result *ExecResult `json:"result,omitempty"`
 	// Error is the "error" event's error.
 	Error *ErrorInfo `json:"error,omitempty"`
+}
+
+// ExecStarted says where a streamed exec's command runs, as soon as it does (a
+// plain exec; in shell mode only Session is set): the fields of ExecResult that
+// are known at the start.
+type ExecStarted struct {
+	Session         string `json:"session"`
+	Driver          string `json:"driver,omitempty"`
+	Sandbox         string `json:"sandbox,omitempty"`
+	Recreated       bool   `json:"recreated,omitempty"`
+	RecreatedReason string `json:"recreated_reason,omitempty"`
+	Moved           bool   `json:"moved,omitempty"`
+	MovedReason     string `json:"moved_reason,omitempty"`
 }
 
 // Session is one session as GET /v1/sessions lists it and GET /v1/sessions/{name}
@@ -171,4 +196,76 @@ type Health struct {
 type DriverHealth struct {
 	Name   string `json:"name"`
 	Health string `json:"health"`
+}
+
+// Status is the answer of GET /v1/status: who the daemon is, without asking any
+// driver (health does that), so that a client can check cheaply that it talks to
+// the daemon of its own state dir and config before each call.
+type Status struct {
+	// API is the API's version, "v1".
+	API string `json:"api"`
+	// Version is berth's version; PID the daemon's process id.
+	Version string `json:"version"`
+	PID     int    `json:"pid"`
+	// StateDir is the daemon's state dir (absolute); Config its config file ("" for
+	// the built-in default, no file).
+	StateDir string `json:"state_dir"`
+	Config   string `json:"config"`
+	// ClockOffsetMS is the offset at which the daemon judges retention
+	// (BERTH_CLOCK_OFFSET), in milliseconds; 0 for none.
+	ClockOffsetMS int64 `json:"clock_offset_ms"`
+}
+
+// JobStartRequest is the JSON body of POST /v1/sessions/{name}/jobs. Exactly one of
+// Argv and Command is set; unknown fields are refused.
+type JobStartRequest struct {
+	// Argv is the program and its arguments (no implicit shell).
+	Argv []string `json:"argv,omitempty"`
+	// Command is a command string, run as ["/bin/sh", "-c", Command] (not shell
+	// mode: no session state is read or kept).
+	Command string `json:"command,omitempty"`
+	// Env holds variables for the job, over the sandbox's environment.
+	Env map[string]string `json:"env,omitempty"`
+	// Cwd is the job's working directory; empty means the sandbox's default.
+	Cwd string `json:"cwd,omitempty"`
+}
+
+// Job is one background job, as POST /v1/sessions/{name}/jobs returns it and GET
+// /v1/sessions/{name}/jobs lists it; berth job ls --json prints the same objects.
+type Job struct {
+	// ID is the job's id, unique within its sandbox's agent; Session its session.
+	ID      string `json:"id"`
+	Session string `json:"session"`
+	// Argv is what it runs; PID its leader's pid in the sandbox.
+	Argv []string `json:"argv"`
+	PID  int      `json:"pid"`
+	// Running is set until the leader has exited; then ExitCode and Signal are its
+	// result (128+N for signal N).
+	Running  bool `json:"running"`
+	ExitCode int  `json:"exit_code"`
+	Signal   int  `json:"signal"`
+	// Started and Ended are RFC 3339 times (Ended is left out while it runs).
+	Started time.Time `json:"started"`
+	Ended   time.Time `json:"ended,omitzero"`
+	// LogBytes is how many bytes it has written in all; DroppedBytes how many of
+	// those its log (the newest 1 MiB) no longer keeps.
+	LogBytes     int64 `json:"log_bytes"`
+	DroppedBytes int64 `json:"dropped_bytes"`
+}
+
+// LogEvent is one line of the answer of GET /v1/sessions/{name}/jobs/{id}/logs
+// (NDJSON): "gap" (output before the kept log, Dropped bytes, is gone), "output"
+// (Data, base64), then one "end" (Ended, ExitCode and Signal once the job has ended
+// and its output is drained) or one "error". Offset is the byte offset into the
+// job's output where a gap ends, where an output event's data starts, and, in
+// "end", after the last byte sent: pass it as the next call's offset.
+type LogEvent struct {
+	Event    string     `json:"event"`
+	Offset   int64      `json:"offset"`
+	Dropped  int64      `json:"dropped,omitempty"`
+	Data     []byte     `json:"data,omitempty"`
+	Ended    bool       `json:"ended,omitempty"`
+	ExitCode int        `json:"exit_code,omitempty"`
+	Signal   int        `json:"signal,omitempty"`
+	Error    *ErrorInfo `json:"error,omitempty"`
 }

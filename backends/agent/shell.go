@@ -34,7 +34,8 @@ import (
 // that replaces the trap record nothing, and the next call starts from the last
 // recorded state. Nothing of the state is on a command line (ps shows only COMMAND),
 // no descriptor of the user's is taken, and the state's size is not bound by the
-// kernel's argument limit.
+// kernel's argument limit. A command longer than maxArgCommand is not on the command
+// line either: the state file sets it, so no command is bound by that limit.
 
 // shellStateMagic starts a state report; shellStateEnd ends a complete one.
 const (
@@ -42,14 +43,18 @@ const (
 	shellStateEnd   = "\n#berth-shell-end\n"
 )
 
+// maxArgCommand is the longest shell-mode command, in bytes, passed on the shell's
+// command line (where ps shows it); a longer one travels in the call's state file.
+const maxArgCommand = 32 << 10
+
 // maxShellState caps a state report, in bytes; a larger one is not recorded.
 const maxShellState = 4 << 20
 
 const shellWrapper = `__berth_state=$1
 __berth_pwd=$PWD
+__berth_cmd=$2
 . "$__berth_state" >/dev/null 2>&1
 PWD=$__berth_pwd
-__berth_cmd=$2
 shift 2
 __berth_save() {
   __berth_rc=$?
@@ -236,6 +241,14 @@ func (s *server) shellStart(sh *agentpb.ShellStart, state shellState) (*agentpb.
 	}
 	s.blk.leave()
 	var restore strings.Builder
+	command := sh.Command
+	if len(command) > maxArgCommand {
+		// Past the kernel's limit of one argument (128 KiB), execve would fail with
+		// "Argument list too long": the restore script sets the command instead,
+		// first, so that nothing in the recorded state can skip it.
+		fmt.Fprintf(&restore, "__berth_cmd=%s\n", shellQuote(command))
+		command = ""
+	}
 	restore.WriteString(state.exports)
 	for _, kv := range sh.Env {
 		k, v, _ := strings.Cut(kv, "=")
@@ -251,7 +264,7 @@ func (s *server) shellStart(sh *agentpb.ShellStart, state shellState) (*agentpb.
 	var rnd [12]byte
 	rand.Read(rnd[:])
 	sf := &shellFile{path: filepath.Join(dir, hex.EncodeToString(rnd[:])), restore: restore.String()}
-	out.Argv = []string{shell, "-c", shellWrapper, "berth-shell", sf.path, sh.Command}
+	out.Argv = []string{shell, "-c", shellWrapper, "berth-shell", sf.path, command}
 	return out, sf, nil
 }
 

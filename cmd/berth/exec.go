@@ -84,7 +84,7 @@ max_output), the full stream kept in a file under the state dir.`,
 	fl.BoolVarP(&f.stdin, "interactive", "i", false, "pass stdin to the command")
 	fl.BoolVarP(&f.tty, "tty", "t", false, "allocate a terminal for the command")
 	fl.Int64Var(&f.maxOutput, "max-output", -1, "cap each output stream at BYTES (default: no cap; 1 MiB per stream with --json)")
-	fl.StringVar(&f.shell, "shell", "", "run this command string in shell mode: cd and export carry over to the session's next --shell call; output capped at 50 KiB per stream unless --max-output")
+	fl.StringVar(&f.shell, "shell", "", "run this command string in shell mode (- reads it from stdin, for a command longer than the argument limit): cd and export carry over to the session's next --shell call; output capped at 50 KiB per stream unless --max-output")
 	fl.BoolVar(&f.recreate, "recreate", false, "remove the session's sandbox first and run in a new one made from its rule's current config (the remedy for drift; files, processes and shell state in the old one are lost)")
 	fl.BoolVar(&f.json, "json", false, "print one JSON object with the result and the output at the end (image pull progress, if any, as JSON lines on stderr)")
 	fl.SetInterspersed(false)
@@ -119,11 +119,12 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 	}
 
 	g.onPull = newPullDisplay(f.json).event
-	reg, err := g.open(ctx)
+	// A terminal does not go through berth serve yet: -t runs embedded.
+	a, err := g.apiUnless(ctx, f.tty)
 	if err != nil {
-		return failure(err)
+		return err
 	}
-	defer reg.Close()
+	defer a.Close()
 
 	execCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -140,7 +141,7 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 	signal.Notify(sigs, syscall.SIGWINCH)
 	defer signal.Stop(sigs)
 
-	p, lease, recreated, early, err := startExec(execCtx, cancel, reg, f.session, f.recreate, req, sigs)
+	p, lease, recreated, early, err := startExec(execCtx, cancel, a, f.session, f.recreate, req, sigs)
 	if err != nil {
 		return startError(f.session, early, err)
 	}
@@ -281,7 +282,7 @@ func startError(session string, early earlySignals, err error) error {
 // call succeeds it is forwarded to the command (earlySignals), as one a moment later
 // would be; when the call is still busy startGrace later (or at a second signal) the
 // call is cancelled, and berth exits 128+N leaving nothing half made.
-func startExec(ctx context.Context, cancel context.CancelFunc, reg *registry.Registry, session string, recreate bool, req backend.ExecRequest, sigs <-chan os.Signal) (backend.Process, *registry.Lease, bool, earlySignals, error) {
+func startExec(ctx context.Context, cancel context.CancelFunc, reg api, session string, recreate bool, req backend.ExecRequest, sigs <-chan os.Signal) (backend.Process, *registry.Lease, bool, earlySignals, error) {
 	var early earlySignals
 	if s := pendingSignal(sigs, &early); s != nil {
 		early.signals = append(early.signals, s)
@@ -394,7 +395,7 @@ func (o *execOutput) finish(f *execFlags, lease *registry.Lease, res backend.Exe
 			ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
 			DurationMS: res.Duration.Milliseconds(), Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
 			Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason,
-			Moved: lease.Moved, MovedReason: lease.MovedReason,
+			Moved: lease.Moved, MovedReason: lease.MovedReason, Canceled: res.Canceled,
 		}
 		out.Stdout, out.StdoutTruncatedBytes = o.outCap.Text()
 		out.Stderr, out.StderrTruncatedBytes = o.errCap.Text()
@@ -479,7 +480,7 @@ const recreateReason = "recreated as asked (--recreate)"
 
 // recreateFirst removes session's sandbox when on (--recreate) and reports whether
 // there was one.
-func recreateFirst(ctx context.Context, reg *registry.Registry, session string, on bool) (bool, error) {
+func recreateFirst(ctx context.Context, reg api, session string, on bool) (bool, error) {
 	if !on {
 		return false, nil
 	}

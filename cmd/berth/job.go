@@ -14,6 +14,7 @@ import (
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/sigstart"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server"
 )
 
 func newJobCmd(g *globals) *cobra.Command {
@@ -28,20 +29,35 @@ or the sandbox stops. The host reads that output only through the agent.`,
 	job.PersistentFlags().StringVarP(&session, "session", "s", defaultSession(), "session name ($BERTH_SESSION sets the default)")
 
 	var env []string
-	var workdir string
+	var workdir, shellCmd string
+	var startJSON bool
 	start := &cobra.Command{
-		Use:     "start [-s SESSION] [-e K=V] [-w DIR] -- CMD [ARG...]",
-		Short:   "Start CMD as a background job and print its id",
-		Example: `  berth job start -s chat:1 -- sh -c 'while :; do date; sleep 1; done'`,
-		Args:    cobra.MinimumNArgs(1),
+		Use:   "start [-s SESSION] [-e K=V] [-w DIR] [--json] -- CMD [ARG...] | start [flags] --shell 'COMMAND'",
+		Short: "Start CMD as a background job and print its id (or, with --json, the job)",
+		Example: `  berth job start -s chat:1 -- sh -c 'while :; do date; sleep 1; done'
+  berth job start -s chat:1 --shell 'make test > test.log 2>&1'`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkEnvFlags(env); err != nil {
 				return err
 			}
-			return g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
-				j, err := reg.JobStart(cmd.Context(), session, registry.JobStartRequest{Argv: args, Env: env, Dir: workdir})
+			argv := args
+			switch {
+			case cmd.Flags().Changed("shell") && len(args) > 0:
+				return usageError("--shell takes the whole command as its value; drop the arguments after it (%q)", args)
+			case cmd.Flags().Changed("shell") && strings.TrimSpace(shellCmd) == "":
+				return usageError("--shell: empty command")
+			case cmd.Flags().Changed("shell"):
+				argv = []string{"/bin/sh", "-c", shellCmd}
+			case len(args) == 0:
+				return usageError("no command: give one after -- (berth job start -- CMD [ARG...]) or use --shell 'COMMAND'")
+			}
+			return g.withAPI(cmd.Context(), func(a api) error {
+				j, err := a.JobStart(cmd.Context(), session, registry.JobStartRequest{Argv: argv, Env: env, Dir: workdir})
 				if err != nil {
 					return err
+				}
+				if startJSON {
+					return printJSON(j)
 				}
 				fmt.Println(j.ID)
 				return nil
@@ -50,6 +66,8 @@ or the sandbox stops. The host reads that output only through the agent.`,
 	}
 	start.Flags().StringArrayVarP(&env, "env", "e", nil, "set an environment variable for the job (KEY=VALUE, repeatable)")
 	start.Flags().StringVarP(&workdir, "workdir", "w", "", "working directory in the sandbox")
+	start.Flags().StringVar(&shellCmd, "shell", "", "run this command string with /bin/sh -c (not shell mode: no session state)")
+	start.Flags().BoolVar(&startJSON, "json", false, "print the job as JSON (as job ls --json lists it) instead of its id")
 	start.Flags().SetInterspersed(false)
 
 	var asJSON bool
@@ -58,8 +76,8 @@ or the sandbox stops. The host reads that output only through the agent.`,
 		Short: "List the session's jobs",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			jobs, err := query(cmd.Context(), g, func(reg *registry.Registry, ctx context.Context) ([]agent.Job, error) {
-				return reg.Jobs(ctx, session)
+			jobs, err := query(cmd.Context(), g, func(a api, ctx context.Context) ([]server.Job, error) {
+				return a.Jobs(ctx, session)
 			})
 			if err != nil {
 				return err
@@ -85,8 +103,9 @@ or the sandbox stops. The host reads that output only through the agent.`,
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array of jobs)")
 
 	var follow bool
+	var offset int64
 	logs := &cobra.Command{
-		Use:   "logs [-s SESSION] [--follow] ID",
+		Use:   "logs [-s SESSION] [--follow] [--offset N] ID",
 		Short: "Print a job's output; with --follow, until it ends (exit with its exit code)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -105,10 +124,13 @@ or the sandbox stops. The host reads that output only through the agent.`,
 				case <-ctx.Done():
 				}
 			}()
+			if offset < 0 {
+				return usageError("--offset %d: want a byte offset, 0 or more", offset)
+			}
 			var res agent.JobLogsEnd
-			err := g.withRegistry(ctx, func(reg *registry.Registry) error {
+			err := g.withAPI(ctx, func(a api) error {
 				var err error
-				res, err = reg.JobLogs(ctx, session, registry.JobLogsRequest{ID: args[0], Follow: follow}, os.Stdout)
+				res, err = a.JobLogs(ctx, session, registry.JobLogsRequest{ID: args[0], Offset: offset, Follow: follow}, os.Stdout)
 				return err
 			})
 			select {
@@ -129,14 +151,15 @@ or the sandbox stops. The host reads that output only through the agent.`,
 		},
 	}
 	logs.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new output until the job ends, then exit with its exit code")
+	logs.Flags().Int64Var(&offset, "offset", 0, "start at this byte offset of the job's output (its log_bytes in job ls --json is where new output starts)")
 
 	kill := &cobra.Command{
 		Use:   "kill [-s SESSION] ID",
 		Short: "End a job's process tree (TERM, then KILL)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
-				return reg.JobKill(cmd.Context(), session, args[0])
+			return g.withAPI(cmd.Context(), func(a api) error {
+				return a.JobKill(cmd.Context(), session, args[0])
 			})
 		},
 	}

@@ -63,9 +63,10 @@ id, left behind by a lost state dir.`,
 }
 
 func runPrune(ctx context.Context, g *globals, f *pruneFlags) error {
-	reg, err := g.open(ctx)
+	// --owner is not in the API: it runs embedded.
+	reg, err := g.apiUnless(ctx, f.owner != "")
 	if err != nil {
-		return failure(err)
+		return err
 	}
 	defer reg.Close()
 	if f.watch <= 0 {

@@ -24,7 +24,9 @@ type globals struct {
 	stateDir   string
 	logLevel   string
 	inProcess  bool
-	log        *logSink
+	// noDaemonFlag is --no-daemon: run embedded even when berth serve runs.
+	noDaemonFlag bool
+	log          *logSink
 	// onPull shows image pull progress for the calls that may create a sandbox
 	// (exec, shell); nil elsewhere.
 	onPull func(registry.PullEvent)
@@ -93,13 +95,14 @@ Without a config file every session runs on the local driver.`,
 	pf.StringVar(&g.configPath, "config", "", "config file (default $BERTH_CONFIG, then $XDG_CONFIG_HOME/berth/config.hcl)")
 	pf.StringVar(&g.stateDir, "state-dir", "", "state directory (default $BERTH_STATE_DIR, then $XDG_STATE_HOME/berth)")
 	pf.StringVar(&g.logLevel, "log-level", "", "log level for berth's log file STATE/berth.log: trace, debug, info, warn, error, off (default $BERTH_LOG, then warn)")
+	pf.BoolVar(&g.noDaemonFlag, "no-daemon", false, "run embedded (open the state dir in this process) even when berth serve runs for it (also "+envNoDaemon+"=1)")
 	pf.BoolVar(&g.inProcess, "in-process", false, "run the local driver inside this process instead of as a plugin (the only driver compiled into berth)")
 	pf.MarkHidden("in-process")
 
 	root.AddCommand(
 		newExecCmd(g), newShellCmd(g), newSessionsCmd(g), newCloseCmd(g), newStopCmd(g), newRmCmd(g), newPruneCmd(g),
 		newDriversCmd(g), newConfigCmd(g), newConformanceCmd(g), newVersionCmd(),
-		newDriverCmd(g), newImageCmd(g), newJobCmd(g), newCpCmd(g), newServeCmd(g),
+		newDriverCmd(g), newImageCmd(g), newJobCmd(g), newCpCmd(g), newServeCmd(g), newStatusCmd(g),
 	)
 	return root
 }
@@ -115,12 +118,13 @@ func (g *globals) withRegistry(ctx context.Context, f func(reg *registry.Registr
 	return failure(f(reg))
 }
 
-// query opens the registry, calls f and closes it; errors are berth failures (exit 125).
-func query[T any](ctx context.Context, g *globals, f func(*registry.Registry, context.Context) (T, error)) (T, error) {
+// query calls f on the api (the daemon, else an embedded registry); errors are
+// berth failures (exit 125).
+func query[T any](ctx context.Context, g *globals, f func(api, context.Context) (T, error)) (T, error) {
 	var out T
-	err := g.withRegistry(ctx, func(reg *registry.Registry) error {
+	err := g.withAPI(ctx, func(a api) error {
 		var err error
-		out, err = f(reg, ctx)
+		out, err = f(a, ctx)
 		return err
 	})
 	return out, err

@@ -141,25 +141,26 @@ func loopback(hostport string) bool {
 }
 
 // readToken reads a bearer token file: owner-only, at least minTokenBytes after
-// trimming white space.
-func readToken(path string) (string, error) {
+// trimming white space; what names where the path came from in errors
+// (--token-file, BERTH_TOKEN_FILE).
+func readToken(path, what string) (string, error) {
 	st, err := os.Stat(path)
 	if err != nil {
-		return "", usageError("--token-file: %v", err)
+		return "", usageError("%s: %v", what, err)
 	}
 	if st.Mode().Perm()&0o077 != 0 {
-		return "", usageError("--token-file %s: mode %04o lets others read the token; chmod 600 %s", path, st.Mode().Perm(), path)
+		return "", usageError("%s %s: mode %04o lets others read the token; chmod 600 %s", what, path, st.Mode().Perm(), path)
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return "", usageError("--token-file: %v", err)
+		return "", usageError("%s: %v", what, err)
 	}
 	tok := strings.TrimSpace(string(b))
 	if len(tok) < minTokenBytes {
-		return "", usageError("--token-file %s: the token is %d bytes; use at least %d (e.g. head -c 32 /dev/urandom | base64 > %s)", path, len(tok), minTokenBytes, path)
+		return "", usageError("%s %s: the token is %d bytes; use at least %d (e.g. head -c 32 /dev/urandom | base64 > %s)", what, path, len(tok), minTokenBytes, path)
 	}
 	if strings.ContainsAny(tok, " \t\r\n") {
-		return "", usageError("--token-file %s: the token holds white space; put one token on one line", path)
+		return "", usageError("%s %s: the token holds white space; put one token on one line", what, path)
 	}
 	return tok, nil
 }
@@ -261,7 +262,7 @@ func runServe(g *globals, f *serveFlags) error {
 	var token string
 	switch {
 	case f.tokenFile != "":
-		if token, err = readToken(f.tokenFile); err != nil {
+		if token, err = readToken(f.tokenFile, "--token-file"); err != nil {
 			reg.Close()
 			return err
 		}

@@ -7,8 +7,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/berth-sh/berth/registry"
-	"github.com/berth-sh/berth/server"
 	"github.com/spf13/cobra"
 )
 
@@ -26,16 +24,12 @@ func newSessionsCmd(g *globals) *cobra.Command {
 		Short: "List sessions with their driver, sandbox, state, last use and drift",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			list, err := query(cmd.Context(), g, (*registry.Registry).Sessions)
+			list, err := query(cmd.Context(), g, api.Sessions)
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				rows := make([]server.Session, 0, len(list))
-				for _, s := range list {
-					rows = append(rows, server.SessionOf(s)) // as GET /v1/sessions lists them
-				}
-				return printJSON(rows)
+				return printJSON(list) // as GET /v1/sessions lists them
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "SESSION\tDRIVER\tSANDBOX\tSTATE\tLAST USE\tDRIFT")
@@ -72,8 +66,8 @@ func newCloseCmd(g *globals) *cobra.Command {
 		Short: "Close a session, applying its rule's on_close (keep, stop or remove)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
-				return reg.CloseSession(cmd.Context(), args[0])
+			return g.withAPI(cmd.Context(), func(a api) error {
+				return a.CloseSession(cmd.Context(), args[0])
 			})
 		},
 	}
@@ -85,8 +79,8 @@ func newRmCmd(g *globals) *cobra.Command {
 		Short: "Remove a session's sandbox and its files, whatever on_close says",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
-				return reg.RemoveSession(cmd.Context(), args[0])
+			return g.withAPI(cmd.Context(), func(a api) error {
+				return a.RemoveSession(cmd.Context(), args[0])
 			})
 		},
 	}
@@ -103,8 +97,8 @@ this berth's agent. For a sandbox that several sessions share, all of them are
 stopped. Stopping a stopped sandbox, or a session without one, succeeds.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
-				return reg.StopSession(cmd.Context(), args[0])
+			return g.withAPI(cmd.Context(), func(a api) error {
+				return a.StopSession(cmd.Context(), args[0])
 			})
 		},
 	}

@@ -64,7 +64,7 @@ func runShell(ctx context.Context, g *globals, session string, recreate bool) er
 		early.signals = append(early.signals, s)
 		return startError(session, early, errBeforeStart)
 	}
-	if _, err := recreateFirst(ctx, reg, session, recreate); err != nil {
+	if _, err := recreateFirst(ctx, embedded{reg}, session, recreate); err != nil {
 		return failure(err)
 	}
 

@@ -32,7 +32,25 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 	case f.maxOutput == 0:
 		return usageError("--max-output 0: shell mode needs at least 1 byte per stream")
 	}
-	req := registry.ShellRequest{Command: f.shell, Env: f.env, Dir: f.workdir, Timeout: f.timeout, MaxOutput: max(f.maxOutput, 0)}
+	command := f.shell
+	if command == "-" {
+		// The command text from stdin: a command (a 200 KB heredoc) longer than the
+		// kernel's limit of one argument (128 KiB) cannot come through argv.
+		if f.stdin {
+			return usageError("--shell - reads the command from stdin, so stdin cannot also be the command's (-i); put the input in the command (a heredoc)")
+		}
+		b, err := io.ReadAll(io.LimitReader(os.Stdin, maxShellCommand+1))
+		switch {
+		case err != nil:
+			return failure(fmt.Errorf("--shell -: reading the command from stdin: %v", err))
+		case len(b) > maxShellCommand:
+			return usageError("--shell -: the command on stdin is longer than %d bytes; run a script file instead (write it with berth cp, then --shell 'sh FILE')", maxShellCommand)
+		case strings.TrimSpace(string(b)) == "":
+			return usageError("--shell -: empty command on stdin")
+		}
+		command = string(b)
+	}
+	req := registry.ShellRequest{Command: command, Env: f.env, Dir: f.workdir, Timeout: f.timeout, MaxOutput: max(f.maxOutput, 0)}
 	if f.stdin {
 		req.Stdin = os.Stdin
 	}
@@ -42,9 +60,9 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 	sigs := sigstart.Take()
 	defer signal.Stop(sigs)
 	g.onPull = newPullDisplay(f.json).event
-	reg, err := g.open(ctx)
+	reg, err := g.api(ctx)
 	if err != nil {
-		return failure(err)
+		return err
 	}
 	defer reg.Close()
 	var early earlySignals
@@ -112,7 +130,7 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 			StdoutFileTruncatedBytes: res.StdoutFileTruncatedBytes, StderrFileTruncatedBytes: res.StderrFileTruncatedBytes,
 			OutputFilesRemoved: res.OutputFilesRemoved,
 			Recreated:          res.Recreated, RecreatedReason: res.RecreatedReason,
-			Moved: res.Moved, MovedReason: res.MovedReason,
+			Moved: res.Moved, MovedReason: res.MovedReason, Canceled: res.Canceled,
 		}
 		if recreated {
 			out.Recreated, out.RecreatedReason = true, recreateReason
@@ -158,6 +176,10 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 	}
 	return nil
 }
+
+// maxShellCommand is the longest shell-mode command that --shell - reads, in
+// bytes (3 MiB: the agent takes a call of up to 4 MiB).
+const maxShellCommand = 3 << 20
 
 // spillNote says where a capped stream's bytes are: the whole stream in file, or,
 // when the file was cut too (left bytes past registry.DefaultFullOutputMax), its head.

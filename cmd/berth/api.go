@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"io"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server"
+)
+
+// api is what the commands that can go through berth serve call: the registry in
+// this process (embedded) or the daemon (*daemonClient). Each command has one code
+// path over it, so its output and exit codes are the same either way. The methods
+// are the registry's, with the API's shapes for sessions and jobs.
+type api interface {
+	Sessions(ctx context.Context) ([]server.Session, error)
+	CloseSession(ctx context.Context, session string) error
+	StopSession(ctx context.Context, session string) error
+	RemoveSession(ctx context.Context, session string) error
+	Recreate(ctx context.Context, session string) (bool, error)
+	Prune(ctx context.Context, opts registry.PruneOptions) (*registry.PruneReport, error)
+	Exec(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *registry.Lease, error)
+	Shell(ctx context.Context, session string, req registry.ShellRequest) (registry.ShellResult, error)
+	JobStart(ctx context.Context, session string, req registry.JobStartRequest) (server.Job, error)
+	Jobs(ctx context.Context, session string) ([]server.Job, error)
+	JobLogs(ctx context.Context, session string, req registry.JobLogsRequest, w io.Writer) (agent.JobLogsEnd, error)
+	JobKill(ctx context.Context, session, id string) error
+	Close() error
+}
+
+// embedded is the api of a registry opened in this process.
+type embedded struct{ *registry.Registry }
+
+func (e embedded) Sessions(ctx context.Context) ([]server.Session, error) {
+	list, err := e.Registry.Sessions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows := make([]server.Session, 0, len(list))
+	for _, s := range list {
+		rows = append(rows, server.SessionOf(s)) // as GET /v1/sessions lists them
+	}
+	return rows, nil
+}
+
+func (e embedded) JobStart(ctx context.Context, session string, req registry.JobStartRequest) (server.Job, error) {
+	j, err := e.Registry.JobStart(ctx, session, req)
+	return server.JobOf(j), err
+}
+
+func (e embedded) Jobs(ctx context.Context, session string) ([]server.Job, error) {
+	jobs, err := e.Registry.Jobs(ctx, session)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]server.Job, 0, len(jobs))
+	for _, j := range jobs {
+		out = append(out, server.JobOf(j))
+	}
+	return out, nil
+}
+
+// api returns the api this command uses: the daemon that g.daemon finds, else a
+// registry opened here. Errors (a refused daemon, a registry that cannot be opened)
+// are berth failures (exit 125).
+func (g *globals) api(ctx context.Context) (api, error) { return g.apiUnless(ctx, false) }
+
+// apiUnless is api, embedded whatever runs when embeddedOnly is set (a call the
+// API does not take yet: exec -t, prune --owner).
+func (g *globals) apiUnless(ctx context.Context, embeddedOnly bool) (api, error) {
+	if !embeddedOnly {
+		d, err := g.daemon(ctx)
+		if err != nil {
+			return nil, failure(err)
+		}
+		if d != nil {
+			return d, nil
+		}
+	}
+	reg, err := g.open(ctx)
+	if err != nil {
+		return nil, failure(err)
+	}
+	return embedded{reg}, nil
+}
+
+// withAPI runs f with g.api and closes it; every error is a berth failure (exit 125)
+// unless f returns an exit code of its own.
+func (g *globals) withAPI(ctx context.Context, f func(a api) error) error {
+	a, err := g.api(ctx)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	return failure(f(a))
+}
