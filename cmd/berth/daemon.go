@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -209,7 +210,62 @@ func unixClient(path string) *daemonClient {
 		return dl.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path)))
 	}
 	return &daemonClient{where: "unix://" + path, base: "http://berth",
-		client: &http.Client{Transport: &http.Transport{DialContext: dial, DisableCompression: true, MaxIdleConnsPerHost: 4}}}
+		client: &http.Client{Transport: &http.Transport{DialContext: watched(dial), DisableCompression: true, MaxIdleConnsPerHost: 4}}}
+}
+
+// watchedConn is a connection that tells, once, when the transport closes it: a
+// streamed exec's request body (an io.Pipe that berth writes while the call runs)
+// must then end, or net/http's transport would wait for it forever before it
+// reports the broken connection (its write loop is reading the body).
+type watchedConn struct {
+	net.Conn
+	mu      sync.Mutex
+	closed  bool
+	onClose func()
+}
+
+// watch sets f to be called when c is closed (at once if it is); nil clears it.
+func (c *watchedConn) watch(f func()) {
+	c.mu.Lock()
+	closed := c.closed
+	if !closed {
+		c.onClose = f
+	}
+	c.mu.Unlock()
+	if closed && f != nil {
+		f()
+	}
+}
+
+func (c *watchedConn) Close() error {
+	c.mu.Lock()
+	f := c.onClose
+	c.closed, c.onClose = true, nil
+	c.mu.Unlock()
+	if f != nil {
+		f()
+	}
+	return c.Conn.Close()
+}
+
+// watched wraps a dial function so that its connections are watchedConns.
+func watched(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &watchedConn{Conn: c}, nil
+	}
+}
+
+// watchedOf returns the watchedConn under c (a TLS connection's too), or nil.
+func watchedOf(c net.Conn) *watchedConn {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	wc, _ := c.(*watchedConn)
+	return wc
 }
 
 // dialHost is the client of BERTH_HOST: unix:///PATH, https://HOST:PORT (with
@@ -243,7 +299,8 @@ func dialHost(host string) (*daemonClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	tr := &http.Transport{DisableCompression: true, MaxIdleConnsPerHost: 4, Proxy: nil}
+	var dl net.Dialer
+	tr := &http.Transport{DialContext: watched(dl.DialContext), DisableCompression: true, MaxIdleConnsPerHost: 4, Proxy: nil}
 	if ca := os.Getenv(envTLSCA); ca != "" {
 		pem, err := os.ReadFile(ca)
 		if err != nil {
@@ -323,7 +380,7 @@ func (d *daemonClient) gone(err error) error {
 	if errors.As(err, &ue) {
 		err = ue.Err
 	}
-	return fmt.Errorf("berth serve at %s went away during the call (%v); it may have stopped: run the command again (embedded when no daemon runs), or with --no-daemon", d.where, err)
+	return fmt.Errorf("berth serve at %s went away during the call (%w); it may have stopped: run the command again (embedded when no daemon runs), or with --no-daemon", d.where, err)
 }
 
 // call makes a request with a JSON body (nil for none) and decodes a JSON answer

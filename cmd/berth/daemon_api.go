@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
@@ -222,6 +223,7 @@ type remoteProcess struct {
 	mu      sync.Mutex // one event line at a time on body
 	body    *io.PipeWriter
 	abort   context.CancelFunc // drops the connection
+	unwatch func()             // stops watching the connection (it may be reused)
 	started *server.ExecStarted
 	done    chan struct{} // closed when the answer has ended; then res or err
 	res     server.ExecResult
@@ -257,6 +259,25 @@ func (d *daemonClient) stream(ctx context.Context, session string, first server.
 			abort()
 		}
 	})
+	// When the transport closes the connection (the daemon went away), the body
+	// ends: see watchedConn.
+	var conn *watchedConn
+	var connMu sync.Mutex
+	reqCtx = httptrace.WithClientTrace(reqCtx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
+		if wc := watchedOf(info.Conn); wc != nil {
+			connMu.Lock()
+			conn = wc
+			connMu.Unlock()
+			wc.watch(func() { pw.CloseWithError(errors.New("the connection to berth serve was closed")) })
+		}
+	}})
+	p.unwatch = func() {
+		connMu.Lock()
+		defer connMu.Unlock()
+		if conn != nil {
+			conn.watch(nil)
+		}
+	}
 	resp, err := d.request(reqCtx, http.MethodPost, sessionPath(session, "exec"), pr, server.NDJSON, server.NDJSON)
 	if err != nil {
 		stop()
@@ -287,6 +308,7 @@ func (p *remoteProcess) read(resp *http.Response, stdout, stderr io.Writer, star
 	defer p.abort()
 	defer p.body.Close()
 	defer resp.Body.Close()
+	defer p.unwatch() // before the connection can go back to the pool
 	br := bufio.NewReaderSize(resp.Body, 64<<10)
 	got := false
 	for {
