@@ -148,6 +148,7 @@ func (g *globals) wantedIdentity() (identity, error) {
 	if err != nil {
 		return identity{}, err
 	}
+	g.detected = cfg // an embedded run opens its registry with it: not read twice
 	dir, err := g.resolveStateDir(cfg)
 	if err != nil {
 		return identity{}, err

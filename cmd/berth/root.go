@@ -12,6 +12,7 @@ import (
 	"github.com/berth-sh/berth/internal/sigstart"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/registry/config"
 	"github.com/spf13/cobra"
 )
 
@@ -26,7 +27,10 @@ type globals struct {
 	inProcess  bool
 	// noDaemonFlag is --no-daemon: run embedded even when berth serve runs.
 	noDaemonFlag bool
-	log          *logSink
+	// detected is the config that daemon detection loaded; settings uses it once
+	// instead of reading the file again.
+	detected *config.Config
+	log      *logSink
 	// onPull shows image pull progress for the calls that may create a sandbox
 	// (exec, shell); nil elsewhere.
 	onPull func(registry.PullEvent)

@@ -46,9 +46,12 @@ func (g *globals) settings() (*settings, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := g.loadConfig(self)
-	if err != nil {
-		return nil, err
+	cfg := g.detected // the config that daemon detection loaded, used once
+	g.detected = nil
+	if cfg == nil {
+		if cfg, err = g.loadConfig(self); err != nil {
+			return nil, err
+		}
 	}
 	log, err := g.resolveLogger(cfg)
 	if err != nil {
