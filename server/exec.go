@@ -332,14 +332,6 @@ func newStream(w http.ResponseWriter) *stream {
 	return &stream{w: w, rc: http.NewResponseController(w)}
 }
 
-// begin sends the answer's header (200, NDJSON) once the command runs: errors
-// before that get an ordinary error answer with their status.
-func (st *stream) begin() {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.beginLocked()
-}
-
 // started reports whether the answer's header has been sent.
 func (st *stream) started() bool {
 	st.mu.Lock()
@@ -347,6 +339,8 @@ func (st *stream) started() bool {
 	return st.begun
 }
 
+// beginLocked sends the answer's header (200, NDJSON) with the first event, once the
+// command runs: errors before that get an ordinary error answer with their status.
 func (st *stream) beginLocked() {
 	if st.begun {
 		return

@@ -521,8 +521,9 @@ func TestServeJobs(t *testing.T) {
 	}
 	status, b = d.call("GET", "/v1/sessions/jobs:1/jobs/"+j.ID+"/logs?offset=-1", "")
 	wantError(t, "a negative offset", status, b, 400, "invalid", "offset")
-	status, b = d.call("POST", "/v1/sessions/jobs:1/jobs", `{"argv":["sleep","300"]}`)
-	json.Unmarshal(b, &j)
+	if status, b = d.call("POST", "/v1/sessions/jobs:1/jobs", `{"argv":["sleep","300"]}`); status != http.StatusCreated || json.Unmarshal(b, &j) != nil {
+		t.Fatalf("second job: %d %s", status, b)
+	}
 	status, b = d.call("GET", "/v1/sessions/jobs:1/jobs", "")
 	var jobs []server.Job
 	if status != 200 || json.Unmarshal(b, &jobs) != nil || len(jobs) != 2 || !jobs[1].Running {
