@@ -25,6 +25,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-sh/berth/internal/phase"
 	"github.com/berth-sh/berth/registry/config"
 	"github.com/berth-sh/berth/server"
 )
@@ -93,6 +94,7 @@ func (g *globals) daemon(ctx context.Context) (*daemonClient, error) {
 	if err != nil {
 		return nil, err
 	}
+	phase.Mark("config")
 	host := os.Getenv(envHost)
 	var d *daemonClient
 	if host != "" {
@@ -125,6 +127,7 @@ func (g *globals) daemon(ctx context.Context) (*daemonClient, error) {
 	if err := d.matches(want, host != ""); err != nil {
 		return nil, err
 	}
+	phase.Mark("daemon")
 	return d, nil
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/phase"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/server"
 )
@@ -321,6 +322,7 @@ func (p *remoteProcess) read(resp *http.Response, stdout, stderr io.Writer, star
 			}
 			switch ev.Event {
 			case "started":
+				phase.Mark("started")
 				if ev.Started != nil {
 					started <- ev.Started
 				}
@@ -329,6 +331,7 @@ func (p *remoteProcess) read(resp *http.Response, stdout, stderr io.Writer, star
 			case "stderr":
 				stderr.Write(ev.Data)
 			case "result":
+				phase.Mark("ended")
 				if ev.Result != nil {
 					p.res, got = *ev.Result, true
 				}

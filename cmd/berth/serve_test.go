@@ -743,9 +743,12 @@ func TestServeShutdownLetsCallsFinish(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	br := bufio.NewReader(resp.Body)
-	first, err := br.ReadBytes('\n')
-	if err != nil || !strings.Contains(string(first), `"event":"stdout"`) {
+	if first, err := br.ReadBytes('\n'); err != nil || !strings.Contains(string(first), `"event":"started"`) {
 		t.Fatalf("first event %q: %v", first, err)
+	}
+	second, err := br.ReadBytes('\n')
+	if err != nil || !strings.Contains(string(second), `"event":"stdout"`) {
+		t.Fatalf("second event %q: %v", second, err)
 	}
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	d.waitLog("shutting down", 1)
@@ -762,7 +765,7 @@ func TestServeShutdownLetsCallsFinish(t *testing.T) {
 	if err := os.WriteFile(fifo, []byte("x\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	evs := readEvents(t, io.MultiReader(bytes.NewReader(first), br))
+	evs := readEvents(t, io.MultiReader(bytes.NewReader(second), br))
 	if len(evs) == 0 || evs[len(evs)-1].Event != "result" || evs[len(evs)-1].Result.ExitCode != 0 || streamed(evs, "stdout") != "started\ndone\n" {
 		t.Errorf("the call in flight did not finish: %+v", evs)
 	}
