@@ -191,6 +191,9 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	}
 	auditResult(r, res, err)
 	s.metrics.exec(res.Driver, c.shell, st != nil, res, err, start)
+	if in != nil {
+		in.finish()
+	}
 	s.log.Info("exec", "session", name, "shell", c.shell, "exit_code", res.ExitCode, "timed_out", res.TimedOut, "duration_ms", res.DurationMS, "error", err)
 }
 

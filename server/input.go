@@ -188,3 +188,24 @@ func (in *input) badEvent() error {
 // close ends the spool (a reader still waiting for the body stops when the handler
 // returns and net/http closes it).
 func (in *input) close() { in.sp.Close() }
+
+// bodyEndWait bounds how long a streamed request's answer, once its last event is
+// written, waits for the request body to end before it ends too.
+const bodyEndWait = time.Second
+
+// finish is called once the answer's last event is written: stdin still to come is
+// dropped, and the answer ends when the request body has ended (at once for a
+// client that sent its whole body first), within bodyEndWait. A client that reads
+// while it writes ends its body when it reads the result; ending the answer first
+// would make Go's HTTP/1 transport hold the result's bytes for 50 ms
+// (maxWriteWaitBeforeConnReuse, when the body is still being written at the
+// answer's end).
+func (in *input) finish() {
+	in.sp.Close()
+	t := time.NewTimer(bodyEndWait)
+	defer t.Stop()
+	select {
+	case <-in.done:
+	case <-t.C:
+	}
+}

@@ -307,8 +307,10 @@ func (p *remoteProcess) read(resp *http.Response, stdout, stderr io.Writer, star
 	defer close(p.done)
 	defer stop()
 	defer p.abort()
-	defer p.body.Close()
 	defer resp.Body.Close()
+	// The request body ends first: the daemon ends its answer once it has
+	// (server.input.finish).
+	defer p.body.Close()
 	defer p.unwatch() // before the connection can go back to the pool
 	br := bufio.NewReaderSize(resp.Body, 64<<10)
 	got := false
