@@ -543,9 +543,7 @@ func TestServeJobs(t *testing.T) {
 func TestDaemonParityDocker(t *testing.T) {
 	testimage.RequireEngine(t)
 	t.Parallel()
-	e := newEnv(t)
-	importImage(t, e, "docker")
-	e.config = e.writeFile("config.hcl", fmt.Sprintf("scope \"*\" {\n  driver = \"docker\"\n  image  = %q\n}\n", testimage.Ref))
+	e := newDockerEnv(t)
 	d := e.serve()
 	for _, args := range [][]string{
 		{"exec", "-s", "d:1", "--", "sh", "-c", "echo out; echo err >&2; exit 3"},
@@ -564,4 +562,14 @@ func TestDaemonParityDocker(t *testing.T) {
 			t.Errorf("berth %q did not go through the daemon", args)
 		}
 	}
+}
+
+// newDockerEnv is an env whose every session runs on docker, with the test image
+// imported.
+func newDockerEnv(t *testing.T) *env {
+	t.Helper()
+	e := newEnv(t)
+	importImage(t, e, "docker")
+	e.config = e.writeFile("config.hcl", fmt.Sprintf("scope \"*\" {\n  driver = \"docker\"\n  image  = %q\n}\n", testimage.Ref))
+	return e
 }

@@ -1061,9 +1061,7 @@ func TestServeHealth(t *testing.T) {
 func TestServeDocker(t *testing.T) {
 	testimage.RequireEngine(t)
 	t.Parallel()
-	e := newEnv(t)
-	importImage(t, e, "docker")
-	e.config = e.writeFile("config.hcl", fmt.Sprintf("scope \"*\" {\n  driver = \"docker\"\n  image  = %q\n}\n", testimage.Ref))
+	e := newDockerEnv(t)
 	d := e.serve()
 	res := d.exec("chat:1", `{"argv":["sh","-c","echo hi; exit 3"]}`)
 	if res.ExitCode != 3 || res.Stdout != "hi\n" || res.Driver != "docker" {
