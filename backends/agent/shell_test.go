@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -342,5 +343,28 @@ func TestShellModeTimeoutCoversQueue(t *testing.T) {
 	first.Wait()
 	if _, err := os.Stat(dir + "/ran"); err == nil {
 		t.Error("the timed-out queued call ran")
+	}
+}
+
+// A command longer than one argument may be (128 KiB) runs, with every shell, and
+// keeps the session's state; it is not on the shell's command line.
+func TestShellModeLongCommand(t *testing.T) {
+	for name, path := range shellPaths(t) {
+		t.Run(name, func(t *testing.T) {
+			a := startAgent(t)
+			if _, _, res := shellDo(t, a.c, "k", path, "export KEPT=yes"); res.ExitCode != 0 {
+				t.Fatalf("export: %+v", res)
+			}
+			body := strings.Repeat("z", 200<<10)
+			cmd := "x='" + body + "'\necho ${#x} \"$KEPT\"; export AFTER=1; l=$(cat /proc/$$/cmdline 2>/dev/null); echo ${#l}"
+			out, errOut, res := shellDo(t, a.c, "k", path, cmd)
+			var n, cmdline int
+			if _, err := fmt.Sscanf(out, "%d yes\n%d\n", &n, &cmdline); err != nil || res.ExitCode != 0 || n != len(body) || cmdline > maxArgCommand {
+				t.Fatalf("a %d-byte command: exit %d, stdout %q, stderr %q (want its length, and a command line of at most %d bytes)", len(cmd), res.ExitCode, out, errOut, maxArgCommand)
+			}
+			if out, _, _ := shellDo(t, a.c, "k", path, `echo "$AFTER"`); out != "1\n" {
+				t.Errorf("the long command's export was not recorded: %q", out)
+			}
+		})
 	}
 }
