@@ -253,10 +253,7 @@ func TestDaemonRefusesMismatch(t *testing.T) {
 func TestDaemonHostTCP(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	tok := filepath.Join(e.dir, "token")
-	if err := os.WriteFile(tok, []byte("0123456789abcdef0123\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tok, _ := e.tokenFile()
 	d := e.serve("--listen", "tcp://127.0.0.1:0", "--token-file", tok)
 	host := "BERTH_HOST=http://" + strings.TrimPrefix(d.listen, "tcp://")
 	c := *e
