@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/user"
@@ -22,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/testproc"
 	"github.com/berth-sh/berth/internal/testwait"
 )
 
@@ -595,14 +597,17 @@ func TestShutdownWithoutSubreaper(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if out, _, _ := run(t, c, sh("sleep 308 & echo bg")); out != "bg\n" {
+	// The orphan is init's child, not this test's descendant (procsWithArgs' rule), so
+	// it is told from another test run's by an argument of this run's own.
+	arg := fmt.Sprintf("308.%d", os.Getpid())
+	if out, _, _ := run(t, c, sh("sleep "+arg+" & echo bg")); out != "bg\n" {
 		t.Fatalf("%q", out)
 	}
-	testwait.Until(t, "the background sleep to run", func() bool { return len(procsWithArgs("sleep", "308")) == 1 })
+	testwait.Until(t, "the background sleep to run", func() bool { return len(testproc.WithArgs("sleep", arg)) == 1 })
 	if err := c.Shutdown(testCtx(t), 500*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	if pids := procsWithArgs("sleep", "308"); len(pids) > 0 {
+	if pids := testproc.WithArgs("sleep", arg); len(pids) > 0 {
 		t.Errorf("background process survived Shutdown: %v", pids)
 	}
 	<-a.exited

@@ -131,8 +131,15 @@ func TestForkBombPidsExhausted(t *testing.T) {
 	if err != nil || !res.TimedOut {
 		t.Fatalf("fork bomb: %+v %v; stderr %q", res, err, errb.String())
 	}
-	if pids := procsWithArgs("sleep", "307"); len(pids) > 0 {
-		t.Errorf("%d sleep 307 left after the bomb's tree was killed", len(pids))
+	// What is left is what the test's own cgroup holds (a search of every process
+	// for "sleep 307" would also find another test run's bomb on the same machine):
+	// the agent alone.
+	b, err := os.ReadFile(filepath.Join(cg, "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := strings.Fields(string(b)); len(left) != 1 || left[0] != strconv.Itoa(a.pid) {
+		t.Errorf("after the bomb's tree was killed its cgroup holds %v, want the agent (%d) alone", left, a.pid)
 	}
 	select {
 	case <-a.exited:

@@ -221,7 +221,33 @@ func sh(script string) backend.ExecRequest {
 }
 
 // procsWithArgs lists the live processes whose command line is exactly args.
-func procsWithArgs(args ...string) []int { return testproc.WithArgs(args...) }
+// Only this test process's descendants count (the agents it starts are its children,
+// and their subreaper keeps their trees under them): another run of these tests on
+// the same machine starts the same commands.
+func procsWithArgs(args ...string) []int {
+	var out []int
+	for _, pid := range testproc.WithArgs(args...) {
+		if descendant(pid, os.Getpid()) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// descendant reports whether pid is a descendant of root (false once pid is gone).
+func descendant(pid, root int) bool {
+	for i := 0; i < 64 && pid > 1; i++ {
+		p, ok := readStat(pid)
+		if !ok {
+			return false
+		}
+		if p.ppid == root {
+			return true
+		}
+		pid = p.ppid
+	}
+	return false
+}
 
 // childrenOf lists the children of pid (zombies included).
 func childrenOf(pid int) []procInfo {
