@@ -13,20 +13,16 @@ package testimage
 import (
 	"archive/tar"
 	"bytes"
-	"crypto/sha256"
 	"debug/elf"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"path"
-	"runtime"
 	"sort"
 	"strings"
 	"sync"
-	"time"
+
+	"github.com/berth-sh/berth/internal/dockersave"
 )
 
 // Ref is the reference the archive tags its image with.
@@ -39,7 +35,7 @@ const UserID = 1234
 var BusyboxPaths = []string{"/bin/busybox", "/usr/bin/busybox"}
 
 // epoch is every file's modification time and the image's creation time.
-var epoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+var epoch = dockersave.Epoch
 
 // Busybox returns the path of a statically linked busybox on this host (BERTH_BUSYBOX
 // first, then BusyboxPaths). The error says how to get one.
@@ -198,73 +194,14 @@ func buildLayer(busybox []byte, applets []string, marker string) ([]byte, error)
 	return buf.Bytes(), nil
 }
 
-// buildArchive wraps the layer in the `docker save` format: manifest.json,
-// repositories, the image config and LAYERID/{layer.tar,json,VERSION}.
+// buildArchive wraps the layer in the `docker save` format (internal/dockersave).
 func buildArchive(layer []byte, ref string) ([]byte, error) {
-	lsum := sha256.Sum256(layer)
-	diffID := "sha256:" + hex.EncodeToString(lsum[:])
-	layerID := hex.EncodeToString(lsum[:]) // the v1 id of a single-layer image: any unique hex
-	arch := runtime.GOARCH
-	cfg := map[string]any{
-		"architecture": arch,
-		"os":           "linux",
-		"created":      epoch.Format(time.RFC3339),
-		"config": map[string]any{
-			"Env":        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-			"Cmd":        []string{"sh"},
-			"WorkingDir": "/",
-		},
-		"rootfs":  map[string]any{"type": "layers", "diff_ids": []string{diffID}},
-		"history": []map[string]any{{"created": epoch.Format(time.RFC3339), "created_by": "berth internal/testimage: static busybox"}},
-	}
-	cfgJSON, err := json.Marshal(cfg)
+	a, err := dockersave.Archive(ref, layer, dockersave.Config{
+		Cmd:       []string{"sh"},
+		CreatedBy: "berth internal/testimage: static busybox",
+	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("test image: %w", err)
 	}
-	csum := sha256.Sum256(cfgJSON)
-	cfgName := hex.EncodeToString(csum[:]) + ".json"
-	i := strings.LastIndex(ref, ":")
-	if i < 0 || strings.Contains(ref[i:], "/") {
-		return nil, fmt.Errorf("test image: ref %q has no tag; want NAME:TAG", ref)
-	}
-	repo, tag := ref[:i], ref[i+1:]
-	manifest, _ := json.Marshal([]map[string]any{{
-		"Config":   cfgName,
-		"RepoTags": []string{ref},
-		"Layers":   []string{path.Join(layerID, "layer.tar")},
-	}})
-	repositories, _ := json.Marshal(map[string]map[string]string{repo: {tag: layerID}})
-	v1, _ := json.Marshal(map[string]any{"id": layerID, "created": epoch.Format(time.RFC3339), "os": "linux", "architecture": arch})
-
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	add := func(name string, data []byte) error {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(data)), ModTime: epoch, Format: tar.FormatPAX}); err != nil {
-			return err
-		}
-		_, err := tw.Write(data)
-		return err
-	}
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: layerID + "/", Mode: 0o755, ModTime: epoch, Format: tar.FormatPAX}); err != nil {
-		return nil, err
-	}
-	for _, f := range []struct {
-		name string
-		data []byte
-	}{
-		{layerID + "/VERSION", []byte("1.0")},
-		{layerID + "/json", v1},
-		{layerID + "/layer.tar", layer},
-		{cfgName, cfgJSON},
-		{"manifest.json", manifest},
-		{"repositories", repositories},
-	} {
-		if err := add(f.name, f.data); err != nil {
-			return nil, err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
+	return a, nil
 }
