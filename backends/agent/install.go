@@ -223,3 +223,30 @@ func IsStatic(path string) (bool, error) {
 	}
 	return true, nil
 }
+
+// InstallSelf copies the running executable (/proc/self/exe) to
+// dir/backend.AgentBinaryName, mode 0755, through a temporary file renamed into
+// place, so a reader never sees a partial binary. It is what `berth-agent install DIR`
+// runs in the init container of a Kubernetes Pod: the agent image (`berth image
+// agent`) holds only the binary, which copies itself into an emptyDir volume that
+// the sandbox container mounts read-only. Errors: dir is not an existing directory
+// (ErrInvalid), or the copy fails.
+func InstallSelf(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil || !fi.IsDir() {
+		return backend.Errorf(backend.ErrInvalid, "agent install: %s is not an existing directory (mount the emptyDir volume there)", dir)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("agent install: %w", err)
+	}
+	tmp := tempName(dir, ".tmp-")
+	if err := copyExecutable(self, tmp); err != nil {
+		return fmt.Errorf("agent install: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, backend.AgentBinaryName)); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("agent install: %w", err)
+	}
+	return nil
+}

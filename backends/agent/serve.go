@@ -191,6 +191,9 @@ func serve(opts ServeOptions, logger *log.Logger) error {
 //
 //	[agent] serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper]
 //	        [--token-file FILE] [--exec-user USER] [--oom-counter auto|FILE]
+//	[agent] install DIR
+//
+// install copies the executable into DIR (InstallSelf): the agent image's entrypoint.
 //
 // Without --token-file, an agent run as backend.AgentBinaryName (the hard link that
 // PrepareSandbox makes) reads the token file beside itself (TokenName), which
@@ -200,7 +203,14 @@ func Main(args []string) int {
 	if len(args) > 0 && args[0] == "agent" {
 		args = args[1:]
 	}
-	const synopsis = "usage: berth agent serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper] [--token-file FILE] [--exec-user USER] [--oom-counter auto|FILE]"
+	const synopsis = "usage: berth agent serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper] [--token-file FILE] [--exec-user USER] [--oom-counter auto|FILE]\n       berth agent install DIR"
+	if len(args) == 2 && args[0] == "install" {
+		if err := InstallSelf(args[1]); err != nil {
+			fmt.Fprintf(os.Stderr, "berth agent: %v\n", err)
+			return 1
+		}
+		return 0
+	}
 	if len(args) == 0 || args[0] != "serve" {
 		fmt.Fprintln(os.Stderr, synopsis)
 		return 2

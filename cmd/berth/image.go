@@ -50,7 +50,7 @@ the references it holds, one a line. FILE "-" reads the archive from stdin.`,
 		},
 	}
 	imp.Flags().StringVar(&driver, "driver", "docker", "driver whose image store receives the image")
-	img.AddCommand(imp, newImagePullCmd(g))
+	img.AddCommand(imp, newImagePullCmd(g), newImageAgentCmd())
 	return img
 }
 
