@@ -24,6 +24,27 @@ func suffix() string {
 	return hex.EncodeToString(b[:])
 }
 
+// runPod applies the Pod name of the YAML pod as the ServiceAccount berth, deletes it
+// when t ends, waits until it has succeeded and returns the log of its container.
+func runPod(ctx context.Context, t *testing.T, c Cluster, name, pod, container string) string {
+	t.Helper()
+	if _, err := c.KubectlAs(ctx, c.Kubeconfig, pod, "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.KubectlAs(context.Background(), c.Kubeconfig, "", "delete", "pod", name, "--wait=true", "--ignore-not-found")
+	})
+	if _, err := c.KubectlAs(ctx, c.Kubeconfig, "", "wait", "pod/"+name, "--for=jsonpath={.status.phase}=Succeeded", "--timeout="+testTimeout.String()); err != nil {
+		st, _ := c.KubectlAs(context.Background(), c.Kubeconfig, "", "get", "pod", name, "-o", "jsonpath={.status}")
+		t.Fatalf("%v; the Pod's status: %s", err, st)
+	}
+	out, err := c.KubectlAs(ctx, c.Kubeconfig, "", "logs", name, "-c", container)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 // TestPodRunsTestImage: a Pod from the imported test image (imagePullPolicy Never)
 // runs to completion under the berth ServiceAccount's Role, and its log holds what it
 // printed; its hostname is its name (it ran in a Pod sandbox of its own).
@@ -46,20 +67,7 @@ spec:
     imagePullPolicy: Never
     command: ["sh", "-c", "echo %s $(hostname)"]
 `, name, c.TestImage, marker)
-	if _, err := c.KubectlAs(ctx, c.Kubeconfig, pod, "apply", "-f", "-"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.KubectlAs(context.Background(), c.Kubeconfig, "", "delete", "pod", name, "--wait=true", "--ignore-not-found")
-	})
-	if _, err := c.KubectlAs(ctx, c.Kubeconfig, "", "wait", "pod/"+name, "--for=jsonpath={.status.phase}=Succeeded", "--timeout="+testTimeout.String()); err != nil {
-		st, _ := c.KubectlAs(context.Background(), c.Kubeconfig, "", "get", "pod", name, "-o", "jsonpath={.status}")
-		t.Fatalf("%v; the Pod's status: %s", err, st)
-	}
-	out, err := c.KubectlAs(ctx, c.Kubeconfig, "", "logs", name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runPod(ctx, t, c, name, pod, "main")
 	if want := marker + " " + name + "\n"; out != want {
 		t.Errorf("the Pod's log is %q, want %q", out, want)
 	}
@@ -99,20 +107,7 @@ spec:
     command: ["sh", "-c", "sha256sum /berth/berth-agent; touch /berth/x || echo read-only"]
     volumeMounts: [{name: agent, mountPath: /berth, readOnly: true}]
 `, name, c.AgentImage, c.TestImage)
-	if _, err := c.KubectlAs(ctx, c.Kubeconfig, pod, "apply", "-f", "-"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.KubectlAs(context.Background(), c.Kubeconfig, "", "delete", "pod", name, "--wait=true", "--ignore-not-found")
-	})
-	if _, err := c.KubectlAs(ctx, c.Kubeconfig, "", "wait", "pod/"+name, "--for=jsonpath={.status.phase}=Succeeded", "--timeout="+testTimeout.String()); err != nil {
-		st, _ := c.KubectlAs(context.Background(), c.Kubeconfig, "", "get", "pod", name, "-o", "jsonpath={.status}")
-		t.Fatalf("%v; the Pod's status: %s", err, st)
-	}
-	out, err := c.KubectlAs(ctx, c.Kubeconfig, "", "logs", name, "-c", "main")
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runPod(ctx, t, c, name, pod, "main")
 	if !strings.HasPrefix(out, tag) || !strings.Contains(out, " /berth/berth-agent\n") || !strings.Contains(out, "read-only") {
 		t.Errorf("the sandbox container printed %q, want the agent's sha256sum starting with %s and a refused write", out, tag)
 	}
