@@ -6,6 +6,7 @@
 #   eval "$(sudo scripts/kubernetes.sh)"    # ... and use them in this shell
 #   sudo scripts/kubernetes.sh env          # print the export lines of a running cluster
 #   sudo scripts/kubernetes.sh stop         # stop what this script started
+#   sudo scripts/kubernetes.sh build        # only build (or find) the cached binaries
 #
 # What it runs: kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and
 # kubectl $BERTH_K8S_VERSION (default v1.37.2), built from Go modules through the wrapper
@@ -170,8 +171,8 @@ env)
   print_env
   exit 0
   ;;
-start) ;;
-*) die "usage: $0 [start|stop|env]" ;;
+start | build) ;;
+*) die "usage: $0 [start|stop|env|build]" ;;
 esac
 
 # --- packages -------------------------------------------------------------------
@@ -231,6 +232,11 @@ if ! built; then
   ts "etcd built in $((SECONDS - s))s"
   rm -rf "$BIN"; mv "$tmp" "$BIN"
   built || die "$BIN does not hold Kubernetes $VERSION and etcd $ETCD_VERSION after the build"
+fi
+
+if [ "${1:-start}" = build ]; then
+  say "Kubernetes $VERSION and etcd $ETCD_VERSION are in $BIN"
+  exit 0
 fi
 
 # --- reuse a running cluster ----------------------------------------------------
