@@ -149,7 +149,7 @@ stop_cluster() {
   # The Pods' address leases: every Pod sandbox is gone, so are its addresses.
   rm -rf "$DIR/cni/ipam"
   remove_cgroups
-  if ip netns list 2>/dev/null | grep -qw "^$NETNS"; then
+  if [ -e "/run/netns/$NETNS" ]; then
     say "deleting network namespace $NETNS"
     ip netns delete "$NETNS"
   fi
@@ -204,8 +204,9 @@ fi
 built() {
   local c
   for c in "${COMPONENTS[@]}" etcd; do [ -x "$BIN/$c" ] || return 1; done
-  "$BIN/kubectl" version --client 2>/dev/null | grep -qF "$VERSION" &&
-    "$BIN/etcd" --version 2>/dev/null | grep -qF "${ETCD_VERSION#v}"
+  # Not `| grep -q`: with pipefail, kubectl's SIGPIPE would fail the check.
+  [[ "$("$BIN/kubectl" version --client 2>/dev/null)" == *"Client Version: $VERSION"* ]] &&
+    [[ "$("$BIN/etcd" --version 2>/dev/null)" == *"etcd Version: ${ETCD_VERSION#v}"* ]]
 }
 if ! built; then
   command -v go >/dev/null || die "building Kubernetes $VERSION needs Go (https://go.dev/dl/) on PATH"

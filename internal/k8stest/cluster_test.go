@@ -104,7 +104,7 @@ spec:
   - name: main
     image: %s
     imagePullPolicy: Never
-    command: ["sh", "-c", "sha256sum /berth/berth-agent; touch /berth/x || echo read-only"]
+    command: ["sh", "-c", "sha256sum /berth/berth-agent; touch /berth/x 2>/dev/null || echo read-only"]
     volumeMounts: [{name: agent, mountPath: /berth, readOnly: true}]
 `, name, c.AgentImage, c.TestImage)
 	out := runPod(ctx, t, c, name, pod, "main")
