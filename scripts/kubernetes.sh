@@ -31,7 +31,8 @@
 # rewrite (vm.overcommit_memory, kernel.panic, kernel.panic_on_oops) are bind-mounted from
 # copies holding the values it wants; its root dir is bind-mounted onto itself and made
 # rshared so that volume mounts propagate to containerd. Its cgroups live under
-# /berth-k8s in each cgroup v1 hierarchy (cgroupRoot), removed by stop. This host is
+# /NETNS (/berth-k8s) in each cgroup v1 hierarchy (cgroupRoot), removed by stop; so two
+# clusters with their own BERTH_K8S_DIR and BERTH_K8S_NETNS run side by side. This host is
 # cgroup v1 without systemd and root lacks CAP_SYS_RESOURCE: failCgroupV1 false, the
 # cgroupfs driver, oomScoreAdj 0, containerd oom_score 0 and CRI restrict_oom_score_adj.
 #
@@ -74,7 +75,7 @@ TIMEOUT=${BERTH_K8S_TIMEOUT:-180}
 NODE=berth-node
 NODE_IP=10.233.0.1
 API=https://127.0.0.1:6443
-CGROUP=berth-k8s
+CGROUP=$NETNS # one cgroup root per cluster
 RUN=$DIR/run
 PKI=$DIR/pki
 LOGS=$DIR/logs
@@ -245,8 +246,14 @@ all_alive() {
   local n
   for n in containerd etcd kube-apiserver kube-controller-manager kube-scheduler kubelet; do alive "$n" || return 1; done
 }
+# node_ready [SINCE]: the node's Ready condition is True, and when SINCE (RFC 3339, UTC)
+# is given, the kubelet reported it at or after SINCE: after a restart etcd still holds
+# the Ready=True of the kubelet before.
 node_ready() {
-  [ "$(kubectl_admin get node "$NODE" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+  local got status beat
+  got=$(kubectl_admin get node "$NODE" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].lastHeartbeatTime}' 2>/dev/null) || return 1
+  read -r status beat <<<"$got"
+  [ "$status" = True ] && { [ -z "${1:-}" ] || [[ ! "$beat" < "$1" ]]; }
 }
 if [ -f "$DIR/env" ] && all_alive && node_ready; then
   say "cluster already running (node $NODE Ready)"
@@ -525,6 +532,7 @@ mount --make-rshared "$DIR/kubelet/root"
 echo 1 >"$DIR/kubelet/sysctl/overcommit_memory"
 echo 10 >"$DIR/kubelet/sysctl/panic"
 echo 1 >"$DIR/kubelet/sysctl/panic_on_oops"
+kubelet_start=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 start kubelet unshare --mount --propagation unchanged -- /bin/sh -c '
   mount --bind "$1/overcommit_memory" /proc/sys/vm/overcommit_memory &&
   mount --bind "$1/panic" /proc/sys/kernel/panic &&
@@ -532,7 +540,7 @@ start kubelet unshare --mount --propagation unchanged -- /bin/sh -c '
   shift && exec "$@"' sh "$DIR/kubelet/sysctl" \
   "$BIN/kubelet" --config="$DIR/kubelet/config.yaml" --kubeconfig="$PKI/kubelet.kubeconfig" \
   --root-dir="$DIR/kubelet/root" --hostname-override="$NODE" --node-ip="$NODE_IP" --v=1
-wait_for kubelet node_ready
+wait_for kubelet node_ready "$kubelet_start"
 
 # --- what the tests need ----------------------------------------------------------------
 # The namespace, the ServiceAccount berth with the Role of docs/kubernetes-rbac.yaml (its
