@@ -8,7 +8,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
-	"github.com/berth-sh/berth/internal/dockersave"
+	"github.com/berth-sh/berth/internal/imagearchive"
 	"github.com/spf13/cobra"
 )
 
@@ -90,14 +90,14 @@ your registry's name (see docs/kubernetes.md).`,
 // agentImage returns the docker save archive of the agent image tagged ref: one layer
 // with bin at /berth-agent and /tmp, entrypoint "/berth-agent install".
 func agentImage(ref string, bin []byte) ([]byte, error) {
-	layer, err := dockersave.Layer([]dockersave.Entry{
+	layer, err := imagearchive.Layer([]imagearchive.Entry{
 		{Name: backend.AgentBinaryName, Mode: 0o755, Data: bin},
 		{Name: "tmp", Mode: 0o1777, Dir: true},
 	})
 	if err != nil {
 		return nil, err
 	}
-	return dockersave.Archive(ref, layer, dockersave.Config{
+	return imagearchive.Archive(ref, layer, imagearchive.Config{
 		Entrypoint: []string{"/" + backend.AgentBinaryName, "install"},
 		Cmd:        []string{"/berth"},
 		CreatedBy:  "berth image agent",

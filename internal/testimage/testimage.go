@@ -22,7 +22,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/berth-sh/berth/internal/dockersave"
+	"github.com/berth-sh/berth/internal/imagearchive"
 )
 
 // Ref is the reference the archive tags its image with.
@@ -35,7 +35,7 @@ const UserID = 1234
 var BusyboxPaths = []string{"/bin/busybox", "/usr/bin/busybox"}
 
 // epoch is every file's modification time and the image's creation time.
-var epoch = dockersave.Epoch
+var epoch = imagearchive.Epoch
 
 // Busybox returns the path of a statically linked busybox on this host (BERTH_BUSYBOX
 // first, then BusyboxPaths). The error says how to get one.
@@ -194,9 +194,9 @@ func buildLayer(busybox []byte, applets []string, marker string) ([]byte, error)
 	return buf.Bytes(), nil
 }
 
-// buildArchive wraps the layer in the `docker save` format (internal/dockersave).
+// buildArchive wraps the layer in the `docker save` format (internal/imagearchive).
 func buildArchive(layer []byte, ref string) ([]byte, error) {
-	a, err := dockersave.Archive(ref, layer, dockersave.Config{
+	a, err := imagearchive.Archive(ref, layer, imagearchive.Config{
 		Cmd:       []string{"sh"},
 		CreatedBy: "berth internal/testimage: static busybox",
 	})

@@ -1,5 +1,5 @@
 // Command testimage writes the images that scripts/kubernetes.sh imports into its
-// cluster's containerd, as `docker save` archives (internal/dockersave): berth's
+// cluster's containerd, as `docker save` archives (internal/imagearchive): berth's
 // busybox test image (testimage.Ref, from the host's static busybox) and, given a
 // static pause binary (scripts/k8s/pause.c), the Pod sandbox image PauseRef.
 //
@@ -14,7 +14,7 @@ import (
 	"os"
 
 	"github.com/berth-sh/berth/backends/agent"
-	"github.com/berth-sh/berth/internal/dockersave"
+	"github.com/berth-sh/berth/internal/imagearchive"
 	"github.com/berth-sh/berth/internal/testimage"
 )
 
@@ -74,11 +74,11 @@ func pauseArchive(bin string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	layer, err := dockersave.Layer([]dockersave.Entry{{Name: "pause", Mode: 0o755, Data: data}})
+	layer, err := imagearchive.Layer([]imagearchive.Entry{{Name: "pause", Mode: 0o755, Data: data}})
 	if err != nil {
 		return nil, err
 	}
-	return dockersave.Archive(PauseRef, layer, dockersave.Config{
+	return imagearchive.Archive(PauseRef, layer, imagearchive.Config{
 		Entrypoint: []string{"/pause"},
 		CreatedBy:  "berth scripts/kubernetes.sh: scripts/k8s/pause.c, static",
 	})

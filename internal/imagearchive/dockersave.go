@@ -1,11 +1,11 @@
-// Package dockersave writes single-layer container images as `docker save` archives
+// Package imagearchive writes single-layer container images as `docker save` archives
 // without a daemon or registry: the format of Docker's image save (manifest.json,
 // repositories, the image config and LAYERID/{VERSION,json,layer.tar}, as in moby's
 // image/tarexport), which `docker load`, containerd's `ctr images import` (1.6 and 2.x)
 // and kind's `kind load image-archive` all accept, where Docker 20.10 rejects a bare
 // OCI layout. Every timestamp is Epoch, so the same files give the same archive, byte
 // for byte, and so the same image id.
-package dockersave
+package imagearchive
 
 import (
 	"archive/tar"

@@ -1,4 +1,4 @@
-package dockersave
+package imagearchive
 
 import (
 	"archive/tar"
