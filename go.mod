@@ -3,6 +3,7 @@ module github.com/berth-sh/berth
 go 1.26.6
 
 require (
+	github.com/coder/websocket v1.8.15
 	github.com/containerd/containerd/api v1.12.0
 	github.com/containerd/containerd/v2 v2.4.2
 	github.com/containerd/errdefs v1.0.0

@@ -1,6 +1,7 @@
 // Package server is berth serve's HTTP API v1 over one long-lived registry: exec
-// (plain JSON or NDJSON events), sessions (list, get, close, stop, rm, recreate)
-// and health, with JSON errors whose HTTP status comes from berth's error kinds in
+// (plain JSON or NDJSON events), an interactive TTY over a WebSocket, files (tar
+// streams both ways, small files' bytes), sessions (list, get, close, stop, rm,
+// recreate) and health, with JSON errors whose HTTP status comes from berth's error kinds in
 // one place (Kinds). docs/api.md describes the API and docs/openapi.yaml is its
 // OpenAPI 3.1 document; Routes lists what the server serves, and a test checks the
 // two against each other.
@@ -286,6 +287,17 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		t.Stop()
 		s.http.Close()
 		<-shutDone
+	}
+	// http.Server.Shutdown does not wait for hijacked connections (the TTYs'
+	// WebSockets), which the count of calls does: the grace bounds them too.
+	if graceErr == nil {
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			graceErr = ctx.Err()
+			s.log.Warn("shutdown grace over: cancelling the calls still running", "calls", s.InFlight())
+			s.cancelCalls()
+		}
 	}
 	<-idle
 	s.cancelCalls()

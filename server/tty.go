@@ -1,0 +1,373 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/coder/websocket"
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-sh/berth/backend"
+)
+
+// The interactive endpoint: GET /v1/sessions/{name}/tty upgrades to a WebSocket
+// (RFC 6455) that carries one TTY exec. Binary messages are bytes: the client's are
+// the command's stdin, the server's its terminal output. Text messages are one JSON
+// TTYMessage each: the client sends resize, signal and eof; the server sends started
+// (once the command runs), then result (its end) or error, and closes the
+// connection. docs/api.md describes it.
+
+// LoginShell is the command that a TTY runs when the request names none, and what
+// berth shell runs: the sandbox's bash as a login shell when it has one, else sh.
+var LoginShell = []string{"sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -l; fi; exec sh -l"}
+
+// MaxTTYMessage is the largest message a TTY client may send (1 MiB); a larger one
+// closes the connection (status 1009) and kills the command.
+const MaxTTYMessage = 1 << 20
+
+// ttyChunk is the most output bytes one binary message carries.
+const ttyChunk = 32 << 10
+
+// TTYMessage is one JSON text message of the TTY WebSocket. Type says which:
+//
+//	client → server: "resize" (Rows, Cols), "signal" (Signal), "eof" (close stdin)
+//	server → client: "started" (Session, Driver, Sandbox, Recreated...),
+//	                 "result" (Result), "error" (Error)
+//
+// Unknown types and fields from a client are an error: the server sends "error"
+// (kind invalid), closes the connection and the command's tree is killed.
+type TTYMessage struct {
+	Type string `json:"type"`
+	// Rows and Cols are a resize's new terminal size, in characters (both ≥ 1).
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
+	// Signal is a signal's name ("INT" or "SIGINT") or number ("2"), sent to the
+	// command's process group.
+	Signal string `json:"signal,omitempty"`
+	// Session, Driver and Sandbox say where a started command runs; Recreated and
+	// Moved (with their reasons) are as in ExecResult.
+	Session         string `json:"session,omitempty"`
+	Driver          string `json:"driver,omitempty"`
+	Sandbox         string `json:"sandbox,omitempty"`
+	Recreated       bool   `json:"recreated,omitempty"`
+	RecreatedReason string `json:"recreated_reason,omitempty"`
+	Moved           bool   `json:"moved,omitempty"`
+	MovedReason     string `json:"moved_reason,omitempty"`
+	// Result is a result message's result (its Stdout and Stderr are empty: the
+	// output came as binary messages).
+	Result *ExecResult `json:"result,omitempty"`
+	// Error is an error message's error.
+	Error *ErrorInfo `json:"error,omitempty"`
+}
+
+// ttyRequest reads a TTY's query parameters: argv (repeated; default LoginShell),
+// env (repeated NAME=VALUE), cwd, user, timeout, rows and cols (default 24×80) and
+// recreate (true or false), checked as an exec request's fields.
+func ttyRequest(r *http.Request) (*execCall, backend.WindowSize, bool, error) {
+	q := r.URL.Query()
+	size := backend.WindowSize{Rows: 24, Cols: 80}
+	for _, d := range []struct {
+		name string
+		dst  *uint16
+	}{{"rows", &size.Rows}, {"cols", &size.Cols}} {
+		if v := q.Get(d.name); v != "" {
+			n, err := strconv.ParseUint(v, 10, 16)
+			if err != nil || n == 0 {
+				return nil, size, false, errorf("invalid", "%s %q: give a number of characters from 1 to 65535", d.name, v)
+			}
+			*d.dst = uint16(n)
+		}
+	}
+	recreate := false
+	if v := q.Get("recreate"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, size, false, errorf("invalid", "recreate %q: give true or false", v)
+		}
+		recreate = b
+	}
+	for k := range q {
+		switch k {
+		case "argv", "env", "cwd", "user", "timeout", "rows", "cols", "recreate":
+		default:
+			return nil, size, false, errorf("invalid", "unknown query parameter %q; a TTY takes argv, env, cwd, user, timeout, rows, cols and recreate (see docs/api.md)", k)
+		}
+	}
+	req := ExecRequest{Argv: q["argv"], Cwd: q.Get("cwd"), User: q.Get("user"), Timeout: q.Get("timeout")}
+	if len(req.Argv) == 0 {
+		req.Argv = LoginShell
+	}
+	for _, kv := range q["env"] {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, size, false, errorf("invalid", "env %q: give NAME=VALUE", kv)
+		}
+		if req.Env == nil {
+			req.Env = map[string]string{}
+		}
+		req.Env[k] = v
+	}
+	c, err := req.check()
+	return c, size, recreate, err
+}
+
+// isUpgrade reports whether r asks for a WebSocket.
+func isUpgrade(r *http.Request) bool {
+	for _, v := range strings.Split(r.Header.Get("Upgrade"), ",") {
+		if strings.EqualFold(strings.TrimSpace(v), "websocket") {
+			return true
+		}
+	}
+	return false
+}
+
+// tty is GET /v1/sessions/{name}/tty: one TTY exec over a WebSocket. The request's
+// checks (token, session name, parameters) answer with ordinary JSON errors before
+// the upgrade. The Origin check is coder/websocket's default: a request with an
+// Origin header whose host is not the request's Host is refused (403), so a web
+// page cannot open a TTY through a browser that can reach the listener; a browser
+// cannot send the bearer token either, which a TCP listener needs. A client that
+// goes away (its connection drops or it closes the WebSocket before the result)
+// cancels the exec: the command's whole tree is killed, as for any exec.
+func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
+	name, session, ok := s.sessionName(w, r)
+	if !ok {
+		return
+	}
+	c, size, recreate, err := ttyRequest(r)
+	if err == nil && !isUpgrade(r) {
+		err = errorf("invalid", "this path takes a WebSocket (a GET with Upgrade: websocket); see docs/api.md")
+	}
+	if err != nil {
+		s.writeError(w, r, err, name)
+		return
+	}
+	ref := s.acquire()
+	defer s.release(ref)
+	reg := ref.reg
+	conn, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		s.log.Debug("tty: no WebSocket", "session", session, "error", err)
+		return // Accept has answered
+	}
+	defer conn.CloseNow()
+	conn.SetReadLimit(MaxTTYMessage)
+	// The connection is hijacked: net/http no longer cancels the request's context
+	// when the client goes away. ctx is cancelled when reading from it fails.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	t := &ttyConn{conn: conn, ctx: ctx, ready: make(chan struct{})}
+	fail := func(err error, status websocket.StatusCode) {
+		info := errorInfo(err, name)
+		t.send(TTYMessage{Type: "error", Error: &info})
+		conn.Close(status, "")
+		s.log.Info("tty", "session", session, "error", err)
+	}
+	recreated := false
+	if recreate {
+		if recreated, err = reg.Recreate(ctx, session); err != nil {
+			fail(err, websocket.StatusInternalError)
+			return
+		}
+	}
+	p, lease, err := reg.Exec(ctx, session, backend.ExecRequest{
+		Argv: c.argv, Env: c.env, Dir: c.cwd, User: c.user, Timeout: c.timeout,
+		TTY: true, Size: size, Stdin: true, Stdout: t,
+	})
+	if err != nil {
+		fail(err, websocket.StatusInternalError)
+		return
+	}
+	started := TTYMessage{Type: "started", Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
+		Recreated: lease.Recreated || recreated, RecreatedReason: lease.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason}
+	if recreated {
+		started.RecreatedReason = RecreateReason
+	}
+	t.send(started)
+	close(t.ready)
+	readDone := make(chan error, 1)
+	go func() {
+		err := t.readLoop(p)
+		cancel() // the client went away or broke the protocol: the tree is killed
+		readDone <- err
+	}()
+	res, err := p.Wait()
+	if err == nil && res.Canceled {
+		err = context.Canceled
+	}
+	// A cancelled exec was cancelled by the read loop (or by the daemon's shutdown,
+	// which ends the read loop too): its error says why.
+	var perr error
+	readEnded := false
+	if ctx.Err() != nil {
+		perr, readEnded = <-readDone, true
+	}
+	switch {
+	case perr != nil && !errors.Is(perr, errClientGone):
+		fail(perr, websocket.StatusPolicyViolation)
+	case err != nil:
+		fail(err, websocket.StatusInternalError)
+	default:
+		out := ExecResult{
+			ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
+			DurationMS: res.Duration.Milliseconds(), Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
+			Recreated: started.Recreated, RecreatedReason: started.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason,
+		}
+		t.send(TTYMessage{Type: "result", Result: &out})
+		conn.Close(websocket.StatusNormalClosure, "")
+		s.log.Info("tty", "session", session, "exit_code", res.ExitCode, "duration_ms", out.DurationMS)
+	}
+	cancel()
+	if !readEnded {
+		<-readDone
+	}
+}
+
+// errClientGone is readLoop's error when the client closed the WebSocket or its
+// connection dropped.
+var errClientGone = errors.New("the client went away")
+
+// ttyConn is the server's side of a TTY WebSocket: the command's output writer and
+// the reader of the client's messages.
+type ttyConn struct {
+	conn  *websocket.Conn
+	ctx   context.Context
+	ready chan struct{} // closed once "started" is sent: output comes after it
+	mu    sync.Mutex    // one text message at a time beside the output
+}
+
+// Write sends terminal output as binary messages (the command's stdout).
+func (t *ttyConn) Write(b []byte) (int, error) {
+	select {
+	case <-t.ready:
+	case <-t.ctx.Done():
+		return 0, t.ctx.Err()
+	}
+	n := len(b)
+	for len(b) > 0 {
+		k := min(len(b), ttyChunk)
+		if err := t.conn.Write(t.ctx, websocket.MessageBinary, b[:k]); err != nil {
+			return 0, err
+		}
+		b = b[k:]
+	}
+	return n, nil
+}
+
+// send writes one JSON text message; errors are dropped (the client is gone).
+func (t *ttyConn) send(m TTYMessage) {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.conn.Write(t.ctx, websocket.MessageText, b)
+}
+
+// readLoop applies the client's messages to p in order until the connection ends:
+// errClientGone then, or an invalid error for a message that breaks the protocol.
+func (t *ttyConn) readLoop(p backend.Process) error {
+	for {
+		typ, rd, err := t.conn.Reader(t.ctx)
+		if err != nil {
+			if errors.Is(err, websocket.ErrMessageTooBig) {
+				return errorf("invalid", "a message larger than %d bytes; send stdin in smaller messages", MaxTTYMessage)
+			}
+			return errClientGone
+		}
+		if typ == websocket.MessageBinary {
+			_, err := io.Copy(stdinWriter{p}, rd)
+			var sg stdinGone
+			if errors.As(err, &sg) {
+				// The command no longer reads (it exited, or closed its stdin): the
+				// rest of the message is dropped.
+				_, err = io.Copy(io.Discard, rd)
+			}
+			if err != nil {
+				return errClientGone
+			}
+			continue
+		}
+		b, err := io.ReadAll(rd)
+		if err != nil {
+			return errClientGone
+		}
+		if err := applyControl(p, b); err != nil {
+			return err
+		}
+	}
+}
+
+// stdinWriter writes to a process's stdin; its errors are stdinGone.
+type stdinWriter struct{ p backend.Process }
+
+func (w stdinWriter) Write(b []byte) (int, error) {
+	n, err := w.p.Write(b)
+	if err != nil {
+		return n, stdinGone{err}
+	}
+	return n, nil
+}
+
+// stdinGone is a stdin write that failed on the process's side (it has exited or
+// closed its stdin), as opposed to the client's connection failing.
+type stdinGone struct{ error }
+
+// applyControl applies one client text message to p.
+func applyControl(p backend.Process, b []byte) error {
+	var m TTYMessage
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return errorf("invalid", "TTY message %s: %s", shownMessage(b), jsonProblem(err))
+	}
+	switch m.Type {
+	case "resize":
+		if m.Rows == 0 || m.Cols == 0 {
+			return errorf("invalid", "resize: give rows and cols, both at least 1")
+		}
+		p.Resize(backend.WindowSize{Rows: m.Rows, Cols: m.Cols})
+	case "signal":
+		sig, err := signalNumber(m.Signal)
+		if err != nil {
+			return err
+		}
+		p.Signal(sig)
+	case "eof":
+		p.CloseStdin()
+	default:
+		return errorf("invalid", "TTY message type %q: a client sends resize, signal or eof (see docs/api.md)", m.Type)
+	}
+	return nil
+}
+
+// signalNumber reads a signal's name ("INT", "SIGINT") or number ("2").
+func signalNumber(s string) (int, error) {
+	if n, err := strconv.Atoi(s); err == nil && n > 0 && n < 65 {
+		return n, nil
+	}
+	name := strings.ToUpper(s)
+	if !strings.HasPrefix(name, "SIG") {
+		name = "SIG" + name
+	}
+	if n := unix.SignalNum(name); n != 0 {
+		return int(n), nil
+	}
+	return 0, errorf("invalid", "signal %q: give a signal's name (INT, TERM, HUP...) or number", s)
+}
+
+// shownMessage is a client message as an error quotes it: at most 64 bytes, quoted.
+func shownMessage(b []byte) string {
+	if len(b) > 64 {
+		return strconv.Quote(string(b[:64])) + "..."
+	}
+	return strconv.Quote(string(b))
+}
