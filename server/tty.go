@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/coder/websocket"
 	"golang.org/x/sys/unix"
@@ -163,7 +164,7 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 	// when the client goes away. ctx is cancelled when reading from it fails.
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	t := &ttyConn{conn: conn, ctx: ctx, ready: make(chan struct{})}
+	t := &ttyConn{conn: conn, ctx: ctx, base: r.Context(), ready: make(chan struct{})}
 	fail := func(err error, status websocket.StatusCode) {
 		info := errorInfo(err, name)
 		t.send(TTYMessage{Type: "error", Error: &info})
@@ -238,9 +239,10 @@ var errClientGone = errors.New("the client went away")
 // the reader of the client's messages.
 type ttyConn struct {
 	conn  *websocket.Conn
-	ctx   context.Context
-	ready chan struct{} // closed once "started" is sent: output comes after it
-	mu    sync.Mutex    // one text message at a time beside the output
+	ctx   context.Context // the exec's: cancelled when the client goes away
+	base  context.Context // the request's: cancelled by the daemon's shutdown
+	ready chan struct{}   // closed once "started" is sent: output comes after it
+	mu    sync.Mutex      // one text message at a time beside the output
 }
 
 // Write sends terminal output as binary messages (the command's stdout).
@@ -261,16 +263,24 @@ func (t *ttyConn) Write(b []byte) (int, error) {
 	return n, nil
 }
 
-// send writes one JSON text message; errors are dropped (the client is gone).
+// send writes one JSON text message; errors are dropped (the client is gone). It
+// is not bound to ctx, which is cancelled when the exec is (the error that follows
+// must still reach the client), but to the daemon's (cancelled by its shutdown) and
+// to sendTimeout, so that a client that reads nothing cannot hold the call.
 func (t *ttyConn) send(m TTYMessage) {
 	b, err := json.Marshal(m)
 	if err != nil {
 		return
 	}
+	ctx, cancel := context.WithTimeout(t.base, sendTimeout)
+	defer cancel()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.conn.Write(t.ctx, websocket.MessageText, b)
+	t.conn.Write(ctx, websocket.MessageText, b)
 }
+
+// sendTimeout bounds the write of one control message (started, result, error).
+const sendTimeout = 10 * time.Second
 
 // readLoop applies the client's messages to p in order until the connection ends:
 // errClientGone then, or an invalid error for a message that breaks the protocol.

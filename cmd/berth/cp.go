@@ -81,12 +81,9 @@ ways, so a sparse file stays sparse (a sparse file counts at its full size).`,
 
 // upload copies the host path src to dst in the sandbox.
 func upload(cmd *cobra.Command, g *globals, session, src, dst string) error {
-	if _, err := os.Lstat(src); err != nil {
-		return usageError("source %s: %v", src, err)
-	}
-	dir, name := path.Dir(dst), path.Base(dst)
-	if strings.HasSuffix(dst, "/") {
-		dir, name = dst, filepath.Base(filepath.Clean(src))
+	dir, name, err := uploadTarget(src, dst)
+	if err != nil {
+		return err
 	}
 	return g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
 		pr, pw := io.Pipe()
@@ -95,6 +92,19 @@ func upload(cmd *cobra.Command, g *globals, session, src, dst string) error {
 		pr.CloseWithError(io.ErrClosedPipe)
 		return err
 	})
+}
+
+// uploadTarget checks the host path src of an upload to the sandbox path dst and
+// returns the sandbox directory to extract into and the name the copy gets there.
+func uploadTarget(src, dst string) (dir, name string, err error) {
+	if _, err := os.Lstat(src); err != nil {
+		return "", "", usageError("source %s: %v", src, err)
+	}
+	dir, name = path.Dir(dst), path.Base(dst)
+	if strings.HasSuffix(dst, "/") {
+		dir, name = dst, filepath.Base(filepath.Clean(src))
+	}
+	return dir, name, nil
 }
 
 // parseMaxSize reads cp's --max-size: a size (config.ParseBytes) or "unlimited"
@@ -110,6 +120,19 @@ func parseMaxSize(s string) (int64, error) {
 // the stream is hostile). archive keeps owners and setuid/setgid bits; limit is the
 // most file data it writes (agent.ExtractOptions.MaxBytes).
 func download(cmd *cobra.Command, g *globals, session, src, dst string, archive bool, limit int64) error {
+	dir, opts, err := downloadTarget(src, dst, archive, limit)
+	if err != nil {
+		return err
+	}
+	return g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
+		return extractCopy(dir, opts, func(w io.Writer) error { return reg.CopyOut(cmd.Context(), session, src, w) })
+	})
+}
+
+// downloadTarget checks the host destination dst of a download of the sandbox path
+// src and returns the existing host directory to extract into and how (archive and
+// limit as download takes them).
+func downloadTarget(src, dst string, archive bool, limit int64) (string, agent.ExtractOptions, error) {
 	opts := agent.ExtractOptions{Top: path.Base(path.Clean(src)), Archive: archive, MaxBytes: limit}
 	switch opts.Top {
 	case "/":
@@ -122,32 +145,37 @@ func download(cmd *cobra.Command, g *globals, session, src, dst string, archive 
 		dir, opts.Name = filepath.Dir(dst), filepath.Base(dst)
 	}
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		return usageError("destination directory %s does not exist; create it first", dir)
+		return "", opts, usageError("destination directory %s does not exist; create it first", dir)
 	}
-	return g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
-		pr, pw := io.Pipe()
-		stream := &errRecorder{r: pr}
-		done := make(chan error, 1)
-		go func() {
-			// ExtractTar reads pr to its end, which carries CopyOut's outcome.
-			err := agent.ExtractTar(stream, dir, opts)
-			pr.CloseWithError(err)
-			done <- err
-		}()
-		err := reg.CopyOut(cmd.Context(), session, src, pw)
-		pw.CloseWithError(err)
-		xerr := <-done
-		var xe *agent.ExtractError
-		switch {
-		case xerr != nil && stream.err == nil:
-			// The extraction refused what it got: the copy's own error (if any) is
-			// only the broken pipe that followed.
-			return fmt.Errorf("extracting into %s: %w", dir, xerr)
-		case err != nil && errors.As(xerr, &xe):
-			return fmt.Errorf("%w; %s", err, xe.Outcome())
-		}
-		return err
-	})
+	return dir, opts, nil
+}
+
+// extractCopy extracts into dir, with opts (agent.ExtractTar: the stream is
+// hostile), the tar stream that copy writes, and returns copy's error or the
+// extraction's, whichever explains the failure.
+func extractCopy(dir string, opts agent.ExtractOptions, copy func(w io.Writer) error) error {
+	pr, pw := io.Pipe()
+	stream := &errRecorder{r: pr}
+	done := make(chan error, 1)
+	go func() {
+		// ExtractTar reads pr to its end, which carries the copy's outcome.
+		err := agent.ExtractTar(stream, dir, opts)
+		pr.CloseWithError(err)
+		done <- err
+	}()
+	err := copy(pw)
+	pw.CloseWithError(err)
+	xerr := <-done
+	var xe *agent.ExtractError
+	switch {
+	case xerr != nil && stream.err == nil:
+		// The extraction refused what it got: the copy's own error (if any) is
+		// only the broken pipe that followed.
+		return fmt.Errorf("extracting into %s: %w", dir, xerr)
+	case err != nil && errors.As(xerr, &xe):
+		return fmt.Errorf("%w; %s", err, xe.Outcome())
+	}
+	return err
 }
 
 // errRecorder is a reader that records its first error other than io.EOF, so that a

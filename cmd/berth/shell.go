@@ -9,12 +9,14 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/sigstart"
+	"github.com/berth-sh/berth/server"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 )
 
-// shellArgv starts the sandbox's best login shell: bash when it has one, sh otherwise.
-var shellArgv = []string{"sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -l; fi; exec sh -l"}
+// shellArgv starts the sandbox's best login shell: bash when it has one, sh otherwise
+// (the same command as a TTY of berth serve runs by default).
+var shellArgv = server.LoginShell
 
 func newShellCmd(g *globals) *cobra.Command {
 	var session string
@@ -40,10 +42,7 @@ func runShell(ctx context.Context, g *globals, session string, recreate bool) er
 	if !term.IsTerminal(in) {
 		return usageError("berth shell needs a terminal on stdin; use 'berth exec -i -s %s -- sh' to pipe commands", session)
 	}
-	size := backend.WindowSize{Rows: 24, Cols: 80}
-	if w, h, err := term.GetSize(out); err == nil {
-		size = backend.WindowSize{Rows: uint16(h), Cols: uint16(w)}
-	}
+	size, _ := terminalSize(out)
 	// SIGINT, SIGTERM and SIGHUP have been caught since berth started (sigstart); in
 	// raw mode the terminal sends ^C as a byte, so these only come from elsewhere. One
 	// that came before the shell starts means that nothing is started; later ones are
@@ -86,8 +85,8 @@ func runShell(ctx context.Context, g *globals, session string, recreate bool) er
 			case <-done:
 				return
 			case <-winch:
-				if w, h, err := term.GetSize(out); err == nil {
-					p.Resize(backend.WindowSize{Rows: uint16(h), Cols: uint16(w)})
+				if size, ok := terminalSize(out); ok {
+					p.Resize(size)
 				}
 			case s := <-sigs:
 				p.Signal(int(s.(syscall.Signal)))
@@ -100,6 +99,51 @@ func runShell(ctx context.Context, g *globals, session string, recreate bool) er
 	}()
 	res, err := p.Wait()
 	term.Restore(in, state)
+	if err != nil {
+		return failure(err)
+	}
+	if res.ExitCode != 0 {
+		return exitCode(res.ExitCode)
+	}
+	return nil
+}
+
+// terminalSize returns the size of the terminal fd, or 24×80 and false when it has
+// none.
+func terminalSize(fd int) (backend.WindowSize, bool) {
+	w, h, err := term.GetSize(fd)
+	if err != nil || w <= 0 || h <= 0 {
+		return backend.WindowSize{Rows: 24, Cols: 80}, false
+	}
+	return backend.WindowSize{Rows: uint16(h), Cols: uint16(w)}, true
+}
+
+// runShellDaemon is runShell through a running berth serve (its TTY WebSocket), with
+// the same terminal handling, output and exit codes.
+func runShellDaemon(ctx context.Context, d daemonAPI, session string, recreate bool) error {
+	in, out := int(os.Stdin.Fd()), int(os.Stdout.Fd())
+	if !term.IsTerminal(in) {
+		return usageError("berth shell needs a terminal on stdin; use 'berth exec -i -s %s -- sh' to pipe commands", session)
+	}
+	size, _ := terminalSize(out)
+	sigs := sigstart.Take()
+	defer signal.Stop(sigs)
+	winch := make(chan os.Signal, 4)
+	signal.Notify(winch, syscall.SIGWINCH)
+	defer signal.Stop(winch)
+	var early earlySignals
+	if s := pendingSignal(sigs, &early); s != nil {
+		early.signals = append(early.signals, s)
+		return startError(session, early, errBeforeStart)
+	}
+	raw := func() (func(), error) {
+		state, err := term.MakeRaw(in)
+		if err != nil {
+			return nil, err
+		}
+		return func() { term.Restore(in, state) }, nil
+	}
+	res, err := d.shell(ctx, session, recreate, os.Stdin, os.Stdout, size, func() (backend.WindowSize, bool) { return terminalSize(out) }, winch, sigs, raw)
 	if err != nil {
 		return failure(err)
 	}

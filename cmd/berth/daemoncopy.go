@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/server"
+)
+
+// The client side of berth cp and berth shell through a running berth serve (the
+// files routes and the TTY WebSocket of docs/api.md). A download is extracted here,
+// on the client, as the user who runs berth cp, with berth cp's rules
+// (agent.ExtractTar): the daemon may run as another user, and the stream it passes
+// on comes from the sandbox.
+
+// daemonAPI is how the CLI reaches a running berth serve: an HTTP client that dials
+// it (for a unix socket, one whose transport dials the socket; no Timeout, which
+// would cut long copies and shells), the base URL of its API ("http://berth" for a
+// unix socket, "https://HOST:PORT" for TCP) and its bearer token ("" for none).
+type daemonAPI struct {
+	client *http.Client
+	base   string
+	token  string
+}
+
+// sessionURL returns the URL of session's route tail ("archive", "tty") with the
+// query q: the name is one percent-encoded path segment.
+func (d daemonAPI) sessionURL(session, tail string, q url.Values) string {
+	u := strings.TrimSuffix(d.base, "/") + "/v1/sessions/" + url.PathEscape(session) + "/" + tail
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	return u
+}
+
+// request makes a request to the daemon with the token.
+func (d daemonAPI) request(ctx context.Context, method, u string, body io.Reader) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, err
+	}
+	if d.token != "" {
+		req.Header.Set("Authorization", "Bearer "+d.token)
+	}
+	return req, nil
+}
+
+// apiError turns an error answer of the daemon into an error with its message (the
+// message that berth's embedded call would give); an answer that is no ErrorBody is
+// described by its status and its first bytes.
+func apiError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var eb server.ErrorBody
+	if json.Unmarshal(b, &eb) == nil && eb.Error.Message != "" {
+		return &daemonError{info: eb.Error, status: resp.StatusCode}
+	}
+	return fmt.Errorf("berth serve answered %s: %.200q", resp.Status, b)
+}
+
+// daemonError is an error answer of berth serve.
+type daemonError struct {
+	info   server.ErrorInfo
+	status int
+}
+
+func (e *daemonError) Error() string { return e.info.Message }
+
+// upload copies the host path src to dst in session's sandbox through the daemon
+// (PUT /archive), streaming the tar as it is written: berth cp SRC :DST.
+func (d daemonAPI) upload(ctx context.Context, session, src, dst string) error {
+	dir, name, err := uploadTarget(src, dst)
+	if err != nil {
+		return err
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(agent.WriteTar(pw, src, name)) }()
+	defer pr.CloseWithError(io.ErrClosedPipe)
+	// No max_size: berth cp's uploads have no bound, as embedded ones.
+	req, err := d.request(ctx, http.MethodPut, d.sessionURL(session, "archive", url.Values{"path": {dir}, "max_size": {"unlimited"}}), pr)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", server.TarType)
+	resp, err := d.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("session %s: copying into %s through berth serve: %w", session, dir, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return apiError(resp)
+	}
+	io.Copy(io.Discard, resp.Body)
+	return nil
+}
+
+// download copies src in session's sandbox to the host path dst through the daemon
+// (GET /archive), extracting here with download's rules (archive, limit).
+func (d daemonAPI) download(ctx context.Context, session, src, dst string, archive bool, limit int64) error {
+	dir, opts, err := downloadTarget(src, dst, archive, limit)
+	if err != nil {
+		return err
+	}
+	return extractCopy(dir, opts, func(w io.Writer) error {
+		req, err := d.request(ctx, http.MethodGet, d.sessionURL(session, "archive", url.Values{"path": {src}}), nil)
+		if err != nil {
+			return err
+		}
+		resp, err := d.client.Do(req)
+		if err != nil {
+			return fmt.Errorf("session %s: copying %s out through berth serve: %w", session, src, err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return apiError(resp)
+		}
+		if _, err := io.Copy(w, resp.Body); err != nil {
+			return fmt.Errorf("session %s: copying %s out: the stream from berth serve broke off (%v); its log says why", session, src, err)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/coder/websocket"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/server"
+)
+
+// ttyClient is the client side of one TTY WebSocket (GET /v1/sessions/{name}/tty).
+type ttyClient struct {
+	conn *websocket.Conn
+	ctx  context.Context
+}
+
+// ttyOptions are the parameters of a TTY exec (the query of /tty).
+type ttyOptions struct {
+	argv     []string // nil: the daemon's default, the login shell
+	env      []string // NAME=VALUE
+	size     backend.WindowSize
+	recreate bool
+}
+
+// openTTY opens a TTY exec in session through the daemon and returns once the
+// command runs, with the "started" message. Errors: the dial's (with the daemon's
+// JSON error, when it answered one), or the daemon's "error" message.
+func (d daemonAPI) openTTY(ctx context.Context, session string, o ttyOptions) (*ttyClient, server.TTYMessage, error) {
+	q := url.Values{}
+	for _, a := range o.argv {
+		q.Add("argv", a)
+	}
+	for _, kv := range o.env {
+		q.Add("env", kv)
+	}
+	if o.size.Rows > 0 && o.size.Cols > 0 {
+		q.Set("rows", strconv.Itoa(int(o.size.Rows)))
+		q.Set("cols", strconv.Itoa(int(o.size.Cols)))
+	}
+	if o.recreate {
+		q.Set("recreate", "true")
+	}
+	u := d.sessionURL(session, "tty", q)
+	u = "ws" + strings.TrimPrefix(u, "http") // http → ws, https → wss
+	hdr := http.Header{}
+	if d.token != "" {
+		hdr.Set("Authorization", "Bearer "+d.token)
+	}
+	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPClient: d.client, HTTPHeader: hdr})
+	if err != nil {
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != nil {
+			if aerr := apiError(resp); aerr != nil {
+				var de *daemonError
+				if errors.As(aerr, &de) {
+					return nil, server.TTYMessage{}, aerr
+				}
+			}
+		}
+		return nil, server.TTYMessage{}, fmt.Errorf("session %s: opening a terminal through berth serve: %w", session, err)
+	}
+	conn.SetReadLimit(server.MaxTTYMessage)
+	t := &ttyClient{conn: conn, ctx: ctx}
+	m, err := t.next(nil)
+	if err == nil && m.Type != "started" {
+		err = fmt.Errorf("berth serve sent %q before the command started", m.Type)
+	}
+	if err != nil {
+		conn.CloseNow()
+		return nil, m, err
+	}
+	return t, m, nil
+}
+
+// next reads messages, writing binary ones (the terminal's output) to out, until a
+// text message, which it returns; an "error" message is returned as its error.
+func (t *ttyClient) next(out io.Writer) (server.TTYMessage, error) {
+	for {
+		typ, rd, err := t.conn.Reader(t.ctx)
+		if err != nil {
+			return server.TTYMessage{}, fmt.Errorf("the terminal's connection to berth serve ended: %w", err)
+		}
+		if typ == websocket.MessageBinary {
+			if out == nil {
+				return server.TTYMessage{}, errors.New("berth serve sent output before the command started")
+			}
+			if _, err := io.Copy(out, rd); err != nil {
+				return server.TTYMessage{}, err
+			}
+			continue
+		}
+		var m server.TTYMessage
+		if err := json.NewDecoder(rd).Decode(&m); err != nil {
+			return m, fmt.Errorf("a message from berth serve: %v", err)
+		}
+		if m.Type == "error" && m.Error != nil {
+			return m, &daemonError{info: *m.Error}
+		}
+		return m, nil
+	}
+}
+
+// control sends one control message (resize, signal, eof).
+func (t *ttyClient) control(m server.TTYMessage) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return t.conn.Write(t.ctx, websocket.MessageText, b)
+}
+
+// Write sends stdin bytes.
+func (t *ttyClient) Write(b []byte) (int, error) {
+	if err := t.conn.Write(t.ctx, websocket.MessageBinary, b); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// resize sends the terminal's new size.
+func (t *ttyClient) resize(size backend.WindowSize) error {
+	return t.control(server.TTYMessage{Type: "resize", Rows: size.Rows, Cols: size.Cols})
+}
+
+// signal sends a signal to the command's process group.
+func (t *ttyClient) signal(sig syscall.Signal) error {
+	return t.control(server.TTYMessage{Type: "signal", Signal: strconv.Itoa(int(sig))})
+}
+
+// wait writes the output to out until the result, which it returns; then it closes
+// the connection.
+func (t *ttyClient) wait(out io.Writer) (server.ExecResult, error) {
+	defer t.conn.CloseNow()
+	m, err := t.next(out)
+	if err != nil {
+		return server.ExecResult{}, err
+	}
+	if m.Type != "result" || m.Result == nil {
+		return server.ExecResult{}, fmt.Errorf("berth serve sent %q instead of the result", m.Type)
+	}
+	t.conn.Close(websocket.StatusNormalClosure, "")
+	return *m.Result, nil
+}
+
+// close ends the TTY at once (the daemon then kills the command's tree).
+func (t *ttyClient) close() { t.conn.CloseNow() }
+
+// shell runs berth shell through the daemon: a login shell with a terminal in
+// session's sandbox, in, out the client's terminal (in in raw mode while it runs,
+// set up by the caller), resizes (winch: read the new size with getSize) and
+// signals (sigs) forwarded. It returns the shell's result.
+func (d daemonAPI) shell(ctx context.Context, session string, recreate bool, in io.Reader, out io.Writer,
+	size backend.WindowSize, getSize func() (backend.WindowSize, bool), winch, sigs <-chan os.Signal, raw func() (restore func(), err error)) (server.ExecResult, error) {
+	o := ttyOptions{size: size, recreate: recreate}
+	if term := os.Getenv("TERM"); term != "" {
+		o.env = []string{"TERM=" + term}
+	}
+	t, started, err := d.openTTY(ctx, session, o)
+	if err != nil {
+		return server.ExecResult{}, err
+	}
+	defer t.close()
+	if started.Recreated && started.RecreatedReason != server.RecreateReason {
+		fmt.Fprintf(os.Stderr, "berth: session %s: %s\n", session, started.RecreatedReason)
+	} else if started.Moved {
+		fmt.Fprintf(os.Stderr, "berth: session %s: %s\n", session, started.MovedReason)
+	}
+	restore, err := raw()
+	if err != nil {
+		return server.ExecResult{}, err
+	}
+	defer restore()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-winch:
+				if sz, ok := getSize(); ok {
+					t.resize(sz)
+				}
+			case s := <-sigs:
+				t.signal(s.(syscall.Signal))
+			}
+		}
+	}()
+	go func() {
+		io.Copy(t, in)
+		t.control(server.TTYMessage{Type: "eof"})
+	}()
+	return t.wait(out)
+}
