@@ -555,3 +555,60 @@ func BenchmarkServeCopy(b *testing.B) {
 	})
 	b.Logf("%v", time.Since(start))
 }
+
+// pyFilesClient is a standard-library Python client of the files routes: it writes
+// and reads one file, uploads a tar stream built by tarfile, and downloads it again,
+// printing what it got as JSON.
+const pyFilesClient = `
+import http.client, io, json, socket, sys, tarfile
+
+class UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path):
+        super().__init__("berth")
+        self.path = path
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(self.path)
+
+def call(method, url, body=None):
+    c = UnixConnection(sys.argv[1])
+    c.request(method, url, body=body)
+    r = c.getresponse()
+    return r.status, r.getheader("X-Berth-Mode"), r.read()
+
+out = {}
+out["put"] = call("PUT", "/v1/sessions/py%3A1/files?path=hello.txt&mode=0600", b"hi from python\n")[0]
+status, mode, body = call("GET", "/v1/sessions/py%3A1/files?path=hello.txt")
+out["get"] = [status, mode, body.decode()]
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w") as tf:
+    info = tarfile.TarInfo("pkg/run.sh"); data = b"echo run\n"; info.size = len(data); info.mode = 0o755
+    tf.addfile(info, io.BytesIO(data))
+status, _, body = call("PUT", "/v1/sessions/py%3A1/archive?path=.", buf.getvalue())
+out["upload"] = [status, json.loads(body)]
+status, _, body = call("GET", "/v1/sessions/py%3A1/archive?path=pkg")
+with tarfile.open(fileobj=io.BytesIO(body)) as tf:
+    out["download"] = [status, sorted(m.name for m in tf.getmembers()), oct(tf.getmember("pkg/run.sh").mode)]
+status, _, body = call("GET", "/v1/sessions/py%3A1/files?path=nothere")
+out["missing"] = [status, json.loads(body)["error"]["kind"]]
+print(json.dumps(out))
+`
+
+// A standard-library Python client uses the files routes.
+func TestServeFilesPython(t *testing.T) {
+	t.Parallel()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3 in PATH: TestServeFiles covers the same routes from Go")
+	}
+	e := newEnv(t)
+	d := e.serve()
+	out, err := exec.Command(py, "-c", pyFilesClient, d.sock).CombinedOutput()
+	if err != nil {
+		t.Fatalf("python: %v\n%s", err, out)
+	}
+	want := `{"put": 204, "get": [200, "0600", "hi from python\n"], "upload": [200, {"entries": 1, "bytes": 9}], "download": [200, ["pkg", "pkg/run.sh"], "0o755"], "missing": [404, "not_found"]}`
+	if strings.TrimSpace(string(out)) != want {
+		t.Errorf("python client printed\n%s\nwant\n%s", out, want)
+	}
+}
