@@ -161,10 +161,27 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 	defer conn.CloseNow()
 	conn.SetReadLimit(MaxTTYMessage)
 	// The connection is hijacked: net/http no longer cancels the request's context
-	// when the client goes away. ctx is cancelled when reading from it fails.
+	// when the client goes away. ctx, the exec's, is cancelled when the read loop
+	// ends (the client went away or broke the protocol) or by the daemon's shutdown
+	// (the request's context). The connection's own I/O uses ioCtx, which outlives
+	// ctx by sendTimeout (coder/websocket closes a connection whose read or write
+	// context is cancelled), so that the result of a cancelled exec still reaches a
+	// client that is there, and a client that reads nothing holds nothing.
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	t := &ttyConn{conn: conn, ctx: ctx, base: r.Context(), ready: make(chan struct{})}
+	ioCtx, ioCancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	defer ioCancel()
+	go func() {
+		<-ctx.Done()
+		timer := time.NewTimer(sendTimeout)
+		defer timer.Stop()
+		select {
+		case <-timer.C:
+			ioCancel()
+		case <-ioCtx.Done():
+		}
+	}()
+	t := &ttyConn{conn: conn, ctx: ioCtx, ready: make(chan struct{})}
 	fail := func(err error, status websocket.StatusCode) {
 		info := errorInfo(err, name)
 		t.send(TTYMessage{Type: "error", Error: &info})
@@ -193,26 +210,29 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 	}
 	t.send(started)
 	close(t.ready)
-	readDone := make(chan error, 1)
+	var perr error // the read loop's protocol error; set before it cancels ctx
+	var perrMu sync.Mutex
+	readDone := make(chan struct{})
 	go func() {
+		defer close(readDone)
 		err := t.readLoop(p)
-		cancel() // the client went away or broke the protocol: the tree is killed
-		readDone <- err
+		if !errors.Is(err, errClientGone) {
+			perrMu.Lock()
+			perr = err
+			perrMu.Unlock()
+		}
+		cancel() // the tree is killed
 	}()
+	// A cancelled exec (Canceled, 143) has its result sent as a plain exec's is: to
+	// no one when the client went away, to the client when the daemon's shutdown
+	// grace ran out. One that the client's protocol error cancelled gets that error.
 	res, err := p.Wait()
-	if err == nil && res.Canceled {
-		err = context.Canceled
-	}
-	// A cancelled exec was cancelled by the read loop (or by the daemon's shutdown,
-	// which ends the read loop too): its error says why.
-	var perr error
-	readEnded := false
-	if ctx.Err() != nil {
-		perr, readEnded = <-readDone, true
-	}
+	perrMu.Lock()
+	protoErr := perr
+	perrMu.Unlock()
 	switch {
-	case perr != nil && !errors.Is(perr, errClientGone):
-		fail(perr, websocket.StatusPolicyViolation)
+	case protoErr != nil:
+		fail(protoErr, websocket.StatusPolicyViolation)
 	case err != nil:
 		fail(err, websocket.StatusInternalError)
 	default:
@@ -223,12 +243,10 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 		}
 		t.send(TTYMessage{Type: "result", Result: &out})
 		conn.Close(websocket.StatusNormalClosure, "")
-		s.log.Info("tty", "session", session, "exit_code", res.ExitCode, "duration_ms", out.DurationMS)
+		s.log.Info("tty", "session", session, "exit_code", res.ExitCode, "canceled", res.Canceled, "duration_ms", out.DurationMS)
 	}
-	cancel()
-	if !readEnded {
-		<-readDone
-	}
+	conn.CloseNow() // ends the read loop, if the close handshake did not
+	<-readDone
 }
 
 // errClientGone is readLoop's error when the client closed the WebSocket or its
@@ -239,8 +257,7 @@ var errClientGone = errors.New("the client went away")
 // the reader of the client's messages.
 type ttyConn struct {
 	conn  *websocket.Conn
-	ctx   context.Context // the exec's: cancelled when the client goes away
-	base  context.Context // the request's: cancelled by the daemon's shutdown
+	ctx   context.Context // the connection's I/O (see tty: it outlives the exec's)
 	ready chan struct{}   // closed once "started" is sent: output comes after it
 	mu    sync.Mutex      // one text message at a time beside the output
 }
@@ -263,24 +280,23 @@ func (t *ttyConn) Write(b []byte) (int, error) {
 	return n, nil
 }
 
-// send writes one JSON text message; errors are dropped (the client is gone). It
-// is not bound to ctx, which is cancelled when the exec is (the error that follows
-// must still reach the client), but to the daemon's (cancelled by its shutdown) and
-// to sendTimeout, so that a client that reads nothing cannot hold the call.
+// send writes one JSON text message within sendTimeout; errors are dropped (the
+// client is gone).
 func (t *ttyConn) send(m TTYMessage) {
 	b, err := json.Marshal(m)
 	if err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(t.base, sendTimeout)
+	ctx, cancel := context.WithTimeout(t.ctx, sendTimeout)
 	defer cancel()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.conn.Write(ctx, websocket.MessageText, b)
 }
 
-// sendTimeout bounds the write of one control message (started, result, error).
-const sendTimeout = 10 * time.Second
+// sendTimeout bounds the write of one control message (started, result, error), and
+// how long the connection outlives its cancelled exec.
+const sendTimeout = 5 * time.Second
 
 // readLoop applies the client's messages to p in order until the connection ends:
 // errClientGone then, or an invalid error for a message that breaks the protocol.

@@ -612,3 +612,37 @@ func TestServeFilesPython(t *testing.T) {
 		t.Errorf("python client printed\n%s\nwant\n%s", out, want)
 	}
 }
+
+// A TTY that outlives the daemon's shutdown grace is killed like any call: the
+// client gets the result (143) and the tree is gone when berth serve has exited.
+func TestServeTTYShutdown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d := e.serve("--shutdown-grace", "1s")
+	mark := newMark()
+	tc, _, err := d.api().openTTY(context.Background(), "main", ttyOptions{argv: []string{"sh", "-c", "echo started; sleep 300 & sleep 300"}, env: []string{markEnv(mark)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out ttyOutput
+	done := make(chan server.ExecResult, 1)
+	go func() {
+		res, err := tc.wait(&out)
+		if err != nil {
+			t.Errorf("TTY: %v", err)
+		}
+		done <- res
+	}()
+	out.waitFor(t, "started")
+	testwait.Until(t, "both sleeps of the TTY", func() bool { return len(marked(mark)) >= 2 })
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	if res := <-done; res.ExitCode != 143 {
+		t.Errorf("the TTY's result after the grace: %+v", res)
+	}
+	if code := d.wait(); code != 0 {
+		t.Errorf("berth serve exited %d\n%s", code, d.stderr)
+	}
+	if left := marked(mark); len(left) > 0 {
+		t.Errorf("the TTY's tree survives the shutdown:\n%s", describe(left))
+	}
+}
