@@ -54,6 +54,21 @@ func pathParam(r *http.Request) (string, error) {
 	return p, nil
 }
 
+// sessionPath returns the session name (as given and normal) and the query
+// parameter path of a files call; a bad one is answered 400 and ok is false.
+func (s *Server) sessionPath(w http.ResponseWriter, r *http.Request) (name, session, p string, ok bool) {
+	name, session, ok = s.sessionName(w, r)
+	if !ok {
+		return name, session, "", false
+	}
+	p, err := pathParam(r)
+	if err != nil {
+		s.writeError(w, r, err, name)
+		return name, session, "", false
+	}
+	return name, session, p, true
+}
+
 // maxSizeParam reads the query parameter max_size: a size as berth cp --max-size
 // takes it (config.ParseBytes, or "unlimited": -1); absent means
 // agent.DefaultMaxCopyBytes.
@@ -200,19 +215,14 @@ func (t *tarAnswer) Write(b []byte) (int, error) {
 // does, agent.ExtractTar). An error once the stream has begun aborts the answer
 // (no final chunk), so that a client never takes a cut stream for a whole one.
 func (s *Server) getArchive(w http.ResponseWriter, r *http.Request) {
-	name, session, ok := s.sessionName(w, r)
+	name, session, p, ok := s.sessionPath(w, r)
 	if !ok {
-		return
-	}
-	p, err := pathParam(r)
-	if err != nil {
-		s.writeError(w, r, err, name)
 		return
 	}
 	ref := s.acquire()
 	defer s.release(ref)
 	ta := &tarAnswer{w: w}
-	err = ref.reg.CopyOut(r.Context(), session, p, ta)
+	err := ref.reg.CopyOut(r.Context(), session, p, ta)
 	switch {
 	case err != nil && !ta.begun:
 		s.writeError(w, r, err, name)
@@ -229,13 +239,8 @@ func (s *Server) getArchive(w http.ResponseWriter, r *http.Request) {
 // Last-Modified its mtime). A directory or symlink is 400 (invalid), a file over
 // MaxFileBytes 413 (too_large), a missing one 404.
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
-	name, session, ok := s.sessionName(w, r)
+	name, session, p, ok := s.sessionPath(w, r)
 	if !ok {
-		return
-	}
-	p, err := pathParam(r)
-	if err != nil {
-		s.writeError(w, r, err, name)
 		return
 	}
 	ref := s.acquire()

@@ -15,14 +15,12 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/coder/websocket"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
-	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
 )
@@ -101,24 +99,6 @@ func TestFilesInProcess(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A TTY through the handler: started first, output, a resize in order with stdin,
 // a signal, the result last.
 func TestTTYInProcess(t *testing.T) {
@@ -131,7 +111,8 @@ func TestTTYInProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.CloseNow()
-	var out syncBuffer
+	// The reader sends output and messages on in the order they came.
+	outs := make(chan []byte, 64)
 	msgs := make(chan TTYMessage, 4)
 	go func() {
 		defer close(msgs)
@@ -141,7 +122,7 @@ func TestTTYInProcess(t *testing.T) {
 				return
 			}
 			if typ == websocket.MessageBinary {
-				out.Write(b)
+				outs <- b
 				continue
 			}
 			var m TTYMessage
@@ -152,10 +133,16 @@ func TestTTYInProcess(t *testing.T) {
 	if m := <-msgs; m.Type != "started" || m.Driver != "local" {
 		t.Fatalf("first message %+v", m)
 	}
-	testwait.Until(t, "the first stty size", func() bool { return strings.Contains(out.String(), "10 20") })
+	var out strings.Builder
+	waitOut := func(s string) {
+		for !strings.Contains(out.String(), s) {
+			out.Write(<-outs)
+		}
+	}
+	waitOut("10 20")
 	c.Write(ctx, websocket.MessageText, []byte(`{"type":"resize","rows":40,"cols":100}`))
 	c.Write(ctx, websocket.MessageBinary, []byte("go\n"))
-	testwait.Until(t, "ready", func() bool { return strings.Contains(out.String(), "ready") })
+	waitOut("ready")
 	if !strings.Contains(out.String(), "40 100") {
 		t.Errorf("after the resize: %q", out.String())
 	}

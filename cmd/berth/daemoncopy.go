@@ -51,6 +51,20 @@ func (d daemonAPI) request(ctx context.Context, method, u string, body io.Reader
 	return req, nil
 }
 
+// do sends req; an answer other than 200 is returned as its error (apiError), a
+// failed request as an error that says what (doing) went wrong.
+func (d daemonAPI) do(req *http.Request, doing string) (*http.Response, error) {
+	resp, err := d.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s through berth serve: %w", doing, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		return nil, apiError(resp)
+	}
+	return resp, nil
+}
+
 // apiError turns an error answer of the daemon into an error with its message (the
 // message that berth's embedded call would give); an answer that is no ErrorBody is
 // described by its status and its first bytes.
@@ -87,14 +101,11 @@ func (d daemonAPI) upload(ctx context.Context, session, src, dst string) error {
 		return err
 	}
 	req.Header.Set("Content-Type", server.TarType)
-	resp, err := d.client.Do(req)
+	resp, err := d.do(req, "session "+session+": copying into "+dir)
 	if err != nil {
-		return fmt.Errorf("session %s: copying into %s through berth serve: %w", session, dir, err)
+		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return apiError(resp)
-	}
 	io.Copy(io.Discard, resp.Body)
 	return nil
 }
@@ -111,14 +122,11 @@ func (d daemonAPI) download(ctx context.Context, session, src, dst string, archi
 		if err != nil {
 			return err
 		}
-		resp, err := d.client.Do(req)
+		resp, err := d.do(req, "session "+session+": copying "+src+" out")
 		if err != nil {
-			return fmt.Errorf("session %s: copying %s out through berth serve: %w", session, src, err)
+			return err
 		}
 		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return apiError(resp)
-		}
 		if _, err := io.Copy(w, resp.Body); err != nil {
 			return fmt.Errorf("session %s: copying %s out: the stream from berth serve broke off (%v); its log says why", session, src, err)
 		}

@@ -182,20 +182,7 @@ func (d daemonAPI) shell(ctx context.Context, session string, recreate bool, in 
 	defer restore()
 	done := make(chan struct{})
 	defer close(done)
-	go func() {
-		for {
-			select {
-			case <-done:
-				return
-			case <-winch:
-				if sz, ok := getSize(); ok {
-					t.resize(sz)
-				}
-			case s := <-sigs:
-				t.signal(s.(syscall.Signal))
-			}
-		}
-	}()
+	go forwardTerminal(done, winch, sigs, getSize, t.resize, t.signal)
 	go func() {
 		io.Copy(t, in)
 		t.control(server.TTYMessage{Type: "eof"})

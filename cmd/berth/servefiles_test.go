@@ -476,6 +476,13 @@ func TestServeShellClient(t *testing.T) {
 	if err != nil || res.ExitCode != 5 || !strings.Contains(out.String(), "via-42") {
 		t.Errorf("shell: %+v %v; output %q", res, err, out.String())
 	}
+	// Without a terminal on stdin (this test's), berth shell through the daemon
+	// refuses as the embedded one does, before it dials.
+	err = runShellDaemon(context.Background(), api, "main", false)
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != exitInternal || !strings.Contains(err.Error(), "needs a terminal on stdin") {
+		t.Errorf("shell without a terminal: %v", err)
+	}
 }
 
 // Files and the TTY on docker: a tree's round trip and stty size in a container.

@@ -38,30 +38,20 @@ exit code.`,
 }
 
 func runShell(ctx context.Context, g *globals, session string, recreate bool) error {
-	in, out := int(os.Stdin.Fd()), int(os.Stdout.Fd())
-	if !term.IsTerminal(in) {
-		return usageError("berth shell needs a terminal on stdin; use 'berth exec -i -s %s -- sh' to pipe commands", session)
+	tm, err := openShellTerminal(session)
+	if err != nil {
+		return err
 	}
-	size, _ := terminalSize(out)
-	// SIGINT, SIGTERM and SIGHUP have been caught since berth started (sigstart); in
-	// raw mode the terminal sends ^C as a byte, so these only come from elsewhere. One
-	// that came before the shell starts means that nothing is started; later ones are
-	// forwarded to the shell.
-	sigs := sigstart.Take()
-	defer signal.Stop(sigs)
-	winch := make(chan os.Signal, 4)
-	signal.Notify(winch, syscall.SIGWINCH)
-	defer signal.Stop(winch)
+	defer tm.close()
+	size, _ := terminalSize(tm.out)
 	g.onPull = newPullDisplay(false).event
 	reg, err := g.open(ctx)
 	if err != nil {
 		return failure(err)
 	}
 	defer reg.Close()
-	var early earlySignals
-	if s := pendingSignal(sigs, &early); s != nil {
-		early.signals = append(early.signals, s)
-		return startError(session, early, errBeforeStart)
+	if err := tm.early(session); err != nil {
+		return err
 	}
 	if _, err := recreateFirst(ctx, embedded{reg}, session, recreate); err != nil {
 		return failure(err)
@@ -72,33 +62,20 @@ func runShell(ctx context.Context, g *globals, session string, recreate bool) er
 		return failure(err)
 	}
 	reportLease(session, lease)
-	state, err := term.MakeRaw(in)
+	restore, err := tm.raw()
 	if err != nil {
 		return failure(err)
 	}
-	defer term.Restore(in, state)
+	defer restore()
 	done := make(chan struct{})
 	defer close(done)
-	go func() {
-		for {
-			select {
-			case <-done:
-				return
-			case <-winch:
-				if size, ok := terminalSize(out); ok {
-					p.Resize(size)
-				}
-			case s := <-sigs:
-				p.Signal(int(s.(syscall.Signal)))
-			}
-		}
-	}()
+	go tm.forward(done, p.Resize, func(s syscall.Signal) error { return p.Signal(int(s)) })
 	go func() {
 		io.Copy(processWriter{p}, os.Stdin)
 		p.CloseStdin()
 	}()
 	res, err := p.Wait()
-	term.Restore(in, state)
+	restore()
 	if err != nil {
 		return failure(err)
 	}
@@ -118,32 +95,88 @@ func terminalSize(fd int) (backend.WindowSize, bool) {
 	return backend.WindowSize{Rows: uint16(h), Cols: uint16(w)}, true
 }
 
-// runShellDaemon is runShell through a running berth serve (its TTY WebSocket), with
-// the same terminal handling, output and exit codes.
-func runShellDaemon(ctx context.Context, d daemonAPI, session string, recreate bool) error {
-	in, out := int(os.Stdin.Fd()), int(os.Stdout.Fd())
-	if !term.IsTerminal(in) {
-		return usageError("berth shell needs a terminal on stdin; use 'berth exec -i -s %s -- sh' to pipe commands", session)
+// shellTerminal is berth shell's terminal: stdin and stdout, and the signals it
+// forwards. SIGINT, SIGTERM and SIGHUP have been caught since berth started
+// (sigstart); in raw mode the terminal sends ^C as a byte, so these only come from
+// elsewhere. One that came before the shell starts means that nothing is started;
+// later ones are forwarded to the shell, as SIGWINCH is as a resize.
+type shellTerminal struct {
+	in, out     int
+	sigs, winch chan os.Signal
+}
+
+// openShellTerminal checks that stdin is a terminal and starts catching the signals;
+// close it when the shell has ended.
+func openShellTerminal(session string) (*shellTerminal, error) {
+	tm := &shellTerminal{in: int(os.Stdin.Fd()), out: int(os.Stdout.Fd())}
+	if !term.IsTerminal(tm.in) {
+		return nil, usageError("berth shell needs a terminal on stdin; use 'berth exec -i -s %s -- sh' to pipe commands", session)
 	}
-	size, _ := terminalSize(out)
-	sigs := sigstart.Take()
-	defer signal.Stop(sigs)
-	winch := make(chan os.Signal, 4)
-	signal.Notify(winch, syscall.SIGWINCH)
-	defer signal.Stop(winch)
+	tm.sigs = sigstart.Take()
+	tm.winch = make(chan os.Signal, 4)
+	signal.Notify(tm.winch, syscall.SIGWINCH)
+	return tm, nil
+}
+
+// early is startError's exit (128+N) when a signal came before the shell started.
+func (tm *shellTerminal) early(session string) error {
 	var early earlySignals
-	if s := pendingSignal(sigs, &early); s != nil {
+	if s := pendingSignal(tm.sigs, &early); s != nil {
 		early.signals = append(early.signals, s)
 		return startError(session, early, errBeforeStart)
 	}
-	raw := func() (func(), error) {
-		state, err := term.MakeRaw(in)
-		if err != nil {
-			return nil, err
-		}
-		return func() { term.Restore(in, state) }, nil
+	return nil
+}
+
+// raw puts the terminal in raw mode; restore puts it back (more than once is fine).
+func (tm *shellTerminal) raw() (restore func(), err error) {
+	state, err := term.MakeRaw(tm.in)
+	if err != nil {
+		return nil, err
 	}
-	res, err := d.shell(ctx, session, recreate, os.Stdin, os.Stdout, size, func() (backend.WindowSize, bool) { return terminalSize(out) }, winch, sigs, raw)
+	return func() { term.Restore(tm.in, state) }, nil
+}
+
+func (tm *shellTerminal) close() {
+	signal.Stop(tm.sigs)
+	signal.Stop(tm.winch)
+}
+
+// forwardTerminal passes resizes (the terminal's size at each SIGWINCH) and signals
+// on until done is closed.
+func forwardTerminal(done <-chan struct{}, winch, sigs <-chan os.Signal, size func() (backend.WindowSize, bool), resize func(backend.WindowSize) error, sig func(syscall.Signal) error) {
+	for {
+		select {
+		case <-done:
+			return
+		case <-winch:
+			if sz, ok := size(); ok {
+				resize(sz)
+			}
+		case s := <-sigs:
+			sig(s.(syscall.Signal))
+		}
+	}
+}
+
+// forward is forwardTerminal for tm.
+func (tm *shellTerminal) forward(done <-chan struct{}, resize func(backend.WindowSize) error, sig func(syscall.Signal) error) {
+	forwardTerminal(done, tm.winch, tm.sigs, func() (backend.WindowSize, bool) { return terminalSize(tm.out) }, resize, sig)
+}
+
+// runShellDaemon is runShell through a running berth serve (its TTY WebSocket), with
+// the same terminal handling, output and exit codes.
+func runShellDaemon(ctx context.Context, d daemonAPI, session string, recreate bool) error {
+	tm, err := openShellTerminal(session)
+	if err != nil {
+		return err
+	}
+	defer tm.close()
+	if err := tm.early(session); err != nil {
+		return err
+	}
+	size, _ := terminalSize(tm.out)
+	res, err := d.shell(ctx, session, recreate, os.Stdin, os.Stdout, size, func() (backend.WindowSize, bool) { return terminalSize(tm.out) }, tm.winch, tm.sigs, tm.raw)
 	if err != nil {
 		return failure(err)
 	}
