@@ -653,3 +653,14 @@ func TestServeTTYShutdown(t *testing.T) {
 		t.Errorf("the TTY's tree survives the shutdown:\n%s", describe(left))
 	}
 }
+
+// The embedded berth shell on local in a pseudo-terminal (its terminal handling is
+// shared with the daemon's client): the shell's output and exit code.
+func TestShellEmbeddedPTY(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	out, code := runShellPTY(t, e, "main", "echo shell-$((6*7)); exit 3\n")
+	if code != 3 || !strings.Contains(out, "shell-42") {
+		t.Errorf("berth shell: exit %d, output %q; want exit 3 and shell-42", code, out)
+	}
+}
