@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -136,7 +137,7 @@ func (b *bodyReader) problem(w http.ResponseWriter) error {
 // putArchive is PUT /v1/sessions/{name}/archive?path=DIR[&max_size=SIZE]: extract the
 // tar stream of the body into the existing directory DIR of the sandbox. The stream
 // is hostile (agent.CheckTar's rules) and checked whole before the agent gets any of
-// it, spooled meanwhile to an unlinked file in the state dir (bounded by max_size,
+// it, spooled meanwhile to an unlinked file in STATE/tmp (bounded by max_size,
 // never held in memory), so a refused stream leaves the sandbox unchanged.
 func (s *Server) putArchive(w http.ResponseWriter, r *http.Request) {
 	name, session, ok := s.sessionName(w, r)
@@ -155,12 +156,11 @@ func (s *Server) putArchive(w http.ResponseWriter, r *http.Request) {
 	ref := s.acquire()
 	defer s.release(ref)
 	reg := ref.reg
-	spool, err := os.CreateTemp(reg.StateDir(), ".upload-*")
+	spool, err := uploadSpool(reg.StateDir())
 	if err != nil {
-		s.writeError(w, r, fmt.Errorf("making the upload's spool file in the state dir: %v", err), name)
+		s.writeError(w, r, err, name)
 		return
 	}
-	os.Remove(spool.Name()) // unlinked: nothing is left behind, whatever happens
 	defer spool.Close()
 	body := s.newBodyReader(w, r.Body)
 	bw := bufio.NewWriterSize(spool, 256<<10)
@@ -189,6 +189,21 @@ func (s *Server) putArchive(w http.ResponseWriter, r *http.Request) {
 	}
 	s.log.Info("upload", "session", session, "path", dir, "entries", entries, "bytes", size)
 	writeJSON(w, http.StatusOK, ArchiveUpload{Entries: entries, Bytes: size})
+}
+
+// uploadSpool makes the unlinked file that holds an upload while it is checked, in
+// STATE/tmp (made 0700 when missing; the directory of berth serve's spool files).
+func uploadSpool(stateDir string) (*os.File, error) {
+	dir := filepath.Join(stateDir, "tmp")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("making the upload's spool directory: %v", err)
+	}
+	f, err := os.CreateTemp(dir, ".upload-*")
+	if err != nil {
+		return nil, fmt.Errorf("making the upload's spool file: %v", err)
+	}
+	os.Remove(f.Name()) // unlinked: nothing is left behind, whatever happens
+	return f, nil
 }
 
 // tarAnswer is a streamed answer whose header (200, application/x-tar) is sent with

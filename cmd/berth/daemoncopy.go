@@ -51,7 +51,7 @@ func (d daemonAPI) request(ctx context.Context, method, u string, body io.Reader
 	return req, nil
 }
 
-// do sends req; an answer other than 200 is returned as its error (apiError), a
+// do sends req; an answer other than 200 is returned as its error (answerError), a
 // failed request as an error that says what (doing) went wrong.
 func (d daemonAPI) do(req *http.Request, doing string) (*http.Response, error) {
 	resp, err := d.client.Do(req)
@@ -60,15 +60,15 @@ func (d daemonAPI) do(req *http.Request, doing string) (*http.Response, error) {
 	}
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
-		return nil, apiError(resp)
+		return nil, answerError(resp)
 	}
 	return resp, nil
 }
 
-// apiError turns an error answer of the daemon into an error with its message (the
+// answerError turns an error answer of the daemon into an error with its message (the
 // message that berth's embedded call would give); an answer that is no ErrorBody is
 // described by its status and its first bytes.
-func apiError(resp *http.Response) error {
+func answerError(resp *http.Response) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	var eb server.ErrorBody
 	if json.Unmarshal(b, &eb) == nil && eb.Error.Message != "" {

@@ -258,8 +258,8 @@ func TestServeUploadHostile(t *testing.T) {
 	wantError(t, "no path", status, b, 400, "invalid", "query parameter path")
 	status, b = d.call("PUT", "/v1/sessions/up/archive?path=nodir", string(tarOfHeaders(good)))
 	wantError(t, "missing dir", status, b, 404, "not_found", "does not exist")
-	// The spool is unlinked: nothing is left in the state dir.
-	ents, _ := os.ReadDir(e.state)
+	// The spool is unlinked: nothing is left in STATE/tmp.
+	ents, _ := os.ReadDir(filepath.Join(e.state, "tmp"))
 	for _, ent := range ents {
 		if strings.HasPrefix(ent.Name(), ".upload-") {
 			t.Errorf("left in the state dir: %s", ent.Name())
