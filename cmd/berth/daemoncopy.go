@@ -133,3 +133,14 @@ func (d daemonAPI) download(ctx context.Context, session, src, dst string, archi
 		return nil
 	})
 }
+
+// copyDaemon is berth cp through the daemon d, once cp's arguments are read (up: an
+// upload of the host path src to the sandbox path dst; else a download of the
+// sandbox path src to the host path dst with archive and limit): the same copies,
+// messages and exit codes (errors are failures, exit 125) as embedded.
+func copyDaemon(ctx context.Context, d daemonAPI, session, src, dst string, up, archive bool, limit int64) error {
+	if up {
+		return failure(d.upload(ctx, session, src, dst))
+	}
+	return failure(d.download(ctx, session, src, dst, archive, limit))
+}

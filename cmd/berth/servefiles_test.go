@@ -130,9 +130,13 @@ func TestServeCopyRoundTrip(t *testing.T) {
 		t.Errorf("downloaded file: %q %v", b, err)
 	}
 	// Errors are the embedded ones, and leave nothing.
-	err := api.download(ctx, "files", "nothere", filepath.Join(e.dir, "x"), false, -1)
-	if err == nil || !strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), "nothing was written") {
-		t.Errorf("download of a missing path: %v", err)
+	err := copyDaemon(ctx, api, "files", "nothere", filepath.Join(e.dir, "x"), false, false, -1)
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != exitInternal || !strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), "nothing was written") {
+		t.Errorf("download of a missing path: %v, want exit 125 saying it does not exist and nothing was written", err)
+	}
+	if r := e.run("cp", "-s", "files", ":nothere", filepath.Join(e.dir, "x")); r.code != 125 || !strings.Contains(r.stderr, err.Error()) {
+		t.Errorf("the embedded berth cp says otherwise:\n%v\nthrough the daemon: %v", r, err)
 	}
 	if err := api.download(ctx, "files", "up", filepath.Join(e.dir, "small"), false, 1000); err == nil || !strings.Contains(err.Error(), "limit of 1000 bytes") {
 		t.Errorf("download over --max-size: %v", err)
