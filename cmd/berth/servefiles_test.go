@@ -668,3 +668,40 @@ func TestShellEmbeddedPTY(t *testing.T) {
 		t.Errorf("berth shell: exit %d, output %q; want exit 3 and shell-42", code, out)
 	}
 }
+
+// Copies are streamed: a 128 MiB upload and its download through the daemon grow
+// its peak memory by a few MiB, not by the copy's size (the upload's spool is a
+// file; the download is passed on as it comes).
+func TestServeCopyMemory(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d := e.serve()
+	api := d.api()
+	ctx := context.Background()
+	src := filepath.Join(e.dir, "big")
+	f, err := os.Create(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB, no zero blocks
+	for range 128 {
+		f.Write(chunk)
+	}
+	f.Close()
+	d.exec("mem", `{"argv":["true"]}`) // the sandbox exists: measure only the copies
+	before := vmHWM(t, d.cmd.Process.Pid)
+	if err := api.upload(ctx, "mem", src, "big"); err != nil {
+		t.Fatal(err)
+	}
+	if err := api.download(ctx, "mem", "big", filepath.Join(e.dir, "back"), false, -1); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(filepath.Join(e.dir, "back")); err != nil || fi.Size() != 128<<20 {
+		t.Fatalf("downloaded %v %v", fi, err)
+	}
+	grew := vmHWM(t, d.cmd.Process.Pid) - before
+	t.Logf("the daemon's peak RSS grew by %d KiB during a 128 MiB upload and download", grew>>10)
+	if grew > 32<<20 {
+		t.Errorf("the daemon's peak memory grew by %d MiB during a 128 MiB upload and download", grew>>20)
+	}
+}
