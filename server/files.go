@@ -3,7 +3,6 @@ package server
 import (
 	"archive/tar"
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -353,15 +352,24 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err, name)
 		return
 	}
-	var b bytes.Buffer
-	tw := tar.NewWriter(&b)
-	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: base, Mode: mode, Size: int64(len(data)), ModTime: time.Now()})
-	tw.Write(data)
-	tw.Close()
-	data = nil
+	// The one-entry tar stream is written as the agent reads it: the body is held
+	// once, not twice.
+	pr, pw := io.Pipe()
+	go func() {
+		tw := tar.NewWriter(pw)
+		err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: base, Mode: mode, Size: int64(len(data)), ModTime: time.Now()})
+		if err == nil {
+			_, err = tw.Write(data)
+		}
+		if err == nil {
+			err = tw.Close()
+		}
+		pw.CloseWithError(err)
+	}()
+	defer pr.CloseWithError(io.ErrClosedPipe)
 	ref := s.acquire()
 	defer s.release(ref)
-	if err := ref.reg.CopyIn(r.Context(), session, path.Dir(p), &b); err != nil {
+	if err := ref.reg.CopyIn(r.Context(), session, path.Dir(p), pr); err != nil {
 		s.writeError(w, r, err, name)
 		return
 	}
