@@ -6,6 +6,7 @@ package main
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -703,5 +704,38 @@ func TestServeCopyMemory(t *testing.T) {
 	t.Logf("the daemon's peak RSS grew by %d KiB during a 128 MiB upload and download", grew>>10)
 	if grew > 32<<20 {
 		t.Errorf("the daemon's peak memory grew by %d MiB during a 128 MiB upload and download", grew>>20)
+	}
+}
+
+// An upload whose body stops arriving (a pause of --request-timeout) is 408 with
+// nothing written, however long the body said it would be; the daemon stays up.
+func TestServeUploadStalls(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d := e.serve("--request-timeout", "1s")
+	sbx := d.sandboxDir("slow")
+	good := tarOfHeaders(&tar.Header{Typeflag: tar.TypeReg, Name: "first", Mode: 0o644, Size: 3}, &tar.Header{Typeflag: tar.TypeReg, Name: "second", Mode: 0o644, Size: 1 << 20})
+	for _, route := range []string{"archive?path=.", "files?path=stalled"} {
+		conn, err := dialUnix(context.Background(), d.sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "PUT /v1/sessions/slow/%s HTTP/1.1\r\nHost: berth\r\nContent-Length: %d\r\n\r\n", route, len(good))
+		conn.Write(good[:2048]) // the first file whole, then the body stalls
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("%s: no answer to a stalled body: %v", route, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		conn.Close()
+		wantError(t, route+" stalled", resp.StatusCode, b, 408, server.KindRequestTimeout, "no data for 1s")
+	}
+	for _, n := range []string{"first", "second", "stalled"} {
+		if _, err := os.Lstat(filepath.Join(sbx, n)); err == nil {
+			t.Errorf("a stalled upload wrote %s", n)
+		}
+	}
+	if status, b := d.call("GET", "/v1/health", ""); status != http.StatusOK {
+		t.Fatalf("health after stalled uploads: %d %s", status, b)
 	}
 }
