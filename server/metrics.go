@@ -32,7 +32,8 @@ const sessionsScrapeTimeout = 10 * time.Second
 //	berth_retention_actions_total{driver,action,cause}    counter (stop, remove, adopt by prune or expiry)
 //	berth_plugin_restarts_total{driver,result}            counter (result "ok" or "failed")
 //
-// mode is "plain" (argv) or "shell"; stream "true" for an NDJSON answer; outcome
+// mode is "plain" (argv), "shell" or "tty" (the WebSocket); stream "true" for an
+// NDJSON answer and for a TTY; outcome
 // "exited", "timed_out" or the error kind of a failed call. Make one with
 // NewMetrics, open the registry with its RegistryOptions, and pass it to New with
 // WithMetrics; Reload's registries must be opened with the same options.
@@ -52,7 +53,7 @@ type Metrics struct {
 func NewMetrics() *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry()}
 	m.execs = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: MetricsNamespace, Name: "execs_total",
-		Help: "Execs answered, by driver, mode (plain or shell), stream (NDJSON answer or not) and outcome (exited, timed_out, or the error kind)."},
+		Help: "Execs answered, by driver, mode (plain, shell or tty), stream (NDJSON answer or TTY, or not) and outcome (exited, timed_out, or the error kind)."},
 		[]string{"driver", "mode", "stream", "outcome"})
 	m.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: MetricsNamespace, Name: "exec_duration_seconds",
 		Help:    "Exec latency from the request's arrival to its result, by driver, mode and stream.",
@@ -116,12 +117,17 @@ func (m *Metrics) restarted(driver string, err error) {
 
 // exec counts one exec answer that began at start.
 func (m *Metrics) exec(driver string, shell, stream bool, res ExecResult, err error, start time.Time) {
-	if driver == "" {
-		driver = "unknown" // failed before a driver was chosen
-	}
 	mode := "plain"
 	if shell {
 		mode = "shell"
+	}
+	m.execMode(driver, mode, stream, res, err, start)
+}
+
+// execMode counts one exec of mode (plain, shell, tty) that began at start.
+func (m *Metrics) execMode(driver, mode string, stream bool, res ExecResult, err error, start time.Time) {
+	if driver == "" {
+		driver = "unknown" // failed before a driver was chosen
 	}
 	st := strconv.FormatBool(stream)
 	outcome := "exited"

@@ -150,6 +150,8 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err, name)
 		return
 	}
+	auditCommand(r, c)
+	start := time.Now()
 	ref := s.acquire()
 	defer s.release(ref)
 	reg := ref.reg
@@ -182,8 +184,11 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	t := &ttyConn{conn: conn, ctx: ioCtx, ready: make(chan struct{})}
+	driver := ""
 	fail := func(err error, status websocket.StatusCode) {
 		info := errorInfo(err, name)
+		auditError(r, info.Kind)
+		s.metrics.execMode(driver, "tty", true, ExecResult{}, err, start)
 		t.send(TTYMessage{Type: "error", Error: &info})
 		conn.Close(status, "")
 		s.log.Info("tty", "session", session, "error", err)
@@ -203,6 +208,7 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 		fail(err, websocket.StatusInternalError)
 		return
 	}
+	driver = lease.Driver
 	started := TTYMessage{Type: "started", Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
 		Recreated: lease.Recreated || recreated, RecreatedReason: lease.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason}
 	if recreated {
@@ -241,6 +247,8 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 			DurationMS: res.Duration.Milliseconds(), Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
 			Recreated: started.Recreated, RecreatedReason: started.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason,
 		}
+		auditResult(r, out, nil)
+		s.metrics.execMode(driver, "tty", true, out, nil, start)
 		t.send(TTYMessage{Type: "result", Result: &out})
 		conn.Close(websocket.StatusNormalClosure, "")
 		s.log.Info("tty", "session", session, "exit_code", res.ExitCode, "canceled", res.Canceled, "duration_ms", out.DurationMS)
