@@ -1057,12 +1057,20 @@ func TestServeHealth(t *testing.T) {
 	}
 }
 
-// A docker session through the daemon (skipped without an engine, except under CI).
-func TestServeDocker(t *testing.T) {
+// serveDocker starts berth serve in a new env whose every session runs on docker
+// with berth's test image (imported first); it skips the (parallel) test without an
+// engine, except under CI.
+func serveDocker(t *testing.T) (*env, *daemon) {
+	t.Helper()
 	testimage.RequireEngine(t)
 	t.Parallel()
 	e := newDockerEnv(t)
-	d := e.serve()
+	return e, e.serve()
+}
+
+// A docker session through the daemon (skipped without an engine, except under CI).
+func TestServeDocker(t *testing.T) {
+	_, d := serveDocker(t)
 	res := d.exec("chat:1", `{"argv":["sh","-c","echo hi; exit 3"]}`)
 	if res.ExitCode != 3 || res.Stdout != "hi\n" || res.Driver != "docker" {
 		t.Errorf("docker exec through the daemon: %+v", res)

@@ -26,7 +26,6 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/benchutil"
-	"github.com/berth-sh/berth/internal/testimage"
 	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/server"
 )
@@ -464,9 +463,7 @@ func TestServeTTYDisconnect(t *testing.T) {
 func TestServeShellClient(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	tokenFile := filepath.Join(e.dir, "token")
-	token := randHex(16)
-	os.WriteFile(tokenFile, []byte(token+"\n"), 0o600)
+	tokenFile, token := e.tokenFile()
 	d := e.serve("--listen", "tcp://127.0.0.1:0", "--token-file", tokenFile)
 	api := d.api()
 	if _, _, err := api.openTTY(context.Background(), "main", ttyOptions{}); err == nil || !strings.Contains(err.Error(), "Authorization: Bearer") {
@@ -492,12 +489,7 @@ func TestServeShellClient(t *testing.T) {
 
 // Files and the TTY on docker: a tree's round trip and stty size in a container.
 func TestServeFilesDocker(t *testing.T) {
-	testimage.RequireEngine(t)
-	t.Parallel()
-	e := newEnv(t)
-	importImage(t, e, "docker")
-	e.config = e.writeFile("config.hcl", fmt.Sprintf("scope \"*\" {\n  driver = \"docker\"\n  image  = %q\n}\n", testimage.Ref))
-	d := e.serve()
+	e, d := serveDocker(t)
 	api := d.api()
 	ctx := context.Background()
 	if err := api.upload(ctx, "c", sampleTree(t, e.dir), "/tmp/up"); err != nil {
