@@ -100,12 +100,13 @@ func TestFilesInProcess(t *testing.T) {
 }
 
 // A TTY through the handler: started first, output, a resize in order with stdin,
-// a signal, the result last.
+// a signal, the result last. The signal interrupts the read builtin, whose trap then
+// runs at once (a sleep would race: a signal before it starts waits for its end).
 func TestTTYInProcess(t *testing.T) {
 	ts := inProcess(t)
 	ctx := context.Background()
 	u := "ws" + strings.TrimPrefix(ts.URL, "http") + "/v1/sessions/s/tty?argv=sh&argv=-c&argv=" +
-		"stty+size%3B+read+x%3B+stty+size%3B+trap+%27exit+9%27+TERM%3B+echo+ready%3B+sleep+300&rows=10&cols=20"
+		"stty+size%3B+read+x%3B+stty+size%3B+trap+%27exit+9%27+TERM%3B+echo+ready%3B+read+never&rows=10&cols=20"
 	c, _, err := websocket.Dial(ctx, u, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -377,7 +377,9 @@ func TestServeTTY(t *testing.T) {
 	e := newEnv(t)
 	d := e.serve()
 	ctx := context.Background()
-	script := `stty size; read go; stty size; trap 'echo got-INT; exit 7' INT; echo ready; sleep 300; echo not-interrupted`
+	// The signal interrupts the read builtin, which runs the trap at once (a sleep
+	// would race: a signal before it starts leaves the trap waiting for its end).
+	script := `stty size; read go; stty size; trap 'echo got-INT; exit 7' INT; echo ready; read never; echo not-interrupted`
 	tc, started, err := d.api().openTTY(ctx, "tty", ttyOptions{argv: []string{"sh", "-c", script}, size: backend.WindowSize{Rows: 24, Cols: 80}})
 	if err != nil {
 		t.Fatal(err)
