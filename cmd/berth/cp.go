@@ -63,12 +63,23 @@ ways, so a sparse file stays sparse (a sparse file counts at its full size).`,
 			case up && dst == ":" || down && src == ":":
 				return usageError("the sandbox path after the colon is empty")
 			}
-			if up {
-				return upload(cmd, g, session, src, dst[1:])
-			}
 			limit, err := parseMaxSize(maxSize)
-			if err != nil {
+			if err != nil && !up {
 				return usageError("--max-size: %v", err)
+			}
+			// Through a running berth serve when one answers (daemon.go); the download
+			// is still extracted here, as the user who runs berth cp.
+			d, err := g.daemon(cmd.Context())
+			if err != nil {
+				return failure(err)
+			}
+			switch {
+			case d != nil && up:
+				return copyDaemon(cmd.Context(), d.filesAPI(), session, src, dst[1:], true, false, 0)
+			case d != nil:
+				return copyDaemon(cmd.Context(), d.filesAPI(), session, src[1:], dst, false, archive, limit)
+			case up:
+				return upload(cmd, g, session, src, dst[1:])
 			}
 			return download(cmd, g, session, src[1:], dst, archive, limit)
 		},

@@ -29,6 +29,11 @@ type daemonAPI struct {
 	token  string
 }
 
+// filesAPI returns the client of d's files routes and TTY.
+func (d *daemonClient) filesAPI() daemonAPI {
+	return daemonAPI{client: d.client, base: d.base, token: d.token}
+}
+
 // sessionURL returns the URL of session's route tail ("archive", "tty") with the
 // query q: the name is one percent-encoded path segment.
 func (d daemonAPI) sessionURL(session, tail string, q url.Values) string {

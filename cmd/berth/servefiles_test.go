@@ -733,3 +733,39 @@ func TestServeUploadStalls(t *testing.T) {
 		t.Fatalf("health after stalled uploads: %d %s", status, b)
 	}
 }
+
+// With berth serve running, the berth cp and berth shell commands go through it
+// (its log says so) with the embedded results: the tree both ways, a refused hostile
+// download naming the entry, the shell's output and exit code.
+func TestServeCLICopyAndShell(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d := e.serve()
+	src := sampleTree(t, e.dir)
+	if r := e.run("cp", "-s", "cli", src, ":up"); r.code != 0 || r.stderr != "" {
+		t.Fatalf("cp upload: %v", r)
+	}
+	if len(d.logs("upload")) != 1 {
+		t.Errorf("the upload did not go through berth serve: %s", d.stderr)
+	}
+	out := filepath.Join(e.dir, "down")
+	if r := e.run("cp", "-s", "cli", ":up", out); r.code != 0 || r.stderr != "" {
+		t.Fatalf("cp download: %v", r)
+	}
+	checkTree(t, out)
+	d.exec("cli", `{"argv":["sh","-c","mkdir -p bad && mkfifo bad/fifo"]}`)
+	r := e.run("cp", "-s", "cli", ":bad", filepath.Join(e.dir, "bad"))
+	if r.code != 125 || !strings.Contains(r.stderr, "bad/fifo: refused: a FIFO") || !strings.Contains(r.stderr, "nothing was written") {
+		t.Errorf("cp of a FIFO through the daemon: %v", r)
+	}
+	if r := e.run("cp", "--no-daemon", "-s", "cli", ":bad", filepath.Join(e.dir, "bad")); r.code != 125 || !strings.Contains(r.stderr, "bad/fifo: refused: a FIFO") {
+		t.Errorf("the same cp embedded: %v", r)
+	}
+	outp, code := runShellPTY(t, e, "cli", "echo shell-$((6*7)); exit 3\n")
+	if code != 3 || !strings.Contains(outp, "shell-42") {
+		t.Errorf("berth shell through the daemon: exit %d, output %q; want exit 3 and shell-42", code, outp)
+	}
+	if ls := d.logs("tty"); len(ls) != 1 || ls[0]["exit_code"] != float64(3) {
+		t.Errorf("the shell did not go through berth serve's TTY: %v\n%s", ls, d.stderr)
+	}
+}

@@ -38,6 +38,14 @@ exit code.`,
 }
 
 func runShell(ctx context.Context, g *globals, session string, recreate bool) error {
+	// Through a running berth serve when one answers (daemon.go): its TTY WebSocket.
+	d, err := g.daemon(ctx)
+	if err != nil {
+		return failure(err)
+	}
+	if d != nil {
+		return runShellDaemon(ctx, d.filesAPI(), session, recreate)
+	}
 	tm, err := openShellTerminal(session)
 	if err != nil {
 		return err
