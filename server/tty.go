@@ -189,9 +189,9 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 		info := errorInfo(err, name)
 		auditError(r, info.Kind)
 		s.metrics.execMode(driver, "tty", true, ExecResult{}, err, start)
+		s.log.Info("tty", "session", session, "error", err)
 		t.send(TTYMessage{Type: "error", Error: &info})
 		conn.Close(status, "")
-		s.log.Info("tty", "session", session, "error", err)
 	}
 	recreated := false
 	if recreate {
@@ -249,9 +249,9 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 		}
 		auditResult(r, out, nil)
 		s.metrics.execMode(driver, "tty", true, out, nil, start)
+		s.log.Info("tty", "session", session, "exit_code", res.ExitCode, "canceled", res.Canceled, "duration_ms", out.DurationMS)
 		t.send(TTYMessage{Type: "result", Result: &out})
 		conn.Close(websocket.StatusNormalClosure, "")
-		s.log.Info("tty", "session", session, "exit_code", res.ExitCode, "canceled", res.Canceled, "duration_ms", out.DurationMS)
 	}
 	conn.CloseNow() // ends the read loop, if the close handshake did not
 	<-readDone
