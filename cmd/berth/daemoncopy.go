@@ -77,18 +77,11 @@ func answerError(resp *http.Response) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	var eb server.ErrorBody
 	if json.Unmarshal(b, &eb) == nil && eb.Error.Message != "" {
-		return &daemonError{info: eb.Error, status: resp.StatusCode}
+		return &apiError{status: resp.StatusCode, info: eb.Error}
 	}
 	return fmt.Errorf("berth serve answered %s: %.200q", resp.Status, b)
 }
 
-// daemonError is an error answer of berth serve.
-type daemonError struct {
-	info   server.ErrorInfo
-	status int
-}
-
-func (e *daemonError) Error() string { return e.info.Message }
 
 // upload copies the host path src to dst in session's sandbox through the daemon
 // (PUT /archive), streaming the tar as it is written: berth cp SRC :DST.

@@ -61,7 +61,7 @@ func (d daemonAPI) openTTY(ctx context.Context, session string, o ttyOptions) (*
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != nil {
 			if aerr := answerError(resp); aerr != nil {
-				var de *daemonError
+				var de *apiError
 				if errors.As(aerr, &de) {
 					return nil, server.TTYMessage{}, aerr
 				}
@@ -104,7 +104,7 @@ func (t *ttyClient) next(out io.Writer) (server.TTYMessage, error) {
 			return m, fmt.Errorf("a message from berth serve: %v", err)
 		}
 		if m.Type == "error" && m.Error != nil {
-			return m, &daemonError{info: *m.Error}
+			return m, &apiError{info: *m.Error}
 		}
 		return m, nil
 	}

@@ -436,7 +436,7 @@ func TestServeTTYDisconnect(t *testing.T) {
 			} else {
 				tc.conn.Write(ctx, websocket.MessageText, []byte(`{"type":"launch"}`))
 				_, err := tc.wait(io.Discard)
-				var de *daemonError
+				var de *apiError
 				if !errors.As(err, &de) || de.info.Kind != "invalid" || !strings.Contains(de.info.Message, `"launch"`) {
 					t.Errorf("after a bad message: %v", err)
 				}
