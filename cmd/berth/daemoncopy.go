@@ -82,7 +82,6 @@ func answerError(resp *http.Response) error {
 	return fmt.Errorf("berth serve answered %s: %.200q", resp.Status, b)
 }
 
-
 // upload copies the host path src to dst in session's sandbox through the daemon
 // (PUT /archive), streaming the tar as it is written: berth cp SRC :DST.
 func (d daemonAPI) upload(ctx context.Context, session, src, dst string) error {
