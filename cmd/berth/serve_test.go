@@ -1129,6 +1129,7 @@ func benchServe(b *testing.B, config string) (environ []string, client *http.Cli
 	b.Cleanup(func() {
 		cmd.Process.Signal(syscall.SIGTERM)
 		cmd.Wait()
+		removeSessions(b, environ, state)
 	})
 	sock = filepath.Join(state, "berth.sock")
 	client = &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -1145,6 +1146,29 @@ func benchServe(b *testing.B, config string) (environ []string, client *http.Cli
 		b.Fatalf("berth serve did not answer: %s", stderr.String())
 	}
 	return environ, client, sock
+}
+
+// removeSessions removes every session of the state dir with embedded berth
+// commands (a shutdown leaves sandboxes running, by design) and kills by pid any
+// process of the state dir still alive after that, failing b.
+func removeSessions(b testing.TB, environ []string, state string) {
+	out, err := cli(environ, "--no-daemon", "sessions", "--json").Output()
+	var rows []sessionRow
+	if err != nil || json.Unmarshal(out, &rows) != nil {
+		b.Errorf("berth sessions --json: %v %s", err, out)
+	}
+	for _, row := range rows {
+		cli(environ, "--no-daemon", "rm", row.Session).Run()
+	}
+	var left []procInfo
+	testwait.For(context.Background(), 0, func() bool {
+		left = procsOf(state)
+		return len(left) == 0
+	})
+	for _, p := range left {
+		b.Errorf("left after removing the sessions: pid %d %v", p.pid, p.cmdline)
+		syscall.Kill(p.pid, syscall.SIGKILL)
+	}
 }
 
 // benchExec returns a way that posts {"argv":["true"]} to session's exec with client
