@@ -62,6 +62,11 @@ type ServeOptions struct {
 	// HandshakeTimeout bounds a new connection's handshake; 0 means
 	// DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
+	// ListenTCP, when set, is a loopback TCP address ("127.0.0.1:PORT") on which the
+	// agent serves too, besides its socket: the port a Kubernetes port-forward
+	// reaches inside a Pod's network namespace. It needs Token (every process in that
+	// network namespace can connect), and a non-loopback address is refused.
+	ListenTCP string
 }
 
 // maxBlocking caps the system calls that block an OS thread (fork, /proc scans,
@@ -136,6 +141,13 @@ func serve(opts ServeOptions, logger *log.Logger) error {
 		return err
 	}
 	defer lis.cleanup()
+	var tcp net.Listener
+	if opts.ListenTCP != "" {
+		if tcp, err = listenTCP(opts.ListenTCP, opts.Token); err != nil {
+			return err
+		}
+		defer tcp.Close()
+	}
 
 	hs := opts.HandshakeTimeout
 	if hs <= 0 {
@@ -151,9 +163,14 @@ func serve(opts ServeOptions, logger *log.Logger) error {
 	)...)
 	agentpb.RegisterAgentServer(gs, s)
 
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- gs.Serve(lis) }()
-	logger.Printf("serving on %s (pid %d)", opts.SocketDir, os.Getpid())
+	if tcp != nil {
+		go func() { errc <- gs.Serve(tcp) }()
+		logger.Printf("serving on %s and %s (pid %d)", opts.SocketDir, tcp.Addr(), os.Getpid())
+	} else {
+		logger.Printf("serving on %s (pid %d)", opts.SocketDir, os.Getpid())
+	}
 
 	if opts.ReadyFD > 0 {
 		f := os.NewFile(uintptr(opts.ReadyFD), "ready-fd")
@@ -190,10 +207,14 @@ func serve(opts ServeOptions, logger *log.Logger) error {
 // the program name, optionally starting with the word "agent":
 //
 //	[agent] serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper]
-//	        [--token-file FILE] [--exec-user USER] [--oom-counter auto|FILE]
+//	        [--token-file FILE] [--exec-user USER] [--oom-counter auto|FILE] [--listen-tcp ADDR]
 //	[agent] install DIR
+//	[agent] net-none
 //
-// install copies the executable into DIR (InstallSelf): the agent image's entrypoint.
+// install copies the executable into DIR (InstallSelf): the agent image's
+// entrypoint. net-none deletes every network interface of the process's network
+// namespace but lo (NetNone): the init container of a Kubernetes sandbox with
+// network "none".
 //
 // Without --token-file, an agent run as backend.AgentBinaryName (the hard link that
 // PrepareSandbox makes) reads the token file beside itself (TokenName), which
@@ -203,9 +224,16 @@ func Main(args []string) int {
 	if len(args) > 0 && args[0] == "agent" {
 		args = args[1:]
 	}
-	const synopsis = "usage: berth agent serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper] [--token-file FILE] [--exec-user USER] [--oom-counter auto|FILE]\n       berth agent install DIR"
+	const synopsis = "usage: berth agent serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper] [--token-file FILE] [--exec-user USER] [--oom-counter auto|FILE] [--listen-tcp ADDR]\n       berth agent install DIR\n       berth agent net-none"
 	if len(args) == 2 && args[0] == "install" {
 		if err := InstallSelf(args[1]); err != nil {
+			fmt.Fprintf(os.Stderr, "berth agent: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	if len(args) == 1 && args[0] == "net-none" {
+		if err := NetNone(); err != nil {
 			fmt.Fprintf(os.Stderr, "berth agent: %v\n", err)
 			return 1
 		}
@@ -225,6 +253,7 @@ func Main(args []string) int {
 	tokenFile := fs.String("token-file", "", "the token connections must present (default: "+TokenName+" beside the executable when it is "+backend.AgentBinaryName+")")
 	execUser := fs.String("exec-user", "", "default user of execs that name none")
 	oomCounter := fs.String("oom-counter", "", "OOM-kill counter to report OOM kills from: auto (the agent's memory cgroup) or a file")
+	listenTCPAddr := fs.String("listen-tcp", "", "loopback TCP address to serve on too (127.0.0.1:PORT; needs a token)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
@@ -239,7 +268,7 @@ func Main(args []string) int {
 	}
 	err = Serve(ServeOptions{
 		SocketDir: *socketDir, StateDir: *stateDir, ReadyFD: *readyFD, LogPath: *logPath, Subreaper: *subreaper,
-		Token: token, ExecUser: *execUser, OOMCounter: *oomCounter,
+		Token: token, ExecUser: *execUser, OOMCounter: *oomCounter, ListenTCP: *listenTCPAddr,
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "berth agent: %v\n", err)
