@@ -1,0 +1,270 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	//lint:ignore SA1019 client-go v0.37.2's spdy and portforward dialers still take and return this package's types
+	"k8s.io/apimachinery/pkg/util/httpstream"
+	"k8s.io/client-go/tools/portforward"
+	"k8s.io/client-go/transport/spdy"
+
+	"github.com/berth-sh/berth/backend"
+)
+
+// DialAgent implements backend.AgentDialer: a port-forward, through the API server
+// and the kubelet, to AgentPort on the loopback of the running sandbox's Pod, where
+// its agent listens (the host then speaks berth's token handshake over it). One
+// port-forward connection (SPDY over the API server's TLS) is kept per Pod and
+// each dial opens a new pair of streams on it, so only the first dial of a Pod
+// pays for the TLS handshake and the upgrade. Errors: ErrNotFound (no sandbox),
+// ErrConflict (not running), ErrUnavailable (the API server or the kubelet cannot
+// forward).
+func (d *Driver) DialAgent(ctx context.Context, name string) (net.Conn, error) {
+	p, err := d.get(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := ours(name, p, ""); err != nil {
+		return nil, err
+	}
+	if !containerRunning(p) || p.DeletionTimestamp != nil {
+		return nil, backend.Errorf(backend.ErrConflict, "kubernetes sandbox %s: the Pod %s is not running (%s)", name, p.Name, p.Status.Phase)
+	}
+	return d.forward(ctx, p)
+}
+
+// forwardConns are the port-forward connections the driver keeps, by Pod UID.
+type forwardConns struct {
+	mu sync.Mutex
+	m  map[types.UID]*forwardConn
+}
+
+// forwardConn is one port-forward connection to a Pod.
+type forwardConn struct {
+	conn httpstream.Connection
+	ids  atomic.Int64
+}
+
+// forward opens a stream pair to AgentPort of Pod p on the kept connection to p,
+// dialling one first when there is none or it has closed.
+func (d *Driver) forward(ctx context.Context, p *corev1.Pod) (net.Conn, error) {
+	for attempt := 0; ; attempt++ {
+		fc, err := d.forwardConn(ctx, p)
+		if err != nil {
+			return nil, err
+		}
+		c, err := fc.open(AgentPort)
+		if err == nil {
+			return c, nil
+		}
+		d.dropForward(p.UID, fc)
+		if attempt > 0 {
+			return nil, backend.Errorf(backend.ErrUnavailable, "kubernetes: port-forward to pod %s port %d: %v", p.Name, AgentPort, err)
+		}
+	}
+}
+
+// forwardConn returns the kept connection to Pod p, dialling it when needed.
+func (d *Driver) forwardConn(ctx context.Context, p *corev1.Pod) (*forwardConn, error) {
+	d.fwd.mu.Lock()
+	defer d.fwd.mu.Unlock()
+	if d.fwd.m == nil {
+		d.fwd.m = map[types.UID]*forwardConn{}
+	}
+	if fc := d.fwd.m[p.UID]; fc != nil {
+		select {
+		case <-fc.conn.CloseChan():
+			delete(d.fwd.m, p.UID)
+		default:
+			return fc, nil
+		}
+	}
+	conn, err := d.dialForward(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	fc := &forwardConn{conn: conn}
+	d.fwd.m[p.UID] = fc
+	uid := p.UID
+	go func() {
+		<-conn.CloseChan()
+		d.dropForward(uid, fc)
+	}()
+	return fc, nil
+}
+
+// dropForward forgets (and closes) fc, the connection kept for uid.
+func (d *Driver) dropForward(uid types.UID, fc *forwardConn) {
+	d.fwd.mu.Lock()
+	if d.fwd.m[uid] == fc {
+		delete(d.fwd.m, uid)
+	}
+	d.fwd.mu.Unlock()
+	fc.conn.Close()
+}
+
+// closeForwards closes every kept connection.
+func (d *Driver) closeForwards() {
+	d.fwd.mu.Lock()
+	m := d.fwd.m
+	d.fwd.m = nil
+	d.fwd.mu.Unlock()
+	for _, fc := range m {
+		fc.conn.Close()
+	}
+}
+
+// dialTimeout bounds dialling a port-forward connection.
+const dialTimeout = 30 * time.Second
+
+// dialForward dials the port-forward subresource of Pod p: SPDY, as kubectl
+// port-forward does (client-go's spdy dialer and portforward's protocol name), with
+// client-go's WebSocket tunnel first and SPDY as its fallback (kubectl's order:
+// API servers since 1.31 offer port-forward over WebSocket).
+func (d *Driver) dialForward(ctx context.Context, p *corev1.Pod) (httpstream.Connection, error) {
+	rc, err := d.restConfig()
+	if err != nil {
+		return nil, err
+	}
+	cs, ns, err := d.client()
+	if err != nil {
+		return nil, err
+	}
+	u := cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(p.Name).SubResource("portforward").URL()
+	transport, upgrader, err := spdy.RoundTripperFor(rc)
+	if err != nil {
+		return nil, backend.Errorf(backend.ErrInvalid, "kubernetes: port-forward to pod %s: %v", p.Name, err)
+	}
+	var dialer httpstream.Dialer = spdy.NewDialer(upgrader, &http.Client{Transport: transport, Timeout: dialTimeout}, http.MethodPost, u)
+	if ws, err := portforward.NewSPDYOverWebsocketDialer(u, rc); err == nil {
+		dialer = portforward.NewFallbackDialer(ws, dialer, func(err error) bool {
+			return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
+		})
+	}
+	type result struct {
+		c   httpstream.Connection
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		c, _, err := dialer.Dial(portforward.PortForwardProtocolV1Name)
+		ch <- result{c, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, d.wrap(fmt.Sprintf("port-forward to pod %s", p.Name), r.err)
+		}
+		return r.c, nil
+	case <-ctx.Done():
+		go func() {
+			if r := <-ch; r.c != nil {
+				r.c.Close()
+			}
+		}()
+		return nil, fmt.Errorf("kubernetes: port-forward to pod %s: %w", p.Name, ctx.Err())
+	}
+}
+
+// open creates the error and data streams of one forwarded connection to port.
+func (fc *forwardConn) open(port int) (net.Conn, error) {
+	id := strconv.FormatInt(fc.ids.Add(1), 10)
+	h := http.Header{}
+	h.Set(corev1.StreamType, corev1.StreamTypeError)
+	h.Set(corev1.PortHeader, strconv.Itoa(port))
+	h.Set(corev1.PortForwardRequestIDHeader, id)
+	errStream, err := fc.conn.CreateStream(h)
+	if err != nil {
+		return nil, err
+	}
+	errStream.Close() // nothing is written to it
+	h.Set(corev1.StreamType, corev1.StreamTypeData)
+	data, err := fc.conn.CreateStream(h)
+	if err != nil {
+		fc.conn.RemoveStreams(errStream)
+		return nil, err
+	}
+	c := &streamConn{fc: fc, data: data, errStream: errStream, remoteErr: make(chan struct{})}
+	go func() {
+		// The kubelet writes here why it could not forward (nothing listens on the
+		// port yet: "connection refused"), then closes the stream.
+		msg, _ := io.ReadAll(io.LimitReader(errStream, 4096))
+		if len(msg) > 0 {
+			c.errMsg.Store(strings.TrimSpace(string(msg)))
+			data.Reset()
+		}
+		close(c.remoteErr)
+	}()
+	return c, nil
+}
+
+// streamConn is one forwarded connection as a net.Conn. Deadlines are not
+// supported (the SPDY streams have none), as for the plugin's DialAgent streams:
+// cancel the call or close the connection to end a blocked read.
+type streamConn struct {
+	fc        *forwardConn
+	data      httpstream.Stream
+	errStream httpstream.Stream
+	errMsg    atomic.Value // string
+	remoteErr chan struct{}
+	closeOnce sync.Once
+}
+
+func (c *streamConn) Read(b []byte) (int, error) {
+	n, err := c.data.Read(b)
+	if err != nil && n == 0 {
+		if m, ok := c.errMsg.Load().(string); ok && m != "" {
+			return 0, backend.Errorf(backend.ErrUnavailable, "kubernetes port-forward: %s", m)
+		}
+	}
+	return n, err
+}
+
+func (c *streamConn) Write(b []byte) (int, error) {
+	n, err := c.data.Write(b)
+	if err != nil {
+		if m, ok := c.errMsg.Load().(string); ok && m != "" {
+			return n, backend.Errorf(backend.ErrUnavailable, "kubernetes port-forward: %s", m)
+		}
+	}
+	return n, err
+}
+
+// CloseWrite ends the host's half: the agent reads EOF.
+func (c *streamConn) CloseWrite() error { return c.data.Close() }
+
+// Close ends both halves and forgets the streams; the connection to the Pod stays
+// for the next dial.
+func (c *streamConn) Close() error {
+	c.closeOnce.Do(func() {
+		c.data.Reset()
+		c.fc.conn.RemoveStreams(c.data, c.errStream)
+	})
+	return nil
+}
+
+type forwardAddr string
+
+func (a forwardAddr) Network() string { return "kubernetes-port-forward" }
+func (a forwardAddr) String() string  { return string(a) }
+
+func (c *streamConn) LocalAddr() net.Addr  { return forwardAddr("local") }
+func (c *streamConn) RemoteAddr() net.Addr { return forwardAddr("pod:" + strconv.Itoa(AgentPort)) }
+
+var errNoDeadline = errors.New("kubernetes port-forward connection: deadlines are not supported")
+
+func (c *streamConn) SetDeadline(time.Time) error      { return errNoDeadline }
+func (c *streamConn) SetReadDeadline(time.Time) error  { return errNoDeadline }
+func (c *streamConn) SetWriteDeadline(time.Time) error { return errNoDeadline }
