@@ -26,6 +26,7 @@ func lifecycleCases() []Case {
 		{Group: g, Name: "create-running-labels", Run: caseCreateRunningLabels},
 		{Group: g, Name: "list-by-owner", Run: caseListByOwner},
 		{Group: g, Name: "list-filter-excludes", Run: caseListFilterExcludes},
+		{Group: g, Name: "list-long-odd-labels", Run: caseListLongOddLabels},
 		{Group: g, Name: "stop-inspect-stopped", Requires: "Capabilities.StopStart", Needs: needStopStart, Run: caseStopInspectStopped},
 		{Group: g, Name: "stop-create-adopts", Requires: "Capabilities.StopStart", Needs: needStopStart, Run: caseStopCreateAdopts},
 		{Group: g, Name: "stop-ends-processes", Run: caseStopEndsProcesses},
@@ -195,6 +196,34 @@ func caseListByOwner(t T, h *Harness) {
 	all := h.list(t, nil)
 	if _, ok := findSandbox(all, name); !ok {
 		t.Errorf("List(no filter) = %v, lacks %s", names(all), name)
+	}
+}
+
+// Label values longer than a runtime's own limit (Kubernetes: 63 characters of
+// [A-Za-z0-9_.-]) and of any printable text are kept exactly and filter exactly:
+// List by a 300-character value with spaces, colons, slashes and Unicode finds the
+// sandbox, and List by the same value cut to its first 63 characters, or differing
+// in its last character only, finds nothing (a driver that truncates or
+// normalises values would).
+func caseListLongOddLabels(t T, h *Harness) {
+	long := strings.Repeat("séance:x/y z_", 23) + randHex(4) // 300+ bytes, odd characters throughout
+	a := h.NewSandboxWith(t, func(s *backend.SandboxSpec) { s.Labels["conformance.long"] = long + "a" })
+	b := h.NewSandboxWith(t, func(s *backend.SandboxSpec) { s.Labels["conformance.long"] = long + "b" })
+	if got := h.inspect(t, a); got.Labels["conformance.long"] != long+"a" {
+		t.Errorf("Inspect(%s): label conformance.long = %q, want the %d-byte value as given", a, got.Labels["conformance.long"], len(long)+1)
+	}
+	got := h.list(t, map[string]string{RunLabel: h.RunID, "conformance.long": long + "a"})
+	if len(got) != 1 || got[0].Name != a || got[0].Labels["conformance.long"] != long+"a" {
+		t.Errorf("List by the long label of %s = %v, want exactly [%s] with its label as given", a, names(got), a)
+	}
+	got = h.list(t, map[string]string{"conformance.long": long + "b"})
+	if len(got) != 1 || got[0].Name != b {
+		t.Errorf("List by the long label of %s = %v, want exactly [%s]", b, names(got), b)
+	}
+	for _, v := range []string{string([]rune(long)[:63]), long, long + "c"} {
+		if got := h.list(t, map[string]string{"conformance.long": v}); len(got) != 0 {
+			t.Errorf("List by conformance.long = %q (%d bytes) = %v, want none", v, len(v), names(got))
+		}
 	}
 }
 

@@ -1,0 +1,202 @@
+package kubernetes_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	k8s "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/remotecommand"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/benchutil"
+	"github.com/berth-sh/berth/internal/k8stest"
+	"github.com/berth-sh/berth/kubernetes"
+)
+
+// benchEnv is a berth config and state dir whose "bench:*" sessions run on the
+// test cluster, for whole berth commands.
+type benchEnv struct {
+	c             k8stest.Cluster
+	config, state string
+}
+
+func newBenchEnv(b *testing.B, c k8stest.Cluster, cfg kubernetes.Config) benchEnv {
+	e := benchEnv{c: c, config: filepath.Join(b.TempDir(), "config.hcl"), state: b.TempDir()}
+	hcl := fmt.Sprintf(`
+driver "kubernetes" {
+  kubeconfig        = %q
+  namespace         = %q
+  agent_image       = %q
+  image_pull_policy = "Never"
+}
+scope "bench:*" {
+  driver = "kubernetes"
+  image  = %q
+}
+`, cfg.Kubeconfig, cfg.Namespace, cfg.AgentImage, c.TestImage)
+	if err := os.WriteFile(e.config, []byte(hcl), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	return e
+}
+
+// berth runs the berth under test with the env's config and state dir.
+func (e benchEnv) berth(args ...string) error {
+	cmd := exec.Command(berthBin, args...)
+	cmd.Env = append(os.Environ(), "BERTH_CONFIG="+e.config, "BERTH_STATE_DIR="+e.state)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("berth %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// kubectl runs the cluster's kubectl with kubeconfig in the namespace.
+func (e benchEnv) kubectl(kubeconfig string, args ...string) error {
+	cmd := exec.Command(e.c.Kubectl, append([]string{"--kubeconfig", kubeconfig, "-n", e.c.Namespace}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// BenchmarkExecRoundTrip measures the round trip of `true` in a running Pod
+// sandbox, interleaved: berth's agent over a kept port-forward stream and over a
+// new stream per exec (the driver in process), client-go's exec API at library
+// level (SPDY, a new connection per exec, as kubectl), and the whole commands
+// `berth exec -s S -- true` (berth, its plugin, a port-forward, the agent) and
+// `kubectl exec POD -- true`. p50 and p95 in milliseconds, at least 20 rounds.
+//
+//	go test ./kubernetes -run '^$' -bench ExecRoundTrip -benchtime 30x
+func BenchmarkExecRoundTrip(b *testing.B) {
+	c, cfg := benchCluster(b)
+	e := newBenchEnv(b, c, cfg)
+	if err := e.berth("exec", "-s", "bench:rt", "--", "true"); err != nil {
+		b.Fatal(err)
+	}
+	defer e.berth("sessions", "rm", "bench:rt")
+	ctx := context.Background()
+	d := kubernetes.New(kubernetes.WithConfig(cfg))
+	defer d.Close()
+	if err := d.Configure(ctx, backend.DriverSetup{StateDir: b.TempDir()}); err != nil {
+		b.Fatal(err)
+	}
+	sbs, err := d.List(ctx, map[string]string{backend.LabelSession: "bench:rt"})
+	if err != nil || len(sbs) != 1 {
+		b.Fatalf("List(session=bench:rt) = %v, %v; want one sandbox", sbs, err)
+	}
+	name := sbs[0].Name
+	pod := kubernetes.PodName(name)
+	files := backend.AgentFiles{Dir: filepath.Join(e.state, "sandboxes", kubernetes.Name, name, "agent")}
+	tok, err := agent.ReadToken(files.Dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dial := func(ctx context.Context) (net.Conn, error) { return d.DialAgent(ctx, name) }
+	kept, err := agent.NewClient(ctx, dial, agent.WithToken(tok))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer kept.Close()
+
+	rc, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cs, err := k8s.NewForConfig(rc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	clientGoExec := func() error {
+		req := cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(c.Namespace).Name(pod).SubResource("exec").
+			VersionedParams(&corev1.PodExecOptions{Container: kubernetes.ContainerName, Command: []string{"true"}, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+		ex, err := remotecommand.NewSPDYExecutor(rc, "POST", req.URL())
+		if err != nil {
+			return err
+		}
+		return ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: io.Discard, Stderr: io.Discard})
+	}
+	benchutil.Interleave(b, []benchutil.Way{
+		{Name: "agent-kept", Run: func() error {
+			p, err := kept.Exec(ctx, benchutil.TrueReq)
+			return benchutil.WaitTrue(b, p, err)
+		}},
+		{Name: "agent-dial", Run: func() error {
+			cl, err := agent.NewClient(ctx, dial, agent.WithToken(tok))
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			p, err := cl.Exec(ctx, benchutil.TrueReq)
+			return benchutil.WaitTrue(b, p, err)
+		}},
+		{Name: "client-go-exec", Run: clientGoExec},
+		{Name: "berth-exec", Run: func() error { return e.berth("exec", "-s", "bench:rt", "--", "true") }},
+		{Name: "kubectl-exec", Run: func() error {
+			return e.kubectl(c.Kubeconfig, "exec", pod, "-c", kubernetes.ContainerName, "--", "true")
+		}},
+	})
+}
+
+// BenchmarkCreateFirstExec measures a new session's first exec on the cluster,
+// `berth exec -s bench:new-N -- true` (Pod made, agent answered, exec run), against
+// `kubectl run --rm -i --restart=Never` of the same image running `true`, which
+// also waits for its Pod's deletion (run as the cluster admin: berth's Role has no
+// pods/attach, which -i needs). berth's session is removed after each round,
+// outside the timing (berth-with-rm times the removal too). p50 and p95 in
+// milliseconds, at least 20 interleaved rounds.
+//
+//	go test ./kubernetes -run '^$' -bench CreateFirstExec -benchtime 30x
+func BenchmarkCreateFirstExec(b *testing.B) {
+	c, cfg := benchCluster(b)
+	e := newBenchEnv(b, c, cfg)
+	rounds := max(b.N, benchutil.MinRounds)
+	var first, withRm, kubectl []time.Duration
+	b.ResetTimer()
+	for i := 0; i < rounds; i++ {
+		s := fmt.Sprintf("bench:new-%d", i)
+		start := time.Now()
+		if err := e.berth("exec", "-s", s, "--", "true"); err != nil {
+			b.Fatal(err)
+		}
+		first = append(first, time.Since(start))
+		if err := e.berth("sessions", "rm", s); err != nil {
+			b.Fatal(err)
+		}
+		withRm = append(withRm, time.Since(start))
+		start = time.Now()
+		if err := e.kubectl(c.AdminKubeconfig, "run", fmt.Sprintf("bench-kubectl-%d", i), "--rm", "-i", "--restart=Never", "--image="+c.TestImage, "--image-pull-policy=Never", "--", "true"); err != nil {
+			b.Fatal(err)
+		}
+		kubectl = append(kubectl, time.Since(start))
+	}
+	b.StopTimer()
+	benchutil.Report(b, []string{"berth-first-exec", "berth-with-rm", "kubectl-run-rm"}, [][]time.Duration{first, withRm, kubectl})
+}
+
+// benchCluster is cluster for benchmarks: a benchmark without a cluster skips.
+func benchCluster(b *testing.B) (k8stest.Cluster, kubernetes.Config) {
+	b.Helper()
+	if _, ok := k8stest.FromEnv(); !ok {
+		b.Skip("no Kubernetes cluster: " + k8stest.StartHint)
+	}
+	c := k8stest.Require(b)
+	setupOnce.Do(func() { setupRef, setupErr = setup(c) })
+	if setupErr != nil {
+		b.Fatal(setupErr)
+	}
+	return c, kubernetes.Config{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace, AgentImage: setupRef, ImagePullPolicy: "Never"}
+}
