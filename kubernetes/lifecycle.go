@@ -93,7 +93,7 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 			if errors.Is(werr, backend.ErrConflict) && attempt < 3 {
 				continue // another process created it meanwhile: adopt it
 			}
-			d.cleanup(ctx, cs, ns, pod.Name, secret.Name, "")
+			d.cleanup(ctx, cs, ns, pod.Name, secret.Name)
 			return backend.Sandbox{}, werr
 		}
 		// The Secret goes with the Pod when the Pod is deleted behind berth's back
@@ -101,7 +101,7 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 		d.ownSecret(ctx, cs, ns, secret.Name, made)
 		sb, err := d.waitAgent(ctx, spec.Name, made, set.startTimeout, user, token)
 		if err != nil {
-			d.cleanup(ctx, cs, ns, pod.Name, secret.Name, made.UID)
+			d.cleanup(ctx, cs, ns, pod.Name, secret.Name)
 			return backend.Sandbox{}, err
 		}
 		return sb, nil
@@ -142,9 +142,9 @@ func (d *Driver) ownSecret(ctx context.Context, cs *kubernetes.Clientset, ns, na
 	cs.CoreV1().Secrets(ns).Patch(ctx, name, "application/merge-patch+json", []byte(patch), metav1.PatchOptions{})
 }
 
-// cleanup deletes the Pod (of uid, when set) and the Secret of a failed Create and
-// waits until the Pod is gone, so that the name is free again.
-func (d *Driver) cleanup(ctx context.Context, cs *kubernetes.Clientset, ns, pod, secret string, uid any) {
+// cleanup deletes the Pod and the Secret of a failed Create and waits until the
+// Pod is gone, so that the name is free again.
+func (d *Driver) cleanup(ctx context.Context, cs *kubernetes.Clientset, ns, pod, secret string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	d.deletePod(ctx, cs, ns, pod, 0)
