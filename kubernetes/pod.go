@@ -85,12 +85,12 @@ func (d *Driver) podSpec(spec backend.SandboxSpec, set settings, ns string, toke
 	if _, err := containerutil.ResolveLimits(r); err != nil {
 		return bad("%v", err)
 	}
+	if spec.User == "host" {
+		return bad("user \"host\" names this host's user, which means nothing on a cluster node; give a UID, UID:GID or a user name of the image")
+	}
 	user, err := containerutil.ResolveUser(spec.User)
 	if err != nil {
 		return bad("%v", err)
-	}
-	if user == "host" {
-		return bad("user \"host\" names this host's user, which means nothing on a cluster node; give a UID, UID:GID or a user name of the image")
 	}
 	limits := corev1.ResourceList{}
 	switch {
