@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -51,7 +52,14 @@ func listenTCP(addr string, token []byte) (net.Listener, error) {
 // Hand-written over netlink (x/sys/unix) rather than with a netlink library: it is
 // two messages (RTM_DELLINK, RTM_NEWLINK with IFF_UP), and the agent is linked into
 // every berth binary.
+//
+// It refuses to run unless it is PID 1 (the first process of a container, in a PID
+// namespace of its own): run on a host by mistake it would take the host's network
+// down.
 func NetNone() error {
+	if os.Getpid() != 1 {
+		return backend.Errorf(backend.ErrInvalid, "agent net-none: refusing to run as pid %d: it deletes every network interface of its network namespace but lo, and runs only as the first process of a container (the init container of a Kubernetes sandbox), never on a host", os.Getpid())
+	}
 	ifaces, err := net.Interfaces()
 	if err != nil {
 		return fmt.Errorf("agent net-none: listing interfaces: %w", err)
@@ -74,7 +82,11 @@ func NetNone() error {
 			}
 			continue
 		}
-		if err := linkRequest(fd, seq, unix.RTM_DELLINK, int32(ifc.Index), 0, 0); err != nil {
+		err := linkRequest(fd, seq, unix.RTM_DELLINK, int32(ifc.Index), 0, 0)
+		if errors.Is(err, unix.ENODEV) {
+			continue // gone with its veth peer, deleted just before
+		}
+		if err != nil {
 			seq++
 			if derr := linkRequest(fd, seq, unix.RTM_NEWLINK, int32(ifc.Index), 0, unix.IFF_UP); derr != nil {
 				err = errors.Join(err, derr)
