@@ -32,7 +32,7 @@ func testSettings(t *testing.T, c Config) settings {
 func TestPodSpecHardening(t *testing.T) {
 	d := New()
 	spec := backend.SandboxSpec{Name: "b-1", Image: "busybox", User: "1000:1000", Env: []string{"A=b"}, Workdir: "/work",
-		Labels: map[string]string{backend.LabelOwner: "o", backend.LabelCreated: "2026-12-01T15:04:05Z"},
+		Labels:    map[string]string{backend.LabelOwner: "o", backend.LabelCreated: "2026-12-01T15:04:05Z"},
 		Resources: backend.Resources{CPUs: 0.5, MemoryBytes: 64 << 20}}
 	p, sec, user, err := d.podSpec(spec, testSettings(t, Config{}), "ns", []byte{1, 2})
 	if err != nil {
