@@ -87,7 +87,7 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 	if err := e.berth("exec", "-s", "bench:rt", "--", "true"); err != nil {
 		b.Fatal(err)
 	}
-	defer e.berth("sessions", "rm", "bench:rt")
+	defer e.berth("rm", "bench:rt")
 	ctx := context.Background()
 	d := kubernetes.New(kubernetes.WithConfig(cfg))
 	defer d.Close()
@@ -173,7 +173,7 @@ func BenchmarkCreateFirstExec(b *testing.B) {
 			b.Fatal(err)
 		}
 		first = append(first, time.Since(start))
-		if err := e.berth("sessions", "rm", s); err != nil {
+		if err := e.berth("rm", s); err != nil {
 			b.Fatal(err)
 		}
 		withRm = append(withRm, time.Since(start))

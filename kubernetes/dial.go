@@ -129,10 +129,12 @@ func (d *Driver) closeForwards() {
 // dialTimeout bounds dialling a port-forward connection.
 const dialTimeout = 30 * time.Second
 
-// dialForward dials the port-forward subresource of Pod p: SPDY, as kubectl
-// port-forward does (client-go's spdy dialer and portforward's protocol name), with
-// client-go's WebSocket tunnel first and SPDY as its fallback (kubectl's order:
-// API servers since 1.31 offer port-forward over WebSocket).
+// dialForward dials the port-forward subresource of Pod p over SPDY (client-go's
+// spdy dialer and portforward's protocol name, as kubectl port-forward's fallback).
+// Not client-go's SPDY-over-WebSocket tunnel, kubectl's first choice: through it
+// the kubelet's close of a stream pair's error stream did not reach the client
+// (measured against v1.37.2), so a forward refused because the agent does not
+// listen yet could not be told from a slow one.
 func (d *Driver) dialForward(ctx context.Context, p *corev1.Pod) (httpstream.Connection, error) {
 	rc, err := d.restConfig()
 	if err != nil {
@@ -147,12 +149,7 @@ func (d *Driver) dialForward(ctx context.Context, p *corev1.Pod) (httpstream.Con
 	if err != nil {
 		return nil, backend.Errorf(backend.ErrInvalid, "kubernetes: port-forward to pod %s: %v", p.Name, err)
 	}
-	var dialer httpstream.Dialer = spdy.NewDialer(upgrader, &http.Client{Transport: transport, Timeout: dialTimeout}, http.MethodPost, u)
-	if ws, err := portforward.NewSPDYOverWebsocketDialer(u, rc); err == nil {
-		dialer = portforward.NewFallbackDialer(ws, dialer, func(err error) bool {
-			return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
-		})
-	}
+	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: transport, Timeout: dialTimeout}, http.MethodPost, u)
 	type result struct {
 		c   httpstream.Connection
 		err error
@@ -222,9 +219,17 @@ type streamConn struct {
 	closeOnce sync.Once
 }
 
+// Read reads the data stream. When it ends, the error stream says whether the
+// kubelet could forward at all (nothing listening yet: "connection refused"), and
+// that message then becomes the error: the kubelet ends the data stream before it
+// closes the error stream, so Read waits for the latter (or the connection's end).
 func (c *streamConn) Read(b []byte) (int, error) {
 	n, err := c.data.Read(b)
 	if err != nil && n == 0 {
+		select {
+		case <-c.remoteErr:
+		case <-c.fc.conn.CloseChan():
+		}
 		if m, ok := c.errMsg.Load().(string); ok && m != "" {
 			return 0, backend.Errorf(backend.ErrUnavailable, "kubernetes port-forward: %s", m)
 		}

@@ -182,8 +182,8 @@ scope "team:*" {
 	}
 	t.Cleanup(func() {
 		for _, s := range []string{"team:1", "team:2"} {
-			if _, stderr, err := berth("sessions", "rm", s); err != nil {
-				t.Errorf("berth sessions rm %s: %v: %s", s, err, stderr)
+			if _, stderr, err := berth("rm", s); err != nil {
+				t.Errorf("berth rm %s: %v: %s", s, err, stderr)
 			}
 		}
 	})

@@ -312,10 +312,18 @@ func (d *Driver) waitAgent(ctx context.Context, name string, p *corev1.Pod, time
 			}
 		}
 	}
-	c, err := agent.WaitReady(wctx, func(ctx context.Context) (net.Conn, error) { return d.forward(ctx, p) }, agent.WithToken(token))
+	// While the agent is dialled, a container that ends (the agent failed) ends
+	// the wait at once with the container's termination message.
+	rctx, stop := context.WithCancelCause(wctx)
+	defer stop(nil)
+	go d.watchProblem(rctx, stop, name, p)
+	c, err := agent.WaitReady(rctx, func(ctx context.Context) (net.Conn, error) { return d.forward(ctx, p) }, agent.WithToken(token))
 	if err != nil {
 		if ctx.Err() != nil {
 			return backend.Sandbox{}, fmt.Errorf("kubernetes sandbox %s: waiting for the agent: %w", name, ctx.Err())
+		}
+		if cause := context.Cause(rctx); backend.KindOf(cause) != nil {
+			return backend.Sandbox{}, cause
 		}
 		return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "kubernetes sandbox %s: the agent in Pod %s did not answer through a port-forward to port %d within %s: %v", name, p.Name, AgentPort, timeout, err)
 	}
@@ -324,6 +332,38 @@ func (d *Driver) waitAgent(ctx context.Context, name string, p *corev1.Pod, time
 		return backend.Sandbox{}, err
 	}
 	return toSandbox(p), nil
+}
+
+// watchProblem watches Pod p until ctx ends and calls stop with podProblem's error
+// as soon as the Pod has one.
+func (d *Driver) watchProblem(ctx context.Context, stop context.CancelCauseFunc, name string, p *corev1.Pod) {
+	cs, ns, err := d.client()
+	if err != nil {
+		return
+	}
+	rv := p.ResourceVersion
+	for ctx.Err() == nil {
+		w, err := cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", p.Name).String(), ResourceVersion: rv})
+		if err != nil {
+			return
+		}
+		for ev := range w.ResultChan() {
+			np, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			rv = np.ResourceVersion
+			if err := podProblem(name, np); err != nil || ev.Type == watch.Deleted {
+				if err == nil {
+					err = backend.Errorf(backend.ErrUnavailable, "kubernetes sandbox %s: the Pod %s was deleted while starting", name, p.Name)
+				}
+				w.Stop()
+				stop(err)
+				return
+			}
+		}
+		w.Stop()
+	}
 }
 
 // startTimeout is waitAgent's error when the Pod did not start in time, with what

@@ -28,7 +28,9 @@ const (
 	NetNoneContainerName = "berth-net-none"
 	// AgentImageBinary is the agent's path in the agent image.
 	AgentImageBinary = "/" + backend.AgentBinaryName
-	// TokenMountDir is where the token Secret is mounted, read-only, root only.
+	// TokenMountDir holds the token file, the Secret's one key mounted read-only,
+	// root only, by subPath: a Secret volume's files are symbolic links (..data/KEY),
+	// which the agent, opening its token without following links, refuses.
 	TokenMountDir = backend.AgentRoot + "/token"
 	// tokenKey is the token's key in the Secret.
 	tokenKey = agent.TokenName
@@ -186,7 +188,7 @@ func (d *Driver) podSpec(spec backend.SandboxSpec, set settings, ns string, toke
 				WorkingDir: spec.Workdir,
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: "agent", MountPath: backend.AgentMountDir, ReadOnly: true},
-					{Name: "token", MountPath: TokenMountDir, ReadOnly: true},
+					{Name: "token", MountPath: TokenMountDir + "/" + tokenKey, SubPath: tokenKey, ReadOnly: true},
 					{Name: "run", MountPath: backend.SocketMountDir},
 				},
 				SecurityContext:          harden(keep...),
