@@ -193,7 +193,7 @@ func (fc *forwardConn) open(port int) (net.Conn, error) {
 		fc.conn.RemoveStreams(errStream)
 		return nil, err
 	}
-	c := &streamConn{fc: fc, data: data, errStream: errStream, remoteErr: make(chan struct{})}
+	c := &streamConn{fc: fc, data: data, errStream: errStream, remoteErr: make(chan struct{}), closed: make(chan struct{})}
 	go func() {
 		// The kubelet writes here why it could not forward (nothing listens on the
 		// port yet: "connection refused"), then closes the stream.
@@ -216,18 +216,21 @@ type streamConn struct {
 	errStream httpstream.Stream
 	errMsg    atomic.Value // string
 	remoteErr chan struct{}
+	closed    chan struct{} // closed by Close
 	closeOnce sync.Once
 }
 
 // Read reads the data stream. When it ends, the error stream says whether the
 // kubelet could forward at all (nothing listening yet: "connection refused"), and
 // that message then becomes the error: the kubelet ends the data stream before it
-// closes the error stream, so Read waits for the latter (or the connection's end).
+// closes the error stream, so Read waits for the latter (or Close, or the
+// connection's end).
 func (c *streamConn) Read(b []byte) (int, error) {
 	n, err := c.data.Read(b)
 	if err != nil && n == 0 {
 		select {
 		case <-c.remoteErr:
+		case <-c.closed:
 		case <-c.fc.conn.CloseChan():
 		}
 		if m, ok := c.errMsg.Load().(string); ok && m != "" {
@@ -254,7 +257,9 @@ func (c *streamConn) CloseWrite() error { return c.data.Close() }
 // for the next dial.
 func (c *streamConn) Close() error {
 	c.closeOnce.Do(func() {
+		close(c.closed)
 		c.data.Reset()
+		c.errStream.Reset()
 		c.fc.conn.RemoveStreams(c.data, c.errStream)
 	})
 	return nil
