@@ -196,7 +196,7 @@ func (d *Driver) ConfigSchema(ctx context.Context) ([]backend.ConfigField, error
 		{Name: "context", Type: "string", Description: "kubeconfig context (default its current-context)"},
 		{Name: "in_cluster", Type: "bool", Description: "use the Pod's service account (berth running in the cluster) instead of a kubeconfig"},
 		{Name: "namespace", Type: "string", Description: "namespace of the sandbox Pods (default the context's namespace, then \"default\")"},
-		{Name: "agent_image", Type: "string", Required: true, Description: "image holding berth's static agent as /berth-agent (berth image agent writes one)"},
+		{Name: "agent_image", Type: "string", Description: "image holding berth's static agent as /berth-agent (berth image agent writes one)"},
 		{Name: "image_pull_policy", Type: "string", Description: "Always, IfNotPresent (default) or Never, for the sandbox and agent images"},
 		{Name: "service_account", Type: "string", Description: "service account of the Pods (its token is not mounted)"},
 		{Name: "runtime_class", Type: "string", Description: "RuntimeClass of the Pods (gVisor, Kata)"},
