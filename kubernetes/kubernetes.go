@@ -114,7 +114,6 @@ type Driver struct {
 	ns       string
 	server   string
 	creating containerutil.NameLocks
-	fwd      forwardConns
 }
 
 // Option configures a Driver built with New.
@@ -413,10 +412,8 @@ func (d *Driver) serverAddr() string {
 	return d.server
 }
 
-// Close closes the port-forward connections and drops the clients; Pods keep
-// running.
+// Close drops the clients; Pods keep running.
 func (d *Driver) Close() error {
-	d.closeForwards()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.cs, d.rest = nil, nil
