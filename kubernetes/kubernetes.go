@@ -120,7 +120,7 @@ type Driver struct {
 type Option func(*Driver)
 
 // WithConfig sets the driver's config as the `driver "kubernetes" {}` block would;
-// Configure's block, when it has one, replaces it.
+// the attributes that Configure's block sets override it.
 func WithConfig(c Config) Option { return func(d *Driver) { d.set.cfg = c } }
 
 // New returns a Kubernetes driver. No connection is made until the first call that
@@ -216,7 +216,8 @@ func (d *Driver) Configure(ctx context.Context, setup backend.DriverSetup) error
 	cfg := d.set.cfg
 	d.mu.Unlock()
 	if len(setup.Config) > 0 && string(setup.Config) != "null" {
-		cfg = Config{}
+		// The block's attributes override WithConfig's; those it does not set keep
+		// them (a registry whose config has no driver block passes "{}").
 		if err := json.Unmarshal(setup.Config, &cfg); err != nil {
 			return backend.Errorf(backend.ErrInvalid, "driver \"kubernetes\" config: %v", err)
 		}
