@@ -12,7 +12,7 @@ import (
 )
 
 func TestBuiltinCatalog(t *testing.T) {
-	if got := BuiltinNames(); !slices.Equal(got, []string{"local", "docker", "containerd"}) {
+	if got := BuiltinNames(); !slices.Equal(got, []string{"local", "docker", "containerd", "kubernetes"}) {
 		t.Errorf("BuiltinNames = %v", got)
 	}
 	if _, ok := LookupBuiltin("nope"); ok {
@@ -26,7 +26,7 @@ func TestBuiltinCatalog(t *testing.T) {
 	if err != nil || path != "/usr/bin/berth" || strings.Join(args, " ") != "driver serve local" {
 		t.Errorf("local.Command = %s %v %v", path, args, err)
 	}
-	for _, name := range []string{"docker", "containerd"} {
+	for _, name := range []string{"docker", "containerd", "kubernetes"} {
 		if b, _ := LookupBuiltin(name); b.Executable != "berth-driver-"+name {
 			t.Errorf("%s = %+v, want its own executable berth-driver-%s", name, b, name)
 		}
