@@ -140,6 +140,11 @@ type Options struct {
 	// only with it (serially), and skips with that reason otherwise: give it only a
 	// runtime of the test's own, never a shared daemon.
 	RestartRuntime func(ctx context.Context) error
+	// DriverConfig is HCL put at the top of every config file that the registry
+	// cases write, for the driver's own block (`driver "NAME" { ... }`): the registry
+	// configures the driver from it, and so do the berth processes that the recovery
+	// cases start with that config file. Empty: no block (the driver's defaults).
+	DriverConfig string
 	// BerthEnv is added to the environment of the berth processes that the recovery
 	// cases start with AgentBinary (for example DOCKER_HOST=unix:///...), after the
 	// test's own environment without BERTH_* and the registry's BERTH_STATE_DIR and

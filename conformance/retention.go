@@ -82,6 +82,9 @@ func ClockOf(r *registry.Registry) *Clock {
 func (h *Harness) retentionConfig(id string) string {
 	image := h.ruleLines()
 	var b strings.Builder
+	if h.Options.DriverConfig != "" {
+		b.WriteString(h.Options.DriverConfig + "\n\n")
+	}
 	rule := func(policy, retention string) {
 		fmt.Fprintf(&b, "scope \"conf-%s-%s:*\" {\n  driver = %s\n%s  retention {\n%s  }\n}\n\n", policy, id, strconv.Quote(h.Info.Name), image, retention)
 	}

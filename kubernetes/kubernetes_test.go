@@ -78,9 +78,23 @@ func setup(c k8stest.Cluster) (string, error) {
 	return ref, nil
 }
 
-func options(c k8stest.Cluster, state string) conformance.Options {
+// options are the suite's options on cluster c with driver config cfg, which the
+// registry cases and the berth processes of the recovery cases read from their
+// config file's driver block.
+func options(c k8stest.Cluster, cfg kubernetes.Config, state string) conformance.Options {
 	return conformance.Options{AgentBinary: berthBin, StateDir: state, Owner: "conformance-" + filepath.Base(state), Image: c.TestImage,
-		Capabilities: kubernetes.DefaultCapabilities}
+		Capabilities: kubernetes.DefaultCapabilities, DriverConfig: driverBlock(cfg)}
+}
+
+// driverBlock is the driver "kubernetes" {} block of cfg's kubeconfig, namespace
+// and agent image, with image_pull_policy "Never" (the test cluster pulls nothing).
+func driverBlock(cfg kubernetes.Config) string {
+	return fmt.Sprintf(`driver "kubernetes" {
+  kubeconfig        = %q
+  namespace         = %q
+  agent_image       = %q
+  image_pull_policy = "Never"
+}`, cfg.Kubeconfig, cfg.Namespace, cfg.AgentImage)
 }
 
 // noneLeft checks, as the cluster admin (behind berth's back), that no Pod or
@@ -105,7 +119,7 @@ func TestConformanceInProcess(t *testing.T) {
 	state := t.TempDir()
 	d := kubernetes.New(kubernetes.WithConfig(cfg))
 	t.Cleanup(func() { d.Close() })
-	opts := options(c, state)
+	opts := options(c, cfg, state)
 	if err := d.Configure(context.Background(), backend.DriverSetup{StateDir: filepath.Join(state, "drivers", kubernetes.Name), Owner: opts.Owner}); err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +143,7 @@ func TestConformancePlugin(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pc.Kill)
-	opts := options(c, state)
+	opts := options(c, cfg, state)
 	opts.OpenRegistry = conformance.RegistryOpener(nil, registry.WithBerthBinary(berthBin),
 		registry.WithDriver(kubernetes.Name, func() backend.TerminalBackend { return kubernetes.New(kubernetes.WithConfig(cfg)) }))
 	raw, _ := json.Marshal(cfg)
@@ -154,19 +168,13 @@ func TestDoneWhen(t *testing.T) {
 	c, cfg := cluster(t)
 	state := t.TempDir()
 	config := filepath.Join(t.TempDir(), "config.hcl")
-	hcl := fmt.Sprintf(`
-driver "kubernetes" {
-  kubeconfig        = %q
-  namespace         = %q
-  agent_image       = %q
-  image_pull_policy = "Never"
-}
+	hcl := driverBlock(cfg) + fmt.Sprintf(`
 scope "team:*" {
   driver  = "kubernetes"
   image   = %q
   workdir = "/work"
 }
-`, cfg.Kubeconfig, cfg.Namespace, cfg.AgentImage, c.TestImage)
+`, c.TestImage)
 	if err := os.WriteFile(config, []byte(hcl), 0o644); err != nil {
 		t.Fatal(err)
 	}
