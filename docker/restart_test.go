@@ -79,7 +79,7 @@ func (d *privateDockerd) start(ctx context.Context) error {
 	d.cmd = exec.Command(d.bin, "-H", d.host,
 		"--data-root", filepath.Join(d.dir, "data"), "--exec-root", filepath.Join(d.dir, "exec"),
 		"--pidfile", filepath.Join(d.dir, "dockerd.pid"), "--config-file", filepath.Join(d.dir, "daemon.json"),
-		"--bridge=none", "--iptables=false", "--ip-masq=false")
+		"--bridge=none", "--iptables=false", "--ip-masq=false", "--ip-forward=false") // its --ip-forward default turns on IP forwarding for the whole host
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGTERM}
 	if err := d.cmd.Start(); err != nil {
