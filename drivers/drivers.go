@@ -1,5 +1,5 @@
 // Package drivers is the in-process catalog of berth's built-in drivers: local,
-// docker and containerd, each by its config name with its constructor. A Go program
+// docker, containerd and kubernetes, each by its config name with its constructor. A Go program
 // that runs them inside its own process (a library user's registry, a test) takes
 // them from here:
 //
@@ -8,10 +8,10 @@
 //	}
 //
 // and the driver executables built from this module (cmd/berth-driver-docker,
-// cmd/berth-driver-containerd) serve their entry with backends.Main.
+// cmd/berth-driver-containerd, cmd/berth-driver-kubernetes) serve their entry with backends.Main.
 //
 // Importing this package links every driver's runtime SDK (the Docker Engine client,
-// containerd's client). The berth CLI therefore does not import it: it has only local
+// containerd's client, client-go). The berth CLI therefore does not import it: it has only local
 // in process, and runs docker and containerd as their own executables, which
 // package backends' catalog (backends.Builtins) says how to find. Imports go one way:
 // this package imports the drivers; no driver, and nothing of the CLI, imports it.
@@ -21,6 +21,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/containerd"
 	"github.com/berth-sh/berth/docker"
+	"github.com/berth-sh/berth/kubernetes"
 	"github.com/berth-sh/berth/local"
 )
 
@@ -40,6 +41,7 @@ var Catalog = []Driver{
 	{Name: local.Name, New: func() backend.TerminalBackend { return local.New() }},
 	{Name: docker.Name, New: func() backend.TerminalBackend { return docker.New() }},
 	{Name: containerd.Name, New: func() backend.TerminalBackend { return containerd.New() }},
+	{Name: kubernetes.Name, New: func() backend.TerminalBackend { return kubernetes.New() }},
 }
 
 // Lookup returns the entry of Catalog called name, and whether there is one.
