@@ -931,7 +931,7 @@ func TestOpenSettings(t *testing.T) {
 	}
 	// The drivers of WithDriver and WithPlugin are known besides the config's.
 	r = open(nil, WithStateDir(dir), WithDriver("mock", func() backend.TerminalBackend { return &hostDriver{} }), WithPlugin("ext", "/bin/false"))
-	if _, err := r.Backend(context.Background(), "nope"); err == nil || !strings.Contains(err.Error(), "known drivers: [containerd docker ext local mock]") {
+	if _, err := r.Backend(context.Background(), "nope"); err == nil || !strings.Contains(err.Error(), "known drivers: [containerd docker ext kubernetes local mock]") {
 		t.Errorf("known drivers: %v", err)
 	}
 }

@@ -90,7 +90,7 @@ func TestDiscoveredDriversKnown(t *testing.T) {
 	if cfg.Rules[0].Driver != "found" || cfg.Rules[1].Driver != "fromenv" {
 		t.Errorf("rules: %+v", cfg.Rules)
 	}
-	want := []string{"besides", "containerd", "docker", "found", "fromenv", "local"}
+	want := []string{"besides", "containerd", "docker", "found", "fromenv", "kubernetes", "local"}
 	if !slices.Equal(cfg.KnownDrivers, want) {
 		t.Errorf("KnownDrivers = %v, want %v (sorted, a built-in name found as a plugin counted once)", cfg.KnownDrivers, want)
 	}
@@ -102,7 +102,7 @@ func TestDiscoveredDriversKnown(t *testing.T) {
 	if got := Default(WithKnownDrivers("local"), find).KnownDrivers; !slices.Equal(got, []string{"besides", "fromenv", "local"}) {
 		t.Errorf("Default with the finder: KnownDrivers = %v", got)
 	}
-	if got := Default().KnownDrivers; !slices.Equal(got, []string{"containerd", "docker", "local"}) {
+	if got := Default().KnownDrivers; !slices.Equal(got, []string{"containerd", "docker", "kubernetes", "local"}) {
 		t.Errorf("Default(): KnownDrivers = %v", got)
 	}
 }
