@@ -115,6 +115,10 @@ func noneLeft(t *testing.T, c k8stest.Cluster, owner string) {
 // TestConformanceInProcess runs the shared suite against the kubernetes driver in
 // this process, then checks that nothing with the suite's owner label is left.
 func TestConformanceInProcess(t *testing.T) {
+	// The two suites run side by side (each has its own owner and state dir): the
+	// time goes into waiting for the node to start Pods, and one after the other
+	// they were the longest package of the test command (11 of its 20 minutes).
+	t.Parallel()
 	c, cfg := cluster(t)
 	state := t.TempDir()
 	d := kubernetes.New(kubernetes.WithConfig(cfg))
@@ -133,6 +137,7 @@ func TestConformanceInProcess(t *testing.T) {
 // by its own executable, berth-driver-kubernetes, through go-plugin, as berth uses
 // it, configured with the JSON the host decodes from a driver "kubernetes" {} block.
 func TestConformancePlugin(t *testing.T) {
+	t.Parallel()
 	c, cfg := cluster(t)
 	state := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)
