@@ -368,12 +368,7 @@ func (d *daemonClient) request(ctx context.Context, method, path string, body an
 	}
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
-		var eb server.ErrorBody
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		if json.Unmarshal(b, &eb) != nil || eb.Error.Message == "" {
-			return nil, fmt.Errorf("berth serve at %s answered %s: %.200s", d.where, resp.Status, b)
-		}
-		return nil, &apiError{status: resp.StatusCode, info: eb.Error}
+		return nil, answerError(resp, d.where)
 	}
 	return resp, nil
 }

@@ -37,7 +37,7 @@ func (d *daemonClient) filesAPI() daemonAPI {
 // sessionURL returns the URL of session's route tail ("archive", "tty") with the
 // query q: the name is one percent-encoded path segment.
 func (d daemonAPI) sessionURL(session, tail string, q url.Values) string {
-	u := strings.TrimSuffix(d.base, "/") + "/v1/sessions/" + url.PathEscape(session) + "/" + tail
+	u := strings.TrimSuffix(d.base, "/") + sessionPath(session, tail)
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
@@ -65,19 +65,23 @@ func (d daemonAPI) do(req *http.Request, doing string) (*http.Response, error) {
 	}
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
-		return nil, answerError(resp)
+		return nil, answerError(resp, "")
 	}
 	return resp, nil
 }
 
 // answerError turns an error answer of the daemon into an error with its message (the
 // message that berth's embedded call would give); an answer that is no ErrorBody is
-// described by its status and its first bytes.
-func answerError(resp *http.Response) error {
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+// described by its status and its first bytes, naming the daemon's address where
+// when it is known.
+func answerError(resp *http.Response, where string) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	var eb server.ErrorBody
 	if json.Unmarshal(b, &eb) == nil && eb.Error.Message != "" {
 		return &apiError{status: resp.StatusCode, info: eb.Error}
+	}
+	if where != "" {
+		return fmt.Errorf("berth serve at %s answered %s: %.200s", where, resp.Status, b)
 	}
 	return fmt.Errorf("berth serve answered %s: %.200q", resp.Status, b)
 }

@@ -60,7 +60,7 @@ func (d daemonAPI) openTTY(ctx context.Context, session string, o ttyOptions) (*
 	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPClient: d.client, HTTPHeader: hdr})
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != nil {
-			if aerr := answerError(resp); aerr != nil {
+			if aerr := answerError(resp, ""); aerr != nil {
 				var de *apiError
 				if errors.As(aerr, &de) {
 					return nil, server.TTYMessage{}, aerr
