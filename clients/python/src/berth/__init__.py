@@ -1,0 +1,71 @@
+"""berth: the Python client of ``berth serve`` (standard library only).
+
+berth gives every terminal session its own place to run commands: the host, a
+Docker or containerd container, or a third party's sandbox, chosen per session by
+berth's config. This package talks to a running ``berth serve`` over its HTTP API
+v1 (docs/api.md)::
+
+    import berth
+    s = berth.Client().session("chat:1")
+    s.shell("cd /tmp")
+    print(s.shell("pwd").stdout)      # /tmp
+
+See docs/python.md for the guide.
+"""
+
+from .client import DEFAULT_MAX_OUTPUT, Client, Jobs, Session, Stream
+from .errors import (
+    KINDS,
+    Busy,
+    Canceled,
+    Conflict,
+    DriverCrashed,
+    Error,
+    Internal,
+    Invalid,
+    MethodNotAllowed,
+    NotFound,
+    RequestTimeout,
+    ShuttingDown,
+    Timeout,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+    Unsupported,
+    UnsupportedMediaType,
+)
+from .results import Event, ExecResult, Job, JobLogs, LogEvent, Output
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client",
+    "Session",
+    "Jobs",
+    "Stream",
+    "DEFAULT_MAX_OUTPUT",
+    "ExecResult",
+    "Event",
+    "Job",
+    "JobLogs",
+    "LogEvent",
+    "Output",
+    "Error",
+    "NotFound",
+    "Conflict",
+    "Unavailable",
+    "Unsupported",
+    "Invalid",
+    "Timeout",
+    "Unauthorized",
+    "TooLarge",
+    "RequestTimeout",
+    "UnsupportedMediaType",
+    "MethodNotAllowed",
+    "Busy",
+    "ShuttingDown",
+    "Canceled",
+    "Internal",
+    "DriverCrashed",
+    "KINDS",
+]

@@ -1,0 +1,212 @@
+"""The values the client returns: exec results, stream events, jobs and job logs."""
+
+from typing import Any, Dict, List, Optional
+
+__all__ = ["Output", "ExecResult", "Event", "Job", "JobLogs", "LogEvent"]
+
+
+class Output(bytes):
+    """A command's output: ``bytes`` exactly as the command wrote them.
+
+    It is a ``bytes`` in every way (compare, slice, write it to a binary file);
+    ``str()`` of it, and so ``print()``, gives the text (UTF-8, invalid bytes
+    replaced) rather than ``b'...'``.
+    """
+
+    def __str__(self) -> str:
+        return self.decode("utf-8", "replace")
+
+    @property
+    def text(self) -> str:
+        """The output as text: UTF-8, invalid bytes replaced by U+FFFD."""
+        return self.decode("utf-8", "replace")
+
+
+_SPILL_KEYS = (
+    "stdout_file",
+    "stderr_file",
+    "stdout_file_truncated_bytes",
+    "stderr_file_truncated_bytes",
+    "output_files_removed",
+)
+
+
+class ExecResult:
+    """The result of one exec or shell-mode call.
+
+    Attributes:
+        exit_code: the command's exit code; 128+N when signal N killed it (a
+            timeout or cancel kills with SIGTERM: 143, SIGKILL after the grace:
+            137), 127 command not found, 126 not executable.
+        stdout, stderr: the output (:class:`Output`, a ``bytes``). For ``exec`` the
+            exact bytes, at most ``max_output`` per stream. For ``shell`` the exact
+            bytes when the stream fits the session's cap (50 KiB unless the rule or
+            ``max_output`` says otherwise), else berth's capped text (head, a marker
+            line, tail) whose whole stream is in the spill file (:attr:`spill`).
+        timed_out: the call's ``timeout`` passed and the tree was killed.
+        canceled: the call was cancelled (interrupt, shutdown) and the tree killed.
+        cwd: shell mode: the directory the session's next shell call starts in.
+        truncated: output was left out (``stdout_truncated_bytes`` or
+            ``stderr_truncated_bytes`` is not 0).
+        spill: shell mode with a capped stream: the host files that hold the whole
+            streams, as the API gives them (``stdout_file``, ``stderr_file``,
+            ``*_file_truncated_bytes``, ``output_files_removed``); None otherwise.
+        signal, oom_killed, duration_ms, session, driver, sandbox, recreated,
+        recreated_reason: as the API's ExecResult.
+        raw: the result object as the daemon sent it.
+    """
+
+    def __init__(self, raw: Dict[str, Any], stdout: bytes = b"", stderr: bytes = b"") -> None:
+        self.raw = raw
+        self.exit_code: int = int(raw.get("exit_code", 0))
+        self.signal: int = int(raw.get("signal", 0))
+        self.timed_out: bool = bool(raw.get("timed_out", False))
+        self.oom_killed: bool = bool(raw.get("oom_killed", False))
+        self.canceled: bool = bool(raw.get("canceled", False))
+        self.duration_ms: int = int(raw.get("duration_ms", 0))
+        self.session: str = str(raw.get("session", ""))
+        self.driver: str = str(raw.get("driver", ""))
+        self.sandbox: str = str(raw.get("sandbox", ""))
+        self.recreated: bool = bool(raw.get("recreated", False))
+        self.recreated_reason: Optional[str] = raw.get("recreated_reason")
+        self.cwd: Optional[str] = raw.get("cwd") or None
+        self.stdout_truncated_bytes: int = int(raw.get("stdout_truncated_bytes", 0))
+        self.stderr_truncated_bytes: int = int(raw.get("stderr_truncated_bytes", 0))
+        self.stdout = Output(stdout)
+        self.stderr = Output(stderr)
+        spill = {k: raw[k] for k in _SPILL_KEYS if raw.get(k)}
+        self.spill: Optional[Dict[str, Any]] = spill if ("stdout_file" in spill or "stderr_file" in spill) else None
+
+    @property
+    def truncated(self) -> bool:
+        """Whether any output was left out (see :attr:`spill` for where it is)."""
+        return self.stdout_truncated_bytes > 0 or self.stderr_truncated_bytes > 0
+
+    @property
+    def ok(self) -> bool:
+        """``exit_code == 0 and not timed_out``."""
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def stdout_text(self) -> str:
+        """stdout as text (UTF-8, invalid bytes replaced)."""
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def stderr_text(self) -> str:
+        """stderr as text (UTF-8, invalid bytes replaced)."""
+        return self.stderr.decode("utf-8", "replace")
+
+    def __repr__(self) -> str:
+        return "ExecResult(exit_code=%d, timed_out=%r, stdout=%d bytes, stderr=%d bytes%s)" % (
+            self.exit_code,
+            self.timed_out,
+            len(self.stdout),
+            len(self.stderr),
+            ", cwd=%r" % self.cwd if self.cwd else "",
+        )
+
+
+class Event:
+    """One event of a streamed exec, in the order the daemon sent it.
+
+    Attributes:
+        kind: ``"started"``, ``"stdout"``, ``"stderr"``, ``"exit"`` (the last one),
+            or any other event type the daemon sends (passed on, never dropped).
+        data: an output event's bytes (``b""`` for others).
+        result: the ``"exit"`` event's :class:`ExecResult` (its stdout and stderr
+            empty: the output came as events); None for others.
+        raw: the event object as the daemon sent it (``data`` still base64).
+    """
+
+    __slots__ = ("kind", "data", "result", "raw")
+
+    def __init__(self, kind: str, data: bytes = b"", result: Optional[ExecResult] = None, raw: Optional[Dict[str, Any]] = None) -> None:
+        self.kind = kind
+        self.data = data
+        self.result = result
+        self.raw = raw or {}
+
+    @property
+    def started(self) -> Optional[Dict[str, Any]]:
+        """The ``"started"`` event's placement (session, driver, sandbox, ...)."""
+        return self.raw.get("started")
+
+    def __repr__(self) -> str:
+        if self.kind == "exit":
+            return "Event('exit', %r)" % (self.result,)
+        if self.data:
+            return "Event(%r, %r)" % (self.kind, self.data[:60])
+        return "Event(%r)" % self.kind
+
+
+class Job:
+    """A background job (the API's Job object).
+
+    Attributes: ``id``, ``session``, ``argv``, ``pid`` (in the sandbox), ``running``,
+    ``exit_code`` and ``signal`` (once ended), ``started`` and ``ended`` (RFC 3339
+    strings; ``ended`` None while it runs), ``log_bytes``, ``dropped_bytes``, ``raw``.
+    """
+
+    def __init__(self, raw: Dict[str, Any]) -> None:
+        self.raw = raw
+        self.id: str = str(raw.get("id", ""))
+        self.session: str = str(raw.get("session", ""))
+        self.argv: List[str] = list(raw.get("argv") or [])
+        self.pid: int = int(raw.get("pid", 0))
+        self.running: bool = bool(raw.get("running", False))
+        self.exit_code: int = int(raw.get("exit_code", 0))
+        self.signal: int = int(raw.get("signal", 0))
+        self.started: Optional[str] = raw.get("started")
+        self.ended: Optional[str] = raw.get("ended")
+        self.log_bytes: int = int(raw.get("log_bytes", 0))
+        self.dropped_bytes: int = int(raw.get("dropped_bytes", 0))
+
+    def __repr__(self) -> str:
+        return "Job(id=%r, argv=%r, running=%r, exit_code=%d)" % (self.id, self.argv, self.running, self.exit_code)
+
+
+class LogEvent:
+    """One event of a job's log: ``kind`` is ``"gap"`` (``dropped`` bytes before the
+    kept log are gone), ``"output"`` (``data``), or the last, ``"end"`` (``ended``,
+    ``exit_code``, ``signal``); ``offset`` as the API gives it (pass ``end``'s as the
+    next call's offset to go on)."""
+
+    __slots__ = ("kind", "offset", "data", "dropped", "ended", "exit_code", "signal", "raw")
+
+    def __init__(self, raw: Dict[str, Any], data: bytes) -> None:
+        self.raw = raw
+        self.kind: str = str(raw.get("event", ""))
+        self.offset: int = int(raw.get("offset", 0))
+        self.data = data
+        self.dropped: int = int(raw.get("dropped", 0))
+        self.ended: bool = bool(raw.get("ended", False))
+        self.exit_code: int = int(raw.get("exit_code", 0))
+        self.signal: int = int(raw.get("signal", 0))
+
+    def __repr__(self) -> str:
+        return "LogEvent(%r, offset=%d, %d bytes)" % (self.kind, self.offset, len(self.data))
+
+
+class JobLogs:
+    """A job's output read with :meth:`berth.Jobs.logs`.
+
+    Attributes: ``data`` (:class:`Output`), ``offset`` (after the last byte: the
+    next call's ``offset``), ``dropped`` (bytes before the kept log that are gone),
+    ``ended``, ``exit_code``, ``signal`` (once ``ended``).
+    """
+
+    def __init__(self, data: bytes, offset: int, dropped: int, ended: bool, exit_code: int, signal: int) -> None:
+        self.data = Output(data)
+        self.offset = offset
+        self.dropped = dropped
+        self.ended = ended
+        self.exit_code = exit_code
+        self.signal = signal
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8", "replace")
+
+    def __repr__(self) -> str:
+        return "JobLogs(%d bytes, offset=%d, ended=%r)" % (len(self.data), self.offset, self.ended)
