@@ -164,6 +164,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	var st *stream
 	if wantsStream(r) {
 		st = newStream(w)
+		defer st.open()
 	}
 	var res ExecResult
 	if c.shell {
@@ -223,6 +224,7 @@ func (s *Server) runPlain(ctx context.Context, reg *registry.Registry, name stri
 	if st != nil {
 		st.event(Event{Event: "started", Started: &ExecStarted{Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
 			Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason}})
+		st.open()
 	}
 	switch {
 	case c.stdin != nil:
@@ -298,7 +300,10 @@ func (s *Server) runShell(ctx context.Context, reg *registry.Registry, name stri
 func (s *Server) shellCall(ctx context.Context, reg *registry.Registry, name string, sreq registry.ShellRequest, st *stream) (ExecResult, error) {
 	if st != nil {
 		sreq.Stdout, sreq.Stderr = st.writer("stdout", nil), st.writer("stderr", nil)
-		sreq.Started = func() { st.event(Event{Event: "started", Started: &ExecStarted{Session: name}}) }
+		sreq.Started = func() {
+			st.event(Event{Event: "started", Started: &ExecStarted{Session: name}})
+			st.open()
+		}
 	}
 	res, err := reg.Shell(ctx, name, sreq)
 	if err != nil {
@@ -329,11 +334,20 @@ type stream struct {
 	mu    sync.Mutex
 	begun bool
 	err   error // the first failed write; later events are dropped
+	// gate holds output events back until the started event is written (open):
+	// the command runs, and may write, before registry.Exec or the shell call's
+	// Started hook returns, and the started event must come first.
+	gate     chan struct{}
+	gateOnce sync.Once
 }
 
 func newStream(w http.ResponseWriter) *stream {
-	return &stream{w: w, rc: http.NewResponseController(w)}
+	return &stream{w: w, rc: http.NewResponseController(w), gate: make(chan struct{})}
 }
+
+// open lets output events through (once the started event is written, or when the
+// call ends without one); it may be called more than once.
+func (st *stream) open() { st.gateOnce.Do(func() { close(st.gate) }) }
 
 // started reports whether the answer's header has been sent.
 func (st *stream) started() bool {
@@ -405,6 +419,7 @@ type capped struct {
 const maxEvent = 32 << 10
 
 func (c *capped) Write(b []byte) (int, error) {
+	<-c.st.gate
 	n := len(b)
 	if c.left >= 0 {
 		keep := min(int64(len(b)), c.left)

@@ -373,6 +373,16 @@ func TestServeExecStream(t *testing.T) {
 	if len(evs) < 2 || evs[len(evs)-1].Event != "result" {
 		t.Fatalf("want output events then a result, got %s", b)
 	}
+	// The started event comes first, also when the command writes at once (its
+	// output is held until then), in a plain exec and in shell mode.
+	for i := 0; i < 20; i++ {
+		for _, req := range []string{`{"argv":["echo","early"]}`, `{"command":"echo early"}`} {
+			_, sb := d.call("POST", "/v1/sessions/chat:2/exec", req, "Accept", server.NDJSON)
+			if sevs := readEvents(t, bytes.NewReader(sb)); sevs[0].Event != "started" || streamed(sevs, "stdout") != "early\n" {
+				t.Fatalf("%s: want started first, then the output: %s", req, sb)
+			}
+		}
+	}
 	res := evs[len(evs)-1].Result
 	if res.ExitCode != 4 || res.Stdout != "" || res.Session != "chat:2" {
 		t.Errorf("result %+v", res)
