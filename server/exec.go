@@ -193,6 +193,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	auditResult(r, res, err)
 	s.metrics.exec(res.Driver, c.shell, st != nil, res, err, start)
 	if in != nil {
+		// The answer goes out now (an error's or a plain one's is still in the
+		// buffer): its client ends the request body once it has read it, which
+		// finish waits for.
+		http.NewResponseController(w).Flush()
 		in.finish()
 	}
 	s.log.Info("exec", "session", name, "shell", c.shell, "exit_code", res.ExitCode, "timed_out", res.TimedOut, "duration_ms", res.DurationMS, "error", err)

@@ -111,6 +111,10 @@ func (s *Server) routes() http.Handler {
 		}()
 		if !s.authorized(r) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="berth"`)
+			// Close the connection after the answer: net/http would otherwise read
+			// the unread request body first, and a streamed exec's body stays open
+			// while its client waits for the answer (a deadlock until it ends).
+			w.Header().Set("Connection", "close")
 			s.writeError(sw, r, errorf(KindUnauthorized, "this listener needs the header Authorization: Bearer TOKEN with the token of berth serve's --token-file"), "")
 			return
 		}

@@ -89,8 +89,10 @@ class ExecCall:
 
     def _send(self, data: bytes) -> None:
         """Send bytes of the body (callers hold self.lock)."""
-        assert self.conn is not None and self.conn.sock is not None
-        self.conn.sock.sendall(data)
+        sock = self.conn.sock if self.conn is not None else None
+        if sock is None:  # http.client closed it: the answer said Connection: close
+            raise BrokenPipeError("the connection is closed")
+        sock.sendall(data)
 
     def _end_body(self, wait: float = 5.0) -> None:
         """Send the body's last chunk, once; a writer that does not give the lock back
@@ -218,8 +220,11 @@ class ExecCall:
                 raise self.pool.ep.gone(e) from None
             self.resp = resp
             if resp.status != 200:
-                body = resp.read(1 << 20)
+                # One JSON line; the answer ends only when the body has (or a
+                # second later), so read the line, not to the end.
+                body = resp.readline(1 << 20)
                 self.broken = True
+                self._end_body(wait=1.0)
                 raise errors.from_answer(resp.status, body)
             while True:
                 line = self._readline(resp)
