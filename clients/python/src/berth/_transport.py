@@ -80,7 +80,28 @@ def read_token(path: str, what: str) -> str:
     return tok
 
 
-class _UnixConnection(http.client.HTTPConnection):
+class _Corked:
+    """A connection whose sends can be held and joined (``cork`` set to a list):
+    a streamed exec sends its head and first body chunk as one write."""
+
+    cork: Optional[List[bytes]] = None
+
+    def send(self, data) -> None:  # type: ignore[no-untyped-def]
+        if self.cork is not None and isinstance(data, (bytes, bytearray)):
+            self.cork.append(bytes(data))
+            return
+        super().send(data)  # type: ignore[misc]
+
+
+class _HTTPConnection(_Corked, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_Corked, http.client.HTTPSConnection):
+    pass
+
+
+class _UnixConnection(_Corked, http.client.HTTPConnection):
     """An HTTP connection over a unix socket; a path too long for a socket address is
     connected through ``/proc/self/fd/N/NAME`` of its directory opened ``O_PATH``, as
     berth serve binds it (docs/api.md, "The socket")."""
@@ -186,8 +207,8 @@ class Endpoint:
             return _UnixConnection(self.unix_path, timeout)
         assert self.tcp is not None
         if self.tls is not None:
-            return http.client.HTTPSConnection(self.tcp[0], self.tcp[1], timeout=timeout, context=self.tls)
-        return http.client.HTTPConnection(self.tcp[0], self.tcp[1], timeout=timeout)
+            return _HTTPSConnection(self.tcp[0], self.tcp[1], timeout=timeout, context=self.tls)
+        return _HTTPConnection(self.tcp[0], self.tcp[1], timeout=timeout)
 
     def not_running(self, err: BaseException) -> errors.Unavailable:
         """The error for a daemon that cannot be reached (``err``: the connect's)."""
@@ -314,6 +335,8 @@ class Pool:
         hc.timeout = timeout
         if hc.sock is not None:
             hc.sock.settimeout(timeout)
+            if hc.sock.family in (socket.AF_INET, socket.AF_INET6):
+                hc.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return Conn(hc)
 
     def put(self, c: Conn) -> None:
