@@ -14,26 +14,8 @@ See docs/python.md for the guide.
 """
 
 from .client import DEFAULT_MAX_OUTPUT, Client, Jobs, Session, Stream
-from .errors import (
-    KINDS,
-    Busy,
-    Canceled,
-    Conflict,
-    DriverCrashed,
-    Error,
-    Internal,
-    Invalid,
-    MethodNotAllowed,
-    NotFound,
-    RequestTimeout,
-    ShuttingDown,
-    Timeout,
-    TooLarge,
-    Unauthorized,
-    Unavailable,
-    Unsupported,
-    UnsupportedMediaType,
-)
+from . import errors
+from .errors import *  # noqa: F401,F403 — one class per error kind, and KINDS
 from .results import Event, ExecResult, Job, JobLogs, LogEvent, Output
 
 __version__ = "0.1.0"
@@ -50,22 +32,4 @@ __all__ = [
     "JobLogs",
     "LogEvent",
     "Output",
-    "Error",
-    "NotFound",
-    "Conflict",
-    "Unavailable",
-    "Unsupported",
-    "Invalid",
-    "Timeout",
-    "Unauthorized",
-    "TooLarge",
-    "RequestTimeout",
-    "UnsupportedMediaType",
-    "MethodNotAllowed",
-    "Busy",
-    "ShuttingDown",
-    "Canceled",
-    "Internal",
-    "DriverCrashed",
-    "KINDS",
-]
+] + errors.__all__

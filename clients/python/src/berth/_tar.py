@@ -16,7 +16,7 @@ import urllib.parse
 from typing import IO, TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
 from . import errors
-from ._transport import CONNECTION_ERRORS
+from ._transport import CONNECTION_ERRORS, simple_request
 
 if TYPE_CHECKING:
     from .client import Session
@@ -85,29 +85,17 @@ def upload(s: "Session", local: str, remote: str) -> Dict[str, int]:
         if failure:
             raise failure[0]
 
-    pool = s.client._pool
-    c = pool.get(s.client.timeout)
     q = urllib.parse.urlencode({"path": rdir, "max_size": "unlimited"})
     try:
-        h = pool.ep.headers()
-        h["Content-Type"] = "application/x-tar"
-        c.http.request("PUT", s._path + "/archive?" + q, body=body(), headers=h, encode_chunked=True)
-        resp = c.http.getresponse()
-        data = resp.read()
-    except CONNECTION_ERRORS as e:
-        c.close()
+        status, _, data = simple_request(
+            s.client._pool, "PUT", s._path + "/archive?" + q, body(), {"Content-Type": "application/x-tar"}, s.client.timeout
+        )
+    except errors.Unavailable:
         if failure:
             raise failure[0]
-        raise pool.ep.gone(e) from None
-    except BaseException:
-        c.close()
         raise
-    if resp.will_close:
-        c.close()
-    else:
-        pool.put(c)
-    if resp.status != 200:
-        raise errors.from_answer(resp.status, data)
+    if status != 200:
+        raise errors.from_answer(status, data)
     import json
 
     return dict(json.loads(data))

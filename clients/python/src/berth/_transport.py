@@ -11,7 +11,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from typing import Dict, List, Mapping, Optional, Tuple, Union
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from . import errors
 
@@ -368,7 +368,7 @@ def _alive(c: Conn) -> bool:
     return not r
 
 
-Body = Union[None, bytes]
+Body = Union[None, bytes, Iterable[bytes]]
 
 
 def simple_request(
@@ -379,22 +379,26 @@ def simple_request(
     headers: Optional[Mapping[str, str]] = None,
     timeout: Optional[float] = None,
 ) -> Tuple[int, http.client.HTTPMessage, bytes]:
-    """Make a request with a bytes body (or none) and read the whole answer.
+    """Make a request with a bytes body, an iterable of bytes (sent chunked), or
+    none, and read the whole answer.
 
     A kept connection that turns out broken before any answer is replaced once
-    for methods that are safe to repeat (GET, PUT, DELETE); other errors of the
-    connection are :class:`berth.Unavailable`.
+    for methods that are safe to repeat (GET, PUT, DELETE) with a body that can be
+    sent again (bytes); other errors of the connection are
+    :class:`berth.Unavailable`. An exception from the iterable propagates (the
+    connection is dropped, so the daemon never sees the body end).
     """
-    idempotent = method in ("GET", "HEAD", "PUT", "DELETE")
+    idempotent = method in ("GET", "HEAD", "PUT", "DELETE") and (body is None or isinstance(body, bytes))
     for attempt in (0, 1):
         c = pool.get(timeout)
         try:
             h = pool.ep.headers()
             if headers:
                 h.update(headers)
-            if body is not None:
+            chunked = body is not None and not isinstance(body, bytes)
+            if isinstance(body, bytes):
                 h.setdefault("Content-Length", str(len(body)))
-            c.http.request(method, path, body=body, headers=h)
+            c.http.request(method, path, body=body, headers=h, encode_chunked=chunked)
             resp = c.http.getresponse()
             data = resp.read()
         except socket.timeout as e:

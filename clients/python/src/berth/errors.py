@@ -27,7 +27,6 @@ __all__ = [
     "Internal",
     "DriverCrashed",
     "KINDS",
-    "from_answer",
 ]
 
 
