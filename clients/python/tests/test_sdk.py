@@ -328,10 +328,9 @@ def test_threads(client):
         client.session(n).remove()
 
 
-@pytest.fixture(scope="module")
-def tcp_daemon(bins, tmp_path_factory):
-    """A berth serve on 127.0.0.1 with a bearer token (local driver only)."""
-    root = str(tmp_path_factory.mktemp("tcp"))
+def _tcp_daemon(bins, root, tls):
+    """A berth serve on 127.0.0.1 with a bearer token (local driver only), over TLS
+    with a self-signed certificate for 127.0.0.1 when tls."""
     tok = os.path.join(root, "token")
     with open(tok, "w") as f:
         f.write(os.urandom(24).hex() + "\n")
@@ -342,15 +341,64 @@ def tcp_daemon(bins, tmp_path_factory):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    d = Daemon(bins, root, 'scope "*" {\n  driver = "local"\n}\n', ["--listen", "tcp://127.0.0.1:%d" % port, "--token-file", tok])
-    d.client = lambda **kw: berth.Client("http://127.0.0.1:%d" % port, tok, **kw)  # type: ignore[assignment]
-    d.start()
+    args = ["--listen", "tcp://127.0.0.1:%d" % port, "--token-file", tok]
+    scheme = "http"
+    if tls:
+        cert, key = os.path.join(root, "cert.pem"), os.path.join(root, "key.pem")
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-out", cert,
+             "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        args += ["--tls-cert", cert, "--tls-key", key]
+        scheme = "https"
+    d = Daemon(bins, root, 'scope "*" {\n  driver = "local"\n}\n', args)
+    d.url = "%s://127.0.0.1:%d" % (scheme, port)
+    if tls:
+        d.env["BERTH_TLS_CA"] = cert
+        os.environ["BERTH_TLS_CA"] = cert
+    d.client = lambda **kw: berth.Client(d.url, tok, **kw)  # type: ignore[assignment]
+    try:
+        d.start()
+    finally:
+        os.environ.pop("BERTH_TLS_CA", None)
     d.port, d.token = port, tok
+    return d
+
+
+@pytest.fixture(scope="module")
+def tcp_daemon(bins, tmp_path_factory):
+    d = _tcp_daemon(bins, str(tmp_path_factory.mktemp("tcp")), False)
     yield d
     try:
         d.remove_sessions()
     finally:
         d.stop()
+
+
+@pytest.fixture(scope="module")
+def tls_daemon(bins, tmp_path_factory):
+    d = _tcp_daemon(bins, str(tmp_path_factory.mktemp("tls")), True)
+    yield d
+    d.stop()  # test_tls removes its session
+
+
+def test_tls(tls_daemon, monkeypatch, tmp_path):
+    """https with BERTH_TLS_CA: shell mode, and a file object as stdin (sent before
+    the answer is read over TLS); without the CA the certificate is refused."""
+    monkeypatch.setenv("BERTH_TLS_CA", tls_daemon.env["BERTH_TLS_CA"])
+    c = tls_daemon.client()
+    s = c.session("tls:1")
+    assert s.shell("echo over tls").stdout == b"over tls\n"
+    p = tmp_path / "in"
+    p.write_bytes(b"z" * (3 << 20))
+    with open(p, "rb") as f:
+        assert s.exec(["wc", "-c"], stdin=f).stdout.strip() == str(3 << 20).encode()
+    s.remove()
+    monkeypatch.delenv("BERTH_TLS_CA")
+    with pytest.raises(berth.Unavailable) as e:
+        berth.Client(tls_daemon.url, tls_daemon.token).status()
+    assert "BERTH_TLS_CA" in e.value.message
 
 
 def test_tcp_token(tcp_daemon, tmp_path):
@@ -361,7 +409,7 @@ def test_tcp_token(tcp_daemon, tmp_path):
     wrong.write_text("x" * 32)
     wrong.chmod(0o600)
     with pytest.raises(berth.Unauthorized) as e:
-        berth.Client("http://127.0.0.1:%d" % tcp_daemon.port, str(wrong)).session("tcp:1").exec(["true"])
+        berth.Client(tcp_daemon.url, str(wrong)).session("tcp:1").exec(["true"])
     assert e.value.status == 401 and "token" in e.value.message
     wrong.chmod(0o644)
     with pytest.raises(berth.Invalid) as e:
