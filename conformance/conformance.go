@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -164,6 +165,13 @@ type Options struct {
 	// OnCase, when set, is called by RunAll after each case with its report (for
 	// progress output).
 	OnCase func(CaseReport)
+	// Groups, when non-empty, limits Run to the cases of these groups (the names of
+	// Cases: lifecycle, idempotence, exec, tty, isolation, resources, terminal,
+	// retention, recovery, exec-dial, tty-dial, terminal-dial); Run logs the groups
+	// it leaves out and fails on a name that is no group. A driver's own CI uses it to
+	// run each path once (for example the plugin suite only for the groups whose
+	// calls cross the plugin protocol). RunAll ignores it: pass it a Filter.
+	Groups []string
 }
 
 // DefaultCaseTimeout is RunAll's per-case timeout when Options.CaseTimeout is zero.
@@ -433,7 +441,13 @@ func Run(t *testing.T, b backend.TerminalBackend, opts Options) {
 	}
 	h := newHarness(b, info, opts, t.TempDir())
 	t.Logf("conformance: driver %s %s, runtime %q, owner %s, run %s, state dir %s", info.Name, info.Version, opts.Runtime, h.Owner, h.RunID, h.Options.StateDir)
-	cases := Cases()
+	cases, err := selectGroups(Cases(), opts.Groups)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(opts.Groups) > 0 {
+		t.Logf("conformance: running groups %s only (Options.Groups)", strings.Join(opts.Groups, ", "))
+	}
 	for i := 0; i < len(cases); {
 		group := cases[i].Group
 		j := i
@@ -459,6 +473,32 @@ func Run(t *testing.T, b backend.TerminalBackend, opts Options) {
 	if left := h.leftovers(t.Context()); len(left) > 0 {
 		t.Errorf("sandboxes of this run left behind after every case's cleanup (now removed): %v", left)
 	}
+}
+
+// selectGroups returns the cases of the named groups (all of them for none), in
+// their order. Error: a name that is no group of cases.
+func selectGroups(cases []Case, groups []string) ([]Case, error) {
+	if len(groups) == 0 {
+		return cases, nil
+	}
+	var known []string
+	for _, c := range cases {
+		if !slices.Contains(known, c.Group) {
+			known = append(known, c.Group)
+		}
+	}
+	for _, g := range groups {
+		if !slices.Contains(known, g) {
+			return nil, fmt.Errorf("conformance: Options.Groups names %q, which is no group of the suite (groups: %s)", g, strings.Join(known, ", "))
+		}
+	}
+	var out []Case
+	for _, c := range cases {
+		if slices.Contains(groups, c.Group) {
+			out = append(out, c)
+		}
+	}
+	return out, nil
 }
 
 // leftovers lists the sandboxes of this run that still exist, removes them, and

@@ -433,3 +433,17 @@ func (syntheticInfo) List(context.Context, map[string]string) ([]backend.Sandbox
 func (syntheticInfo) Stop(context.Context, string, time.Duration) error { return nil }
 func (syntheticInfo) Remove(context.Context, string) error              { return nil }
 func (syntheticInfo) Close() error                                      { return nil }
+
+func TestSelectGroups(t *testing.T) {
+	cases := []Case{{Group: "exec", Name: "a"}, {Group: "tty", Name: "b"}, {Group: "exec", Name: "c"}}
+	got, err := selectGroups(cases, []string{"exec"})
+	if err != nil || len(got) != 2 || got[0].Name != "a" || got[1].Name != "c" {
+		t.Fatalf("selectGroups(exec) = %v, %v; want cases a and c", got, err)
+	}
+	if got, err := selectGroups(cases, nil); err != nil || len(got) != 3 {
+		t.Fatalf("selectGroups(nil) = %v, %v; want all three cases", got, err)
+	}
+	if _, err := selectGroups(cases, []string{"exec", "tyy"}); err == nil || !strings.Contains(err.Error(), `"tyy"`) || !strings.Contains(err.Error(), "exec, tty") {
+		t.Fatalf("selectGroups(tyy) error = %v, want it to name tyy and the groups", err)
+	}
+}

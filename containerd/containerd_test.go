@@ -166,6 +166,16 @@ func requireDaemon(t testing.TB, dm daemon) string {
 	return addr
 }
 
+// fullMatrixOnly skips t, a subtest of forEachDaemon, when it is the daemon named
+// skipOn and the whole matrix was not asked for ($BERTH_CONFORMANCE_FULL=1): each daemon
+// gets one whole suite, one in process and the other through the plugin (why says which).
+func fullMatrixOnly(t *testing.T, skipOn, why string) {
+	t.Helper()
+	if strings.HasSuffix(t.Name(), "/"+skipOn) && !testbin.FullSuites() {
+		t.Skipf("%s; this way on %s runs with %s=1", why, skipOn, testbin.FullSuitesEnv)
+	}
+}
+
 // forEachDaemon runs f as a subtest per daemon.
 func forEachDaemon(t *testing.T, f func(t *testing.T, addr string)) {
 	for _, dm := range daemons {
@@ -291,9 +301,11 @@ func checkNoLeaks(t testing.TB, addr string, before inventory) {
 }
 
 // TestConformanceInProcess runs the shared suite against the containerd driver in
-// this process, on each daemon, and checks that nothing of it is left.
+// this process, on containerd 1.6 (and on 2.x with $BERTH_CONFORMANCE_FULL=1: 2.x gets
+// its whole suite through the plugin), and checks that nothing of it is left.
 func TestConformanceInProcess(t *testing.T) {
 	forEachDaemon(t, func(t *testing.T, addr string) {
+		fullMatrixOnly(t, "containerd-2", "TestConformancePlugin runs the whole suite on containerd 2.x")
 		before := takeInventory(t, addr)
 		state := t.TempDir()
 		d := newDriver(addr)
@@ -309,10 +321,12 @@ func TestConformanceInProcess(t *testing.T) {
 }
 
 // TestConformancePlugin runs the shared suite against the containerd driver served by
-// its own executable, berth-driver-containerd, through go-plugin, as berth itself uses it, on each
-// daemon, and checks that nothing of it is left.
+// its own executable, berth-driver-containerd, through go-plugin, as berth itself uses it, on
+// containerd 2.x (and on 1.6 with $BERTH_CONFORMANCE_FULL=1: 1.6 gets its whole suite in
+// process), and checks that nothing of it is left.
 func TestConformancePlugin(t *testing.T) {
 	forEachDaemon(t, func(t *testing.T, addr string) {
+		fullMatrixOnly(t, "containerd-1.6", "TestConformanceInProcess runs the whole suite on containerd 1.6")
 		before := takeInventory(t, addr)
 		state := t.TempDir()
 		ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)

@@ -12,6 +12,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/containerd"
+	"github.com/berth-sh/berth/internal/testbin"
 	"github.com/berth-sh/berth/internal/testimage"
 	"github.com/berth-sh/berth/registry"
 )
@@ -20,7 +21,9 @@ import (
 // containerd 2.x with every sandbox under runtime runsc (gVisor, $BERTH_RUNSC run by
 // the runc shim): every case its capabilities claim passes, those it lacks are
 // skipped naming the runtime, and nothing of it is left. containerd 1.6 is not run:
-// the project registers runsc with 2.x only (scripts/runtimes.sh).
+// the project registers runsc with 2.x only (scripts/runtimes.sh). The tty and
+// terminal groups, which test the agent's shells rather than the sandbox, run under
+// runsc in docker's TestConformanceGVisor (and here with $BERTH_CONFORMANCE_FULL=1).
 func TestConformanceGVisor(t *testing.T) {
 	runsc := testimage.RequireRunsc(t)
 	addr := requireDaemon(t, daemons[1])
@@ -36,6 +39,7 @@ func TestConformanceGVisor(t *testing.T) {
 	block := fmt.Sprintf("driver \"containerd\" {\n  address   = %s\n  namespace = %s\n  runtimes  = { runsc = %s }\n}\n\n", strconv.Quote(addr), strconv.Quote(testNamespace), strconv.Quote(runsc))
 	opts.OpenRegistry = func(t conformance.T, cfg string) (*registry.Registry, error) { return opener(t, block+cfg) }
 	opts.Runtime = "runsc"
+	opts.Groups = testbin.SuiteGroups("lifecycle", "idempotence", "exec", "isolation", "resources", "retention", "recovery", "exec-dial")
 	if err := d.Configure(context.Background(), backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "containerd"), Owner: opts.Owner}); err != nil {
 		t.Fatal(err)
 	}

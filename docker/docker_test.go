@@ -99,6 +99,9 @@ func TestConformancePlugin(t *testing.T) {
 	t.Cleanup(c.Kill)
 	opts := options(state)
 	opts.OpenRegistry = conformance.RegistryOpener(nil, registry.WithBerthBinary(berthBin))
+	// The exec, tty and terminal groups reach the agent on its socket, as in
+	// TestConformanceInProcess: only the groups whose calls cross the plugin run here.
+	opts.Groups = testbin.SuiteGroups(testbin.PluginGroups...)
 	cfg, _ := json.Marshal(map[string]string{"host": host})
 	if err := c.Configure(ctx, backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "docker"), Owner: opts.Owner, Config: cfg}); err != nil {
 		t.Fatal(err)

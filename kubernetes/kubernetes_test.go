@@ -113,7 +113,11 @@ func noneLeft(t *testing.T, c k8stest.Cluster, owner string) {
 }
 
 // TestConformanceInProcess runs the shared suite against the kubernetes driver in
-// this process, then checks that nothing with the suite's owner label is left.
+// this process, then checks that nothing with the suite's owner label is left. Every
+// call of this driver crosses the plugin protocol in TestConformancePlugin, which runs
+// the whole suite; here (under the race detector, which the plugin executable lacks)
+// run the groups that drive the Pod, Secret and port-forward code: lifecycle,
+// idempotence, tty (dialled) and retention; all of them with $BERTH_CONFORMANCE_FULL=1.
 func TestConformanceInProcess(t *testing.T) {
 	// The two suites run side by side (each has its own owner and state dir): the
 	// time goes into waiting for the node to start Pods, and one after the other
@@ -124,6 +128,7 @@ func TestConformanceInProcess(t *testing.T) {
 	d := kubernetes.New(kubernetes.WithConfig(cfg))
 	t.Cleanup(func() { d.Close() })
 	opts := options(c, cfg, state)
+	opts.Groups = testbin.SuiteGroups("lifecycle", "idempotence", "tty", "retention")
 	if err := d.Configure(context.Background(), backend.DriverSetup{StateDir: filepath.Join(state, "drivers", kubernetes.Name), Owner: opts.Owner}); err != nil {
 		t.Fatal(err)
 	}
