@@ -231,7 +231,7 @@ func newHarness(b backend.TerminalBackend, info backend.Info, opts Options, stat
 		opts.StateDir = stateDir
 	}
 	if opts.Owner == "" {
-		opts.Owner = "conformance-" + randHex(8)
+		opts.Owner = NewOwner()
 	}
 	if opts.PrepareAgent == nil {
 		opts.PrepareAgent = DefaultPrepareAgent(opts.AgentBinary)
@@ -474,6 +474,12 @@ func Run(t *testing.T, b backend.TerminalBackend, opts Options) {
 		t.Errorf("sandboxes of this run left behind after every case's cleanup (now removed): %v", left)
 	}
 }
+
+// NewOwner returns a new owner id for Options.Owner and the driver's
+// DriverSetup.Owner: "conformance-" and 16 random hex digits, what Run uses when
+// Options.Owner is empty. Give each run its own: runs that share an owner (two test
+// processes on one engine or cluster) see, reconcile and prune each other's sandboxes.
+func NewOwner() string { return "conformance-" + randHex(8) }
 
 // selectGroups returns the cases of the named groups (all of them for none), in
 // their order. Error: a name that is no group of cases.

@@ -224,7 +224,7 @@ func options(state, addr string, reg ...registry.Option) conformance.Options {
 	return conformance.Options{
 		AgentBinary:  berthBin,
 		StateDir:     state,
-		Owner:        "conformance-" + filepath.Base(state),
+		Owner:        conformance.NewOwner(),
 		Image:        testimage.Ref,
 		Capabilities: containerd.DefaultCapabilities,
 		OpenRegistry: func(t conformance.T, cfg string) (*registry.Registry, error) {

@@ -63,7 +63,7 @@ func importImage(t *testing.T, imp backend.ImageImporter) {
 }
 
 func options(state string) conformance.Options {
-	return conformance.Options{AgentBinary: berthBin, StateDir: state, Owner: "conformance-" + filepath.Base(state), Image: testimage.Ref, Capabilities: docker.DefaultCapabilities,
+	return conformance.Options{AgentBinary: berthBin, StateDir: state, Owner: conformance.NewOwner(), Image: testimage.Ref, Capabilities: docker.DefaultCapabilities,
 		// berth processes that the recovery cases start reach the same engine.
 		BerthEnv: []string{"DOCKER_HOST=" + testimage.DockerHost()}}
 }

@@ -82,7 +82,7 @@ func setup(c k8stest.Cluster) (string, error) {
 // registry cases and the berth processes of the recovery cases read from their
 // config file's driver block.
 func options(c k8stest.Cluster, cfg kubernetes.Config, state string) conformance.Options {
-	return conformance.Options{AgentBinary: berthBin, StateDir: state, Owner: "conformance-" + filepath.Base(state), Image: c.TestImage,
+	return conformance.Options{AgentBinary: berthBin, StateDir: state, Owner: conformance.NewOwner(), Image: c.TestImage,
 		Capabilities: kubernetes.DefaultCapabilities, DriverConfig: driverBlock(cfg)}
 }
 

@@ -20,7 +20,7 @@ var berthBin string
 func TestMain(m *testing.M) { os.Exit(testbin.Main(m, &berthBin)) }
 
 func options(t *testing.T, stateDir string) conformance.Options {
-	return conformance.Options{AgentBinary: berthBin, StateDir: stateDir, Owner: "conformance-" + filepath.Base(stateDir)}
+	return conformance.Options{AgentBinary: berthBin, StateDir: stateDir, Owner: conformance.NewOwner()}
 }
 
 // TestConformanceInProcess runs the shared suite against the local driver in this process.
