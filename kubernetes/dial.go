@@ -14,6 +14,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	//lint:ignore SA1019 client-go v0.37.2's spdy and portforward dialers still take and return this package's types
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/tools/portforward"
@@ -24,12 +25,16 @@ import (
 
 // DialAgent implements backend.AgentDialer: a port-forward, through the API server
 // and the kubelet, to AgentPort on the loopback of the running sandbox's Pod, where
-// its agent listens (the host then speaks berth's token handshake over it), one
-// port-forward connection (SPDY over the API server's TLS) per dial. Errors: ErrNotFound (no sandbox),
-// ErrConflict (not running), ErrUnavailable (the API server or the kubelet cannot
-// forward).
+// its agent listens (the host then speaks berth's token handshake over it). Each
+// dial is a new stream pair on the one port-forward connection (SPDY over the API
+// server's TLS) that the driver keeps per Pod (see forward). Errors: ErrNotFound
+// (no sandbox), ErrConflict (not running), ErrUnavailable (the API server or the
+// kubelet cannot forward).
 func (d *Driver) DialAgent(ctx context.Context, name string) (net.Conn, error) {
 	p, err := d.get(ctx, name)
+	if errors.Is(err, backend.ErrNotFound) {
+		d.pool.drop(PodName(name)) // gone behind berth's back: its connection leads nowhere
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -42,35 +47,47 @@ func (d *Driver) DialAgent(ctx context.Context, name string) (net.Conn, error) {
 	return d.forward(ctx, p)
 }
 
-// forwardConn is one port-forward connection to a Pod.
-type forwardConn struct {
-	conn httpstream.Connection
-	ids  atomic.Int64
-}
-
-// forward dials a port-forward connection to Pod p and opens one stream pair to
-// AgentPort on it; closing the returned connection closes the port-forward
-// connection too. (Keeping one connection per Pod and opening a stream pair per
-// dial saves the TLS handshake and upgrade, but measured against v1.37.2 a stream
-// pair opened on a connection whose earlier pairs had been refused, while the
-// agent was starting, sometimes never carried the agent's answer.)
+// forward opens a forwarded connection to AgentPort of Pod p: a stream pair on the
+// port-forward connection the driver keeps for p (dialled on first use, and again
+// when it ended: its idle timeout, an API server or kubelet restart, a broken
+// proxy). The kept connection saves the TLS handshake and the upgrade of every
+// dial after the first (client-go's port-forward protocol multiplexes stream pairs
+// by request id over one connection, as kubectl port-forward does for every local
+// connection).
+//
+// A connection on which a pair was refused (nothing listened on the port yet: the
+// agent was starting, or gone) or ended without carrying a byte opens no more
+// pairs and is closed once its last pair is: measured against v1.37.2 with
+// containerd 1.6, a pair opened on a connection whose earlier pairs had been
+// refused sometimes never carried the agent's answer, so such a connection is
+// never trusted again. Create's wait for a starting agent therefore dials a
+// new connection per refused attempt and keeps the first that answers.
 func (d *Driver) forward(ctx context.Context, p *corev1.Pod) (net.Conn, error) {
-	conn, err := d.dialForward(ctx, p)
-	if err != nil {
-		return nil, err
+	for attempt := 0; ; attempt++ {
+		fc, fresh, err := d.pool.get(ctx, p, d.dialForward)
+		if err != nil {
+			return nil, err
+		}
+		c, err := fc.open(AgentPort)
+		if err == nil {
+			return c, nil
+		}
+		fc.retire()
+		if fresh || attempt > 0 {
+			return nil, backend.Errorf(backend.ErrUnavailable, "kubernetes: port-forward to pod %s port %d: %v", p.Name, AgentPort, err)
+		}
+		// The kept connection had broken without our noticing: dial a new one.
 	}
-	fc := &forwardConn{conn: conn}
-	c, err := fc.open(AgentPort)
-	if err != nil {
-		conn.Close()
-		return nil, backend.Errorf(backend.ErrUnavailable, "kubernetes: port-forward to pod %s port %d: %v", p.Name, AgentPort, err)
-	}
-	c.(*streamConn).own = true
-	return c, nil
 }
 
 // dialTimeout bounds dialling a port-forward connection.
 const dialTimeout = 30 * time.Second
+
+// keptIdle is how long a kept port-forward connection without pairs stays open:
+// it bounds what a Pod deleted behind berth's back, whose connection no dial comes
+// to drop, holds (one TCP connection to the API server); the kubelet's own
+// streaming idle timeout is 4 hours.
+const keptIdle = 5 * time.Minute
 
 // dialForward dials the port-forward subresource of Pod p over SPDY (client-go's
 // spdy dialer and portforward's protocol name, as kubectl port-forward's fallback).
@@ -118,8 +135,197 @@ func (d *Driver) dialForward(ctx context.Context, p *corev1.Pod) (httpstream.Con
 	}
 }
 
+// forwardPool holds the kept port-forward connection of each Pod, by Pod name.
+// The zero value is ready to use.
+type forwardPool struct {
+	mu    sync.Mutex
+	conns map[string]*forwardConn
+	// dialing holds, per Pod name, a channel that is closed when the dial of that
+	// Pod's connection under way ends, so that concurrent dials make one.
+	dialing map[string]chan struct{}
+}
+
+// get returns p's kept connection, dialling one with dial when there is none (or
+// it is retired, ended, or of an earlier Pod of the name); fresh reports that it
+// was dialled now.
+func (fp *forwardPool) get(ctx context.Context, p *corev1.Pod, dial func(context.Context, *corev1.Pod) (httpstream.Connection, error)) (fc *forwardConn, fresh bool, err error) {
+	for {
+		fp.mu.Lock()
+		if fc := fp.conns[p.Name]; fc != nil {
+			if fc.usable(p.UID) {
+				fp.mu.Unlock()
+				return fc, false, nil
+			}
+			delete(fp.conns, p.Name)
+			fc.retireLocked()
+		}
+		wait, busy := fp.dialing[p.Name]
+		if !busy {
+			if fp.dialing == nil {
+				fp.dialing = map[string]chan struct{}{}
+			}
+			wait = make(chan struct{})
+			fp.dialing[p.Name] = wait
+		}
+		fp.mu.Unlock()
+		if busy {
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return nil, false, fmt.Errorf("kubernetes: port-forward to pod %s: %w", p.Name, ctx.Err())
+			}
+		}
+		conn, err := dial(ctx, p)
+		fp.mu.Lock()
+		delete(fp.dialing, p.Name)
+		close(wait)
+		if err != nil {
+			fp.mu.Unlock()
+			return nil, false, err
+		}
+		fc = &forwardConn{conn: conn, uid: p.UID, pool: fp, name: p.Name}
+		if fp.conns == nil {
+			fp.conns = map[string]*forwardConn{}
+		}
+		fp.conns[p.Name] = fc
+		fc.idleLocked()
+		fp.mu.Unlock()
+		return fc, true, nil
+	}
+}
+
+// drop retires the kept connection of Pod name (deleted, or gone).
+func (fp *forwardPool) drop(name string) {
+	fp.mu.Lock()
+	fc := fp.conns[name]
+	delete(fp.conns, name)
+	fp.mu.Unlock()
+	if fc != nil {
+		fc.retire()
+	}
+}
+
+// closeAll closes every kept connection and the pairs on them.
+func (fp *forwardPool) closeAll() {
+	fp.mu.Lock()
+	conns := fp.conns
+	fp.conns = nil
+	fp.mu.Unlock()
+	for _, fc := range conns {
+		fp.mu.Lock()
+		fc.retired = true
+		done := fc.closed
+		fc.closed = true
+		if fc.idle != nil {
+			fc.idle.Stop()
+		}
+		fp.mu.Unlock()
+		if !done {
+			fc.conn.Close()
+		}
+	}
+}
+
+// forwardConn is one port-forward connection to a Pod; pool's mutex guards its
+// counts.
+type forwardConn struct {
+	conn    httpstream.Connection
+	uid     types.UID
+	pool    *forwardPool
+	name    string
+	ids     atomic.Int64
+	pairs   int  // stream pairs open on it
+	retired bool // opens no more pairs; closed when the last one is
+	closed  bool
+	idle    *time.Timer
+}
+
+// usable reports whether fc may carry a new pair to the Pod of uid (pool's mutex
+// held).
+func (fc *forwardConn) usable(uid types.UID) bool {
+	if fc.retired || fc.uid != uid {
+		return false
+	}
+	select {
+	case <-fc.conn.CloseChan():
+		return false
+	default:
+		return true
+	}
+}
+
+// retire stops fc from carrying new pairs and closes it once it carries none.
+func (fc *forwardConn) retire() {
+	fc.pool.mu.Lock()
+	defer fc.pool.mu.Unlock()
+	fc.retireLocked()
+}
+
+// retireLocked is retire with pool's mutex held.
+func (fc *forwardConn) retireLocked() {
+	fp := fc.pool
+	fc.retired = true
+	if fp.conns[fc.name] == fc {
+		delete(fp.conns, fc.name)
+	}
+	if fc.pairs == 0 {
+		fc.closeLocked()
+	}
+}
+
+// closeLocked closes the connection, once (pool's mutex held).
+func (fc *forwardConn) closeLocked() {
+	if fc.idle != nil {
+		fc.idle.Stop()
+	}
+	if !fc.closed {
+		fc.closed = true
+		go fc.conn.Close() // it resets its streams and may wait for the network
+	}
+}
+
+// idleLocked starts the timer that retires fc after keptIdle without pairs (pool's
+// mutex held).
+func (fc *forwardConn) idleLocked() {
+	if fc.idle != nil {
+		fc.idle.Stop()
+	}
+	fc.idle = time.AfterFunc(keptIdle, fc.retire)
+}
+
 // open creates the error and data streams of one forwarded connection to port.
 func (fc *forwardConn) open(port int) (net.Conn, error) {
+	fp := fc.pool
+	fp.mu.Lock()
+	fc.pairs++
+	if fc.idle != nil {
+		fc.idle.Stop()
+	}
+	fp.mu.Unlock()
+	c, err := fc.openPair(port)
+	if err != nil {
+		fc.release()
+	}
+	return c, err
+}
+
+// release counts a pair on fc as closed.
+func (fc *forwardConn) release() {
+	fp := fc.pool
+	fp.mu.Lock()
+	defer fp.mu.Unlock()
+	fc.pairs--
+	switch {
+	case fc.pairs > 0:
+	case fc.retired:
+		fc.closeLocked()
+	default:
+		fc.idleLocked()
+	}
+}
+
+func (fc *forwardConn) openPair(port int) (net.Conn, error) {
 	id := strconv.FormatInt(fc.ids.Add(1), 10)
 	h := http.Header{}
 	h.Set(corev1.StreamType, corev1.StreamTypeError)
@@ -133,6 +339,7 @@ func (fc *forwardConn) open(port int) (net.Conn, error) {
 	h.Set(corev1.StreamType, corev1.StreamTypeData)
 	data, err := fc.conn.CreateStream(h)
 	if err != nil {
+		errStream.Reset()
 		fc.conn.RemoveStreams(errStream)
 		return nil, err
 	}
@@ -143,6 +350,7 @@ func (fc *forwardConn) open(port int) (net.Conn, error) {
 		msg, _ := io.ReadAll(io.LimitReader(errStream, 4096))
 		if len(msg) > 0 {
 			c.errMsg.Store(strings.TrimSpace(string(msg)))
+			fc.retire()
 			data.Reset()
 		}
 		close(c.remoteErr)
@@ -160,7 +368,7 @@ type streamConn struct {
 	errMsg    atomic.Value // string
 	remoteErr chan struct{}
 	closed    chan struct{} // closed by Close
-	own       bool          // Close closes fc's connection too
+	got       atomic.Bool   // a Read returned bytes
 	closeOnce sync.Once
 }
 
@@ -171,6 +379,9 @@ type streamConn struct {
 // connection's end).
 func (c *streamConn) Read(b []byte) (int, error) {
 	n, err := c.data.Read(b)
+	if n > 0 {
+		c.got.Store(true)
+	}
 	if err != nil && n == 0 {
 		select {
 		case <-c.remoteErr:
@@ -197,17 +408,18 @@ func (c *streamConn) Write(b []byte) (int, error) {
 // CloseWrite ends the host's half: the agent reads EOF.
 func (c *streamConn) CloseWrite() error { return c.data.Close() }
 
-// Close ends both halves, forgets the streams and closes the port-forward
-// connection.
+// Close ends both halves and forgets the streams. A pair that never carried a
+// byte retires its connection (see forward).
 func (c *streamConn) Close() error {
 	c.closeOnce.Do(func() {
 		close(c.closed)
 		c.data.Reset()
 		c.errStream.Reset()
 		c.fc.conn.RemoveStreams(c.data, c.errStream)
-		if c.own {
-			c.fc.conn.Close()
+		if !c.got.Load() {
+			c.fc.retire()
 		}
+		c.fc.release()
 	})
 	return nil
 }

@@ -114,6 +114,7 @@ type Driver struct {
 	ns       string
 	server   string
 	creating containerutil.NameLocks
+	pool     forwardPool // the kept port-forward connection of each Pod
 }
 
 // Option configures a Driver built with New.
@@ -232,6 +233,7 @@ func (d *Driver) Configure(ctx context.Context, setup backend.DriverSetup) error
 	d.owner = setup.Owner
 	d.stateDir = setup.StateDir
 	d.cs, d.rest = nil, nil
+	d.pool.closeAll() // they were dialled with the clients just dropped
 	return nil
 }
 
@@ -413,11 +415,13 @@ func (d *Driver) serverAddr() string {
 	return d.server
 }
 
-// Close drops the clients; Pods keep running.
+// Close drops the clients and closes the kept port-forward connections (and the
+// agent connections on them); Pods keep running.
 func (d *Driver) Close() error {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	d.cs, d.rest = nil, nil
+	d.mu.Unlock()
+	d.pool.closeAll()
 	return nil
 }
 

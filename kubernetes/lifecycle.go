@@ -548,6 +548,7 @@ func (d *Driver) remove(ctx context.Context, p *corev1.Pod, grace int64) error {
 	if err != nil {
 		return err
 	}
+	d.pool.drop(p.Name)
 	if err := d.deletePod(ctx, cs, ns, p.Name, grace); err != nil {
 		return err
 	}
