@@ -312,8 +312,9 @@ type Lease struct {
 	Sandbox string
 	// Rule is the matching scope rule.
 	Rule *config.Rule
-	// Direct is set when the call reached the sandbox's running agent without
-	// starting its driver (the session's recorded sandbox answered on its socket).
+	// Direct is set when the call reached the sandbox's running agent without its
+	// driver's lifecycle (the session's recorded sandbox answered on its socket, or
+	// through its driver's DialAgent).
 	Direct bool
 	// Created is set when this call created the sandbox, clear when it adopted one.
 	Created bool

@@ -19,11 +19,14 @@ import (
 // reaches the sandbox's agent in one of two ways:
 //
 //   - directly (the fast path): the session's record names the sandbox its rule maps
-//     it to, its driver's agents listen on the sockets the host prepared
-//     (backend.AgentSocket), nothing of retention is due, and the agent answers on
-//     STATE/sandboxes/DRIVER/SANDBOX/run: no driver is started, no runtime is asked,
-//     and nothing is written to the store before the call (its last use is touched
-//     after it, without fsync);
+//     it to, nothing of retention is due, and its agent answers: on the socket the
+//     host prepared, STATE/sandboxes/DRIVER/SANDBOX/run, for drivers whose agents
+//     listen there (backend.AgentSocket: no driver is started, no runtime is asked),
+//     or through the driver's DialAgent for drivers that carry the connection
+//     (backend.AgentDial: the driver is started, if it is not running yet, for the
+//     dial alone; no lifecycle call is made). Nothing is written to the store before
+//     the call (its last use is touched after it, without fsync). A long-lived
+//     registry keeps the agent's client for the next call (agentCache);
 //   - through the lifecycle (the slow path): anything else (no record, a moved rule,
 //     retention due, --recreate, an agent that does not answer because the sandbox is
 //     stopped or gone) starts the driver, which creates, adopts or starts the sandbox,
@@ -50,7 +53,8 @@ const (
 )
 
 // errNotRunning is what a direct dial says when no agent answers on the sandbox's
-// socket (it is stopped or gone): the slow path decides what that means.
+// socket, or through its driver (it is stopped or gone): the slow path decides what
+// that means.
 var errNotRunning = errors.New("the sandbox's agent does not answer on its socket")
 
 // sessionConn is a session's sandbox reached for one call: its lease and either an
@@ -165,11 +169,12 @@ func (r *Registry) ownerAndRecord(session string) (record, bool, error) {
 }
 
 // direct reports whether a call may try the session's recorded sandbox without its
-// driver: the record names the sandbox the rule maps the session to now, on the
-// rule's driver, reached through its socket, and neither max_age nor idle_ttl is
-// due (due ones take the slow path, which applies them).
+// driver's lifecycle: the record names the sandbox the rule maps the session to now,
+// on the rule's driver, reached through its socket or its driver's DialAgent, and
+// neither max_age nor idle_ttl is due (due ones take the slow path, which applies
+// them).
 func (r *Registry) direct(rule *config.Rule, spec backend.SandboxSpec, rec record) bool {
-	if rec.Agent != backend.AgentSocket || !rec.Removed.IsZero() || rec.Driver != rule.Driver || rec.Sandbox != spec.Name {
+	if (rec.Agent != backend.AgentSocket && rec.Agent != backend.AgentDial) || !rec.Removed.IsZero() || rec.Driver != rule.Driver || rec.Sandbox != spec.Name {
 		return false
 	}
 	ret, now := rule.Retention, r.now()
@@ -185,7 +190,8 @@ func (r *Registry) direct(rule *config.Rule, spec backend.SandboxSpec, rec recor
 }
 
 // dialDirect takes the sandbox's busy marker (under its lock) and dials its agent
-// through the socket in its host dir. errNotRunning when nothing answers there.
+// through the socket in its host dir, or its driver's DialAgent (rec.Agent).
+// errNotRunning when nothing answers there.
 func (r *Registry) dialDirect(ctx context.Context, session string, rule *config.Rule, spec backend.SandboxSpec, rec record) (*sessionConn, error) {
 	lock, err := flock.Lock(ctx, r.lockPath(rec.Sandbox))
 	if err != nil {
@@ -201,8 +207,12 @@ func (r *Registry) dialDirect(ctx context.Context, session string, rule *config.
 	client := r.agents.get(key)
 	if client == nil {
 		dir := r.sandboxDir(rec.Driver, rec.Sandbox)
-		client, err = agent.NewClient(ctx, agent.DialSocketDir(filepath.Join(dir, "run")),
-			agent.WithTokenFrom(filepath.Join(dir, "agent")), agent.WithHelloTimeout(r.cfg.AgentTimeout))
+		if rec.Agent == backend.AgentDial {
+			client, err = r.dialThrough(ctx, rec, filepath.Join(dir, "agent"))
+		} else {
+			client, err = agent.NewClient(ctx, agent.DialSocketDir(filepath.Join(dir, "run")),
+				agent.WithTokenFrom(filepath.Join(dir, "agent")), agent.WithHelloTimeout(r.cfg.AgentTimeout))
+		}
 		if err != nil {
 			busy.unlock(false)
 			return nil, r.agentError(session, rec.Driver, rec.Sandbox, err)
@@ -215,6 +225,32 @@ func (r *Registry) dialDirect(ctx context.Context, session string, rule *config.
 		Drift: rec.SpecHash != "" && rec.SpecHash != spec.Labels[backend.LabelSpecHash],
 	}
 	return &sessionConn{r: r, session: session, lease: lease, client: client, cached: true, busy: busy, madeBusy: made}, nil
+}
+
+// dialThrough connects to the agent of rec's sandbox through its driver's
+// DialAgent, with the token of the agent dir. A sandbox that the driver does not
+// find, or finds not running, or whose agent cannot be reached (ErrNotFound,
+// ErrConflict, ErrUnavailable: deleted behind berth's back, ended, its agent
+// gone) is ErrUnavailable, which agentError makes errNotRunning: the slow path's
+// Create then says what became of it, and makes it anew.
+func (r *Registry) dialThrough(ctx context.Context, rec record, agentDir string) (*agent.Client, error) {
+	b, err := r.driver(ctx, rec.Driver)
+	if err != nil {
+		return nil, err
+	}
+	d, ok := b.(backend.AgentDialer)
+	if !ok {
+		return nil, backend.Errorf(backend.ErrUnavailable, "driver %s does not implement DialAgent", rec.Driver)
+	}
+	c, err := agent.NewClient(ctx, func(ctx context.Context) (net.Conn, error) { return d.DialAgent(ctx, rec.Sandbox) },
+		agent.WithTokenFrom(agentDir), agent.WithHelloTimeout(r.cfg.AgentTimeout))
+	switch {
+	case err == nil:
+		return c, nil
+	case errors.Is(err, backend.ErrNotFound), errors.Is(err, backend.ErrConflict), errors.Is(err, backend.ErrUnavailable):
+		return nil, backend.Errorf(backend.ErrUnavailable, "%v", err)
+	}
+	return nil, err
 }
 
 // agentError says what a failed dial of sandbox's agent means for session: nothing
