@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	//lint:ignore SA1019 client-go v0.37.2's spdy and portforward dialers still take and return this package's types
 	"k8s.io/apimachinery/pkg/util/httpstream"
@@ -109,14 +112,16 @@ func (d *Driver) dialForward(ctx context.Context, p *corev1.Pod) (httpstream.Con
 	if err != nil {
 		return nil, backend.Errorf(backend.ErrInvalid, "kubernetes: port-forward to pod %s: %v", p.Name, err)
 	}
-	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: transport, Timeout: dialTimeout}, http.MethodPost, u)
+	client := &http.Client{Transport: transport, Timeout: dialTimeout}
 	type result struct {
 		c   httpstream.Connection
 		err error
 	}
 	ch := make(chan result, 1)
 	go func() {
-		c, _, err := dialer.Dial(portforward.PortForwardProtocolV1Name)
+		// The request has no context: the upgraded connection is kept beyond this
+		// dial's ctx (see forward); ctx only ends the wait below.
+		c, err := negotiate(client, upgrader, u.String())
 		ch <- result{c, err}
 	}()
 	select {
@@ -133,6 +138,34 @@ func (d *Driver) dialForward(ctx context.Context, p *corev1.Pod) (httpstream.Con
 		}()
 		return nil, fmt.Errorf("kubernetes: port-forward to pod %s: %w", p.Name, ctx.Err())
 	}
+}
+
+// negotiate upgrades a POST to the port-forward URL u to SPDY with port-forward
+// protocol v1. It is client-go's spdy.Negotiate, except that an answer other than
+// 101 Switching Protocols becomes the API server's status error (forbidden, not
+// found), which Negotiate flattens into text: Create must tell a missing
+// pods/portforward permission, which waiting does not mend, from an agent that
+// is not listening yet.
+func negotiate(client *http.Client, upgrader spdy.Upgrader, u string) (httpstream.Connection, error) {
+	req, err := http.NewRequest(http.MethodPost, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Add(httpstream.HeaderProtocolVersion, portforward.PortForwardProtocolV1Name)
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		var st metav1.Status
+		if json.Unmarshal(body, &st) == nil && st.Kind == "Status" && st.Code != 0 {
+			return nil, &apierrors.StatusError{ErrStatus: st}
+		}
+		return nil, apierrors.NewGenericServerResponse(resp.StatusCode, http.MethodPost, corev1.Resource("pods/portforward"), "", strings.TrimSpace(string(body)), 0, false)
+	}
+	return upgrader.NewConnection(resp)
 }
 
 // forwardPool holds the kept port-forward connection of each Pod, by Pod name.

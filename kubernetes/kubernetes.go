@@ -439,6 +439,8 @@ func (d *Driver) wrap(op string, err error) error {
 	}
 	ns := d.namespace()
 	switch {
+	case apierrors.IsNotFound(err) && notFoundKind(err) == "namespaces":
+		return backend.Errorf(backend.ErrInvalid, "kubernetes: %s: namespace %s does not exist: create it (kubectl create namespace %s) or set namespace in driver \"kubernetes\" {} to one that does (%v)", op, ns, ns, err)
 	case apierrors.IsNotFound(err):
 		return backend.Errorf(backend.ErrNotFound, "kubernetes: %s: %v", op, err)
 	case apierrors.IsAlreadyExists(err), apierrors.IsConflict(err):
@@ -446,7 +448,7 @@ func (d *Driver) wrap(op string, err error) error {
 	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err):
 		return backend.Errorf(backend.ErrInvalid, "kubernetes: %s: %v", op, err)
 	case apierrors.IsForbidden(err), apierrors.IsUnauthorized(err):
-		return backend.Errorf(backend.ErrInvalid, "kubernetes: %s in namespace %s: %v; give berth's user the Role in docs/kubernetes.md", op, ns, err)
+		return backend.Errorf(backend.ErrInvalid, "kubernetes: %s in namespace %s: %v; give berth's user the Role in docs/kubernetes.md in that namespace (and check that the namespace exists)", op, ns, err)
 	case apierrors.IsTimeout(err), apierrors.IsServerTimeout(err), apierrors.IsTooManyRequests(err):
 		return backend.Errorf(backend.ErrUnavailable, "kubernetes: %s: the API server at %s is busy: %v", op, d.serverAddr(), err)
 	case apierrors.IsInternalError(err), apierrors.IsServiceUnavailable(err):
@@ -458,6 +460,16 @@ func (d *Driver) wrap(op string, err error) error {
 		return backend.Errorf(backend.ErrUnavailable, "kubernetes: %s: the API server at %s does not answer (%v); check that the cluster runs (kubectl version) and that kubeconfig/context in driver \"kubernetes\" {} point at it", op, d.serverAddr(), err)
 	}
 	return fmt.Errorf("kubernetes: %s: %w", op, err)
+}
+
+// notFoundKind is the kind of object a NotFound error of the API server names
+// ("namespaces" when the namespace is missing), "" when it names none.
+func notFoundKind(err error) string {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) && status.Status().Details != nil {
+		return status.Status().Details.Kind
+	}
+	return ""
 }
 
 // namespace is the namespace in use, "" before the first connection.
