@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,7 +23,10 @@ import (
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/internal/k8stest"
+	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/kubernetes"
+	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/registry/config"
 )
 
 // benchEnv is a berth config and state dir whose "bench:*" sessions run on the
@@ -52,10 +56,20 @@ scope "bench:*" {
 	return e
 }
 
-// berth runs the berth under test with the env's config and state dir.
+// berth runs the berth under test with the env's config and state dir, embedded
+// (BERTH_NO_DAEMON=1: it opens the state dir and launches the driver's plugin
+// itself).
 func (e benchEnv) berth(args ...string) error {
+	return e.berthWith([]string{"BERTH_NO_DAEMON=1"}, args...)
+}
+
+// berthDaemon runs the berth under test as a client of the env's berth serve
+// (serve).
+func (e benchEnv) berthDaemon(args ...string) error { return e.berthWith(nil, args...) }
+
+func (e benchEnv) berthWith(env []string, args ...string) error {
 	cmd := exec.Command(berthBin, args...)
-	cmd.Env = append(os.Environ(), "BERTH_CONFIG="+e.config, "BERTH_STATE_DIR="+e.state)
+	cmd.Env = append(append(os.Environ(), "BERTH_CONFIG="+e.config, "BERTH_STATE_DIR="+e.state), env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("berth %s: %v: %s", strings.Join(args, " "), err, out)
@@ -73,21 +87,53 @@ func (e benchEnv) kubectl(kubeconfig string, args ...string) error {
 	return nil
 }
 
+// serve starts `berth serve` for the env and waits until its socket answers; it
+// is stopped (SIGTERM) when the benchmark ends.
+func (e benchEnv) serve(b *testing.B) {
+	cmd := exec.Command(berthBin, "serve")
+	cmd.Env = append(os.Environ(), "BERTH_CONFIG="+e.config, "BERTH_STATE_DIR="+e.state)
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	b.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		<-exited
+	})
+	testwait.Until(b, "berth serve's socket", func() bool {
+		c, err := net.Dial("unix", filepath.Join(e.state, "berth.sock"))
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+}
+
 // BenchmarkExecRoundTrip measures the round trip of `true` in a running Pod
-// sandbox, interleaved: berth's agent over a kept port-forward stream and over a
-// new stream per exec (the driver in process), client-go's exec API at library
-// level (SPDY, a new connection per exec, as kubectl), and the whole commands
-// `berth exec -s S -- true` (berth, its plugin, a port-forward, the agent) and
-// `kubectl exec POD -- true`. p50 and p95 in milliseconds, at least 20 rounds.
+// sandbox, interleaved:
+//   - library level: berth's agent over one kept agent connection and over a new
+//     one per exec (a stream pair on the driver's kept port-forward connection),
+//     an in-process registry's Exec (what berth serve runs per call; it keeps the
+//     agent connection), and client-go's exec API (SPDY, a new connection per
+//     exec, as kubectl);
+//   - whole commands: `berth exec -s S -- true` through berth serve (berth-daemon:
+//     the CLI, the daemon's HTTP API, the kept agent connection), embedded
+//     (berth-embedded: berth opens the state dir, launches the driver's plugin,
+//     which dials a port-forward connection: TLS and upgrade, then the agent's
+//     handshake), and `kubectl exec POD -- true`.
+//
+// p50 and p95 in milliseconds, at least 20 rounds.
 //
 //	go test ./kubernetes -run '^$' -bench ExecRoundTrip -benchtime 30x
 func BenchmarkExecRoundTrip(b *testing.B) {
 	c, cfg := benchCluster(b)
 	e := newBenchEnv(b, c, cfg)
-	if err := e.berth("exec", "-s", "bench:rt", "--", "true"); err != nil {
+	e.serve(b)
+	if err := e.berthDaemon("exec", "-s", "bench:rt", "--", "true"); err != nil {
 		b.Fatal(err)
 	}
-	defer e.berth("rm", "bench:rt")
+	defer e.berthDaemon("rm", "bench:rt")
 	ctx := context.Background()
 	d := kubernetes.New(kubernetes.WithConfig(cfg))
 	defer d.Close()
@@ -129,6 +175,25 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 		}
 		return ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: io.Discard, Stderr: io.Discard})
 	}
+	// An in-process registry on the same state dir and config, as berth serve
+	// holds one (its own driver instance, in process).
+	lc, err := config.Load(e.config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	reg, err := registry.Open(ctx, lc, registry.WithStateDir(e.state), registry.WithBerthBinary(berthBin),
+		registry.WithDriver(kubernetes.Name, func() backend.TerminalBackend { return kubernetes.New() }))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer reg.Close()
+	regExec := func() error {
+		p, _, err := reg.Exec(ctx, "bench:rt", benchutil.TrueReq)
+		return benchutil.WaitTrue(b, p, err)
+	}
+	if err := regExec(); err != nil {
+		b.Fatal(err)
+	}
 	benchutil.Interleave(b, []benchutil.Way{
 		{Name: "agent-kept", Run: func() error {
 			p, err := kept.Exec(ctx, benchutil.TrueReq)
@@ -143,8 +208,10 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 			p, err := cl.Exec(ctx, benchutil.TrueReq)
 			return benchutil.WaitTrue(b, p, err)
 		}},
+		{Name: "registry-exec", Run: regExec},
 		{Name: "client-go-exec", Run: clientGoExec},
-		{Name: "berth-exec", Run: func() error { return e.berth("exec", "-s", "bench:rt", "--", "true") }},
+		{Name: "berth-daemon", Run: func() error { return e.berthDaemon("exec", "-s", "bench:rt", "--", "true") }},
+		{Name: "berth-embedded", Run: func() error { return e.berth("exec", "-s", "bench:rt", "--", "true") }},
 		{Name: "kubectl-exec", Run: func() error {
 			return e.kubectl(c.Kubeconfig, "exec", pod, "-c", kubernetes.ContainerName, "--", "true")
 		}},
