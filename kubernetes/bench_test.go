@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,7 +22,6 @@ import (
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/internal/k8stest"
-	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/kubernetes"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/registry/config"
@@ -87,27 +85,11 @@ func (e benchEnv) kubectl(kubeconfig string, args ...string) error {
 	return nil
 }
 
-// serve starts `berth serve` for the env and waits until its socket answers; it
-// is stopped (SIGTERM) when the benchmark ends.
+// serve starts `berth serve` for the env (startServe).
 func (e benchEnv) serve(b *testing.B) {
 	cmd := exec.Command(berthBin, "serve")
 	cmd.Env = append(os.Environ(), "BERTH_CONFIG="+e.config, "BERTH_STATE_DIR="+e.state)
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	b.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		<-exited
-	})
-	testwait.Until(b, "berth serve's socket", func() bool {
-		c, err := net.Dial("unix", filepath.Join(e.state, "berth.sock"))
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
+	startServe(b, cmd, e.state)
 }
 
 // BenchmarkExecRoundTrip measures the round trip of `true` in a running Pod

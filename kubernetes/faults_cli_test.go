@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -95,27 +96,29 @@ func (e *cliEnv) must(args ...string) (string, string) {
 	return out, stderr
 }
 
-// serve starts `berth serve` for the env and waits until its socket answers; it is
-// stopped (SIGTERM) when the test ends.
-func (e *cliEnv) serve() {
-	e.t.Helper()
-	cmd := e.command("serve")
-	var log bytes.Buffer
+// serve starts `berth serve` for the env (startServe).
+func (e *cliEnv) serve() { startServe(e.t, e.command("serve"), e.state) }
+
+// startServe starts cmd, a `berth serve` of state dir state, and waits until its
+// socket answers; it is stopped (SIGTERM) when the test or benchmark ends.
+func startServe(tb testing.TB, cmd *exec.Cmd, state string) {
+	tb.Helper()
+	var log syncBuffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
-		e.t.Fatal(err)
+		tb.Fatal(err)
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
-	e.t.Cleanup(func() {
+	tb.Cleanup(func() {
 		cmd.Process.Signal(syscall.SIGTERM)
 		<-exited
 	})
-	sock := filepath.Join(e.state, "berth.sock")
-	testwait.Until(e.t, "berth serve's socket", func() bool {
+	sock := filepath.Join(state, "berth.sock")
+	testwait.Until(tb, "berth serve's socket", func() bool {
 		select {
 		case <-exited:
-			e.t.Fatalf("berth serve exited: %s", log.String())
+			tb.Fatalf("berth serve exited: %s", log.String())
 		default:
 		}
 		c, err := net.Dial("unix", sock)
@@ -124,6 +127,24 @@ func (e *cliEnv) serve() {
 		}
 		return err == nil
 	})
+}
+
+// syncBuffer is a bytes.Buffer safe for a process's writes and the test's reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // pod returns the Pod that sandbox hostname runs in, as the admin sees it.
