@@ -75,9 +75,9 @@ ways, so a sparse file stays sparse (a sparse file counts at its full size).`,
 			}
 			switch {
 			case d != nil && up:
-				return copyDaemon(cmd.Context(), d.filesAPI(), session, src, dst[1:], true, false, 0)
+				return copyDaemon(cmd.Context(), d, session, src, dst[1:], true, false, 0)
 			case d != nil:
-				return copyDaemon(cmd.Context(), d.filesAPI(), session, src[1:], dst, false, archive, limit)
+				return copyDaemon(cmd.Context(), d, session, src[1:], dst, false, archive, limit)
 			case up:
 				return upload(cmd, g, session, src, dst[1:])
 			}

@@ -48,7 +48,11 @@ const (
 // connections but does not answer is an error, never a hang.
 const statusTimeout = 10 * time.Second
 
-// daemonClient is a client of a running berth serve.
+// daemonClient is the CLI's one client of a running berth serve: the api methods
+// (daemon_api.go), the files routes (daemoncopy.go) and the TTY WebSocket
+// (daemonshell.go) all go through its http.Client (for a unix socket, one whose
+// transport dials the socket; no Timeout, which would cut long copies and shells),
+// with its bearer token.
 type daemonClient struct {
 	// where is what the user is told: unix:///PATH or the URL.
 	where  string

@@ -13,61 +13,19 @@ import (
 	"github.com/berth-sh/berth/server"
 )
 
-// The client side of berth cp and berth shell through a running berth serve (the
-// files routes and the TTY WebSocket of docs/api.md). A download is extracted here,
-// on the client, as the user who runs berth cp, with berth cp's rules
-// (agent.ExtractTar): the daemon may run as another user, and the stream it passes
-// on comes from the sandbox.
-
-// daemonAPI is how the CLI reaches a running berth serve: an HTTP client that dials
-// it (for a unix socket, one whose transport dials the socket; no Timeout, which
-// would cut long copies and shells), the base URL of its API ("http://berth" for a
-// unix socket, "https://HOST:PORT" for TCP) and its bearer token ("" for none).
-type daemonAPI struct {
-	client *http.Client
-	base   string
-	token  string
-}
-
-// filesAPI returns the client of d's files routes and TTY.
-func (d *daemonClient) filesAPI() daemonAPI {
-	return daemonAPI{client: d.client, base: d.base, token: d.token}
-}
+// The client side of berth cp through a running berth serve (the files routes of
+// docs/api.md), on daemonClient. A download is extracted here, on the client, as
+// the user who runs berth cp, with berth cp's rules (agent.ExtractTar): the daemon
+// may run as another user, and the stream it passes on comes from the sandbox.
 
 // sessionURL returns the URL of session's route tail ("archive", "tty") with the
 // query q: the name is one percent-encoded path segment.
-func (d daemonAPI) sessionURL(session, tail string, q url.Values) string {
+func (d *daemonClient) sessionURL(session, tail string, q url.Values) string {
 	u := strings.TrimSuffix(d.base, "/") + sessionPath(session, tail)
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
 	return u
-}
-
-// request makes a request to the daemon with the token.
-func (d daemonAPI) request(ctx context.Context, method, u string, body io.Reader) (*http.Request, error) {
-	req, err := http.NewRequestWithContext(ctx, method, u, body)
-	if err != nil {
-		return nil, err
-	}
-	if d.token != "" {
-		req.Header.Set("Authorization", "Bearer "+d.token)
-	}
-	return req, nil
-}
-
-// do sends req; an answer other than 200 is returned as its error (answerError), a
-// failed request as an error that says what (doing) went wrong.
-func (d daemonAPI) do(req *http.Request, doing string) (*http.Response, error) {
-	resp, err := d.client.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("%s through berth serve: %w", doing, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		defer resp.Body.Close()
-		return nil, answerError(resp, "")
-	}
-	return resp, nil
 }
 
 // answerError turns an error answer of the daemon into an error with its message (the
@@ -88,7 +46,7 @@ func answerError(resp *http.Response, where string) error {
 
 // upload copies the host path src to dst in session's sandbox through the daemon
 // (PUT /archive), streaming the tar as it is written: berth cp SRC :DST.
-func (d daemonAPI) upload(ctx context.Context, session, src, dst string) error {
+func (d *daemonClient) upload(ctx context.Context, session, src, dst string) error {
 	dir, name, err := uploadTarget(src, dst)
 	if err != nil {
 		return err
@@ -97,12 +55,8 @@ func (d daemonAPI) upload(ctx context.Context, session, src, dst string) error {
 	go func() { pw.CloseWithError(agent.WriteTar(pw, src, name)) }()
 	defer pr.CloseWithError(io.ErrClosedPipe)
 	// No max_size: berth cp's uploads have no bound, as embedded ones.
-	req, err := d.request(ctx, http.MethodPut, d.sessionURL(session, "archive", url.Values{"path": {dir}, "max_size": {"unlimited"}}), pr)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", server.TarType)
-	resp, err := d.do(req, "session "+session+": copying into "+dir)
+	q := url.Values{"path": {dir}, "max_size": {"unlimited"}}
+	resp, err := d.request(ctx, http.MethodPut, sessionPath(session, "archive")+"?"+q.Encode(), pr, server.TarType, "")
 	if err != nil {
 		return err
 	}
@@ -113,17 +67,13 @@ func (d daemonAPI) upload(ctx context.Context, session, src, dst string) error {
 
 // download copies src in session's sandbox to the host path dst through the daemon
 // (GET /archive), extracting here with download's rules (archive, limit).
-func (d daemonAPI) download(ctx context.Context, session, src, dst string, archive bool, limit int64) error {
+func (d *daemonClient) download(ctx context.Context, session, src, dst string, archive bool, limit int64) error {
 	dir, opts, err := downloadTarget(src, dst, archive, limit)
 	if err != nil {
 		return err
 	}
 	return extractCopy(dir, opts, func(w io.Writer) error {
-		req, err := d.request(ctx, http.MethodGet, d.sessionURL(session, "archive", url.Values{"path": {src}}), nil)
-		if err != nil {
-			return err
-		}
-		resp, err := d.do(req, "session "+session+": copying "+src+" out")
+		resp, err := d.request(ctx, http.MethodGet, sessionPath(session, "archive")+"?"+url.Values{"path": {src}}.Encode(), nil, "", "")
 		if err != nil {
 			return err
 		}
@@ -139,7 +89,7 @@ func (d daemonAPI) download(ctx context.Context, session, src, dst string, archi
 // upload of the host path src to the sandbox path dst; else a download of the
 // sandbox path src to the host path dst with archive and limit): the same copies,
 // messages and exit codes (errors are failures, exit 125) as embedded.
-func copyDaemon(ctx context.Context, d daemonAPI, session, src, dst string, up, archive bool, limit int64) error {
+func copyDaemon(ctx context.Context, d *daemonClient, session, src, dst string, up, archive bool, limit int64) error {
 	if up {
 		return failure(d.upload(ctx, session, src, dst))
 	}

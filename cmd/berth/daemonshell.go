@@ -36,7 +36,7 @@ type ttyOptions struct {
 // openTTY opens a TTY exec in session through the daemon and returns once the
 // command runs, with the "started" message. Errors: the dial's (with the daemon's
 // JSON error, when it answered one), or the daemon's "error" message.
-func (d daemonAPI) openTTY(ctx context.Context, session string, o ttyOptions) (*ttyClient, server.TTYMessage, error) {
+func (d *daemonClient) openTTY(ctx context.Context, session string, o ttyOptions) (*ttyClient, server.TTYMessage, error) {
 	q := url.Values{}
 	for _, a := range o.argv {
 		q.Add("argv", a)
@@ -159,7 +159,7 @@ func (t *ttyClient) close() { t.conn.CloseNow() }
 // session's sandbox, in, out the client's terminal (in in raw mode while it runs,
 // set up by the caller), resizes (winch: read the new size with getSize) and
 // signals (sigs) forwarded. It returns the shell's result.
-func (d daemonAPI) shell(ctx context.Context, session string, recreate bool, in io.Reader, out io.Writer,
+func (d *daemonClient) shell(ctx context.Context, session string, recreate bool, in io.Reader, out io.Writer,
 	size backend.WindowSize, getSize func() (backend.WindowSize, bool), winch, sigs <-chan os.Signal, raw func() (restore func(), err error)) (server.ExecResult, error) {
 	o := ttyOptions{size: size, recreate: recreate}
 	if term := os.Getenv("TERM"); term != "" {

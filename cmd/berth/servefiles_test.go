@@ -1,7 +1,7 @@
 package main
 
 // Files and the TTY through a real `berth serve`: the API's routes (/archive, /files,
-// /tty) and the CLI's client side of them (daemonAPI: berth cp and berth shell
+// /tty) and the CLI's client side of them (daemonClient: berth cp and berth shell
 // through the daemon).
 
 import (
@@ -31,7 +31,9 @@ import (
 )
 
 // api returns the CLI's client of d.
-func (d *daemon) api() daemonAPI { return daemonAPI{client: d.client, base: d.base, token: d.token} }
+func (d *daemon) api() *daemonClient {
+	return &daemonClient{where: d.base, client: d.client, base: d.base, token: d.token}
+}
 
 // sandboxDir returns the default directory of session's sandbox (creating it).
 func (d *daemon) sandboxDir(session string) string {
@@ -460,7 +462,7 @@ func TestServeTTYDisconnect(t *testing.T) {
 	}
 }
 
-// berth shell's client (daemonAPI.shell) runs the login shell through the daemon
+// berth shell's client (daemonClient.shell) runs the login shell through the daemon
 // and returns its exit code; a TCP listener's TTY needs the token.
 func TestServeShellClient(t *testing.T) {
 	t.Parallel()
@@ -525,7 +527,7 @@ func TestServeFilesDocker(t *testing.T) {
 //	go test ./cmd/berth -run '^$' -bench ServeCopy -benchtime 10x
 func BenchmarkServeCopy(b *testing.B) {
 	environ, client, _ := benchServe(b, "")
-	api := daemonAPI{client: client, base: "http://berth"}
+	api := &daemonClient{where: "http://berth", client: client, base: "http://berth"}
 	dir := b.TempDir()
 	src := filepath.Join(dir, "big")
 	data := make([]byte, 100_000_000)

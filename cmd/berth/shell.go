@@ -44,7 +44,7 @@ func runShell(ctx context.Context, g *globals, session string, recreate bool) er
 		return failure(err)
 	}
 	if d != nil {
-		return runShellDaemon(ctx, d.filesAPI(), session, recreate)
+		return runShellDaemon(ctx, d, session, recreate)
 	}
 	tm, err := openShellTerminal(session)
 	if err != nil {
@@ -174,7 +174,7 @@ func (tm *shellTerminal) forward(done <-chan struct{}, resize func(backend.Windo
 
 // runShellDaemon is runShell through a running berth serve (its TTY WebSocket), with
 // the same terminal handling, output and exit codes.
-func runShellDaemon(ctx context.Context, d daemonAPI, session string, recreate bool) error {
+func runShellDaemon(ctx context.Context, d *daemonClient, session string, recreate bool) error {
 	tm, err := openShellTerminal(session)
 	if err != nil {
 		return err
