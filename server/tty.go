@@ -38,7 +38,9 @@ const ttyChunk = 32 << 10
 
 // TTYMessage is one JSON text message of the TTY WebSocket. Type says which:
 //
-//	client → server: "resize" (Rows, Cols), "signal" (Signal), "eof" (close stdin)
+//	client → server: "resize" (Rows, Cols), "signal" (Signal), "eof" (close stdin),
+//	                 "cancel" (kill the command's tree; the result still comes,
+//	                 with Canceled set)
 //	server → client: "started" (Session, Driver, Sandbox, Recreated...),
 //	                 "result" (Result), "error" (Error)
 //
@@ -183,7 +185,7 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 		case <-ioCtx.Done():
 		}
 	}()
-	t := &ttyConn{conn: conn, ctx: ioCtx, ready: make(chan struct{})}
+	t := &ttyConn{conn: conn, ctx: ioCtx, ready: make(chan struct{}), cancel: cancel}
 	driver := ""
 	fail := func(err error, status websocket.StatusCode) {
 		info := errorInfo(err, name)
@@ -246,6 +248,7 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 			ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
 			DurationMS: res.Duration.Milliseconds(), Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
 			Recreated: started.Recreated, RecreatedReason: started.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason,
+			Canceled: res.Canceled,
 		}
 		auditResult(r, out, nil)
 		s.metrics.execMode(driver, "tty", true, out, nil, start)
@@ -268,6 +271,9 @@ type ttyConn struct {
 	ctx   context.Context // the connection's I/O (see tty: it outlives the exec's)
 	ready chan struct{}   // closed once "started" is sent: output comes after it
 	mu    sync.Mutex      // one text message at a time beside the output
+	// cancel cancels the exec (a "cancel" message): its tree is killed and its
+	// result, with Canceled, still sent.
+	cancel context.CancelFunc
 }
 
 // Write sends terminal output as binary messages (the command's stdout).
@@ -334,7 +340,7 @@ func (t *ttyConn) readLoop(p backend.Process) error {
 		if err != nil {
 			return errClientGone
 		}
-		if err := applyControl(p, b); err != nil {
+		if err := applyControl(p, b, t.cancel); err != nil {
 			return err
 		}
 	}
@@ -355,8 +361,9 @@ func (w stdinWriter) Write(b []byte) (int, error) {
 // closed its stdin), as opposed to the client's connection failing.
 type stdinGone struct{ error }
 
-// applyControl applies one client text message to p.
-func applyControl(p backend.Process, b []byte) error {
+// applyControl applies one client text message to p; cancel is the exec's (a
+// "cancel" message).
+func applyControl(p backend.Process, b []byte, cancel context.CancelFunc) error {
 	var m TTYMessage
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
@@ -377,8 +384,10 @@ func applyControl(p backend.Process, b []byte) error {
 		p.Signal(sig)
 	case "eof":
 		p.CloseStdin()
+	case "cancel":
+		cancel()
 	default:
-		return errorf("invalid", "TTY message type %q: a client sends resize, signal or eof (see docs/api.md)", m.Type)
+		return errorf("invalid", "TTY message type %q: a client sends resize, signal, eof or cancel (see docs/api.md)", m.Type)
 	}
 	return nil
 }

@@ -1,23 +1,13 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
-	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
-	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/berth-sh/berth/internal/testimage"
-
-	"github.com/berth-sh/berth/internal/testwait"
 )
 
 // containerdCLINamespace is the containerd namespace of the CLI tests: not the
@@ -119,66 +109,4 @@ func TestContainerdCLI(t *testing.T) {
 			}
 		})
 	}
-}
-
-// runShellPTY runs `berth shell -s session` on a new pseudo-terminal, types input, and
-// returns what the terminal showed and the exit code.
-func runShellPTY(t *testing.T, e *env, session, input string) (string, int) {
-	t.Helper()
-	ptmx, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Skipf("no pseudo-terminals: %v", err)
-	}
-	defer ptmx.Close()
-	if err := unix.IoctlSetPointerInt(int(ptmx.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetInt(int(ptmx.Fd()), unix.TIOCGPTN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tty, err := os.OpenFile("/dev/pts/"+strconv.Itoa(n), os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := e.command("shell", "-s", session)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	tty.Close()
-	var mu sync.Mutex
-	var out bytes.Buffer
-	read := make(chan struct{})
-	go func() {
-		defer close(read)
-		buf := make([]byte, 4096)
-		for {
-			n, err := ptmx.Read(buf)
-			mu.Lock()
-			out.Write(buf[:n])
-			mu.Unlock()
-			if err != nil {
-				return
-			}
-		}
-	}()
-	io.WriteString(ptmx, input)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(testwait.Limit):
-		cmd.Process.Kill()
-		<-done
-		mu.Lock()
-		defer mu.Unlock()
-		t.Fatalf("berth shell did not exit within %v; terminal: %q", testwait.Limit, out.String())
-	}
-	ptmx.Close()
-	<-read
-	mu.Lock()
-	defer mu.Unlock()
-	return out.String(), cmd.ProcessState.ExitCode()
 }

@@ -149,11 +149,12 @@ func durationText(d time.Duration) string {
 }
 
 // Exec runs a plain exec through the daemon as a streamed request and answer
-// (docs/api.md): the returned Process sends stdin, signals and, when ctx is
+// (docs/api.md), or one with a terminal (req.TTY) over the TTY WebSocket
+// (execTTY): the returned Process sends stdin, signals and, when ctx is
 // cancelled, a cancel event; its output events go to req.Stdout and req.Stderr.
 func (d *daemonClient) Exec(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *registry.Lease, error) {
 	if req.TTY {
-		return nil, nil, backend.Errorf(backend.ErrUnsupported, "a terminal (-t) does not go through berth serve yet; run with --no-daemon")
+		return d.execTTY(ctx, session, req)
 	}
 	first := server.ExecRequest{Argv: req.Argv, Env: envMap(req.Env), Cwd: req.Dir, User: req.User, Timeout: durationText(req.Timeout)}
 	p, err := d.stream(ctx, session, first, req.Stdout, req.Stderr, !req.Stdin)

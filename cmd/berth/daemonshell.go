@@ -11,11 +11,14 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 
 	"github.com/coder/websocket"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/server"
 )
 
@@ -29,6 +32,9 @@ type ttyClient struct {
 type ttyOptions struct {
 	argv     []string // nil: the daemon's default, the login shell
 	env      []string // NAME=VALUE
+	cwd      string
+	user     string
+	timeout  time.Duration // 0: none
 	size     backend.WindowSize
 	recreate bool
 }
@@ -47,6 +53,11 @@ func (d *daemonClient) openTTY(ctx context.Context, session string, o ttyOptions
 	if o.size.Rows > 0 && o.size.Cols > 0 {
 		q.Set("rows", strconv.Itoa(int(o.size.Rows)))
 		q.Set("cols", strconv.Itoa(int(o.size.Cols)))
+	}
+	for k, v := range map[string]string{"cwd": o.cwd, "user": o.user, "timeout": durationText(o.timeout)} {
+		if v != "" {
+			q.Set(k, v)
+		}
 	}
 	if o.recreate {
 		q.Set("recreate", "true")
@@ -188,4 +199,100 @@ func (d *daemonClient) shell(ctx context.Context, session string, recreate bool,
 		t.control(server.TTYMessage{Type: "eof"})
 	}()
 	return t.wait(out)
+}
+
+// execTTY is Exec with a terminal (berth exec -t) through the daemon's TTY
+// WebSocket: the returned Process sends stdin (binary messages), resizes, signals
+// and the end of stdin as TTY messages, and writes the terminal's output to
+// req.Stdout. When ctx ends before the command runs, the connection is dropped (the
+// daemon then kills whatever it started); once it runs, ctx's end sends a cancel
+// message, so that the result of the killed command still comes (Canceled, as
+// embedded), and drops the connection when none came within cancelWait.
+func (d *daemonClient) execTTY(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *registry.Lease, error) {
+	// The connection's I/O outlives ctx: see above.
+	ioCtx, abort := context.WithCancel(context.WithoutCancel(ctx))
+	p := &ttyProcess{abort: abort, done: make(chan struct{})}
+	stop := context.AfterFunc(ctx, func() {
+		p.mu.Lock()
+		t := p.t
+		p.mu.Unlock()
+		if t == nil {
+			abort()
+			return
+		}
+		t.control(server.TTYMessage{Type: "cancel"})
+		timer := time.NewTimer(cancelWait)
+		defer timer.Stop()
+		select {
+		case <-p.done:
+		case <-timer.C:
+			abort()
+		}
+	})
+	env := req.Env
+	if term := os.Getenv("TERM"); term != "" && !hasEnv(env, "TERM") {
+		env = append([]string{"TERM=" + term}, env...)
+	}
+	t, started, err := d.openTTY(ioCtx, session, ttyOptions{argv: req.Argv, env: env, cwd: req.Dir, user: req.User, timeout: req.Timeout, size: req.Size})
+	if err != nil {
+		stop()
+		abort()
+		if ctx.Err() != nil {
+			return nil, nil, fmt.Errorf("the call was cancelled before the command ran: %w", ctx.Err())
+		}
+		return nil, nil, err
+	}
+	p.mu.Lock()
+	p.t = t
+	p.mu.Unlock()
+	out := req.Stdout
+	if out == nil {
+		out = io.Discard
+	}
+	go func() {
+		defer close(p.done)
+		defer stop()
+		defer abort()
+		p.res, p.err = t.wait(out)
+	}()
+	return p, &registry.Lease{Session: started.Session, Driver: started.Driver, Sandbox: started.Sandbox,
+		Recreated: started.Recreated, RecreatedReason: started.RecreatedReason, Moved: started.Moved, MovedReason: started.MovedReason}, nil
+}
+
+// hasEnv reports whether env (NAME=VALUE pairs) sets name.
+func hasEnv(env []string, name string) bool {
+	for _, kv := range env {
+		if k, _, _ := strings.Cut(kv, "="); k == name {
+			return true
+		}
+	}
+	return false
+}
+
+// ttyProcess is a TTY exec running through the daemon (execTTY).
+type ttyProcess struct {
+	mu    sync.Mutex
+	t     *ttyClient // set once the command runs
+	abort context.CancelFunc
+	done  chan struct{} // closed when the result (or the error) is in
+	res   server.ExecResult
+	err   error
+}
+
+func (p *ttyProcess) Write(b []byte) (int, error) { return p.t.Write(b) }
+
+func (p *ttyProcess) CloseStdin() error { return p.t.control(server.TTYMessage{Type: "eof"}) }
+
+func (p *ttyProcess) Resize(size backend.WindowSize) error { return p.t.resize(size) }
+
+func (p *ttyProcess) Signal(sig int) error { return p.t.signal(syscall.Signal(sig)) }
+
+func (p *ttyProcess) Wait() (backend.ExecResult, error) {
+	<-p.done
+	if p.err != nil {
+		return backend.ExecResult{}, p.err
+	}
+	r := p.res
+	return backend.ExecResult{ExitCode: r.ExitCode, Signal: r.Signal, TimedOut: r.TimedOut, Canceled: r.Canceled,
+		OOMKilled: r.OOMKilled, Duration: time.Duration(r.DurationMS) * time.Millisecond}, nil
 }

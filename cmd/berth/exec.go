@@ -119,8 +119,7 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 	}
 
 	g.onPull = newPullDisplay(f.json).event
-	// A terminal does not go through berth serve yet: -t runs embedded.
-	a, err := g.apiUnless(ctx, f.tty)
+	a, err := g.api(ctx)
 	if err != nil {
 		return err
 	}
