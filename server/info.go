@@ -130,3 +130,26 @@ func (s *Server) explain(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, ExplanationOf(ex))
 }
+
+// configCheck is POST /v1/config/check: the daemon reads its config file again from
+// disk and checks it as berth config check does (WithConfigCheck), changing
+// nothing: what a SIGHUP would meet. It takes no body. A daemon that runs with no
+// config file, or without a check, is 400 (invalid) or 501 (unsupported).
+func (s *Server) configCheck(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength > 0 {
+		s.writeError(w, r, errorf("invalid", "POST /v1/config/check takes no body: it checks the daemon's own config file"), "")
+		return
+	}
+	if s.checkConfig == nil {
+		s.writeError(w, r, backend.Errorf(backend.ErrUnsupported, "this server has no config check"), "")
+		return
+	}
+	ref := s.acquire()
+	path := ref.reg.Config().Path
+	s.release(ref)
+	if path == "" {
+		s.writeError(w, r, errorf("invalid", "berth serve runs with no config file (the built-in default): there is nothing to check"), "")
+		return
+	}
+	writeJSON(w, http.StatusOK, s.checkConfig(r.Context(), path))
+}

@@ -13,12 +13,16 @@ const DefaultRetentionInterval = 30 * time.Second
 
 // RunRetention prunes (registry.Prune: reconcile every configured driver, apply
 // idle_ttl, max_age and on_close leftovers, clean up files) now and then every
-// interval, with the registry current at each round, until ctx is done. Every
+// interval (0: WithPruneInterval's, else DefaultRetentionInterval), with the
+// registry current at each round, until ctx is done. Every
 // action that changes something is logged at info with its cause and reason, a
 // failed action or an unreachable driver at warn; a round that fails as a whole (the
 // store cannot be used) is logged and the next round tries again. after, when set,
 // is called with each round's report (nil and the error for a failed round).
 func (s *Server) RunRetention(ctx context.Context, interval time.Duration, after func(*registry.PruneReport, error)) {
+	if interval <= 0 {
+		interval = s.pruneEvery
+	}
 	if interval <= 0 {
 		interval = DefaultRetentionInterval
 	}
@@ -66,6 +70,11 @@ func (s *Server) pruneOnce(ctx context.Context) (*registry.PruneReport, error) {
 type PruneRequest struct {
 	// DryRun reports what prune would do and changes nothing (berth prune --dry-run).
 	DryRun bool `json:"dry_run,omitempty"`
+	// Owner, when set, reconciles the sandboxes of that owner id instead: those of
+	// another owner (a lost state dir's) are removed, past the grace period, and
+	// nothing else is touched (berth prune --owner; registry.PruneOptions.Owner).
+	// An id that is not one is 400 (invalid).
+	Owner string `json:"owner,omitempty"`
 }
 
 // prune is POST /v1/prune: one round now, as berth prune does, answered with its
@@ -80,7 +89,7 @@ func (s *Server) prune(w http.ResponseWriter, r *http.Request) {
 	}
 	ref := s.acquire()
 	defer s.release(ref)
-	rep, err := ref.reg.Prune(r.Context(), registry.PruneOptions{DryRun: req.DryRun})
+	rep, err := ref.reg.Prune(r.Context(), registry.PruneOptions{DryRun: req.DryRun, Owner: req.Owner})
 	if err != nil {
 		s.writeError(w, r, err, "")
 		return

@@ -51,6 +51,7 @@ var table = []route{
 	{Route{http.MethodPost, "/v1/prune"}, (*Server).prune},
 	{Route{http.MethodGet, "/v1/drivers"}, (*Server).drivers},
 	{Route{http.MethodGet, "/v1/config/explain"}, (*Server).explain},
+	{Route{http.MethodPost, "/v1/config/check"}, (*Server).configCheck},
 	{Route{http.MethodGet, "/metrics"}, (*Server).serveMetrics},
 	{Route{http.MethodGet, "/v1/status"}, (*Server).status},
 }

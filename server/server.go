@@ -76,6 +76,19 @@ func WithToken(token string) Option {
 // are counted too. Default: metrics of its own, without the registry's events.
 func WithMetrics(m *Metrics) Option { return func(s *Server) { s.metrics = m } }
 
+// WithPruneInterval sets how often RunRetention prunes when it is given no
+// interval of its own, and what GET /v1/status reports as prune_interval_ms (the
+// CLI's berth prune --watch tells its user so). Default 0: status reports 0, and
+// RunRetention uses DefaultRetentionInterval.
+func WithPruneInterval(d time.Duration) Option { return func(s *Server) { s.pruneEvery = d } }
+
+// WithConfigCheck sets how POST /v1/config/check checks the daemon's config file
+// (its path; berth serve passes berth config check's checks). Without it that
+// route answers 501 (unsupported).
+func WithConfigCheck(f func(ctx context.Context, path string) ConfigCheck) Option {
+	return func(s *Server) { s.checkConfig = f }
+}
+
 // WithVersion sets the version that health reports.
 func WithVersion(v string) Option { return func(s *Server) { s.version = v } }
 
@@ -112,7 +125,9 @@ type Server struct {
 
 	metrics        *Metrics
 	metricsHandler http.Handler
-	audit          *auditLog // nil: no audit log
+	pruneEvery     time.Duration                                      // WithPruneInterval: RunRetention's and Status's
+	checkConfig    func(ctx context.Context, path string) ConfigCheck // WithConfigCheck
+	audit          *auditLog                                          // nil: no audit log
 
 	callsCtx    context.Context // the base of every request's context
 	cancelCalls context.CancelFunc

@@ -173,5 +173,6 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 	defer s.release(ref)
 	reg := ref.reg
 	writeJSON(w, http.StatusOK, Status{API: "v1", Version: s.version, PID: os.Getpid(), StateDir: reg.StateDir(),
-		Config: reg.Config().Path, ClockOffsetMS: reg.ClockOffset().Milliseconds()})
+		Config: reg.Config().Path, ClockOffsetMS: reg.ClockOffset().Milliseconds(),
+		PruneIntervalMS: s.pruneEvery.Milliseconds()})
 }

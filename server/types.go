@@ -214,6 +214,9 @@ type Status struct {
 	// ClockOffsetMS is the offset at which the daemon judges retention
 	// (BERTH_CLOCK_OFFSET), in milliseconds; 0 for none.
 	ClockOffsetMS int64 `json:"clock_offset_ms"`
+	// PruneIntervalMS is how often the daemon prunes (retention and reconcile,
+	// berth serve --prune-interval), in milliseconds; 0 when it does not.
+	PruneIntervalMS int64 `json:"prune_interval_ms"`
 }
 
 // JobStartRequest is the JSON body of POST /v1/sessions/{name}/jobs. Exactly one of
@@ -268,4 +271,24 @@ type LogEvent struct {
 	ExitCode int        `json:"exit_code,omitempty"`
 	Signal   int        `json:"signal,omitempty"`
 	Error    *ErrorInfo `json:"error,omitempty"`
+}
+
+// ConfigCheck is the answer of POST /v1/config/check: how the check of the daemon's
+// config file ended, what berth config check prints. A file that fails the check is
+// an answer (OK false, Failure saying why at file:line:col), not an error of the
+// call.
+type ConfigCheck struct {
+	// Path is the file checked.
+	Path string `json:"path"`
+	// OK says that it passed; Rules is then its number of scope rules.
+	OK    bool `json:"ok"`
+	Rules int  `json:"rules"`
+	// Warnings are the mount policy's warnings, one per line with file:line:col
+	// (config.FormatDiagnostics); empty for none.
+	Warnings string `json:"warnings,omitempty"`
+	// Notes are what the check could not settle (an image the first exec will
+	// pull, a runtime that does not answer).
+	Notes []string `json:"notes,omitempty"`
+	// Failure is why the file failed the check (OK false).
+	Failure string `json:"failure,omitempty"`
 }

@@ -27,11 +27,35 @@ type api interface {
 	Jobs(ctx context.Context, session string) ([]server.Job, error)
 	JobLogs(ctx context.Context, session string, req registry.JobLogsRequest, w io.Writer) (agent.JobLogsEnd, error)
 	JobKill(ctx context.Context, session, id string) error
+	// DriverRows describes every driver (berth drivers; GET /v1/drivers).
+	DriverRows(ctx context.Context) ([]server.Driver, error)
+	// Explanation says how session is placed (berth config explain; GET
+	// /v1/config/explain).
+	Explanation(ctx context.Context, session string) (server.Explanation, error)
 	Close() error
 }
 
-// embedded is the api of a registry opened in this process.
-type embedded struct{ *registry.Registry }
+// embedded is the api of a registry opened in this process; inProcess is
+// --in-process (the local driver runs in this process).
+type embedded struct {
+	*registry.Registry
+	inProcess bool
+}
+
+func (e embedded) DriverRows(ctx context.Context) ([]server.Driver, error) {
+	return server.DriversOf(ctx, e.Registry, func(name string) bool {
+		_, ok := inProcessDrivers()[name]
+		return ok && e.inProcess
+	})
+}
+
+func (e embedded) Explanation(_ context.Context, session string) (server.Explanation, error) {
+	ex, err := e.Registry.Explain(session)
+	if err != nil {
+		return server.Explanation{}, err
+	}
+	return server.ExplanationOf(ex), nil
+}
 
 func (e embedded) Sessions(ctx context.Context) ([]server.Session, error) {
 	list, err := e.Registry.Sessions(ctx)
@@ -65,25 +89,19 @@ func (e embedded) Jobs(ctx context.Context, session string) ([]server.Job, error
 // api returns the api this command uses: the daemon that g.daemon finds, else a
 // registry opened here. Errors (a refused daemon, a registry that cannot be opened)
 // are berth failures (exit 125).
-func (g *globals) api(ctx context.Context) (api, error) { return g.apiUnless(ctx, false) }
-
-// apiUnless is api, embedded whatever runs when embeddedOnly is set (a call the
-// API does not take yet: exec -t, prune --owner).
-func (g *globals) apiUnless(ctx context.Context, embeddedOnly bool) (api, error) {
-	if !embeddedOnly {
-		d, err := g.daemon(ctx)
-		if err != nil {
-			return nil, failure(err)
-		}
-		if d != nil {
-			return d, nil
-		}
+func (g *globals) api(ctx context.Context) (api, error) {
+	d, err := g.daemon(ctx)
+	if err != nil {
+		return nil, failure(err)
+	}
+	if d != nil {
+		return d, nil
 	}
 	reg, err := g.open(ctx)
 	if err != nil {
 		return nil, failure(err)
 	}
-	return embedded{reg}, nil
+	return embedded{Registry: reg, inProcess: g.inProcess}, nil
 }
 
 // withAPI runs f with g.api and closes it; every error is a berth failure (exit 125)

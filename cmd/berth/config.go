@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 
 	"github.com/berth-sh/berth/backend"
@@ -34,34 +35,17 @@ func newConfigCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(os.Stdout, "no config file at %s: every session runs on the local driver\n", path)
 				return nil
 			}
-			self, err := os.Executable() // the drivers' plugins are found from it
-			if err != nil {
-				return failure(fmt.Errorf("cannot find the berth binary: %w", err))
+			// The daemon's own file goes through it: its checks are the daemon's
+			// (its environment, its user), what a SIGHUP would meet.
+			var chk server.ConfigCheck
+			if d, derr := g.daemon(cmd.Context()); derr == nil && d != nil && sameConfig(d.status.Config, path) {
+				if chk, err = d.configCheck(cmd.Context()); err != nil {
+					return failure(err)
+				}
+			} else {
+				chk = checkConfig(cmd.Context(), g, path)
 			}
-			c, err := config.Load(path, g.configOptions(self)...)
-			if err != nil {
-				return failure(err)
-			}
-			stateDir, err := g.resolveStateDir(c)
-			if err != nil {
-				return failure(err)
-			}
-			warnings, err := registry.CheckMounts(c, stateDir)
-			if len(warnings) > 0 {
-				fmt.Fprintln(os.Stderr, config.FormatDiagnostics(warnings))
-			}
-			if err != nil {
-				return failure(err)
-			}
-			notes, err := checkDrivers(cmd.Context(), g, c, self)
-			if err != nil {
-				return failure(err)
-			}
-			for _, n := range notes {
-				fmt.Fprintf(os.Stderr, "berth: note: %s\n", n)
-			}
-			fmt.Fprintf(os.Stdout, "%s: ok, %d scope rules\n", path, len(c.Rules))
-			return nil
+			return printConfigCheck(chk)
 		},
 	})
 	var asJSON bool
@@ -70,16 +54,13 @@ func newConfigCmd(g *globals) *cobra.Command {
 		Short: "Show which rule a session matches, its driver and its final sandbox spec",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			reg, err := g.open(cmd.Context())
+			// Through berth serve when one runs: how its config places the session.
+			out, err := query(cmd.Context(), g, func(a api, ctx context.Context) (server.Explanation, error) {
+				return a.Explanation(ctx, args[0])
+			})
 			if err != nil {
-				return failure(err)
+				return err
 			}
-			defer reg.Close()
-			ex, err := reg.Explain(args[0])
-			if err != nil {
-				return failure(err)
-			}
-			out := server.ExplanationOf(ex)
 			if asJSON {
 				return printJSON(out)
 			}
@@ -103,6 +84,67 @@ func newConfigCmd(g *globals) *cobra.Command {
 	explain.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cfg.AddCommand(explain)
 	return cfg
+}
+
+// sameConfig reports whether the daemon's config file daemon (absolute, "" for
+// none) is path.
+func sameConfig(daemon, path string) bool {
+	abs, err := filepath.Abs(path)
+	return err == nil && daemon != "" && filepath.Clean(daemon) == abs
+}
+
+// checkConfig checks the config file at path as berth config check does: it is
+// loaded, its mounts checked against the state dir (warnings) and its drivers
+// started on a temporary state dir (checkDrivers: notes). The answer says how the
+// check ended; nothing is returned as an error, so that berth serve can answer it
+// as it is (POST /v1/config/check).
+func checkConfig(ctx context.Context, g *globals, path string) server.ConfigCheck {
+	chk := server.ConfigCheck{Path: path}
+	fail := func(err error) server.ConfigCheck {
+		chk.Failure = err.Error()
+		return chk
+	}
+	self, err := os.Executable() // the drivers' plugins are found from it
+	if err != nil {
+		return fail(fmt.Errorf("cannot find the berth binary: %w", err))
+	}
+	c, err := config.Load(path, g.configOptions(self)...)
+	if err != nil {
+		return fail(err)
+	}
+	stateDir, err := g.resolveStateDir(c)
+	if err != nil {
+		return fail(err)
+	}
+	warnings, err := registry.CheckMounts(c, stateDir)
+	if len(warnings) > 0 {
+		chk.Warnings = config.FormatDiagnostics(warnings)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if chk.Notes, err = checkDrivers(ctx, g, c, self); err != nil {
+		return fail(err)
+	}
+	chk.OK, chk.Rules = true, len(c.Rules)
+	return chk
+}
+
+// printConfigCheck prints a check's outcome as berth config check does: warnings
+// and notes on stderr, "PATH: ok, N scope rules" on stdout, or the failure (exit
+// 125).
+func printConfigCheck(chk server.ConfigCheck) error {
+	if chk.Warnings != "" {
+		fmt.Fprintln(os.Stderr, chk.Warnings)
+	}
+	if !chk.OK {
+		return failure(errors.New(chk.Failure))
+	}
+	for _, n := range chk.Notes {
+		fmt.Fprintf(os.Stderr, "berth: note: %s\n", n)
+	}
+	fmt.Fprintf(os.Stdout, "%s: ok, %d scope rules\n", chk.Path, chk.Rules)
+	return nil
 }
 
 // checkDrivers starts, through a registry on a temporary state dir (so the check

@@ -50,11 +50,8 @@ func (d *daemonClient) Recreate(ctx context.Context, session string) (bool, erro
 }
 
 func (d *daemonClient) Prune(ctx context.Context, opts registry.PruneOptions) (*registry.PruneReport, error) {
-	if opts.Owner != "" {
-		return nil, errors.New("prune --owner is not in the API: it runs embedded")
-	}
 	var rep registry.PruneReport
-	if err := d.call(ctx, http.MethodPost, "/v1/prune", server.PruneRequest{DryRun: opts.DryRun}, &rep); err != nil {
+	if err := d.call(ctx, http.MethodPost, "/v1/prune", server.PruneRequest{DryRun: opts.DryRun, Owner: opts.Owner}, &rep); err != nil {
 		return nil, err
 	}
 	return &rep, nil
@@ -118,6 +115,28 @@ func (d *daemonClient) JobLogs(ctx context.Context, session string, req registry
 		return agent.JobLogsEnd{}, ctx.Err()
 	}
 	return agent.JobLogsEnd{}, d.gone(fmt.Errorf("the log ended without its end event: %v", sc.Err()))
+}
+
+// DriverRows is GET /v1/drivers: the daemon's drivers (its running plugins).
+func (d *daemonClient) DriverRows(ctx context.Context) ([]server.Driver, error) {
+	var rows []server.Driver
+	err := d.get(ctx, "/v1/drivers", &rows)
+	return rows, err
+}
+
+// Explanation is GET /v1/config/explain: how the daemon's config places session.
+func (d *daemonClient) Explanation(ctx context.Context, session string) (server.Explanation, error) {
+	var ex server.Explanation
+	err := d.get(ctx, "/v1/config/explain?"+url.Values{"session": {session}}.Encode(), &ex)
+	return ex, err
+}
+
+// configCheck is POST /v1/config/check: the daemon checks its own config file as
+// berth config check does (checkConfig).
+func (d *daemonClient) configCheck(ctx context.Context) (server.ConfigCheck, error) {
+	var chk server.ConfigCheck
+	err := d.call(ctx, http.MethodPost, "/v1/config/check", nil, &chk)
+	return chk, err
 }
 
 // Close drops the client's idle connections.

@@ -56,6 +56,46 @@ type daemonCase struct {
 	stdin string
 }
 
+// runMode runs c's command embedded (--no-daemon) or with the daemon d running
+// (d's log must have at least a status call at "debug"); through the daemon it
+// waits until the daemon has logged the command's call beyond its status call
+// (unless local: a command that runs embedded even with the daemon).
+func runMode(t *testing.T, e *env, d *daemon, c daemonCase, viaDaemon, local bool) result {
+	t.Helper()
+	args := c.args
+	if !viaDaemon {
+		args = append([]string{"--no-daemon"}, args...)
+	}
+	before := len(d.logs("request"))
+	r := e.with(t).runIn(strings.NewReader(c.stdin), 2*time.Minute, args...)
+	// The daemon logs a request once its answer is written, which may be after
+	// the CLI has read it: wait for the command's call beyond its status call.
+	// (That --no-daemon makes no call at all: TestDaemonStatus.)
+	if viaDaemon && !local {
+		testwait.Until(t, c.name+": the daemon to log the command's call", func() bool {
+			for _, l := range d.logs("request")[before:] {
+				if l["path"] != "/v1/status" {
+					return true
+				}
+			}
+			return false
+		})
+	}
+	return r
+}
+
+// compareModes runs c both ways (local: see runMode) and wants the same stdout,
+// stderr and exit code (up to normalize); it returns the embedded run's result.
+func compareModes(t *testing.T, e *env, d *daemon, c daemonCase, local bool) result {
+	t.Helper()
+	emb := runMode(t, e, d, c, false, local)
+	dae := runMode(t, e, d, c, true, local)
+	if emb.code != dae.code || normalize(emb.stdout) != normalize(dae.stdout) || normalize(emb.stderr) != normalize(dae.stderr) {
+		t.Errorf("%s (berth %q) differs:\nembedded: %v\ndaemon:   %v", c.name, c.args, emb, dae)
+	}
+	return emb
+}
+
 // TestDaemonParity runs each command embedded (--no-daemon) and through berth serve
 // on the same sessions, and wants the same stdout, stderr and exit code (up to
 // durations, times and file names); each run through the daemon must have made
@@ -99,34 +139,8 @@ func TestDaemonParity(t *testing.T) {
 		{"rm", []string{"rm", "p:2"}, ""},
 		{"rm-again", []string{"rm", "p:2"}, ""},
 	}
-	run := func(t *testing.T, c daemonCase, viaDaemon bool) result {
-		args := c.args
-		if !viaDaemon {
-			args = append([]string{"--no-daemon"}, args...)
-		}
-		before := len(d.logs("request"))
-		r := e.with(t).runIn(strings.NewReader(c.stdin), 2*time.Minute, args...)
-		// The daemon logs a request once its answer is written, which may be after
-		// the CLI has read it: wait for the command's call beyond its status call.
-		// (That --no-daemon makes no call at all: TestDaemonStatus.)
-		if viaDaemon {
-			testwait.Until(t, c.name+": the daemon to log the command's call", func() bool {
-				for _, l := range d.logs("request")[before:] {
-					if l["path"] != "/v1/status" {
-						return true
-					}
-				}
-				return false
-			})
-		}
-		return r
-	}
 	for _, c := range cases {
-		emb := run(t, c, false)
-		dae := run(t, c, true)
-		if emb.code != dae.code || normalize(emb.stdout) != normalize(dae.stdout) || normalize(emb.stderr) != normalize(dae.stderr) {
-			t.Errorf("%s (berth %q) differs:\nembedded: %v\ndaemon:   %v", c.name, c.args, emb, dae)
-		}
+		compareModes(t, e, d, c, false)
 	}
 
 	// Jobs: the ids differ, the rest does not.

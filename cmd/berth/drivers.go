@@ -10,8 +10,6 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/local"
-	"github.com/berth-sh/berth/registry"
-	"github.com/berth-sh/berth/server"
 	"github.com/spf13/cobra"
 )
 
@@ -30,15 +28,8 @@ cannot start, or whose runtime does not answer (docker and containerd ask their 
 or daemon, waiting at most 5 s), shows why under HEALTH.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var rows []server.Driver
-			err := g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
-				var err error
-				rows, err = server.DriversOf(cmd.Context(), reg, func(name string) bool {
-					_, ok := inProcessDrivers()[name]
-					return ok && g.inProcess
-				})
-				return err
-			})
+			// Through berth serve when one runs: its drivers, its plugins.
+			rows, err := query(cmd.Context(), g, api.DriverRows)
 			if err != nil {
 				return err
 			}

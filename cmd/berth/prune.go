@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -39,7 +40,9 @@ never touched. Each action is printed with its reason.
 
 A driver whose runtime is down is reported and skipped; berth prune then exits 1.
 --watch keeps one registry (and its driver plugins) running and prunes every
-INTERVAL until SIGINT or SIGTERM. --owner ID removes the sandboxes of another owner
+INTERVAL until SIGINT or SIGTERM; with berth serve running (which prunes on its
+own), it says so and makes its rounds through the daemon, and goes on embedded if
+the daemon goes away. --owner ID removes the sandboxes of another owner
 id, left behind by a lost state dir.`,
 		Example: `  berth prune --dry-run
   berth prune --json
@@ -63,14 +66,14 @@ id, left behind by a lost state dir.`,
 }
 
 func runPrune(ctx context.Context, g *globals, f *pruneFlags) error {
-	// --owner is not in the API: it runs embedded.
-	reg, err := g.apiUnless(ctx, f.owner != "")
+	reg, err := g.api(ctx)
 	if err != nil {
 		return err
 	}
-	defer reg.Close()
+	defer func() { reg.Close() }()
+	opts := registry.PruneOptions{DryRun: f.dryRun, Owner: f.owner}
 	if f.watch <= 0 {
-		rep, err := reg.Prune(ctx, registry.PruneOptions{DryRun: f.dryRun, Owner: f.owner})
+		rep, err := reg.Prune(ctx, opts)
 		if err != nil {
 			return failure(err)
 		}
@@ -82,20 +85,42 @@ func runPrune(ctx context.Context, g *globals, f *pruneFlags) error {
 		}
 		return nil
 	}
+	if d, ok := reg.(*daemonClient); ok {
+		watchNote(d, f.watch)
+	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	ticker := time.NewTicker(f.watch)
 	defer ticker.Stop()
 	for {
-		rep, err := reg.Prune(ctx, registry.PruneOptions{DryRun: f.dryRun, Owner: f.owner})
+		rep, err := reg.Prune(ctx, opts)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if err != nil {
+		var answered *apiError
+		switch {
+		case err != nil && isDaemon(reg) && !errors.As(err, &answered):
+			// The daemon went away (stopped, restarted): the rounds go on with
+			// whatever runs now, a new daemon or embedded.
+			fmt.Fprintf(os.Stderr, "berth: prune: %v\n", err)
+			if next, aerr := g.api(ctx); aerr == nil {
+				reg.Close()
+				reg = next
+				if d, ok := reg.(*daemonClient); ok {
+					watchNote(d, f.watch)
+				} else {
+					fmt.Fprintf(os.Stderr, "berth: prune --watch: no berth serve answers now; the rounds go on embedded\n")
+				}
+			} else {
+				fmt.Fprintf(os.Stderr, "berth: prune: %v\n", aerr)
+			}
+		case err != nil:
 			// The state dir may come back (a full disk, a held store): say so and go on.
 			fmt.Fprintf(os.Stderr, "berth: prune: %v\n", err)
-		} else if err := printPrune(os.Stdout, rep, f, true); err != nil {
-			return failure(err)
+		default:
+			if err := printPrune(os.Stdout, rep, f, true); err != nil {
+				return failure(err)
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -103,6 +128,20 @@ func runPrune(ctx context.Context, g *globals, f *pruneFlags) error {
 		case <-ticker.C:
 		}
 	}
+}
+
+func isDaemon(a api) bool { _, ok := a.(*daemonClient); return ok }
+
+// watchNote tells the user of prune --watch through the daemon d that d prunes on
+// its own already: the rounds of --watch come on top of the daemon's, through it,
+// and end when --watch does; the daemon's go on.
+func watchNote(d *daemonClient, every time.Duration) {
+	own := "prunes on its own"
+	if ms := d.status.PruneIntervalMS; ms > 0 {
+		own = fmt.Sprintf("already prunes every %v on its own", time.Duration(ms)*time.Millisecond)
+	}
+	fmt.Fprintf(os.Stderr, "berth: note: berth serve at %s (pid %d) %s; --watch adds a round through it every %v and prints its report (the daemon's rounds go on when this stops)\n",
+		d.where, d.status.PID, own, every)
 }
 
 // printPrune writes a report: JSON (compact with --watch), or a table of the

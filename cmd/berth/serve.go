@@ -307,14 +307,15 @@ func runServe(g *globals, f *serveFlags) error {
 
 	srv := server.New(reg, server.WithLogger(log), server.WithToken(token), server.WithVersion(version),
 		server.WithMaxRequestBody(maxBody), server.WithBodyTimeout(f.bodyTimeout), server.WithMetrics(metrics),
-		server.WithAudit(auditPath, int((auditMax+(1<<20)-1)>>20), f.auditKeep))
+		server.WithAudit(auditPath, int((auditMax+(1<<20)-1)>>20), f.auditKeep), server.WithPruneInterval(f.pruneInterval),
+		server.WithConfigCheck(func(ctx context.Context, path string) server.ConfigCheck { return checkConfig(ctx, g, path) }))
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	retCtx, stopRetention := context.WithCancel(ctx)
 	retDone := make(chan struct{})
 	go func() {
 		defer close(retDone)
-		srv.RunRetention(retCtx, f.pruneInterval, nil)
+		srv.RunRetention(retCtx, 0, nil) // WithPruneInterval's
 	}()
 	where := "unix://" + addr.addr // the socket's path, however it was bound
 	if addr.network == "tcp" {

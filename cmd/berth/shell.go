@@ -61,7 +61,7 @@ func runShell(ctx context.Context, g *globals, session string, recreate bool) er
 	if err := tm.early(session); err != nil {
 		return err
 	}
-	if _, err := recreateFirst(ctx, embedded{reg}, session, recreate); err != nil {
+	if _, err := recreateFirst(ctx, embedded{Registry: reg}, session, recreate); err != nil {
 		return failure(err)
 	}
 
