@@ -381,7 +381,12 @@ func (c *Client) Pid() int { return c.runner.pid }
 // called more than once. In-flight calls return errors wrapping
 // backend.ErrUnavailable.
 func (c *Client) Kill() {
-	c.killed.Store(true)
+	// A plugin that has exited already was not stopped by the host: its calls'
+	// errors say that it crashed (callErr), even when a supervisor kills it after
+	// noticing the crash.
+	if !c.runner.hasExited(0) {
+		c.killed.Store(true)
+	}
 	c.killProcess()
 }
 
@@ -404,8 +409,8 @@ func (c *Client) Exited() bool {
 // crashed plugin at once instead of at the next call.
 func (c *Client) Done() <-chan struct{} { return c.runner.exited }
 
-// Killed reports whether the host stopped the plugin (Kill or Close), as opposed to
-// the plugin exiting on its own or being killed from outside.
+// Killed reports whether the host stopped the plugin (Kill or Close, while it
+// ran), as opposed to the plugin exiting on its own or being killed from outside.
 func (c *Client) Killed() bool { return c.killed.Load() }
 
 // Close implements backend.TerminalBackend: it kills the plugin (see Kill).

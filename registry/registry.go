@@ -70,6 +70,9 @@ type Registry struct {
 
 	// agents are the clients of the agents that calls reached directly.
 	agents agentCache
+	// viaPlugin holds, for each agent client reached through a driver plugin
+	// (AgentDial), that plugin (dialedThrough).
+	viaPlugin viaPlugins
 
 	// life ends when the registry is closed: supervision's goroutines stop then.
 	life    context.Context

@@ -310,7 +310,11 @@ func (r *Registry) connectAgent(ctx context.Context, b backend.TerminalBackend, 
 		if !ok {
 			return nil, backend.Errorf(backend.ErrUnsupported, "the driver says its agents are reached through it (agent %q) but does not implement DialAgent", reach)
 		}
-		return agent.NewClient(ctx, func(ctx context.Context) (net.Conn, error) { return d.DialAgent(ctx, sandbox) }, opts...)
+		c, err := agent.NewClient(ctx, func(ctx context.Context) (net.Conn, error) { return d.DialAgent(ctx, sandbox) }, opts...)
+		if err == nil {
+			r.viaPlugin.add(c, b)
+		}
+		return c, err
 	}
 	return agent.NewClient(ctx, agent.DialSocketDir(files.SocketDir), opts...)
 }
@@ -386,6 +390,10 @@ func (c *sessionConn) wrapErr(what, during string, err error) error {
 		return nil
 	}
 	where := fmt.Sprintf("session %q: %s in sandbox %s on driver %s", c.session, what, c.lease.Sandbox, c.lease.Driver)
+	if agent.ConnectionLost(err) && c.r.lostWithPlugin(c.client) {
+		return fmt.Errorf("%s: %w", where, &DriverCrashedError{Driver: c.lease.Driver, Op: what, Err: fmt.Errorf(
+			"the connection to the sandbox's agent runs through the driver's plugin and was lost with it%s (%w); a command that ran is killed with its tree when its connection drops; berth starts the plugin again, and the next call works on the same sandbox", during, err)})
+	}
 	if agent.ConnectionLost(err) {
 		return fmt.Errorf("%s: lost the connection to the sandbox's agent%s (%w); %s", where, during, err, c.r.lostCause(c.lease.Driver, c.lease.Sandbox))
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server"
 )
 
 // berth drivers, config explain, config check and prune --owner through berth serve
@@ -127,5 +128,62 @@ func TestPruneWatchDaemon(t *testing.T) {
 		if !rep.DryRun || rep.Owner == "" {
 			t.Errorf("a round: %+v", rep)
 		}
+	}
+}
+
+// A driver plugin killed (kill -9) during an exec that runs through it (the tdial
+// driver's agents are reached only through its plugin, as Kubernetes' are): the call
+// gets the typed driver_crashed error (not retried: the command may have run), the
+// command's tree dies with its connection, supervision starts the plugin again, the
+// next call works on the same sandbox, and only the new plugin is left.
+func TestServePluginKilledMidExec(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	dir, path := testPlugin(t, "tdial")
+	e.config = e.writeFile("config.hcl", "plugin_dirs = [\""+dir+"\"]\nscope \"*\" {\n  driver = \"tdial\"\n}\n")
+	d := e.serve()
+	first := d.exec("k:1", `{"argv":["true"]}`)
+	if first.Driver != "tdial" || first.ExitCode != 0 {
+		t.Fatalf("first exec: %+v", first)
+	}
+	plugins := func() []procInfo {
+		return liveProcs(func(p procInfo) bool {
+			return len(p.cmdline) > 0 && p.cmdline[0] == path && p.ppid == d.cmd.Process.Pid
+		})
+	}
+	ps := plugins()
+	if len(ps) != 1 {
+		t.Fatalf("want the daemon's one tdial plugin, found %v", ps)
+	}
+	mark := newMark()
+	type answer struct {
+		status int
+		body   []byte
+	}
+	done := make(chan answer, 1)
+	go func() {
+		status, b := d.call("POST", "/v1/sessions/k:1/exec", `{"argv":["sh","-c","sleep 300 & sleep 300"],"env":{"`+markVar+`":"`+mark+`"}}`)
+		done <- answer{status, b}
+	}()
+	testwait.Until(t, "both sleeps of the exec", func() bool { return len(marked(mark)) >= 2 })
+	syscall.Kill(ps[0].pid, syscall.SIGKILL)
+	a := <-done
+	info := wantError(t, "exec whose plugin was killed", a.status, a.body, 503, server.KindDriverCrashed, "driver tdial crashed")
+	if strings.Contains(info.Message, "was stopped") {
+		t.Errorf("the error says berth stopped the plugin: %s", info.Message)
+	}
+	if info.Retried == nil || *info.Retried {
+		t.Errorf("retried = %v, want false (an exec is not made again)", info.Retried)
+	}
+	testwait.Until(t, "the exec's tree to die with its connection", func() bool { return len(marked(mark)) == 0 })
+	d.waitLog("driver plugin restarted", 1)
+	if res := d.exec("k:1", `{"argv":["sh","-c","echo again"]}`); res.Stdout != "again\n" || res.Sandbox != first.Sandbox || res.Recreated {
+		t.Errorf("exec after the plugin was killed: %+v (first %+v)", res, first)
+	}
+	if now := plugins(); len(now) != 1 || now[0].pid == ps[0].pid {
+		t.Errorf("want one new tdial plugin, found %v", now)
+	}
+	if status, b := d.call("GET", "/v1/health", ""); status != 200 {
+		t.Errorf("health after: %d %s", status, b)
 	}
 }

@@ -25,6 +25,13 @@ var (
 // once and returns a copy of it named berth-driver-tlocal in a fresh directory.
 func tlocalPlugin(t *testing.T) (dir, path string) {
 	t.Helper()
+	return testPlugin(t, "tlocal")
+}
+
+// testPlugin is tlocalPlugin for the driver name (tlocal, or tdial: see
+// testdata/tlocal).
+func testPlugin(t *testing.T, name string) (dir, path string) {
+	t.Helper()
 	tlocalOnce.Do(func() {
 		out := filepath.Join(filepath.Dir(berthBin), "tlocal-build")
 		cmd := exec.Command("go", "build", "-o", out, "./cmd/berth/testdata/tlocal")
@@ -41,7 +48,7 @@ func tlocalPlugin(t *testing.T) (dir, path string) {
 		t.Fatalf("building testdata/tlocal: %v", tlocalErr)
 	}
 	dir = t.TempDir()
-	path = filepath.Join(dir, "berth-driver-tlocal")
+	path = filepath.Join(dir, "berth-driver-"+name)
 	b, err := os.ReadFile(tlocalPath)
 	if err != nil {
 		t.Fatal(err)
