@@ -420,10 +420,14 @@ func (p *remoteProcess) Signal(sig int) error {
 
 func (p *remoteProcess) Wait() (backend.ExecResult, error) {
 	<-p.done
-	if p.err != nil {
-		return backend.ExecResult{}, p.err
+	return resultOf(p.res, p.err)
+}
+
+// resultOf is a daemon's exec result (or err) as a Process's Wait returns it.
+func resultOf(r server.ExecResult, err error) (backend.ExecResult, error) {
+	if err != nil {
+		return backend.ExecResult{}, err
 	}
-	r := p.res
 	return backend.ExecResult{ExitCode: r.ExitCode, Signal: r.Signal, TimedOut: r.TimedOut, Canceled: r.Canceled,
 		OOMKilled: r.OOMKilled, Duration: time.Duration(r.DurationMS) * time.Millisecond}, nil
 }

@@ -289,10 +289,5 @@ func (p *ttyProcess) Signal(sig int) error { return p.t.signal(syscall.Signal(si
 
 func (p *ttyProcess) Wait() (backend.ExecResult, error) {
 	<-p.done
-	if p.err != nil {
-		return backend.ExecResult{}, p.err
-	}
-	r := p.res
-	return backend.ExecResult{ExitCode: r.ExitCode, Signal: r.Signal, TimedOut: r.TimedOut, Canceled: r.Canceled,
-		OOMKilled: r.OOMKilled, Duration: time.Duration(r.DurationMS) * time.Millisecond}, nil
+	return resultOf(p.res, p.err)
 }
