@@ -1039,8 +1039,8 @@ func TestServePrunes(t *testing.T) {
 	if status != http.StatusOK || json.Unmarshal(b, &rep) != nil || !rep.DryRun || len(rep.Actions) == 0 || rep.Actions[0].Action != "keep" || !slices.Equal(rep.Actions[0].Sessions, []string{"idle:1"}) {
 		t.Errorf("dry-run prune: %d %s", status, b)
 	}
-	status, b = dry.call("POST", "/v1/prune", `{"dry_run":true,"owner":"x"}`)
-	wantError(t, "prune with an unknown field", status, b, 400, "invalid", `"owner"`)
+	status, b = dry.call("POST", "/v1/prune", `{"dry_run":true,"everything":true}`)
+	wantError(t, "prune with an unknown field", status, b, 400, "invalid", `"everything"`)
 	dry.stop()
 	d := e.at("2h").serve("--prune-interval", "1s") // the daemon judges retention two hours ahead
 	line := d.waitLog("prune", 1)
