@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/internal/testwait"
 )
 
@@ -156,4 +158,44 @@ func runShellPTY(t *testing.T, e *env, session, input string) (string, int) {
 	p.type_(input)
 	code := p.wait()
 	return p.output(), code
+}
+
+// ptyRun runs `berth ARGS...` with environ on a new 24×80 pseudo-terminal, drains
+// what it shows, and returns an error unless it exits 0.
+func ptyRun(environ []string, args ...string) error {
+	cmd := cli(environ, args...)
+	ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 24, Cols: 80})
+	if err != nil {
+		return err
+	}
+	defer ptmx.Close()
+	var out bytes.Buffer
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		out.ReadFrom(ptmx) // ends with EIO once berth, the terminal's last user, exits
+	}()
+	err = cmd.Wait()
+	<-read
+	if err != nil {
+		return fmt.Errorf("berth %v: %v; the terminal showed %q", args, err, out.String())
+	}
+	return nil
+}
+
+// BenchmarkExecTTY compares `berth exec -t -- true` on a pseudo-terminal, the whole
+// CLI, embedded and through berth serve's TTY WebSocket, with the daemon's plain
+// `berth exec -- true`, in a warm local session (interleaved rounds, p50/p95).
+//
+//	go test ./cmd/berth -run '^$' -bench ExecTTY -benchtime 30x
+func BenchmarkExecTTY(b *testing.B) {
+	environ, _, _ := benchServe(b, "")
+	if err := cli(environ, "exec", "-s", "b", "--", "true").Run(); err != nil {
+		b.Fatal(err)
+	}
+	benchutil.Interleave(b, []benchutil.Way{
+		{Name: "embedded-tty", Run: func() error { return ptyRun(environ, "--no-daemon", "exec", "-t", "-s", "b", "--", "true") }},
+		{Name: "daemon-tty", Run: func() error { return ptyRun(environ, "exec", "-t", "-s", "b", "--", "true") }},
+		{Name: "daemon-plain", Run: func() error { return cli(environ, "exec", "-s", "b", "--", "true").Run() }},
+	})
 }
