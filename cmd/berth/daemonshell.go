@@ -211,7 +211,7 @@ func (d *daemonClient) shell(ctx context.Context, session string, recreate bool,
 func (d *daemonClient) execTTY(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *registry.Lease, error) {
 	// The connection's I/O outlives ctx: see above.
 	ioCtx, abort := context.WithCancel(context.WithoutCancel(ctx))
-	p := &ttyProcess{abort: abort, done: make(chan struct{})}
+	p := &ttyProcess{done: make(chan struct{})}
 	stop := context.AfterFunc(ctx, func() {
 		p.mu.Lock()
 		t := p.t
@@ -272,11 +272,10 @@ func hasEnv(env []string, name string) bool {
 // ttyProcess is a TTY exec running through the daemon (execTTY).
 type ttyProcess struct {
 	mu    sync.Mutex
-	t     *ttyClient // set once the command runs
-	abort context.CancelFunc
-	done  chan struct{} // closed when the result (or the error) is in
-	res   server.ExecResult
-	err   error
+	t    *ttyClient    // set once the command runs
+	done chan struct{} // closed when the result (or the error) is in
+	res  server.ExecResult
+	err  error
 }
 
 func (p *ttyProcess) Write(b []byte) (int, error) { return p.t.Write(b) }
