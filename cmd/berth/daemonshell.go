@@ -271,7 +271,7 @@ func hasEnv(env []string, name string) bool {
 
 // ttyProcess is a TTY exec running through the daemon (execTTY).
 type ttyProcess struct {
-	mu    sync.Mutex
+	mu   sync.Mutex
 	t    *ttyClient    // set once the command runs
 	done chan struct{} // closed when the result (or the error) is in
 	res  server.ExecResult
