@@ -121,7 +121,7 @@ func (t *ttyClient) next(out io.Writer) (server.TTYMessage, error) {
 	}
 }
 
-// control sends one control message (resize, signal, eof).
+// control sends one control message (resize, signal, eof, cancel).
 func (t *ttyClient) control(m server.TTYMessage) error {
 	b, err := json.Marshal(m)
 	if err != nil {
