@@ -12,6 +12,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/registry/config"
+	"github.com/berth-sh/berth/registry/config/hermes"
 	"github.com/berth-sh/berth/server"
 	"github.com/spf13/cobra"
 )
@@ -83,6 +84,7 @@ func newConfigCmd(g *globals) *cobra.Command {
 	}
 	explain.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cfg.AddCommand(explain)
+	cfg.AddCommand(newConfigImportCmd())
 	return cfg
 }
 
@@ -145,6 +147,41 @@ func printConfigCheck(chk server.ConfigCheck) error {
 	}
 	fmt.Fprintf(os.Stdout, "%s: ok, %d scope rules\n", chk.Path, chk.Rules)
 	return nil
+}
+
+// newConfigImportCmd is `berth config import hermes FILE`: it prints the berth
+// config (HCL) that stands for the terminal: section of a hermes-agent config file
+// on stdout and a note per key without an equivalent on stderr (package
+// registry/config/hermes; docs/hermes.md).
+func newConfigImportCmd() *cobra.Command {
+	imp := group(&cobra.Command{Use: "import", Short: "Translate another tool's config into a berth config"})
+	var glob string
+	h := &cobra.Command{
+		Use:   "hermes FILE",
+		Short: "Print the berth config for the terminal: section of a hermes-agent config.yaml; report keys without an equivalent on stderr",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			src, err := os.ReadFile(config.ExpandHome(args[0]))
+			if err != nil {
+				return failure(fmt.Errorf("cannot read the hermes config: %w", err))
+			}
+			home, _ := os.UserHomeDir() // "" refuses a ~ volume with a message that says so
+			res, err := hermes.Import(src, args[0], hermes.Options{Glob: glob, Home: home})
+			if err != nil {
+				return failure(err)
+			}
+			if _, err := os.Stdout.Write(res.HCL); err != nil {
+				return failure(err)
+			}
+			for _, n := range res.Notes {
+				fmt.Fprintf(os.Stderr, "berth: note: %s (no equivalent in the berth config)\n", n)
+			}
+			return nil
+		},
+	}
+	h.Flags().StringVar(&glob, "scope", hermes.DefaultGlob, "scope glob of the rule: the session names the berth hermes plugin uses")
+	imp.AddCommand(h)
+	return imp
 }
 
 // checkDrivers starts, through a registry on a temporary state dir (so the check
