@@ -1,0 +1,260 @@
+"""The berth terminal backend for hermes-agent, against a real berth serve: local
+sessions on the host, the others each in their own docker sandbox (conftest.py).
+Where hermes's own modules could be loaded (hermes_ref.py), the provider is
+hermes's TerminalEnvironmentProvider and interrupts go through hermes's
+tools.interrupt; the tests that need them say so when they are missing."""
+
+import os
+import threading
+import uuid
+
+import pytest
+
+import berth
+import berth_hermes
+from berth_hermes import environment as bh_env
+from conftest import HERMES
+
+
+def need_hermes(module: str) -> None:
+    if HERMES.get(module) != "ok":
+        pytest.skip("hermes's %s is not loaded here: %s" % (module, HERMES.get(module)))
+
+
+def wait_until(what: str, cond, limit: float = 120.0) -> None:
+    """Wait until cond() is true, checking on an event's timed wait (a condition, not
+    a fixed sleep); fail after limit seconds, naming what."""
+    ev = threading.Event()
+    waited = 0.0
+    while not cond():
+        if waited >= limit:
+            pytest.fail("timed out after %ss waiting for %s" % (limit, what))
+        ev.wait(0.05)
+        waited += 0.05
+
+
+# ---- hermes's contract ----
+
+
+def test_provider_is_hermes_provider(daemon):
+    need_hermes("agent.terminal_env_provider")
+    from agent.terminal_env_provider import TerminalEnvironmentProvider
+
+    p = berth_hermes.BerthTerminalProvider()
+    assert isinstance(p, TerminalEnvironmentProvider)
+    assert p.name == "berth" and p.is_available()
+    assert p.probe() == ("ready", "")
+    assert p.skip_container_guards is False  # berth may run a session on the host
+    assert p.session_isolated_when_nonpersistent is True
+    assert {"BERTH_HOST", "BERTH_TOKEN_FILE"} <= p.strip_env_keys
+    schema = p.validated_config_schema()  # hermes's own schema checks
+    assert schema["session_pattern"]["type"] == "string"
+    ok = p.doctor_checks()
+    assert ok[0][0] is True
+
+
+def test_register_through_plugin_context(daemon):
+    """register(ctx) calls ctx.register_terminal_environment_provider with a
+    provider hermes's PluginContext accepts (it checks isinstance against
+    TerminalEnvironmentProvider and reads provider.name; hermes_cli/plugins.py
+    itself is not loaded here)."""
+    got = []
+
+    class Ctx:
+        def register_terminal_environment_provider(self, provider):
+            got.append(provider)
+
+    berth_hermes.register(Ctx())
+    assert len(got) == 1 and got[0].name.strip().lower() == "berth"
+    if HERMES.get("agent.terminal_env_provider") == "ok":
+        from agent.terminal_env_provider import TerminalEnvironmentProvider
+
+        assert isinstance(got[0], TerminalEnvironmentProvider)
+
+
+def test_unavailable_without_daemon(monkeypatch, tmp_path):
+    monkeypatch.setenv("BERTH_HOST", "unix://%s/none.sock" % tmp_path)
+    p = berth_hermes.BerthTerminalProvider()
+    assert p.is_available()  # BERTH_HOST set: is_available makes no call
+    monkeypatch.delenv("BERTH_HOST")
+    monkeypatch.setenv("BERTH_STATE_DIR", str(tmp_path))
+    assert not p.is_available() and p.probe()[0] == "needs_setup"
+    monkeypatch.setenv("BERTH_HOST", "unix://%s/none.sock" % tmp_path)
+    env = p.create_environment(cwd="", timeout=10, task_id="x")
+    with pytest.raises(Exception) as ei:
+        env.execute("true")
+    assert isinstance(ei.value, (berth.Unavailable, RuntimeError))
+    assert "none.sock" in str(ei.value) and "berth serve" in str(ei.value)
+
+
+def test_session_names():
+    assert bh_env.session_name("hermes:{task_id}", "abc") == "hermes:abc"
+    assert bh_env.session_name("hermes:{task_id}", None) == "hermes:default"
+    with pytest.raises(ValueError, match="must contain"):
+        bh_env.session_name("fixed", "x")
+    with pytest.raises(ValueError, match="only {task_id}"):
+        bh_env.session_name("{task_id}:{other}", "x")
+
+
+def test_bad_session_name(provider):
+    env = provider.create_environment(cwd="", timeout=10, task_id="bad name")
+    with pytest.raises(berth.Invalid) as ei:
+        env.execute("true")
+    assert "bad name" in str(ei.value)
+
+
+# ---- commands ----
+
+
+def test_cwd_and_exports_persist(env):
+    r = env.execute("mkdir -p /tmp/bh-$$ && cd /tmp && export BH_FOO=bar")
+    assert r["returncode"] == 0, r
+    r = env.execute("pwd; echo $BH_FOO")
+    assert r["output"] == "/tmp\nbar\n" and r["returncode"] == 0
+    assert r["cwd"] == "/tmp" and env.cwd == "/tmp"
+
+
+def test_initial_cwd(provider, task_id, backend, tmp_path):
+    start = str(tmp_path) if backend == "local" else "/etc"
+    env = provider.create_environment(cwd=start, timeout=30, task_id=task_id)
+    try:
+        assert env.execute("pwd")["output"] == start + "\n"
+        env.execute("cd /")
+        assert env.execute("pwd")["output"] == "/\n"  # the start dir is for the first command only
+        r = env.execute("pwd", cwd="/does/not/exist")
+        assert r["returncode"] == 126, r  # as hermes's wrapper: cd ... || exit 126
+    finally:
+        env.session.remove()
+
+
+def test_merged_output_and_exit_code(env):
+    r = env.execute("echo out; echo err >&2; echo out2; exit 3")
+    assert r["returncode"] == 3
+    assert r["output"] == "out\nerr\nout2\n"
+
+
+def test_stdin(env):
+    r = env.execute("cat; echo; wc -c", stdin_data="hello\nworld")
+    assert r["output"].startswith("hello\nworld\n"), r
+    big = "x" * (5 << 20)
+    r = env.execute("wc -c", stdin_data=big)
+    assert r["output"].strip() == str(len(big))
+
+
+def test_timeout_keeps_partial_output(env):
+    r = env.execute("echo partial; sleep 600", timeout=10)
+    assert r["returncode"] == 124, r
+    assert r["output"] == "partial\n\n[Command timed out after 10s]"
+    r = env.execute("sleep 600", timeout=5)
+    assert r["output"] == "[Command timed out after 5s]"  # no leading newline without output
+
+
+def test_detached_children_outlive_the_call(env):
+    tag = str(600000 + uuid.uuid4().int % 99999)
+    # A child holding stdout (hermes #8340 hung on this) and one fully detached.
+    r = env.execute("sleep %s & (sleep %s1 >/dev/null 2>&1 &) ; echo started" % (tag, tag), timeout=60)
+    assert r["returncode"] == 0 and r["output"] == "started\n", r
+    r = env.execute("ps -o pid,args | grep '[s]leep %s'" % tag)
+    assert ("sleep %s\n" % tag) in r["output"] and ("sleep %s1" % tag) in r["output"], r["output"]
+    env.execute("pkill -f 'sleep %s' || true" % tag)
+
+
+def test_interrupt_kills_the_tree(env, backend, tmp_path):
+    need_hermes("tools.interrupt")
+    from tools.interrupt import set_interrupt
+
+    tag = str(700000 + uuid.uuid4().int % 99999)
+    marker = "/tmp/bh-started-%s" % tag
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", env.execute("echo before; touch %s; sleep %s" % (marker, tag), timeout=600)))
+    t.start()
+    peek = env.client.session(env.session_name)
+    wait_until("the command to start", lambda: peek.exec(["test", "-e", marker]).exit_code == 0)
+    set_interrupt(True, t.ident)
+    try:
+        t.join()
+    finally:
+        set_interrupt(False, t.ident)
+    r = out["r"]
+    assert r["returncode"] == 130 and r["output"] == "before\n\n[Command interrupted]", r
+    left = peek.exec(["sh", "-c", "ps -o args | grep '[s]leep %s' || true" % tag])
+    assert left.stdout_text == "", "the interrupted command's tree is still there: %r" % left.stdout_text
+
+
+def test_binary_output(env):
+    r = env.execute("printf 'a\\377\\376b\\n'")
+    assert r["output"] == "a\ufffd\ufffdb\n"
+
+
+def test_bounded_capture_names_spill_files(provider, task_id, daemon):
+    env = provider.create_environment(cwd="", timeout=60, task_id=task_id, backend_config={"bounded_output": 4096})
+    try:
+        r = env.execute("seq 1 200000", bounded_capture=True)
+        assert r["returncode"] == 0
+        out = r["output"]
+        assert out.startswith("1\n2\n") and out.endswith("199999\n200000\n")
+        assert len(out) < 4096 + 400 and "bytes of output left out" in out
+        spill = out.split("the whole output is in ")[1].split(" ...]")[0]
+        with open(spill) as f:
+            assert f.read() == "".join("%d\n" % i for i in range(1, 200001))
+        full = env.execute("seq 1 200000")  # hermes's default: full fidelity
+        assert full["output"] == "".join("%d\n" % i for i in range(1, 200001))
+    finally:
+        env.session.remove()
+
+
+def test_forwarded_and_literal_env(provider, task_id, monkeypatch):
+    monkeypatch.setenv("BH_SECRET", "s3cret")
+    cc = {"docker_forward_env": ["BH_SECRET", "BH_UNSET"], "docker_env": {"BH_LIT": "1"}}
+    env = provider.create_environment(cwd="", timeout=30, task_id=task_id, container_config=cc, future_key=1)
+    try:
+        r = env.execute("echo $BH_SECRET $BH_LIT ${BH_UNSET-unset} $AI_AGENT")
+        assert r["output"] == "s3cret 1 unset hermes-agent\n"
+    finally:
+        env.session.remove()
+
+
+def test_cleanup_applies_on_close(env, backend):
+    env.execute("echo hi > /tmp/bh-kept")
+    env.cleanup()
+    env.cleanup()  # idempotent
+    state = env.client.session(env.session_name).info()["state"]
+    # docker sessions: on_close = "stop"; local:* sessions: the default, keep.
+    assert state == ("stopped" if backend == "docker" else "running"), state
+    r = env.execute("cat /tmp/bh-kept")  # the next command starts it again, files kept
+    assert r["output"] == "hi\n" and r["returncode"] == 0
+
+
+def test_per_session_sandboxes(provider, backend):
+    if backend == "local":
+        pytest.skip("local sessions share the host filesystem by design")
+    a = provider.create_environment(cwd="", timeout=30, task_id="iso-a-" + uuid.uuid4().hex[:6])
+    b = provider.create_environment(cwd="", timeout=30, task_id="iso-b-" + uuid.uuid4().hex[:6])
+    try:
+        a.execute("echo a > /tmp/mine")
+        assert b.execute("cat /tmp/mine")["returncode"] != 0
+        assert a.session.info()["sandbox"] != b.session.info()["sandbox"]
+    finally:
+        a.session.remove()
+        b.session.remove()
+
+
+def test_daemon_restart_keeps_cwd(daemon, provider, task_id):
+    env = provider.create_environment(cwd="", timeout=30, task_id=task_id)
+    try:
+        env.execute("cd /tmp")
+        daemon.stop()
+        daemon.start()
+        r = env.execute("pwd")
+        assert r["output"] == "/tmp\n" and r["returncode"] == 0
+    finally:
+        env.session.remove()
+
+
+def test_default_session():
+    assert bh_env.session_name("hermes:{task_id}", "default", "main") == "main"
+    assert bh_env.session_name("hermes:{task_id}", None, "main") == "main"
+    assert bh_env.session_name("hermes:{task_id}", "sub-1", "main") == "hermes:sub-1"
+    p = berth_hermes.BerthTerminalProvider()
+    e = p.create_environment(cwd="", timeout=5, backend_config={"default_session": "main"})
+    assert e.session_name == "main"
