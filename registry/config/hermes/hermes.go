@@ -310,16 +310,8 @@ func (im *importer) translate() ([]byte, error) {
 
 func (im *importer) local(rule *hclwrite.Body) error {
 	rule.SetAttributeValue("driver", cty.StringVal("local"))
-	cwd, cnode, err := im.str("cwd", "")
-	if err != nil {
+	if err := im.workdir(rule, "without it a local sandbox starts in its own private home"); err != nil {
 		return err
-	}
-	if cwd != "" {
-		if filepath.IsAbs(cwd) {
-			rule.SetAttributeValue("workdir", cty.StringVal(filepath.Clean(cwd)))
-		} else {
-			im.notes = append(im.notes, Note{Pos: im.pos(cnode), Key: "terminal.cwd", Message: fmt.Sprintf("%q is not an absolute path; berth's workdir must be one (without it a local sandbox starts in its own private home)", cwd)})
-		}
 	}
 	pass, _, err := im.strList("env_passthrough")
 	if err != nil {
@@ -378,16 +370,8 @@ func (im *importer) docker(rule *hclwrite.Body) error {
 		rule.SetAttributeValue("name", cty.StringVal(name))
 	}
 
-	cwd, cnode, err := im.str("cwd", "")
-	if err != nil {
+	if err := im.workdir(rule, "without it execs start in the image's WORKDIR"); err != nil {
 		return err
-	}
-	if cwd != "" {
-		if strings.HasPrefix(cwd, "/") {
-			rule.SetAttributeValue("workdir", cty.StringVal(filepath.Clean(cwd)))
-		} else {
-			im.notes = append(im.notes, Note{Pos: im.pos(cnode), Key: "terminal.cwd", Message: fmt.Sprintf("%q is not an absolute path in the container; berth's workdir must be one (without it execs start in the image's WORKDIR)", cwd)})
-		}
 	}
 	env, _, err := im.strMap("docker_env")
 	if err != nil {
@@ -460,6 +444,21 @@ func (im *importer) docker(rule *hclwrite.Body) error {
 	if err := im.retention(rule, session); err != nil {
 		return err
 	}
+	return nil
+}
+
+// workdir sets the rule's workdir from hermes's cwd when that is an absolute
+// path, and notes it (with what happens without one, otherwise) when not.
+func (im *importer) workdir(rule *hclwrite.Body, otherwise string) error {
+	cwd, cnode, err := im.str("cwd", "")
+	if err != nil || cwd == "" {
+		return err
+	}
+	if !strings.HasPrefix(cwd, "/") {
+		im.notes = append(im.notes, Note{Pos: im.pos(cnode), Key: "terminal.cwd", Message: fmt.Sprintf("%q is not an absolute path; berth's workdir must be one (%s)", cwd, otherwise)})
+		return nil
+	}
+	rule.SetAttributeValue("workdir", cty.StringVal(filepath.Clean(cwd)))
 	return nil
 }
 

@@ -207,3 +207,16 @@ func TestRefusals(t *testing.T) {
 		t.Errorf("a bad glob: %v", err)
 	}
 }
+
+func TestRelativeCwdIsNoted(t *testing.T) {
+	res, err := Import([]byte("terminal:\n  backend: docker\n  cwd: \".\"\n"), "x.yaml", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Notes) != 1 || res.Notes[0].Key != "terminal.cwd" || res.Notes[0].Pos != "x.yaml:3:8" || !strings.Contains(res.Notes[0].Message, "WORKDIR") {
+		t.Errorf("notes %v: want one on terminal.cwd at x.yaml:3:8", res.Notes)
+	}
+	if strings.Contains(string(res.HCL), "workdir") {
+		t.Errorf("a relative cwd became a workdir:\n%s", res.HCL)
+	}
+}
