@@ -15,6 +15,9 @@ MODULES = [
     "agent.provider_base",
     "agent.terminal_env_provider",
     "tools.interrupt",  # tools/ loads as a namespace package: tools/__init__.py is not copied
+    # with base_output, base_session_env, base_wait, hermes_constants and
+    # hermes_cli._subprocess_compat; tools/environments/__init__.py is not copied
+    # (it imports definitions.py and forward_env.py too), so it is a namespace package
     "tools.environments.base",
 ]
 

@@ -258,3 +258,32 @@ def test_default_session():
     p = berth_hermes.BerthTerminalProvider()
     e = p.create_environment(cwd="", timeout=5, backend_config={"default_session": "main"})
     assert e.session_name == "main"
+
+
+def test_is_hermes_base_environment(env, tmp_path):
+    """With hermes's tools/environments/base.py loaded, the environment is a
+    BaseEnvironment, and hermes's own helpers built on execute() work through it:
+    fetch_file (base64 over the exec channel) and fetch_realpath."""
+    need_hermes("tools.environments.base")
+    from tools.environments.base import BaseEnvironment, FileFetchError
+
+    assert isinstance(env, BaseEnvironment)
+    env.execute("mkdir -p /tmp/bh-f && printf 'a\\nb\\0c' > /tmp/bh-f/data && ln -sf /tmp/bh-f/data /tmp/bh-f/link")
+    dest = tmp_path / "got"
+    env.fetch_file("/tmp/bh-f/data", dest, max_bytes=1 << 20)
+    assert dest.read_bytes() == b"a\nb\0c"
+    assert env.fetch_realpath("/tmp/bh-f/link") == "/tmp/bh-f/data"
+    with pytest.raises(FileFetchError):
+        env.fetch_file("/tmp/bh-f/missing", dest, max_bytes=1 << 20)
+    with pytest.raises(FileFetchError, match="exceeds"):
+        env.fetch_file("/tmp/bh-f/data", dest, max_bytes=2)
+
+
+def test_connection_error_is_hermes_kind(monkeypatch, tmp_path):
+    need_hermes("tools.environments.base")
+    from tools.environments.base import EnvironmentConnectionError
+
+    monkeypatch.setenv("BERTH_HOST", "unix://%s/none.sock" % tmp_path)
+    env = berth_hermes.BerthTerminalProvider().create_environment(cwd="", timeout=10, task_id="x")
+    with pytest.raises(EnvironmentConnectionError, match="none.sock"):
+        env.execute("true")
