@@ -107,7 +107,7 @@ def test_bad_session_name(provider):
 
 
 def test_cwd_and_exports_persist(env):
-    r = env.execute("mkdir -p /tmp/bh-$$ && cd /tmp && export BH_FOO=bar")
+    r = env.execute("cd /tmp && export BH_FOO=bar")
     assert r["returncode"] == 0, r
     r = env.execute("pwd; echo $BH_FOO")
     assert r["output"] == "/tmp\nbar\n" and r["returncode"] == 0
@@ -176,6 +176,7 @@ def test_interrupt_kills_the_tree(env, backend, tmp_path):
     finally:
         set_interrupt(False, t.ident)
     r = out["r"]
+    peek.exec(["rm", "-f", marker])
     assert r["returncode"] == 130 and r["output"] == "before\n\n[Command interrupted]", r
     left = peek.exec(["sh", "-c", "ps -o args | grep '[s]leep %s' || true" % tag])
     assert left.stdout_text == "", "the interrupted command's tree is still there: %r" % left.stdout_text
@@ -215,13 +216,14 @@ def test_forwarded_and_literal_env(provider, task_id, monkeypatch):
 
 
 def test_cleanup_applies_on_close(env, backend):
-    env.execute("echo hi > /tmp/bh-kept")
+    kept = "/tmp/bh-kept-" + uuid.uuid4().hex[:8]
+    env.execute("echo hi > " + kept)
     env.cleanup()
     env.cleanup()  # idempotent
     state = env.client.session(env.session_name).info()["state"]
     # docker sessions: on_close = "stop"; local:* sessions: the default, keep.
     assert state == ("stopped" if backend == "docker" else "running"), state
-    r = env.execute("cat /tmp/bh-kept")  # the next command starts it again, files kept
+    r = env.execute("cat %s; rm %s" % (kept, kept))  # the next command starts it again, files kept
     assert r["output"] == "hi\n" and r["returncode"] == 0
 
 
@@ -268,15 +270,19 @@ def test_is_hermes_base_environment(env, tmp_path):
     from tools.environments.base import BaseEnvironment, FileFetchError
 
     assert isinstance(env, BaseEnvironment)
-    env.execute("mkdir -p /tmp/bh-f && printf 'a\\nb\\0c' > /tmp/bh-f/data && ln -sf /tmp/bh-f/data /tmp/bh-f/link")
-    dest = tmp_path / "got"
-    env.fetch_file("/tmp/bh-f/data", dest, max_bytes=1 << 20)
-    assert dest.read_bytes() == b"a\nb\0c"
-    assert env.fetch_realpath("/tmp/bh-f/link") == "/tmp/bh-f/data"
-    with pytest.raises(FileFetchError):
-        env.fetch_file("/tmp/bh-f/missing", dest, max_bytes=1 << 20)
-    with pytest.raises(FileFetchError, match="exceeds"):
-        env.fetch_file("/tmp/bh-f/data", dest, max_bytes=2)
+    d = "/tmp/bh-f-" + uuid.uuid4().hex[:8]
+    env.execute("mkdir -p %s && printf 'a\\nb\\0c' > %s/data && ln -sf %s/data %s/link" % (d, d, d, d))
+    try:
+        dest = tmp_path / "got"
+        env.fetch_file(d + "/data", dest, max_bytes=1 << 20)
+        assert dest.read_bytes() == b"a\nb\0c"
+        assert env.fetch_realpath(d + "/link") == d + "/data"
+        with pytest.raises(FileFetchError):
+            env.fetch_file(d + "/missing", dest, max_bytes=1 << 20)
+        with pytest.raises(FileFetchError, match="exceeds"):
+            env.fetch_file(d + "/data", dest, max_bytes=2)
+    finally:
+        env.execute("rm -rf " + d)
 
 
 def test_connection_error_is_hermes_kind(monkeypatch, tmp_path):
