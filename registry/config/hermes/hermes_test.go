@@ -220,3 +220,32 @@ func TestRelativeCwdIsNoted(t *testing.T) {
 		t.Errorf("a relative cwd became a workdir:\n%s", res.HCL)
 	}
 }
+
+// TestDocsConfigParses keeps docs/hermes.md's berth config valid: every hcl
+// block there parses with berth's loader.
+func TestDocsConfigParses(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "hermes.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := strings.Split(string(doc), "```hcl\n")[1:]
+	if len(blocks) == 0 {
+		t.Fatal("docs/hermes.md has no hcl block")
+	}
+	for i, b := range blocks {
+		src := b[:strings.Index(b, "```")]
+		cfg, err := config.Parse([]byte(src), "docs/hermes.md", config.WithKnownDrivers("local", "docker"))
+		if err != nil {
+			t.Errorf("hcl block %d of docs/hermes.md: %v", i+1, err)
+			continue
+		}
+		if r, _, err := cfg.Match("main"); err != nil || r.Driver != "local" {
+			t.Errorf("block %d: main does not run on local (%v)", i+1, err)
+		}
+		r, _, err := cfg.Match("hermes:sub-1")
+		if err != nil || r.Driver != "docker" || r.Isolation != config.IsolationSession || r.Retention.OnClose != config.OnCloseStop ||
+			r.Retention.IdleTTL != 7*24*time.Hour || r.Retention.IdleAction != config.IdleRemove {
+			t.Errorf("block %d: hermes:sub-1 gets %+v (%v), want its own docker sandbox, stopped on close, removed after 7 idle days", i+1, r, err)
+		}
+	}
+}
