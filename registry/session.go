@@ -246,6 +246,7 @@ func (r *Registry) dialThrough(ctx context.Context, rec record, agentDir string)
 		agent.WithTokenFrom(agentDir), agent.WithHelloTimeout(r.cfg.AgentTimeout))
 	switch {
 	case err == nil:
+		r.viaPlugin.add(c, b) // so that a plugin's crash mid-call reads as one (lostWithPlugin)
 		return c, nil
 	case errors.Is(err, backend.ErrNotFound), errors.Is(err, backend.ErrConflict), errors.Is(err, backend.ErrUnavailable):
 		return nil, backend.Errorf(backend.ErrUnavailable, "%v", err)
