@@ -340,6 +340,10 @@ var errExecDone = errors.New("exec has finished")
 // drops the stream (the agent then kills the tree on its own).
 const cancelWait = 15 * time.Second
 
+// streamEndWait is how long an exec's stream may stay open after its result before
+// the client drops it.
+const streamEndWait = 5 * time.Second
+
 // execStream is the client side of an Exec or Shell call.
 type execStream = grpc.BidiStreamingClient[agentpb.ExecInput, agentpb.ExecOutput]
 
@@ -497,10 +501,16 @@ type process struct {
 	mu       sync.Mutex
 }
 
+// recvLoop reads the exec's stream: output to the writers, then the result. Wait
+// returns as soon as the result is in (done is closed then): the output before it
+// has been written, and what is left of the stream (the agent's end of the call, one
+// more round trip after the client's CloseSend) is read here without holding the
+// caller back.
 func (p *process) recvLoop() {
-	defer close(p.done)
 	defer p.cancel()
 	var got bool
+	finish := sync.OnceFunc(func() { close(p.done) })
+	defer finish()
 	var werr error
 	write := func(w *io.Writer, b []byte, name string) {
 		if *w == nil {
@@ -533,10 +543,13 @@ func (p *process) recvLoop() {
 					}
 				}
 				p.err = err
-			} else if werr != nil {
-				p.err = werr
 			}
 			return
+		}
+		if got {
+			// Nothing after the result reaches the caller, whose Wait has
+			// returned: an agent sends nothing more, a hostile one is ignored.
+			continue
 		}
 		switch x := m.Msg.(type) {
 		case *agentpb.ExecOutput_Stdout:
@@ -555,12 +568,18 @@ func (p *process) recvLoop() {
 				Cwd:       r.Cwd,
 			}
 			got = true
+			p.err = werr
 			p.sendMu.Lock()
 			if !p.sendClosed {
 				p.sendClosed = true
 				p.stream.CloseSend()
 			}
 			p.sendMu.Unlock()
+			finish()
+			// The agent ends the stream once it sees CloseSend; one that does not
+			// has it dropped, so no reader stays behind on a kept connection.
+			t := time.AfterFunc(streamEndWait, p.cancel)
+			defer t.Stop()
 		}
 	}
 }
