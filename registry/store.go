@@ -75,6 +75,8 @@ type store struct {
 	touchMu     sync.Mutex
 	touched     map[string]touchMark
 	lastUseMade bool
+
+	cache readCache
 }
 
 // touchMark is a touch that this store wrote: the sandbox and the time.
@@ -109,9 +111,15 @@ func newStore(path string, timeout time.Duration) *store {
 // right, and the mapping is left until the process ends (address space only: the
 // truncated file has no pages to keep).
 func (s *store) withDB(path string, opts bolt.Options, fn func(db *bolt.DB) error) (err error) {
-	if err := checkStore(path); err != nil {
+	if _, err := checkStore(path); err != nil {
 		return err
 	}
+	return s.withCheckedDB(path, opts, func(db *bolt.DB, _ *os.File) error { return fn(db) })
+}
+
+// withCheckedDB is withDB for a caller that has just checked the file itself
+// (checkStore); fn also gets the open file.
+func (s *store) withCheckedDB(path string, opts bolt.Options, fn func(db *bolt.DB, f *os.File) error) (err error) {
 	var file *os.File
 	defer guardFaults(path, &err, func() {
 		if file != nil {
@@ -141,7 +149,7 @@ func (s *store) withDB(path string, opts bolt.Options, fn func(db *bolt.DB) erro
 		}
 		return fmt.Errorf("opening state store %s: %w", path, err)
 	}
-	err = fn(db)
+	err = fn(db, file)
 	if cerr := db.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("closing state store %s: %w", path, cerr)
 	}
@@ -362,16 +370,96 @@ func (s *store) ownerAndGet(session string) (owner string, r record, ok bool, er
 	return owner, r, ok, err
 }
 
-// get returns session's record, with its last use (touch) merged in.
+// get returns session's record, with its last use (touch) merged in. The record
+// comes from the store's read cache when the store has not changed since it was
+// read (see readCache); else from a read transaction, which fills the cache.
 func (s *store) get(session string) (r record, ok bool, err error) {
-	err = s.view(func(tx *bolt.Tx) error {
-		r, ok, err = getRecord(tx, session)
-		return err
-	})
+	v, err := checkStore(s.path)
+	if err != nil {
+		return record{}, false, err
+	}
+	var hit bool
+	if r, ok, hit = s.cache.lookup(v, session); !hit {
+		r, ok, err = s.read(session)
+	}
 	if ok {
 		r = s.withLastUse(r)
 	}
 	return r, ok, err
+}
+
+// read reads session's record in a read transaction on the store just checked, and
+// caches it under the version that transaction saw.
+func (s *store) read(session string) (r record, ok bool, err error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	err = s.withCheckedDB(s.path, bolt.Options{ReadOnly: true}, func(db *bolt.DB, f *os.File) error {
+		return db.View(func(tx *bolt.Tx) error {
+			if err := checkSchema(tx); err != nil {
+				return err
+			}
+			if r, ok, err = getRecord(tx, session); err != nil {
+				return err
+			}
+			// The version is that of the file bbolt opened, as of this transaction:
+			// no writer can commit while it runs (bbolt's flock).
+			if v, err := fileVersion(f, uint64(tx.ID())); err == nil {
+				s.cache.put(v, session, r, ok)
+			}
+			return nil
+		})
+	})
+	return r, ok, err
+}
+
+// readCache keeps the records that a store read, by session, for as long as the
+// store file stays at the version they were read at (storeVersion: the same file,
+// and no write transaction committed since). A long-lived registry (berth serve, a
+// library user) then reads a session's record with plain reads of the store's two
+// meta pages (which the check before any open makes anyway: checkStore), rather than
+// opening the store with bbolt, taking its flock and mapping it for each call, and
+// still sees every write of any berth process at once: a commit changes the version
+// and empties the cache. bbolt has no way to ask whether a file changed without
+// opening it; the meta pages are read as storecheck.go reads them for the damage
+// check.
+type readCache struct {
+	mu      sync.Mutex
+	version storeVersion
+	recs    map[string]cachedRecord
+}
+
+// cachedRecord is a session's record as read, and whether there was one.
+type cachedRecord struct {
+	r  record
+	ok bool
+}
+
+// lookup returns session's cached record when the cache holds it for version v.
+func (c *readCache) lookup(v storeVersion, session string) (r record, ok, hit bool) {
+	if v == (storeVersion{}) {
+		return record{}, false, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.version != v {
+		return record{}, false, false
+	}
+	e, hit := c.recs[session]
+	return e.r, e.ok, hit
+}
+
+// put caches session's record as read at version v, dropping what the cache held for
+// another version.
+func (c *readCache) put(v storeVersion, session string, r record, ok bool) {
+	if v == (storeVersion{}) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.version != v {
+		c.version, c.recs = v, map[string]cachedRecord{}
+	}
+	c.recs[session] = cachedRecord{r, ok}
 }
 
 // put writes r, unless the stored record equals it already.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"syscall"
 
 	"github.com/berth-sh/berth/backend"
 )
@@ -82,35 +83,81 @@ func readMetaAt(f *os.File, off int64) (m boltMeta, ok bool, err error) {
 	return decodeBoltMeta(b[boltPageHeaderSize:]), true, nil
 }
 
+// storeVersion names one committed state of the store file: the file (device,
+// inode and change time, so a store moved aside and made anew is another file) and
+// the transaction id of the meta page bbolt uses. bbolt gives every committed write
+// transaction the next id and writes its meta page last, after its data pages are on
+// disk, so two reads that find the same version read the same data. The zero value
+// is no file.
+type storeVersion struct {
+	dev, ino uint64
+	ctime    int64 // ns since the epoch
+	txid     uint64
+}
+
+// fileVersion is the version of the open store file f as of transaction txid.
+func fileVersion(f *os.File, txid uint64) (storeVersion, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return storeVersion{}, err
+	}
+	return versionOf(fi, txid), nil
+}
+
+func versionOf(fi os.FileInfo, txid uint64) storeVersion {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return storeVersion{}
+	}
+	return storeVersion{dev: uint64(st.Dev), ino: st.Ino, ctime: st.Ctim.Nano(), txid: txid}
+}
+
 // storeDamage checks the bbolt file at path with plain reads and returns what makes
 // it unusable ("" when bbolt can map it safely). A missing file is not damaged.
 func storeDamage(path string) (string, error) {
+	_, damage, err := inspectStore(path)
+	return damage, err
+}
+
+// inspectStore is storeDamage that also returns the store's version when it is not
+// damaged (the zero version for a missing file).
+func inspectStore(path string) (v storeVersion, damage string, err error) {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return "", nil
+		return storeVersion{}, "", nil
 	} else if err != nil {
-		return "", err
+		return storeVersion{}, "", err
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return "", err
+		return storeVersion{}, "", err
 	}
+	damage, txid, err := metaDamage(f, fi)
+	if err != nil || damage != "" {
+		return storeVersion{}, damage, err
+	}
+	return versionOf(fi, txid), "", nil
+}
+
+// metaDamage is inspectStore's check of the open file f: what makes it unusable, or
+// "" and the transaction id of the meta page bbolt uses.
+func metaDamage(f *os.File, fi os.FileInfo) (damage string, txid uint64, err error) {
 	size := fi.Size()
 	if !fi.Mode().IsRegular() {
-		return "it is not a regular file", nil
+		return "it is not a regular file", 0, nil
 	}
 	if size == 0 {
-		return "it is empty (0 bytes)", nil
+		return "it is empty (0 bytes)", 0, nil
 	}
 	// The page size: from the first meta page, else from a second one at one of the
 	// offsets bbolt tries (1 KiB to 16 MiB), as bbolt finds it.
 	first, ok, err := readMetaAt(f, 0)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	if !ok {
-		return fmt.Sprintf("it is truncated (%d bytes, shorter than one bbolt page)", size), nil
+		return fmt.Sprintf("it is truncated (%d bytes, shorter than one bbolt page)", size), 0, nil
 	}
 	var pageSize int64
 	if first.problem() == "" {
@@ -122,58 +169,58 @@ func storeDamage(path string) (string, error) {
 				break
 			}
 			if m, ok, err := readMetaAt(f, pos); err != nil {
-				return "", err
+				return "", 0, err
 			} else if ok && m.problem() == "" {
 				pageSize = int64(m.pageSize)
 			}
 		}
 	}
 	if pageSize == 0 {
-		return first.problem(), nil
+		return first.problem(), 0, nil
 	}
 	if pageSize < 1024 || pageSize&(pageSize-1) != 0 {
-		return fmt.Sprintf("its meta page gives an impossible page size %d", pageSize), nil
+		return fmt.Sprintf("its meta page gives an impossible page size %d", pageSize), 0, nil
 	}
 	if size < 2*pageSize {
-		return fmt.Sprintf("it is truncated (%d bytes, shorter than its two %d-byte meta pages)", size, pageSize), nil
+		return fmt.Sprintf("it is truncated (%d bytes, shorter than its two %d-byte meta pages)", size, pageSize), 0, nil
 	}
 	// The meta page bbolt uses: the valid one with the higher transaction id.
 	var metas []boltMeta
 	for i := range int64(2) {
 		m, _, err := readMetaAt(f, i*pageSize)
 		if err != nil {
-			return "", err
+			return "", 0, err
 		}
 		if m.problem() == "" && int64(m.pageSize) == pageSize {
 			metas = append(metas, m)
 		}
 	}
 	if len(metas) == 0 {
-		return first.problem(), nil
+		return first.problem(), 0, nil
 	}
 	m := metas[0]
 	if len(metas) == 2 && metas[1].txid > m.txid {
 		m = metas[1]
 	}
 	if m.pgid < 4 || m.pgid > uint64(1<<62)/uint64(pageSize) {
-		return fmt.Sprintf("its meta page counts an impossible %d pages", m.pgid), nil
+		return fmt.Sprintf("its meta page counts an impossible %d pages", m.pgid), 0, nil
 	}
 	if need := int64(m.pgid) * pageSize; size < need {
-		return fmt.Sprintf("it is truncated (%d bytes; its meta page counts %d pages of %d bytes, %d bytes)", size, m.pgid, pageSize, need), nil
+		return fmt.Sprintf("it is truncated (%d bytes; its meta page counts %d pages of %d bytes, %d bytes)", size, m.pgid, pageSize, need), 0, nil
 	}
 	if m.root < 2 || m.root >= m.pgid || (m.freelist != boltNoFreelist && (m.freelist < 2 || m.freelist >= m.pgid)) {
-		return "its meta page points at pages past its end", nil
+		return "its meta page points at pages past its end", 0, nil
 	}
 	if m.freelist != boltNoFreelist {
 		var hdr [boltPageHeaderSize]byte
 		if _, err := f.ReadAt(hdr[:], int64(m.freelist)*pageSize); err != nil {
-			return "", err
+			return "", 0, err
 		}
 		if overflow := uint64(binary.NativeEndian.Uint32(hdr[12:])); m.freelist+overflow >= m.pgid {
-			return "its freelist runs past its end", nil
+			return "its freelist runs past its end", 0, nil
 		}
 	}
-	return "", nil
+	return "", m.txid, nil
 }
 
 // damagedStore is badStore for a damaged file.
@@ -195,16 +242,16 @@ func badStore(path, state, why string) error {
 }
 
 // checkStore returns damagedStore when the file at path exists but bbolt cannot map
-// it safely.
-func checkStore(path string) error {
-	damage, err := storeDamage(path)
+// it safely, and the store's version otherwise (see inspectStore).
+func checkStore(path string) (storeVersion, error) {
+	v, damage, err := inspectStore(path)
 	if err != nil {
-		return fmt.Errorf("reading state store %s: %w", path, err)
+		return storeVersion{}, fmt.Errorf("reading state store %s: %w", path, err)
 	}
 	if damage != "" {
-		return damagedStore(path, damage)
+		return storeVersion{}, damagedStore(path, damage)
 	}
-	return nil
+	return v, nil
 }
 
 // faultError is what a memory fault in the mapped store becomes.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -250,4 +251,84 @@ func TestStoreTruncatedWhileOpen(t *testing.T) {
 		}
 		os.WriteFile(s.path, good, 0o600)
 	}
+}
+
+// TestStoreReadCache: a store keeps the records it read while the file stays at the
+// version it read them at, and sees at once every write of another store on the
+// same file (as another berth process makes them), a store made anew in its place,
+// and an older copy of the file put back.
+func TestStoreReadCache(t *testing.T) {
+	s, _, _ := goodStore(t)
+	other := newStore(s.path, 10*time.Second)
+	get := func(want string) {
+		t.Helper()
+		r, ok, err := s.get("main")
+		switch {
+		case err != nil:
+			t.Fatalf("get: %v", err)
+		case want == "" && ok:
+			t.Fatalf("get: record %+v, want none", r)
+		case want != "" && (!ok || r.Sandbox != want):
+			t.Fatalf("get: record %+v (%v), want sandbox %s", r, ok, want)
+		}
+	}
+	get("b-1")
+
+	// A read served from the cache opens nothing: it does not wait for a writer that
+	// holds the store's lock (bbolt's flock), and returns what was committed last.
+	f, err := os.Open(s.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	s.timeout = time.Nanosecond // a read that opened the store would fail at once
+	get("b-1")
+	if _, err := s.all(); !errors.Is(err, backend.ErrTimeout) {
+		t.Fatalf("all with the store locked: %v, want ErrTimeout", err)
+	}
+	f.Close()
+	s.timeout = 10 * time.Second
+
+	before, err := os.ReadFile(s.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.put(record{Session: "main", Driver: "local", Sandbox: "b-2"}); err != nil {
+		t.Fatal(err)
+	}
+	get("b-2")
+	if _, err := other.forgetSandbox("local", "b-2"); err != nil {
+		t.Fatal(err)
+	}
+	get("")
+
+	// An older copy of the file renamed into place (another inode, an older
+	// transaction id), then written over in place (the same inode).
+	tmp := s.path + ".old"
+	if err := os.WriteFile(tmp, before, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, s.path); err != nil {
+		t.Fatal(err)
+	}
+	get("b-1")
+	if err := other.put(record{Session: "main", Driver: "local", Sandbox: "b-3"}); err != nil {
+		t.Fatal(err)
+	}
+	get("b-3")
+	if err := os.WriteFile(s.path, before, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	get("b-1")
+
+	// A store made anew in its place (moved aside, rebuilt).
+	if err := os.Rename(s.path, s.path+".damaged"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.init(); err != nil {
+		t.Fatal(err)
+	}
+	get("")
 }
