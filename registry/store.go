@@ -70,8 +70,8 @@ type store struct {
 	timeout time.Duration
 	mu      *sync.RWMutex // serialises opens of path within this process
 
-	// touched is each session's last touch by this store (touch coalesces), and
-	// lastUseMade says that lastUseDir exists.
+	// touched is each session's last touch that this store made or read (touch
+	// coalesces with it), and lastUseMade says that lastUseDir exists.
 	touchMu     sync.Mutex
 	touched     map[string]touchMark
 	lastUseMade bool
@@ -570,8 +570,9 @@ func (s *store) forgetSandbox(driver, sandbox string) ([]string, error) {
 // counts, which a call that created or changed the record wrote durably (and touched
 // too). get and all merge it in.
 //
-// A touch less than touchCoalesce after this store's last touch of the session on
-// the same sandbox is skipped (a clock set back writes at once).
+// A touch less than touchCoalesce after the last touch of the session on the same
+// sandbox that this store made or read (withLastUse) is skipped (a clock set back
+// writes at once).
 func (s *store) touch(session, sandbox string, t time.Time) error {
 	s.touchMu.Lock()
 	m, seen := s.touched[session]
@@ -622,6 +623,10 @@ func (s *store) lastUsePath(session string) string {
 // withLastUse returns r with LastUsed set to the time its last-use file holds for r's
 // sandbox. A missing or damaged file (a machine crash before it reached the disk), or
 // one about another sandbox, changes nothing.
+//
+// The time read counts as a touch this store knows of, so that touch coalesces with
+// it: a berth command run in a loop (one process per call) rewrites the file at most
+// once a second, as a long-lived registry does.
 func (s *store) withLastUse(r record) record {
 	b, err := os.ReadFile(s.lastUsePath(r.Session))
 	if err != nil || len(b) > 256 {
@@ -633,6 +638,12 @@ func (s *store) withLastUse(r record) record {
 	}
 	if t, err := time.Parse(time.RFC3339Nano, ts); err == nil {
 		r.LastUsed = t
+		s.touchMu.Lock()
+		if m, seen := s.touched[r.Session]; !seen || m.sandbox != sb || m.t.Before(t) {
+			s.touched[r.Session] = touchMark{sb, t}
+		}
+		s.lastUseMade = true
+		s.touchMu.Unlock()
 	}
 	return r
 }

@@ -332,3 +332,51 @@ func TestStoreReadCache(t *testing.T) {
 	}
 	get("")
 }
+
+// TestTouchCoalescesAcrossStores: a touch less than touchCoalesce after the last use
+// that a store read from the last-use file (another berth process's touch) writes
+// nothing; a later one, one of another sandbox, or one with the clock set back does.
+func TestTouchCoalescesAcrossStores(t *testing.T) {
+	s, _, _ := goodStore(t)
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	if err := s.touch("main", "b-1", t0); err != nil {
+		t.Fatal(err)
+	}
+	other := newStore(s.path, 10*time.Second) // as the next berth process
+	lastUse := func() time.Time {
+		t.Helper()
+		r, ok, err := newStore(s.path, 10*time.Second).get("main")
+		if err != nil || !ok {
+			t.Fatalf("get: %v %v", ok, err)
+		}
+		return r.LastUsed
+	}
+	if r, _, err := other.get("main"); err != nil || !r.LastUsed.Equal(t0) {
+		t.Fatalf("get: last use %v %v, want %v", r.LastUsed, err, t0)
+	}
+	for _, c := range []struct {
+		what    string
+		sandbox string
+		at      time.Time
+		want    time.Time
+	}{
+		{"within a second", "b-1", t0.Add(touchCoalesce / 2), t0},
+		{"a second later", "b-1", t0.Add(touchCoalesce), t0.Add(touchCoalesce)},
+		{"clock set back", "b-1", t0.Add(-time.Minute), t0.Add(-time.Minute)},
+	} {
+		if err := other.touch("main", c.sandbox, c.at); err != nil {
+			t.Fatal(err)
+		}
+		if got := lastUse(); !got.Equal(c.want) {
+			t.Errorf("%s: last use %v, want %v", c.what, got, c.want)
+		}
+	}
+	// Another sandbox's touch is written at once (the record is of b-1, so get does
+	// not merge it: read the file).
+	if err := other.touch("main", "b-2", t0.Add(-time.Minute).Add(time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(other.lastUsePath("main")); err != nil || !strings.HasPrefix(string(b), "b-2 ") {
+		t.Errorf("last-use file %q %v, want b-2's", b, err)
+	}
+}
