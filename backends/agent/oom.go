@@ -1,7 +1,8 @@
 package agent
 
 import (
-	"bufio"
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,9 +15,12 @@ const OOMCounterAuto = "auto"
 
 // oomWatch reads the OOM-kill counter of the agent's cgroup, so that an exec's result
 // says whether the kernel killed a process of the sandbox for lack of memory while
-// it ran (ExecResult.oom_killed). It needs no runtime call: the counter is a file.
+// it ran (ExecResult.oom_killed). It needs no runtime call: the counter is a file,
+// kept open and read again from its start (pread) before and after every exec, which
+// costs one system call rather than an open, a read and a close of a cgroup file
+// (7 % of the agent's CPU per exec of `true` before).
 type oomWatch struct {
-	path string // "" when there is none
+	f *os.File // nil when there is none
 }
 
 // newOOMWatch returns the watch for spec: "" (none), OOMCounterAuto or a counter
@@ -26,17 +30,36 @@ func newOOMWatch(spec string) oomWatch {
 	if spec == OOMCounterAuto {
 		path = findOOMCounter()
 	}
-	if path == "" || readOOMCount(path) < 0 {
+	if path == "" {
 		return oomWatch{}
 	}
-	return oomWatch{path: path}
+	f, err := os.Open(path)
+	if err != nil {
+		return oomWatch{}
+	}
+	w := oomWatch{f: f}
+	if w.count() < 0 {
+		f.Close()
+		return oomWatch{}
+	}
+	return w
 }
 
 // on reports whether the watch has a counter.
-func (w oomWatch) on() bool { return w.path != "" }
+func (w oomWatch) on() bool { return w.f != nil }
 
-// count returns the counter's value, or -1 without one.
-func (w oomWatch) count() int64 { return readOOMCount(w.path) }
+// count returns the counter's value, or -1 without one (or when it cannot be read).
+func (w oomWatch) count() int64 {
+	if w.f == nil {
+		return -1
+	}
+	var buf [4096]byte
+	n, err := w.f.ReadAt(buf[:], 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return -1
+	}
+	return parseOOMCount(buf[:n])
+}
 
 // grew reports whether the counter is past before (a count from count).
 func (w oomWatch) grew(before int64) bool {
@@ -91,14 +114,19 @@ func readOOMCount(path string) int64 {
 	if path == "" {
 		return -1
 	}
-	f, err := os.Open(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return -1
 	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if v, ok := strings.CutPrefix(s.Text(), "oom_kill "); ok {
+	return parseOOMCount(b)
+}
+
+// parseOOMCount returns the "oom_kill N" value of a counter file's content b
+// (cgroup v1's memory.oom_control, cgroup v2's memory.events), or -1 when it holds
+// no such line.
+func parseOOMCount(b []byte) int64 {
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
 			if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
 				return n
 			}
