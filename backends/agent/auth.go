@@ -1,10 +1,12 @@
 package agent
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -12,13 +14,16 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent/agentpb"
 )
 
 // TokenName is the file name, inside a sandbox's agent directory
@@ -35,17 +40,31 @@ const tokenLen = 32
 
 // handshakeMagic starts both sides' lines of the connection handshake. Every
 // connection (since agent protocol 3) begins, before HTTP/2, with the client's line
-// "BERTH-AGENT 1 TOKEN\n" (1: the handshake's own version; TOKEN: the hex token, all
-// zeros for none) and the agent's answer "BERTH-AGENT OK\n" or
-// "BERTH-AGENT DENIED REASON\n". The protocol version is negotiated after it, by
-// Hello.
+// and the agent's answer:
+//
+//   - version 2: "BERTH-AGENT 2 TOKEN VERSIONS\n" (TOKEN: the hex token, all zeros
+//     for none; VERSIONS: the protocol versions the client speaks, comma-separated,
+//     highest first), answered "BERTH-AGENT OK HELLO\n", HELLO being the agent's
+//     HelloResponse (the protocol it chose, its pid, instance, OOM watch and exec
+//     user) as unpadded base64url of its protobuf encoding: the answer to Hello, so
+//     that a connection needs no Hello call before its first real one;
+//   - version 1 (berth before the above; agents still accept it):
+//     "BERTH-AGENT 1 TOKEN\n", answered "BERTH-AGENT OK\n"; the protocol version is
+//     then negotiated by the Hello call;
+//
+// or, either way, "BERTH-AGENT DENIED REASON\n". An agent that knows only version 1
+// denies a version-2 line as "not a berth handshake" (it has four fields): the
+// client then connects again with version 1.
 const handshakeMagic = "BERTH-AGENT"
 
-// handshakeVersion is the version of the handshake line.
-const handshakeVersion = 1
+// handshakeVersion is the version of the handshake line a client sends.
+const handshakeVersion = 2
 
-// handshakeMax caps a handshake line, in bytes.
+// handshakeMax caps the client's handshake line and a version-1 answer, in bytes.
 const handshakeMax = 256
+
+// answerMax caps a version-2 answer (the Hello answer in it), in bytes.
+const answerMax = 1024
 
 // DefaultHandshakeTimeout bounds the agent's wait for a new connection's handshake
 // line: a connection that sends nothing is closed after it.
@@ -101,11 +120,16 @@ func ensureToken(dir string) error {
 	return nil
 }
 
-// clientHandshake sends the handshake line for token over c and reads the agent's
-// answer, within ctx. Errors: the agent refused the token (ErrConflict), the peer is
-// not a protocol-3 agent (ErrUnsupported: an older berth's agent closes the
-// connection or answers with HTTP/2), or no answer before ctx ended (ErrTimeout).
-func clientHandshake(ctx context.Context, c net.Conn, token []byte) error {
+// clientHandshake sends the handshake line for token and versions over c (version
+// 2, or 1 when v1 is set) and reads the agent's answer, within ctx. It returns the
+// connection to speak HTTP/2 on (c, reading first what the answer's read buffered)
+// and the Hello answer that a version-2 answer carries (nil for a version-1
+// answer). Errors: the agent refused the token (ErrConflict), the peer is not a
+// protocol-3 agent (ErrUnsupported: an older berth's agent closes the connection or
+// answers with HTTP/2), an answer that is not the agent's Hello (ErrUnsupported), no
+// answer before ctx ended (ErrTimeout), or errOldHandshake: an agent that knows only
+// version 1 denied the line.
+func clientHandshake(ctx context.Context, c net.Conn, token []byte, versions []int, v1 bool) (net.Conn, *agentpb.HelloResponse, error) {
 	// Closing the connection when ctx ends unblocks the handshake on any kind of
 	// connection (a driver's stream has no deadlines); the caller closes it on
 	// error anyway.
@@ -118,22 +142,87 @@ func clientHandshake(ctx context.Context, c net.Conn, token []byte) error {
 	if len(token) > 0 {
 		tok = hex.EncodeToString(token)
 	}
-	if _, err := fmt.Fprintf(c, "%s %d %s\n", handshakeMagic, handshakeVersion, tok); err != nil {
-		return handshakeErr(ctx, err)
+	line := fmt.Sprintf("%s 1 %s\n", handshakeMagic, tok)
+	if !v1 {
+		vs := make([]string, len(versions))
+		for i, v := range versions {
+			vs[i] = strconv.Itoa(v)
+		}
+		line = fmt.Sprintf("%s %d %s %s\n", handshakeMagic, handshakeVersion, tok, strings.Join(vs, ","))
 	}
-	line, err := readLine(c)
-	if err != nil {
-		return handshakeErr(ctx, err)
+	if _, err := io.WriteString(c, line); err != nil {
+		return nil, nil, handshakeErr(ctx, err)
 	}
-	rest, ok := strings.CutPrefix(line, handshakeMagic+" ")
+	// The answer is read through a buffer that the connection keeps reading first:
+	// HTTP/2 may follow it at once, and reading byte by byte would cost a system call
+	// each.
+	br := bufio.NewReaderSize(c, answerMax)
+	answer, err := br.ReadSlice('\n')
+	switch {
+	case errors.Is(err, bufio.ErrBufferFull):
+		return nil, nil, backend.Errorf(backend.ErrUnsupported, "the agent's answer to berth's handshake is longer than %d bytes: not a berth agent", answerMax)
+	case err != nil && !(errors.Is(err, io.EOF) && len(answer) > 0):
+		return nil, nil, handshakeErr(ctx, err)
+	}
+	rest, ok := strings.CutPrefix(strings.TrimSuffix(string(answer), "\n"), handshakeMagic+" ")
 	switch {
 	case !ok:
-		return backend.Errorf(backend.ErrUnsupported, "the agent did not answer berth's handshake: it is an agent of an older berth (agent protocol 2 or less)")
+		return nil, nil, backend.Errorf(backend.ErrUnsupported, "the agent did not answer berth's handshake: it is an agent of an older berth (agent protocol 2 or less)")
 	case rest == "OK":
-		return nil
+		return &bufConn{c, br}, nil, nil
+	case strings.HasPrefix(rest, "OK ") && !v1:
+		hello, err := decodeHello(strings.TrimPrefix(rest, "OK "))
+		if err != nil {
+			return nil, nil, err
+		}
+		return &bufConn{c, br}, hello, nil
 	}
-	reason, _ := strings.CutPrefix(rest, "DENIED ")
-	return backend.Errorf(backend.ErrConflict, "the agent refused the connection: %s", peerText(reason))
+	reason, denied := strings.CutPrefix(rest, "DENIED ")
+	if denied && !v1 && (reason == reasonNotHandshake || strings.HasPrefix(reason, "handshake version ")) {
+		return nil, nil, errOldHandshake
+	}
+	return nil, nil, backend.Errorf(backend.ErrConflict, "the agent refused the connection: %s", peerText(reason))
+}
+
+// errOldHandshake says that the agent knows only version 1 of the handshake.
+var errOldHandshake = errors.New("the agent knows only version 1 of berth's handshake")
+
+// reasonNotHandshake is how an agent denies a line that is not a handshake.
+const reasonNotHandshake = "not a berth handshake"
+
+// encodeHello is the HELLO of a version-2 answer.
+func encodeHello(h *agentpb.HelloResponse) (string, error) {
+	b, err := proto.Marshal(h)
+	if err != nil {
+		return "", err
+	}
+	return base64.RawURLEncoding.EncodeToString(b), nil
+}
+
+// decodeHello reads the HELLO of a version-2 answer (from the sandbox: hostile).
+func decodeHello(s string) (*agentpb.HelloResponse, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	var h agentpb.HelloResponse
+	if err == nil {
+		err = proto.Unmarshal(b, &h)
+	}
+	if err != nil {
+		return nil, backend.Errorf(backend.ErrUnsupported, "the agent's answer to berth's handshake does not hold a Hello answer (%v): not a berth agent of this protocol; recreate the sandbox (berth exec --recreate) to give it this berth's agent", err)
+	}
+	return &h, nil
+}
+
+// bufConn is a connection whose reads take first what r has buffered of it.
+type bufConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufConn) Read(p []byte) (int, error) {
+	if c.r.Buffered() > 0 {
+		return c.r.Read(p)
+	}
+	return c.Conn.Read(p)
 }
 
 func handshakeErr(ctx context.Context, err error) error {
@@ -149,26 +238,6 @@ func handshakeErr(ctx context.Context, err error) error {
 		return backend.Errorf(backend.ErrUnsupported, "the agent closed the connection at berth's handshake: it is an agent of an older berth (agent protocol 2 or less)")
 	}
 	return backend.Errorf(backend.ErrUnavailable, "agent handshake: %v", err)
-}
-
-// readLine reads one "\n"-terminated line of at most handshakeMax bytes, byte by
-// byte, so that nothing after it (HTTP/2) is consumed.
-func readLine(r io.Reader) (string, error) {
-	var b [1]byte
-	var line []byte
-	for len(line) < handshakeMax {
-		if _, err := r.Read(b[:]); err != nil {
-			if err == io.EOF && len(line) > 0 {
-				return string(line), nil
-			}
-			return "", err
-		}
-		if b[0] == '\n' {
-			return string(line), nil
-		}
-		line = append(line, b[0])
-	}
-	return string(line), nil
 }
 
 // readClientLine reads the client's handshake line in as few reads as it arrives
@@ -199,6 +268,9 @@ func readClientLine(r io.Reader) (string, error) {
 type tokenCreds struct {
 	token   []byte // nil: any token is accepted
 	timeout time.Duration
+	// hello answers Hello for a client of the given versions (the server's Hello
+	// call), for the version-2 answer.
+	hello func(client []int) *agentpb.HelloResponse
 }
 
 type tokenAuth struct{ credentials.CommonAuthInfo }
@@ -217,11 +289,15 @@ func (c *tokenCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthI
 		return nil, nil, fmt.Errorf("agent handshake: %s", reason)
 	}
 	f := strings.Fields(line)
-	if len(f) != 3 || f[0] != handshakeMagic {
-		return deny("not a berth handshake")
+	if len(f) < 2 || f[0] != handshakeMagic {
+		return deny(reasonNotHandshake)
 	}
-	if f[1] != fmt.Sprint(handshakeVersion) {
-		return deny(fmt.Sprintf("handshake version %s, this agent knows %d; use the same berth for the host and the agent (agent_path)", f[1], handshakeVersion))
+	switch {
+	case f[1] == "1" && len(f) == 3, f[1] == "2" && len(f) == 4:
+	case f[1] == "1" || f[1] == "2":
+		return deny(reasonNotHandshake)
+	default:
+		return deny(fmt.Sprintf("handshake version %s, this agent knows 1 and %d; use the same berth for the host and the agent (agent_path)", peerText(f[1]), handshakeVersion))
 	}
 	if c.token != nil {
 		got, err := hex.DecodeString(f[2])
@@ -229,7 +305,23 @@ func (c *tokenCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthI
 			return deny("wrong token: this socket belongs to another sandbox or another berth installation")
 		}
 	}
-	if _, err := fmt.Fprintf(conn, "%s OK\n", handshakeMagic); err != nil {
+	answer := handshakeMagic + " OK\n"
+	if f[1] == "2" {
+		var client []int
+		for _, v := range strings.Split(f[3], ",") {
+			n, err := strconv.Atoi(v)
+			if err != nil || len(client) == 16 {
+				return deny("the handshake's protocol versions are not a list of numbers")
+			}
+			client = append(client, n)
+		}
+		hello, err := encodeHello(c.hello(client))
+		if err != nil {
+			return nil, nil, fmt.Errorf("agent handshake: %w", err)
+		}
+		answer = handshakeMagic + " OK " + hello + "\n"
+	}
+	if _, err := io.WriteString(conn, answer); err != nil {
 		return nil, nil, fmt.Errorf("agent handshake: %w", err)
 	}
 	return conn, tokenAuth{credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}}, nil

@@ -1,16 +1,22 @@
 package agent
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"log"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent/agentpb"
@@ -82,6 +88,113 @@ func TestOlderAgentReported(t *testing.T) {
 	_, err = NewClient(testCtx(t), DialSocketDir(dir))
 	if !errors.Is(err, backend.ErrUnsupported) || !strings.Contains(err.Error(), "older berth") {
 		t.Fatalf("older agent: %v, want ErrUnsupported saying it is an older berth's", err)
+	}
+}
+
+// The agent answers a version-2 handshake line with its Hello answer, and a
+// version-1 line (a berth of before that answer, talking to a running agent) as
+// such a berth expects: "BERTH-AGENT OK" alone.
+func TestHandshakeVersions(t *testing.T) {
+	a := startAgent(t)
+	answer := func(line string) string {
+		t.Helper()
+		c, err := DialSocketDir(a.sockDir)(testCtx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := io.WriteString(c, line); err != nil {
+			t.Fatal(err)
+		}
+		got, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		return got
+	}
+	zeros := strings.Repeat("0", 2*tokenLen)
+	if got := answer(handshakeMagic + " 1 " + zeros + "\n"); got != handshakeMagic+" OK\n" {
+		t.Errorf("version 1: answer %q", got)
+	}
+	got := answer(fmt.Sprintf("%s 2 %s %d\n", handshakeMagic, zeros, ProtocolVersion))
+	payload, ok := strings.CutPrefix(strings.TrimSuffix(got, "\n"), handshakeMagic+" OK ")
+	if !ok {
+		t.Fatalf("version 2: answer %q", got)
+	}
+	hello, err := decodeHello(payload)
+	if err != nil || hello.Protocol != ProtocolVersion || int(hello.Pid) != a.pid || hello.Instance == "" {
+		t.Errorf("version 2: Hello answer %v, %v; want protocol %d, pid %d", hello, err, ProtocolVersion, a.pid)
+	}
+	for _, line := range []string{
+		handshakeMagic + " 2 " + zeros + "\n",       // no versions
+		handshakeMagic + " 2 " + zeros + " 3,x\n",   // not numbers
+		handshakeMagic + " 1 " + zeros + " 3\n",     // version 1 with versions
+		handshakeMagic + " 9 " + zeros + " 3\n",     // an unknown version
+		handshakeMagic + " 2 " + zeros + " 3 4 5\n", // too many fields
+	} {
+		if got := answer(line); !strings.HasPrefix(got, handshakeMagic+" DENIED ") {
+			t.Errorf("%q: answer %q, want DENIED", line, got)
+		}
+	}
+}
+
+// v1OnlyCreds is the agent's side of the handshake as berth's agents made it before
+// the version-2 answer: a line of three fields, version 1, answered "OK" alone.
+type v1OnlyCreds struct {
+	tokenCreds
+	dials *atomic.Int32
+}
+
+func (c *v1OnlyCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	c.dials.Add(1)
+	line, err := readClientLine(conn)
+	if err != nil {
+		return nil, nil, err
+	}
+	f := strings.Fields(line)
+	reason := ""
+	switch {
+	case len(f) != 3 || f[0] != handshakeMagic:
+		reason = "not a berth handshake"
+	case f[1] != "1":
+		reason = "handshake version " + f[1] + ", this agent knows 1; use the same berth for the host and the agent (agent_path)"
+	}
+	if reason != "" {
+		fmt.Fprintf(conn, "%s DENIED %s\n", handshakeMagic, reason)
+		return nil, nil, errors.New(reason)
+	}
+	fmt.Fprintf(conn, "%s OK\n", handshakeMagic)
+	return conn, tokenAuth{credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}}, nil
+}
+
+// A client reaches an agent that knows only version 1 of the handshake (a sandbox
+// started by an older berth, still running) on a second connection, and learns the
+// protocol from the Hello call.
+func TestHandshakeVersion1Agent(t *testing.T) {
+	dir := t.TempDir()
+	lis, err := net.Listen("unix", filepath.Join(dir, backend.AgentSocketName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newServer(log.New(io.Discard, "", 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dials atomic.Int32
+	gs := grpc.NewServer(grpc.Creds(&v1OnlyCreds{dials: &dials}))
+	agentpb.RegisterAgentServer(gs, s)
+	go gs.Serve(lis)
+	defer gs.Stop()
+	c, err := NewClient(testCtx(t), DialSocketDir(dir))
+	if err != nil {
+		t.Fatalf("version-1 agent: %v", err)
+	}
+	defer c.Close()
+	if c.Protocol() != ProtocolVersion || c.PID() != os.Getpid() || c.Instance() != s.instance {
+		t.Errorf("version-1 agent: protocol %d pid %d instance %q, want %d, %d, %q", c.Protocol(), c.PID(), c.Instance(), ProtocolVersion, os.Getpid(), s.instance)
+	}
+	if n := dials.Load(); n != 2 {
+		t.Errorf("%d connections, want 2 (version 2 denied, then version 1)", n)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -110,6 +111,7 @@ func withVersions(vs ...int) ClientOption { return func(o *clientOptions) { o.ve
 // Client is a connection to one agent. Its methods are safe for concurrent use.
 type Client struct {
 	conn     *grpc.ClientConn
+	pre      *preDialed
 	rpc      agentpb.AgentClient
 	protocol int
 	instance string
@@ -118,15 +120,20 @@ type Client struct {
 	execUser string
 }
 
-// NewClient connects to the agent that dial reaches: the dial, berth's token
-// handshake (WithToken, WithTokenFrom) and Hello, which negotiates the protocol
-// (this client speaks ProtocolVersion), all within the hello timeout. Errors: the
-// agent cannot be reached (ErrUnavailable: nothing listens, no socket), something
-// that is not a socket sits at the socket's name or the agent refused the token
-// (ErrConflict), the agent is of an older berth, speaks no common version or
-// answers Hello as no berth agent does (ErrUnsupported, naming both sides'
-// versions), the agent accepted but did not answer in time (ErrTimeout). Close
-// the Client when done.
+// NewClient connects to the agent that dial reaches: the dial and berth's token
+// handshake (WithToken, WithTokenFrom), whose answer carries the agent's answer to
+// Hello, which negotiates the protocol (this client speaks ProtocolVersion and
+// ProtocolVersion-1); an agent of a berth before that answer gets the Hello call.
+// All of it within the hello timeout. Errors: the agent cannot be reached
+// (ErrUnavailable: nothing listens, no socket), something that is not a socket sits
+// at the socket's name or the agent refused the token (ErrConflict), the agent is of
+// an older berth, speaks no common version or answers as no berth agent does
+// (ErrUnsupported, naming both sides' versions), the agent accepted but did not
+// answer in time (ErrTimeout). Close the Client when done.
+//
+// The connection made here is the one the client's calls use (gRPC's HTTP/2 starts
+// on it in the background; a connection that is lost later is made again the same
+// way), so a client costs one round trip to the agent before its first call.
 func NewClient(ctx context.Context, dial backend.Dialer, opts ...ClientOption) (*Client, error) {
 	o := clientOptions{helloTimeout: DefaultHelloTimeout, versions: clientVersions()}
 	for _, f := range opts {
@@ -143,74 +150,141 @@ func NewClient(ctx context.Context, dial backend.Dialer, opts ...ClientOption) (
 		}
 		token = t
 	}
-	// The dial's own error (with its kind) is what the caller should see, not
-	// gRPC's rendering of it.
-	var dialMu sync.Mutex
-	var dialErr error
+	hctx, cancel := context.WithTimeout(ctx, o.helloTimeout)
+	defer cancel()
+	first, hello, err := connect(hctx, dial, token, o.versions)
+	if err != nil {
+		if ctx.Err() == nil && errors.Is(hctx.Err(), context.DeadlineExceeded) {
+			return nil, helloTimeout(o)
+		}
+		return nil, err
+	}
+	pre := &preDialed{conn: first, at: time.Now()}
 	conn, err := grpc.NewClient("passthrough:///berth-agent",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			c, err := dial(ctx)
-			if err == nil {
-				if err = clientHandshake(ctx, c, token); err != nil {
-					c.Close()
-				}
+			if c := pre.take(); c != nil {
+				return c, nil
 			}
-			if err != nil {
-				dialMu.Lock()
-				dialErr = err
-				dialMu.Unlock()
-				return nil, err
-			}
-			return c, nil
+			c, _, err := connect(ctx, dial, token, o.versions)
+			return c, err
 		}),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.DefaultConfig, MinConnectTimeout: o.helloTimeout}),
 		grpc.WithInitialWindowSize(StreamWindow),
 		grpc.WithInitialConnWindowSize(StreamWindow),
 	)
 	if err != nil {
+		first.Close()
 		return nil, backend.Errorf(backend.ErrInvalid, "agent client: %v", err)
 	}
-	c := &Client{conn: conn, rpc: agentpb.NewAgentClient(conn)}
+	// HTTP/2 starts on the connection now, in the background, rather than at the
+	// first call: the agent's gRPC server holds a connection that has passed berth's
+	// handshake but not started HTTP/2 as one still being set up, which its
+	// shutdown waits for.
+	conn.Connect()
+	c := &Client{conn: conn, rpc: agentpb.NewAgentClient(conn), pre: pre}
+	if hello == nil {
+		if hello, err = c.callHello(ctx, hctx, o); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	p := int(hello.Protocol)
+	if p <= 0 || !slices.Contains(o.versions, p) {
+		c.Close()
+		if p == 0 && len(hello.Versions) > 0 {
+			agentVersions := make([]int, len(hello.Versions))
+			for i, v := range hello.Versions {
+				agentVersions[i] = int(v)
+			}
+			_, err := pickProtocol(o.versions, agentVersions)
+			return nil, backend.Errorf(backend.ErrUnsupported, "agent protocol: %v", err)
+		}
+		return nil, backend.Errorf(backend.ErrUnsupported, "agent protocol: the agent chose version %d, which this client (versions %v) does not speak", p, o.versions)
+	}
+	c.protocol, c.instance, c.pid = p, hello.Instance, int(hello.Pid)
+	c.oomWatch, c.execUser = hello.OomWatch, hello.ExecUser
+	return c, nil
+}
+
+// connect dials and makes berth's handshake (version 2; version 1 on a new
+// connection when the agent knows only that), returning the connection to speak
+// HTTP/2 on and the agent's Hello answer when its handshake answer carried one.
+func connect(ctx context.Context, dial backend.Dialer, token []byte, versions []int) (net.Conn, *agentpb.HelloResponse, error) {
+	for _, v1 := range []bool{false, true} {
+		c, err := dial(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		hc, hello, err := clientHandshake(ctx, c, token, versions, v1)
+		if err == nil {
+			return hc, hello, nil
+		}
+		c.Close()
+		if !errors.Is(err, errOldHandshake) {
+			return nil, nil, err
+		}
+	}
+	return nil, nil, backend.Errorf(backend.ErrUnsupported, "the agent denied both versions of berth's handshake")
+}
+
+// callHello asks an agent that answered the handshake without its Hello answer (a
+// berth before that answer) with the Hello call, bounded by hctx (the hello
+// timeout within ctx).
+func (c *Client) callHello(ctx, hctx context.Context, o clientOptions) (*agentpb.HelloResponse, error) {
 	req := &agentpb.HelloRequest{}
 	for _, v := range o.versions {
 		req.Versions = append(req.Versions, int32(v))
 	}
-	hctx, cancel := context.WithTimeout(ctx, o.helloTimeout)
-	defer cancel()
 	resp, err := c.rpc.Hello(hctx, req)
-	if err != nil {
-		conn.Close()
-		dialMu.Lock()
-		derr := dialErr
-		dialMu.Unlock()
-		switch {
-		case derr != nil && backend.KindOf(derr) != nil:
-			return nil, derr
-		case ctx.Err() != nil:
-			return nil, fmt.Errorf("agent hello: %w", ctx.Err())
-		case hctx.Err() != nil:
-			return nil, backend.Errorf(backend.ErrTimeout, "the agent did not answer within %s (the hello timeout): a paused or overloaded sandbox, or something else listening on its socket", o.helloTimeout)
-		}
-		err = wireErr("agent hello", err)
-		if backend.KindOf(err) == nil {
-			// An answer no berth agent gives: not protobuf, a status of no kind.
-			err = backend.Errorf(backend.ErrUnsupported, "%v: that is not an answer of a berth agent of protocol %v; recreate the sandbox (berth exec --recreate) to give it this berth's agent", err, o.versions)
-		}
-		return nil, err
+	if err == nil {
+		return resp, nil
 	}
-	p := int(resp.Protocol)
-	ok := false
-	for _, v := range o.versions {
-		ok = ok || v == p
+	switch {
+	case ctx.Err() != nil:
+		return nil, fmt.Errorf("agent hello: %w", ctx.Err())
+	case hctx.Err() != nil:
+		return nil, helloTimeout(o)
 	}
-	if !ok {
-		conn.Close()
-		return nil, backend.Errorf(backend.ErrUnsupported, "agent protocol: the agent chose version %d, which this client (versions %v) does not speak", p, o.versions)
+	err = wireErr("agent hello", err)
+	if backend.KindOf(err) == nil {
+		// An answer no berth agent gives: not protobuf, a status of no kind.
+		err = backend.Errorf(backend.ErrUnsupported, "%v: that is not an answer of a berth agent of protocol %v; recreate the sandbox (berth exec --recreate) to give it this berth's agent", err, o.versions)
 	}
-	c.protocol, c.instance, c.pid = p, resp.Instance, int(resp.Pid)
-	c.oomWatch, c.execUser = resp.OomWatch, resp.ExecUser
-	return c, nil
+	return nil, err
+}
+
+// helloTimeout is the error of an agent that accepted the connection and did not
+// answer within the hello timeout.
+func helloTimeout(o clientOptions) error {
+	return backend.Errorf(backend.ErrTimeout, "the agent did not answer within %s (the hello timeout): a paused or overloaded sandbox, or something else listening on its socket", o.helloTimeout)
+}
+
+// preDialMaxAge is how long the connection NewClient made waits for the client's
+// first call: an older one may have been closed by the agent meanwhile (gRPC's
+// server gives a connection two minutes to start HTTP/2), so a new one is made.
+const preDialMaxAge = 10 * time.Second
+
+// preDialed holds the connection NewClient made until gRPC takes it for the client's
+// first call.
+type preDialed struct {
+	mu   sync.Mutex
+	conn net.Conn
+	at   time.Time
+}
+
+// take returns the connection once, nil after that or when it is older than
+// preDialMaxAge (it is closed then).
+func (p *preDialed) take() net.Conn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.conn
+	p.conn = nil
+	if c != nil && time.Since(p.at) > preDialMaxAge {
+		c.Close()
+		return nil
+	}
+	return c
 }
 
 // Connect connects to the agent of a sandbox whose agent files the host prepared
@@ -269,7 +343,12 @@ func (c *Client) ExecUser() string { return c.execUser }
 
 // Close closes the connection. Execs still running on it lose their client, so the
 // agent kills their process trees.
-func (c *Client) Close() error { return c.conn.Close() }
+func (c *Client) Close() error {
+	if pc := c.pre.take(); pc != nil {
+		pc.Close()
+	}
+	return c.conn.Close()
+}
 
 // State returns the state of the client's connection (gRPC's connectivity state):
 // Ready or Idle while it is usable, TransientFailure once the agent went away.

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
@@ -31,7 +32,8 @@ import (
 // Fuzz targets of the agent client against a hostile agent (docs/fuzzing.md): a
 // server in this process (internal/fakewire) answers berth's handshake and every
 // call with fuzzed bytes, which the client reads over a real gRPC connection.
-// FuzzAgentConnect fuzzes the handshake answer and Hello; FuzzAgentCalls the
+// FuzzAgentConnect fuzzes the handshake answer (with the Hello answer in it, or
+// without, and then the Hello call's answer); FuzzAgentCalls the
 // frames and the status of exec, shell, job and copy calls on one connection.
 
 // fakeAgentCreds is a fake agent's side of berth's handshake: it reads the client's
@@ -49,7 +51,7 @@ func (c fakeAgentCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.Au
 	if _, err := conn.Write(answer); err != nil {
 		return nil, nil, err
 	}
-	if !bytes.HasPrefix(answer, []byte(handshakeMagic+" OK\n")) {
+	if line, _, ended := bytes.Cut(answer, []byte("\n")); !ended || !bytes.Equal(line, []byte(handshakeMagic+" OK")) && !bytes.HasPrefix(line, []byte(handshakeMagic+" OK ")) {
 		return nil, nil, errors.New("fake agent: handshake refused")
 	}
 	return conn, tokenAuth{credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}}, nil
@@ -72,6 +74,11 @@ var fakeAgent struct {
 }
 
 var okAnswer = []byte(handshakeMagic + " OK\n")
+
+// helloAnswer is a version-2 handshake answer carrying the Hello answer hello.
+func helloAnswer(hello []byte) []byte {
+	return []byte(handshakeMagic + " OK " + base64.RawURLEncoding.EncodeToString(hello) + "\n")
+}
 
 // goodHello is a Hello answer the client accepts.
 var goodHello = fakewire.Marshal(&agentpb.HelloResponse{Versions: []int32{ProtocolVersion}, Protocol: ProtocolVersion, Pid: 1, Instance: "fuzz"})
@@ -156,6 +163,14 @@ func FuzzAgentConnect(f *testing.F) {
 		{[]byte(handshakeMagic + " DENIED wrong token\n"), nil},
 		{[]byte(handshakeMagic + " OK"), goodHello},
 		{[]byte(handshakeMagic + " OK\ngarbage before HTTP/2"), goodHello},
+		{helloAnswer(goodHello), nil},
+		{helloAnswer(fakewire.Marshal(&agentpb.HelloResponse{Protocol: ProtocolVersion - 1, Instance: "old", OomWatch: true, ExecUser: "1000"})), nil},
+		{helloAnswer(fakewire.Marshal(&agentpb.HelloResponse{Versions: []int32{99}})), nil},
+		{helloAnswer(fakewire.Marshal(&agentpb.HelloResponse{Protocol: 99})), nil},
+		{helloAnswer([]byte{0xff, 0xff}), nil},
+		{[]byte(handshakeMagic + " OK !!not-base64\n"), nil},
+		{[]byte(handshakeMagic + " DENIED not a berth handshake\n"), nil},
+		{[]byte(handshakeMagic + " OK " + strings.Repeat("A", 2000) + "\n"), nil},
 		{[]byte("HTTP/1.1 400 Bad Request\r\n\r\n"), nil},
 		{[]byte(strings.Repeat("A", 300)), nil},
 		{nil, nil},
@@ -178,8 +193,23 @@ func FuzzAgentConnect(f *testing.F) {
 			c, err = NewClient(context.Background(), srv.Dial, WithHelloTimeout(20*time.Second))
 			return err
 		})
-		line, _, _ := bytes.Cut(answer[:min(len(answer), handshakeMax)], []byte("\n"))
+		line, _, _ := bytes.Cut(answer[:min(len(answer), answerMax)], []byte("\n"))
+		// A version-2 answer carries the Hello answer; the client accepts it when it
+		// is a HelloResponse choosing a version the client speaks.
+		payload, v2 := strings.CutPrefix(string(line), handshakeMagic+" OK ")
+		var inAnswer *agentpb.HelloResponse
+		if v2 {
+			if b, err := base64.RawURLEncoding.DecodeString(payload); err == nil {
+				var resp agentpb.HelloResponse
+				if proto.Unmarshal(b, &resp) == nil && resp.Protocol > 0 && slices.Contains(clientVersions(), int(resp.Protocol)) {
+					inAnswer = &resp
+				}
+			}
+		}
 		if err != nil {
+			if inAnswer != nil {
+				t.Fatalf("NewClient refused the good Hello answer %v in the handshake answer: %v", inAnswer, err)
+			}
 			printable(t, "NewClient", err)
 			if backend.KindOf(err) == nil {
 				t.Fatalf("NewClient: %q has no kind", err)
@@ -195,16 +225,20 @@ func FuzzAgentConnect(f *testing.F) {
 			return
 		}
 		defer c.Close()
-		if string(line) != handshakeMagic+" OK" {
+		resp := inAnswer
+		switch {
+		case resp != nil:
+		case string(line) != handshakeMagic+" OK":
 			t.Fatalf("NewClient accepted the handshake answer %q", answer)
-		}
-		var resp agentpb.HelloResponse
-		if err := proto.Unmarshal(hello, &resp); err != nil {
-			t.Fatalf("NewClient accepted the Hello answer %x, which is not a HelloResponse: %v", hello, err)
+		default:
+			resp = &agentpb.HelloResponse{}
+			if err := proto.Unmarshal(hello, resp); err != nil {
+				t.Fatalf("NewClient accepted the Hello answer %x, which is not a HelloResponse: %v", hello, err)
+			}
 		}
 		if !slices.Contains(clientVersions(), c.Protocol()) || c.Protocol() != int(resp.Protocol) || c.Instance() != resp.Instance ||
 			c.PID() != int(resp.Pid) || c.ExecUser() != resp.ExecUser || c.WatchesOOM() != resp.OomWatch {
-			t.Fatalf("NewClient: protocol %d instance %q pid %d user %q oom %v from %v", c.Protocol(), c.Instance(), c.PID(), c.ExecUser(), c.WatchesOOM(), &resp)
+			t.Fatalf("NewClient: protocol %d instance %q pid %d user %q oom %v from %v", c.Protocol(), c.Instance(), c.PID(), c.ExecUser(), c.WatchesOOM(), resp)
 		}
 	})
 }

@@ -987,10 +987,18 @@ func (s *server) Hello(ctx context.Context, req *agentpb.HelloRequest) (*agentpb
 	for i, v := range req.Versions {
 		client[i] = int(v)
 	}
-	v, err := pickProtocol(client, serverVersions)
-	if err != nil {
+	if _, err := pickProtocol(client, serverVersions); err != nil {
 		return nil, backend.Errorf(backend.ErrUnsupported, "%v", err)
 	}
+	return s.hello(client), nil
+}
+
+// hello is the answer to Hello for a client that speaks the versions client: the
+// protocol chosen (0 when there is no common one; the client then names both lists
+// from Versions), and what the client should know of this agent. The version-2
+// handshake answer carries it too.
+func (s *server) hello(client []int) *agentpb.HelloResponse {
+	v, _ := pickProtocol(client, serverVersions)
 	sv := make([]int32, len(serverVersions))
 	for i, v := range serverVersions {
 		sv[i] = int32(v)
@@ -998,7 +1006,7 @@ func (s *server) Hello(ctx context.Context, req *agentpb.HelloRequest) (*agentpb
 	return &agentpb.HelloResponse{
 		Versions: sv, Protocol: int32(v), Pid: int32(os.Getpid()),
 		Instance: s.instance, OomWatch: s.oom.on(), ExecUser: s.execUser,
-	}, nil
+	}
 }
 
 // Cancel implements the Cancel RPC.

@@ -157,7 +157,7 @@ func serve(opts ServeOptions, logger *log.Logger) error {
 		logger.Printf("serving without a token: any process that reaches the socket may use the agent")
 	}
 	gs := grpc.NewServer(append(rpcerr.ServerOptions(),
-		grpc.Creds(&tokenCreds{token: opts.Token, timeout: hs}),
+		grpc.Creds(&tokenCreds{token: opts.Token, timeout: hs, hello: s.hello}),
 		grpc.InitialWindowSize(StreamWindow),
 		grpc.InitialConnWindowSize(StreamWindow),
 	)...)
