@@ -278,6 +278,33 @@ def test_interrupt_in_stream_loop(session):
     wait_for("the interrupted tree %s to die" % pids, lambda: _tree_gone(session, pids))
 
 
+def test_cancel_from_another_thread(session):
+    """Stream.cancel() from a second thread while the first reads: the reader gets
+    the exit event with result.canceled, and the command's tree dies; a cancel
+    after the result sends nothing."""
+    f = "/tmp/sdk-cancel-%d" % os.getpid()
+    st = session.stream(["sh", "-c", TREE.format(f=f)])
+    ready = threading.Event()
+    sent = []
+    t = threading.Thread(target=lambda: (ready.wait(), sent.append(st.cancel())))
+    t.start()
+    kinds = []
+    try:
+        for ev in st:
+            kinds.append(ev.kind)
+            if ev.kind == "stdout" and b"ready" in ev.data:
+                ready.set()
+    finally:
+        ready.set()
+        t.join()
+    assert sent == [True]
+    assert kinds[-1] == "exit" and st.result is not None and st.result.canceled, (kinds, st.result)
+    assert st.cancel() is False
+    pids = _tree_pids(session, f)
+    assert len(pids) == 2
+    wait_for("the cancelled tree %s to die" % pids, lambda: _tree_gone(session, pids))
+
+
 def test_ctrl_c_main_thread(session):
     """SIGINT to the main thread while exec() blocks in it (what Ctrl-C does): the
     KeyboardInterrupt propagates and the remote tree dies."""

@@ -293,15 +293,9 @@ class _InterruptWatcher:
 
 
 def _cancel(stream: "berth.Stream") -> None:
-    """Cancel a running stream from another thread. The SDK cancels on close() or
-    on an exception in the reading thread only; its exec call's cancel event
-    (``ExecCall._send_cancel``, private) is what close() sends, and the reading
-    thread then gets the ``canceled`` result. Workaround until the SDK has a
-    public cross-thread cancel."""
-    call = getattr(stream, "_call", None)
-    send = getattr(call, "_send_cancel", None)
-    if send is not None:
-        send()
+    """Cancel a running stream from another thread (the interrupt watcher): the
+    reading thread then gets the ``canceled`` result."""
+    stream.cancel()
 
 
 if _BaseEnvironment is not None:

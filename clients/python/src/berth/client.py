@@ -238,6 +238,15 @@ class Stream:
         """Stop reading; a command still running is cancelled (its tree killed)."""
         self._it.close()
 
+    def cancel(self) -> bool:
+        """Ask the daemon to cancel the command, from any thread, without stopping
+        the iteration: the command's process tree is killed and the thread reading
+        the stream then gets the ``"exit"`` event with ``result.canceled`` set (and
+        the output written before). Returns False when the request body is already
+        closed (the command has ended, or its result arrived) and nothing was sent.
+        """
+        return self._call._send_cancel()
+
     def __enter__(self) -> "Stream":
         return self
 
