@@ -27,6 +27,32 @@ const (
 	AgentDial AgentReach = "dial"
 )
 
+// StopKeeps is Capabilities.StopKeeps: what of a stopped sandbox's files survive
+// until it starts again.
+type StopKeeps string
+
+const (
+	// StopKeepsAll: every file of the sandbox survives a stop.
+	StopKeepsAll StopKeeps = "all"
+	// StopKeepsWorkdir: only the files under the default working directory of execs
+	// (SandboxSpec.Workdir, or the driver's default when the spec sets none) survive
+	// a stop; whatever was written elsewhere is gone when the sandbox starts again.
+	StopKeepsWorkdir StopKeeps = "workdir"
+)
+
+// Keeps returns what survives a stop of a sandbox with these capabilities: ""
+// when nothing does (StopStart false: stop removes), else StopKeeps, with
+// StopKeepsAll for "".
+func (c Capabilities) Keeps() StopKeeps {
+	switch {
+	case !c.StopStart:
+		return ""
+	case c.StopKeeps == "":
+		return StopKeepsAll
+	}
+	return c.StopKeeps
+}
+
 // FSIsolation says how a sandbox's filesystem is separated from the host's.
 type FSIsolation string
 
@@ -84,6 +110,13 @@ type Capabilities struct {
 	Copy bool `json:"copy"`
 	// StopStart: a stopped sandbox keeps its filesystem and starts again on Create.
 	StopStart bool `json:"stop_start"`
+	// StopKeeps says, with StopStart, what of a stopped sandbox's files are there
+	// again when it starts: StopKeepsAll (the whole filesystem, root filesystem
+	// included: local, docker, containerd) or StopKeepsWorkdir (only the volume
+	// mounted at the default working directory of execs; the root filesystem is made
+	// anew from the image: Kubernetes, whose Pods cannot be stopped). "" means
+	// StopKeepsAll (drivers from before the field); see Keeps.
+	StopKeeps StopKeeps `json:"stop_keeps,omitempty"`
 	// ExecUser: ExecRequest.User and SandboxSpec.User are honoured.
 	ExecUser bool `json:"exec_user"`
 	// ImagePull and ImageImport: the driver implements ImagePuller / ImageImporter.

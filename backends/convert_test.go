@@ -36,7 +36,7 @@ func TestRoundTrip(t *testing.T) {
 	caps := backend.Capabilities{
 		FSIsolation: backend.FSIsolationImage, PIDIsolation: true, NetworkModes: []string{"none", "bridge"},
 		TTY: true, CPULimit: true, MemoryLimit: true, PidsLimit: true, DropCapabilities: true, Copy: true,
-		StopStart: true, ExecUser: true, ImagePull: true, ImageImport: true, Config: true, Agent: backend.AgentSocket, AgentDial: true, Validate: true,
+		StopStart: true, StopKeeps: backend.StopKeepsWorkdir, ExecUser: true, ImagePull: true, ImageImport: true, Config: true, Agent: backend.AgentSocket, AgentDial: true, Validate: true,
 	}
 	caps.Runtimes = []backend.RuntimeCapabilities{{Name: "runsc", Kernel: backend.KernelGVisor, Capabilities: backend.Capabilities{FSIsolation: backend.FSIsolationImage, NetworkModes: []string{"none"}, TTY: true}}}
 	if reflect.ValueOf(caps).NumField() != 18 {

@@ -268,7 +268,8 @@ func caseStopInspectStopped(t T, h *Harness) {
 	h.stop(t, name)
 }
 
-// Create of a stopped sandbox adopts it: same ID, Adopted, running, files kept.
+// Create of a stopped sandbox adopts it: same ID, Adopted, running, files kept
+// (with StopKeepsWorkdir: those in the working directory, and none outside it).
 func caseStopCreateAdopts(t T, h *Harness) {
 	spec := h.Spec(t, SandboxName())
 	first, err := h.Create(t, spec)
@@ -277,6 +278,13 @@ func caseStopCreateAdopts(t T, h *Harness) {
 	}
 	file := "berth-conf-" + randHex(4)
 	h.sh(t, spec.Name, `echo kept > "$1"`, file)
+	// A driver that keeps only the working directory (StopKeepsWorkdir) must say
+	// so precisely: a file written outside it is gone after the start.
+	outside := ""
+	if h.Info.Capabilities.Keeps() == backend.StopKeepsWorkdir {
+		outside = "/tmp/berth-conf-outside-" + randHex(4)
+		h.sh(t, spec.Name, `mkdir -p /tmp && echo gone > "$1"`, outside)
+	}
 	h.stop(t, spec.Name)
 
 	again, err := h.Create(t, spec)
@@ -291,6 +299,11 @@ func caseStopCreateAdopts(t T, h *Harness) {
 	}
 	if out := h.run(t, spec.Name, "cat", file); out.ExitCode != 0 || out.Stdout != "kept\n" {
 		t.Errorf("file written before Stop, read after re-Create: %s", out.describe())
+	}
+	if outside != "" {
+		if out := h.run(t, spec.Name, "cat", outside); out.ExitCode == 0 {
+			t.Errorf("Capabilities.StopKeeps is %q, but %s, written outside the working directory before Stop, is still there after re-Create: the driver keeps more than it says (claim %q)", backend.StopKeepsWorkdir, outside, backend.StopKeepsAll)
+		}
 	}
 }
 

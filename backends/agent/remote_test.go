@@ -1,9 +1,13 @@
 package agent
 
 import (
+	"io"
+	"log"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/berth-sh/berth/backend"
@@ -74,5 +78,49 @@ ip -o link show lo`
 	}
 	if !strings.Contains(string(out), "LOOPBACK,UP") {
 		t.Errorf("lo is not up after net-none:\n%s", out)
+	}
+}
+
+// --own-dir gives the directory itself (not what it holds) to a non-root exec
+// user, and leaves it alone for root, for no user, and for a user the sandbox
+// does not know (logged only).
+func TestOwnDir(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to chown")
+	}
+	logger := log.New(io.Discard, "", 0)
+	owner := func(p string) (uint32, uint32) {
+		t.Helper()
+		fi, err := os.Lstat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		return st.Uid, st.Gid
+	}
+	dir := t.TempDir()
+	inner := filepath.Join(dir, "f")
+	if err := os.WriteFile(inner, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{"", "0", "root", "no-such-user-berth"} {
+		if err := ownDir(dir, u, logger); err != nil {
+			t.Errorf("ownDir(%q): %v", u, err)
+		}
+		if uid, gid := owner(dir); uid != 0 || gid != 0 {
+			t.Errorf("ownDir(%q) gave the directory to %d:%d, want it left to root", u, uid, gid)
+		}
+	}
+	if err := ownDir(dir, "1234:2345", logger); err != nil {
+		t.Fatal(err)
+	}
+	if uid, gid := owner(dir); uid != 1234 || gid != 2345 {
+		t.Errorf("ownDir(1234:2345): directory owned by %d:%d", uid, gid)
+	}
+	if uid, _ := owner(inner); uid != 0 {
+		t.Errorf("ownDir changed the owner of a file inside the directory to %d; only the directory is given", uid)
+	}
+	if err := ownDir(inner, "1234", logger); err == nil || !strings.Contains(err.Error(), "not a directory") {
+		t.Errorf("ownDir of a file: %v, want 'not a directory'", err)
 	}
 }

@@ -67,6 +67,14 @@ type ServeOptions struct {
 	// reaches inside a Pod's network namespace. It needs Token (every process in that
 	// network namespace can connect), and a non-loopback address is refused.
 	ListenTCP string
+	// OwnDir, when set with an ExecUser that is not root, is a directory (a
+	// volume's mount point: a Kubernetes sandbox's workdir) that the agent gives to
+	// that user and their group before it serves (lchown of the directory itself,
+	// not of what it holds), so that a non-root user can write a volume that its
+	// provisioner made root-owned (Kubernetes' host-path provisioner makes 0750
+	// root directories, and fsGroup does not apply to host-path volumes). Needs
+	// CAP_CHOWN, which berth's containers keep.
+	OwnDir string
 }
 
 // maxBlocking caps the system calls that block an OS thread (fork, /proc scans,
@@ -121,6 +129,9 @@ func serve(opts ServeOptions, logger *log.Logger) error {
 
 	s, err := newServer(logger)
 	if err != nil {
+		return err
+	}
+	if err := ownDir(opts.OwnDir, opts.ExecUser, logger); err != nil {
 		return err
 	}
 	s.shells.dir = opts.StateDir
@@ -208,6 +219,7 @@ func serve(opts ServeOptions, logger *log.Logger) error {
 //
 //	[agent] serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper]
 //	        [--token-file FILE] [--exec-user USER] [--oom-counter auto|FILE] [--listen-tcp ADDR]
+//	        [--own-dir DIR]
 //	[agent] install DIR
 //	[agent] net-none
 //
@@ -224,7 +236,7 @@ func Main(args []string) int {
 	if len(args) > 0 && args[0] == "agent" {
 		args = args[1:]
 	}
-	const synopsis = "usage: berth agent serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper] [--token-file FILE] [--exec-user USER] [--oom-counter auto|FILE] [--listen-tcp ADDR]\n       berth agent install DIR\n       berth agent net-none"
+	const synopsis = "usage: berth agent serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper] [--token-file FILE] [--exec-user USER] [--oom-counter auto|FILE] [--listen-tcp ADDR] [--own-dir DIR]\n       berth agent install DIR\n       berth agent net-none"
 	if len(args) == 2 && args[0] == "install" {
 		if err := InstallSelf(args[1]); err != nil {
 			fmt.Fprintf(os.Stderr, "berth agent: %v\n", err)
@@ -254,6 +266,7 @@ func Main(args []string) int {
 	execUser := fs.String("exec-user", "", "default user of execs that name none")
 	oomCounter := fs.String("oom-counter", "", "OOM-kill counter to report OOM kills from: auto (the agent's memory cgroup) or a file")
 	listenTCPAddr := fs.String("listen-tcp", "", "loopback TCP address to serve on too (127.0.0.1:PORT; needs a token)")
+	ownDirFlag := fs.String("own-dir", "", "directory to give to the exec user before serving (a volume's mount point)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
@@ -268,7 +281,7 @@ func Main(args []string) int {
 	}
 	err = Serve(ServeOptions{
 		SocketDir: *socketDir, StateDir: *stateDir, ReadyFD: *readyFD, LogPath: *logPath, Subreaper: *subreaper,
-		Token: token, ExecUser: *execUser, OOMCounter: *oomCounter, ListenTCP: *listenTCPAddr,
+		Token: token, ExecUser: *execUser, OOMCounter: *oomCounter, ListenTCP: *listenTCPAddr, OwnDir: *ownDirFlag,
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "berth agent: %v\n", err)
@@ -554,4 +567,36 @@ func randomID() string {
 // In a container the agent is PID 1; it must be linked statically (CGO_ENABLED=0).
 func IsAgent() bool {
 	return filepath.Base(os.Args[0]) == backend.AgentBinaryName || len(os.Args) > 1 && os.Args[1] == "agent"
+}
+
+// ownDir gives directory dir to user (ServeOptions.OwnDir): nothing when either is
+// empty or the user is root. A user the sandbox does not know is only logged (the
+// driver's first exec as that user reports it); a directory that cannot be given
+// is an error naming it.
+func ownDir(dir, user string, logger *log.Logger) error {
+	if dir == "" || user == "" {
+		return nil
+	}
+	cred, _, err := lookupCredential(user)
+	if err != nil {
+		logger.Printf("--own-dir %s: user %q: %v", dir, user, err)
+		return nil
+	}
+	if cred == nil || cred.Uid == 0 {
+		return nil
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("agent: --own-dir %s: %w", dir, err)
+	}
+	if !fi.IsDir() {
+		return backend.Errorf(backend.ErrInvalid, "agent: --own-dir %s: not a directory", dir)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid == cred.Uid && st.Gid == cred.Gid {
+		return nil
+	}
+	if err := os.Lchown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+		return fmt.Errorf("agent: --own-dir %s: giving it to user %q (%d:%d): %w", dir, user, cred.Uid, cred.Gid, err)
+	}
+	return nil
 }

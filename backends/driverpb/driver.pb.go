@@ -67,7 +67,10 @@ type Capabilities struct {
 	AgentDial bool   `protobuf:"varint,18,opt,name=agent_dial,json=agentDial,proto3" json:"agent_dial,omitempty"`
 	Validate  bool   `protobuf:"varint,19,opt,name=validate,proto3" json:"validate,omitempty"`
 	// The OCI runtimes a spec may name besides the default (SandboxSpec.runtime).
-	Runtimes      []*RuntimeCapabilities `protobuf:"bytes,20,rep,name=runtimes,proto3" json:"runtimes,omitempty"`
+	Runtimes []*RuntimeCapabilities `protobuf:"bytes,20,rep,name=runtimes,proto3" json:"runtimes,omitempty"`
+	// What survives a stop with stop_start: "all" or "" (every file), "workdir"
+	// (only the volume at the default working directory).
+	StopKeeps     string `protobuf:"bytes,21,opt,name=stop_keeps,json=stopKeeps,proto3" json:"stop_keeps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -226,6 +229,13 @@ func (x *Capabilities) GetRuntimes() []*RuntimeCapabilities {
 		return x.Runtimes
 	}
 	return nil
+}
+
+func (x *Capabilities) GetStopKeeps() string {
+	if x != nil {
+		return x.StopKeeps
+	}
+	return ""
 }
 
 type RuntimeCapabilities struct {
@@ -2760,7 +2770,7 @@ var File_driver_proto protoreflect.FileDescriptor
 
 const file_driver_proto_rawDesc = "" +
 	"\n" +
-	"\fdriver.proto\x12\x0fberth.driver.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe2\x04\n" +
+	"\fdriver.proto\x12\x0fberth.driver.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x81\x05\n" +
 	"\fCapabilities\x12!\n" +
 	"\ffs_isolation\x18\x01 \x01(\tR\vfsIsolation\x12#\n" +
 	"\rpid_isolation\x18\x02 \x01(\bR\fpidIsolation\x12#\n" +
@@ -2784,7 +2794,9 @@ const file_driver_proto_rawDesc = "" +
 	"\n" +
 	"agent_dial\x18\x12 \x01(\bR\tagentDial\x12\x1a\n" +
 	"\bvalidate\x18\x13 \x01(\bR\bvalidate\x12@\n" +
-	"\bruntimes\x18\x14 \x03(\v2$.berth.driver.v1.RuntimeCapabilitiesR\bruntimesJ\x04\b\x0f\x10\x10J\x04\b\x10\x10\x11\"\x84\x01\n" +
+	"\bruntimes\x18\x14 \x03(\v2$.berth.driver.v1.RuntimeCapabilitiesR\bruntimes\x12\x1d\n" +
+	"\n" +
+	"stop_keeps\x18\x15 \x01(\tR\tstopKeepsJ\x04\b\x0f\x10\x10J\x04\b\x10\x10\x11\"\x84\x01\n" +
 	"\x13RuntimeCapabilities\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06kernel\x18\x02 \x01(\tR\x06kernel\x12A\n" +

@@ -73,6 +73,9 @@ func capsSummary(c backend.Capabilities) string {
 			s = append(s, f.name)
 		}
 	}
+	if k := c.Keeps(); k != "" && k != backend.StopKeepsAll {
+		s = append(s, "stop-keeps="+string(k))
+	}
 	if c.Agent != backend.AgentNone {
 		s = append(s, "agent="+string(c.Agent))
 	}
