@@ -176,6 +176,13 @@ type SandboxSpec struct {
 	// It is part of the spec hash (only when set, so specs from before it hash as
 	// they did).
 	Runtime string `json:"runtime,omitempty"`
+	// Pull is the rule's pull policy (config.Rule.Pull): when the image is fetched,
+	// for drivers whose runtime fetches it as the sandbox starts (the kubelet:
+	// PullMissing, PullAlways, PullNever become imagePullPolicy IfNotPresent,
+	// Always, Never). "" is the driver's default. Drivers that implement
+	// ImagePuller get the policy there too. It is not part of the spec hash: it
+	// says when the image is fetched, not what runs.
+	Pull PullPolicy `json:"pull,omitempty"`
 }
 
 // DefaultEnvAllowlist is the host environment that local execs start from.

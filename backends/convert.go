@@ -152,6 +152,7 @@ func specToPB(s backend.SandboxSpec) *pb.SandboxSpec {
 		},
 		AllowHostPaths: s.AllowHostPaths,
 		Runtime:        s.Runtime,
+		Pull:           string(s.Pull),
 	}
 }
 
@@ -178,6 +179,7 @@ func specFromPB(s *pb.SandboxSpec) backend.SandboxSpec {
 		},
 		AllowHostPaths: s.GetAllowHostPaths(),
 		Runtime:        s.GetRuntime(),
+		Pull:           backend.PullPolicy(s.GetPull()),
 	}
 }
 

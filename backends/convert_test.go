@@ -39,7 +39,7 @@ func TestRoundTrip(t *testing.T) {
 		StopStart: true, StopKeeps: backend.StopKeepsWorkdir, ExecUser: true, ImagePull: true, ImageImport: true, Config: true, Agent: backend.AgentSocket, AgentDial: true, Validate: true,
 	}
 	caps.Runtimes = []backend.RuntimeCapabilities{{Name: "runsc", Kernel: backend.KernelGVisor, Capabilities: backend.Capabilities{FSIsolation: backend.FSIsolationImage, NetworkModes: []string{"none"}, TTY: true}}}
-	if reflect.ValueOf(caps).NumField() != 18 {
+	if reflect.ValueOf(caps).NumField() != 19 {
 		t.Fatal("backend.Capabilities changed: update capsToPB/capsFromPB and this test")
 	}
 	info := backend.Info{Name: "docker", Version: "1.2.3", ProtocolVersions: []int{1, 2}, Protocol: 1, Capabilities: caps}
@@ -57,8 +57,9 @@ func TestRoundTrip(t *testing.T) {
 		Resources:      backend.Resources{CPUs: 1.5, MemoryBytes: 512 << 20, Pids: 256},
 		AllowHostPaths: true,
 		Runtime:        "runsc",
+		Pull:           backend.PullNever,
 	}
-	if reflect.ValueOf(spec).NumField() != 12 {
+	if reflect.ValueOf(spec).NumField() != 13 {
 		t.Fatal("backend.SandboxSpec changed: update specToPB/specFromPB and this test")
 	}
 	check(t, "SandboxSpec", spec, specFromPB(wire(t, specToPB(spec))))

@@ -886,7 +886,10 @@ type SandboxSpec struct {
 	Resources      *Resources             `protobuf:"bytes,10,opt,name=resources,proto3" json:"resources,omitempty"`
 	AllowHostPaths bool                   `protobuf:"varint,11,opt,name=allow_host_paths,json=allowHostPaths,proto3" json:"allow_host_paths,omitempty"`
 	// The OCI runtime, one of Capabilities.runtimes; "" for the engine's default.
-	Runtime       string `protobuf:"bytes,12,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	Runtime string `protobuf:"bytes,12,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	// The rule's pull policy ("missing", "always", "never"; "" for the driver's
+	// default), for drivers whose runtime pulls at start (Kubernetes).
+	Pull          string `protobuf:"bytes,13,opt,name=pull,proto3" json:"pull,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1001,6 +1004,13 @@ func (x *SandboxSpec) GetAllowHostPaths() bool {
 func (x *SandboxSpec) GetRuntime() string {
 	if x != nil {
 		return x.Runtime
+	}
+	return ""
+}
+
+func (x *SandboxSpec) GetPull() string {
+	if x != nil {
+		return x.Pull
 	}
 	return ""
 }
@@ -2834,7 +2844,7 @@ const file_driver_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x1d\n" +
 	"\n" +
-	"cpu_shares\x18\x04 \x01(\x03R\tcpuShares\"\xe1\x03\n" +
+	"cpu_shares\x18\x04 \x01(\x03R\tcpuShares\"\xf5\x03\n" +
 	"\vSandboxSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12@\n" +
@@ -2848,7 +2858,8 @@ const file_driver_proto_rawDesc = "" +
 	"\tresources\x18\n" +
 	" \x01(\v2\x1a.berth.driver.v1.ResourcesR\tresources\x12(\n" +
 	"\x10allow_host_paths\x18\v \x01(\bR\x0eallowHostPaths\x12\x18\n" +
-	"\aruntime\x18\f \x01(\tR\aruntime\x1a9\n" +
+	"\aruntime\x18\f \x01(\tR\aruntime\x12\x12\n" +
+	"\x04pull\x18\r \x01(\tR\x04pull\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"m\n" +

@@ -176,6 +176,7 @@ func (r *Rule) Spec(owner, session string) backend.SandboxSpec {
 		Resources:      r.Resources,
 		AllowHostPaths: r.AllowHostPaths,
 		Runtime:        r.Runtime,
+		Pull:           r.Pull,
 		EnvAllowlist:   slices.Clone(r.EnvPassthrough),
 		Mounts:         slices.Clone(r.Mounts),
 	}

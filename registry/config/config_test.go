@@ -487,6 +487,10 @@ func TestSpecHash(t *testing.T) {
 	if SpecHash(b) != SpecHash(a) {
 		t.Error("labels changed the hash")
 	}
+	b.Pull = backend.PullNever
+	if SpecHash(b) != SpecHash(a) {
+		t.Error("the pull policy changed the hash: it says when the image is fetched, not what runs")
+	}
 	b.Resources.Pids++
 	if SpecHash(b) == SpecHash(a) {
 		t.Error("resources did not change the hash")

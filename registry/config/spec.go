@@ -8,12 +8,13 @@ import (
 	"github.com/berth-sh/berth/backend"
 )
 
-// SpecHash returns the sha256 of spec's canonical JSON with Labels left out, as 64
+// SpecHash returns the sha256 of spec's canonical JSON with Labels and Pull left out, as 64
 // lowercase hex digits: the value of backend.LabelSpecHash. Two specs that differ in anything but labels hash
 // differently (empty and nil lists count as equal); encoding/json writes struct fields in declaration order and map keys
 // sorted, and Rule.Spec writes Env sorted, so equal rules give equal hashes.
 func SpecHash(spec backend.SandboxSpec) string {
 	spec.Labels = nil
+	spec.Pull = "" // when the image is fetched, not what runs
 	// Empty and absent lists mean the same.
 	if len(spec.Env) == 0 {
 		spec.Env = nil
