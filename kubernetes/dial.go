@@ -31,15 +31,15 @@ import (
 // its agent listens (the host then speaks berth's token handshake over it). Each
 // dial is a new stream pair on the one port-forward connection (SPDY over the API
 // server's TLS) that the driver keeps per Pod (see forward). Errors: ErrNotFound
-// (no sandbox), ErrConflict (not running), ErrUnavailable (the API server or the
-// kubelet cannot forward).
+// (no sandbox), ErrConflict (not running, or stopped: a volume claim without a
+// Pod), ErrUnavailable (the API server or the kubelet cannot forward).
 func (d *Driver) DialAgent(ctx context.Context, name string) (net.Conn, error) {
 	p, err := d.get(ctx, name)
 	if errors.Is(err, backend.ErrNotFound) {
 		d.pool.drop(PodName(name)) // gone behind berth's back: its connection leads nowhere
 	}
 	if err != nil {
-		return nil, err
+		return nil, d.ifStopped(ctx, name, err)
 	}
 	if err := ours(name, p, ""); err != nil {
 		return nil, err

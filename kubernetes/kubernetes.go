@@ -9,10 +9,13 @@
 // beside its socket (Capabilities.Agent "dial"); nothing in the Pod is exposed on
 // the network.
 //
-// A Pod cannot be stopped, and this driver keeps no volume yet: Stop asks the agent
-// to end every process, then deletes the Pod, so stop means remove
-// (Capabilities.StopStart false). See docs/kubernetes.md for config keys, RBAC,
-// hardening and limits.
+// A Pod cannot be stopped. With a storage class configured (Config.StorageClass)
+// every sandbox has a PersistentVolumeClaim of its own, mounted at its working
+// directory: Stop asks the agent to end every process and deletes the Pod, keeping
+// the claim, and Create makes the Pod again on it (Capabilities.StopStart, with
+// StopKeeps "workdir": the volume survives, the root filesystem does not); Remove
+// deletes both. Without one, stop means remove (StopStart false). See
+// docs/kubernetes.md for config keys, RBAC, hardening and limits.
 package kubernetes
 
 import (
@@ -28,6 +31,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -66,8 +70,12 @@ const (
 	DefaultMemoryRequest = "32Mi"
 	// DefaultStartTimeout bounds Create's wait for a new Pod's agent.
 	DefaultStartTimeout = 2 * time.Minute
-	// DefaultImagePullPolicy is the pull policy of the sandbox and agent images.
+	// DefaultImagePullPolicy is the pull policy of the agent image, and of the
+	// sandbox image when the spec carries no pull policy (SandboxSpec.Pull).
 	DefaultImagePullPolicy = corev1.PullIfNotPresent
+	// DefaultVolumeSize is the size each sandbox's volume claims when the config
+	// sets a storage class but no volume_size.
+	DefaultVolumeSize = "1Gi"
 )
 
 // Config is the `driver "kubernetes" {}` block, decoded from JSON by the host
@@ -88,6 +96,8 @@ type Config struct {
 	CPURequest      string   `json:"cpu_request"`
 	MemoryRequest   string   `json:"memory_request"`
 	StartTimeout    string   `json:"start_timeout"`
+	StorageClass    string   `json:"storage_class"`
+	VolumeSize      string   `json:"volume_size"`
 }
 
 // settings are Config checked and with defaults applied.
@@ -101,6 +111,7 @@ type settings struct {
 	cpuRequest   resource.Quantity
 	memRequest   resource.Quantity
 	startTimeout time.Duration
+	volumeSize   resource.Quantity
 }
 
 // Driver is the Kubernetes driver. It is safe for concurrent use.
@@ -150,6 +161,7 @@ const HealthTimeout = containerutil.HealthTimeout
 func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 	d.mu.Lock()
 	configured := d.owner != "" || d.stateDir != ""
+	volumes := d.set.cfg.StorageClass != ""
 	d.mu.Unlock()
 	if configured {
 		if err := containerutil.CheckHealth(ctx, func(ctx context.Context) error {
@@ -181,10 +193,14 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 			PidsLimit:        false, // a pids limit is the kubelet's podPidsLimit, per node: no Pod field sets it
 			DropCapabilities: true,
 			Copy:             true,
-			StopStart:        false, // stop deletes the Pod: no volume keeps the filesystem yet
-			ExecUser:         true,
-			Config:           true,
-			Validate:         true,
+			// Stop deletes the Pod; with a storage class the sandbox's volume at its
+			// workdir is kept and the next Create makes the Pod on it again, and
+			// without one stop means remove.
+			StopStart: volumes,
+			StopKeeps: backend.StopKeepsWorkdir,
+			ExecUser:  true,
+			Config:    true,
+			Validate:  true,
 		},
 	}, nil
 }
@@ -197,7 +213,7 @@ func (d *Driver) ConfigSchema(ctx context.Context) ([]backend.ConfigField, error
 		{Name: "in_cluster", Type: "bool", Description: "use the Pod's service account (berth running in the cluster) instead of a kubeconfig"},
 		{Name: "namespace", Type: "string", Description: "namespace of the sandbox Pods (default the context's namespace, then \"default\")"},
 		{Name: "agent_image", Type: "string", Description: "image holding berth's static agent as /berth-agent (berth image agent writes one)"},
-		{Name: "image_pull_policy", Type: "string", Description: "Always, IfNotPresent (default) or Never, for the sandbox and agent images"},
+		{Name: "image_pull_policy", Type: "string", Description: "Always, IfNotPresent (default) or Never: the agent image's pull policy (the sandbox image's comes from the rule's pull)"},
 		{Name: "service_account", Type: "string", Description: "service account of the Pods (its token is not mounted)"},
 		{Name: "runtime_class", Type: "string", Description: "RuntimeClass of the Pods (gVisor, Kata)"},
 		{Name: "node_selector", Type: "list(string)", Description: "node labels the Pods need, \"KEY=VALUE\" each"},
@@ -207,6 +223,8 @@ func (d *Driver) ConfigSchema(ctx context.Context) ([]backend.ConfigField, error
 		{Name: "cpu_request", Type: "string", Description: "CPU each sandbox requests from the scheduler (default " + DefaultCPURequest + "); the limit is the rule's resources.cpus"},
 		{Name: "memory_request", Type: "string", Description: "memory each sandbox requests (default " + DefaultMemoryRequest + "); the limit is the rule's resources.memory"},
 		{Name: "start_timeout", Type: "duration", Description: "how long Create waits for a new Pod's agent (default 2m)"},
+		{Name: "storage_class", Type: "string", Description: "StorageClass of each sandbox's volume, mounted at its workdir (default " + DefaultWorkdir + "), which survives a stop; unset: no volume, stop means remove"},
+		{Name: "volume_size", Type: "string", Description: "size each sandbox's volume claims (default " + DefaultVolumeSize + ")"},
 	}, nil
 }
 
@@ -295,6 +313,17 @@ func checkConfig(c Config) (settings, error) {
 	}
 	if s.memRequest, err = q("memory_request", c.MemoryRequest, DefaultMemoryRequest); err != nil {
 		return settings{}, err
+	}
+	if c.StorageClass != "" {
+		if errs := validation.IsDNS1123Subdomain(c.StorageClass); len(errs) > 0 {
+			return bad("storage_class", "%q is not a StorageClass name: %s", c.StorageClass, strings.Join(errs, "; "))
+		}
+	}
+	if s.volumeSize, err = q("volume_size", c.VolumeSize, DefaultVolumeSize); err != nil {
+		return settings{}, err
+	}
+	if s.volumeSize.Sign() <= 0 {
+		return bad("volume_size", "%q: want a positive size such as \"1Gi\"", c.VolumeSize)
 	}
 	if c.StartTimeout != "" {
 		if s.startTimeout, err = time.ParseDuration(c.StartTimeout); err != nil || s.startTimeout <= 0 {

@@ -51,7 +51,7 @@ func cluster(t *testing.T) (k8stest.Cluster, kubernetes.Config) {
 	if setupErr != nil {
 		t.Fatal(setupErr)
 	}
-	return c, kubernetes.Config{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace, AgentImage: setupRef, ImagePullPolicy: "Never"}
+	return c, kubernetes.Config{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace, AgentImage: setupRef, ImagePullPolicy: "Never", StorageClass: c.StorageClass}
 }
 
 func setup(c k8stest.Cluster) (string, error) {
@@ -86,15 +86,17 @@ func options(c k8stest.Cluster, cfg kubernetes.Config, state string) conformance
 		Capabilities: kubernetes.DefaultCapabilities, DriverConfig: driverBlock(cfg)}
 }
 
-// driverBlock is the driver "kubernetes" {} block of cfg's kubeconfig, namespace
-// and agent image, with image_pull_policy "Never" (the test cluster pulls nothing).
+// driverBlock is the driver "kubernetes" {} block of cfg's kubeconfig, namespace,
+// agent image and storage class, with image_pull_policy "Never" (the test cluster
+// pulls nothing).
 func driverBlock(cfg kubernetes.Config) string {
 	return fmt.Sprintf(`driver "kubernetes" {
   kubeconfig        = %q
   namespace         = %q
   agent_image       = %q
   image_pull_policy = "Never"
-}`, cfg.Kubeconfig, cfg.Namespace, cfg.AgentImage)
+  storage_class     = %q
+}`, cfg.Kubeconfig, cfg.Namespace, cfg.AgentImage, cfg.StorageClass)
 }
 
 // noneLeft checks, as the cluster admin (behind berth's back), that no Pod or

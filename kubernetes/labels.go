@@ -25,8 +25,15 @@ const (
 	// AnnotationUser holds SandboxSpec.User as resolved at Create: the default user
 	// of every exec (the agent itself runs as root, started with --exec-user).
 	AnnotationUser = "berth.sh/user"
-	// LabelSandbox is the Pod name, on the Pod and its token Secret, so that both
-	// are found by a selector.
+	// AnnotationSpec holds, on a sandbox's volume claim, the SandboxSpec it was
+	// created with (JSON), from which Create makes the Pod again after a stop, as a
+	// stopped container keeps its configuration.
+	AnnotationSpec = "berth.sh/spec"
+	// AnnotationVolumeUID holds, on a Pod, the UID of its sandbox's volume claim:
+	// the sandbox's ID (Sandbox.ID), which stays the same across a stop.
+	AnnotationVolumeUID = "berth.sh/volume-uid"
+	// LabelSandbox is the Pod name, on the Pod, its token Secret and its volume
+	// claim, so that all are found by a selector.
 	LabelSandbox = "berth.sh/sandbox"
 	// LabelManagedBy is Kubernetes' recommended app.kubernetes.io/managed-by label,
 	// set to "berth".
@@ -123,6 +130,9 @@ func secretName(pod string) string {
 	}
 	return pod + "-agent"
 }
+
+// volumeName is the name of the volume claim of the sandbox whose Pod is pod.
+func volumeName(pod string) string { return pod + "-data" }
 
 // selector returns the label selector of List's filter: berth.owner must be set (a
 // berth Pod) and every pair of filter matches, keys and values mapped as on the

@@ -36,15 +36,18 @@ var fatalWaiting = map[string]bool{
 	"CrashLoopBackOff": true, "PreCreateHookError": true, "PreStartHookError": true,
 }
 
-// Create makes the sandbox's Pod (and the Secret holding its agent token) and waits
-// until its agent answers through a port-forward, or adopts the Pod of that name
-// when it carries the same owner (waiting for it when it is still starting). A Pod
-// of that name that is not ours is ErrConflict and is never touched. A Pod that
-// ended (its agent exited, evicted, OOM-killed, its node lost) is removed and made
-// anew: nothing of it survives, as Stop keeps nothing either. A failed Create
-// removes what it made: a container that cannot start (an image absent with
-// image_pull_policy Never, a bad image name) fails at once with its waiting
-// reason and message.
+// Create makes the sandbox's Pod (and the Secret holding its agent token, and with
+// storage_class its volume claim) and waits until its agent answers through a
+// port-forward, or adopts the Pod of that name when it carries the same owner
+// (waiting for it when it is still starting). A stopped sandbox (its volume claim
+// without a Pod) is started: its Pod is made again on the claim from the spec
+// kept there, and returned Adopted with the same ID. A Pod or claim of that name
+// that is not ours is ErrConflict and is never touched. A Pod that ended (its
+// agent exited, evicted, OOM-killed, its node lost) is removed and made anew: its
+// volume survives, nothing else does. A failed Create removes what it made (a
+// stopped sandbox's claim stays): a container that cannot start (an image absent
+// with pull "never", a bad image name) fails at once with its waiting reason and
+// message.
 func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend.Sandbox, error) {
 	spec := req.Spec
 	if err := backend.ValidateSandboxName(spec.Name); err != nil {
@@ -84,7 +87,33 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 		if err = d.wrap("get pod "+pod.Name, err); !errors.Is(err, backend.ErrNotFound) {
 			return backend.Sandbox{}, err
 		}
+		// The volume: a stopped sandbox's (its Pod is made again from the spec it
+		// was made with), a new one (storage_class set), or none.
+		claim, stored, madeClaim, err := d.ensureVolume(ctx, cs, ns, spec, set)
+		if err != nil {
+			return backend.Sandbox{}, err
+		}
+		pod, secret, user := pod, secret, user
+		if stored != nil {
+			s := set
+			if s.cfg.StorageClass == "" {
+				s.cfg.StorageClass = ptr.Deref(claim.Spec.StorageClassName, "(the claim's)")
+			}
+			if pod, secret, user, err = d.podSpec(*stored, s, ns, token); err != nil {
+				return backend.Sandbox{}, fmt.Errorf("starting the stopped sandbox from the spec kept on its volume claim %s: %w", claim.Name, err)
+			}
+		}
+		drop := func() {
+			d.cleanup(ctx, cs, ns, pod.Name, secret.Name)
+			if madeClaim {
+				d.cleanupClaim(ctx, cs, ns, claim)
+			}
+		}
+		if claim != nil {
+			pod.Annotations[AnnotationVolumeUID] = string(claim.UID)
+		}
 		if err := d.putSecret(ctx, cs, ns, secret); err != nil {
+			drop()
 			return backend.Sandbox{}, err
 		}
 		made, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
@@ -93,7 +122,7 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 			if errors.Is(werr, backend.ErrConflict) && attempt < 3 {
 				continue // another process created it meanwhile: adopt it
 			}
-			d.cleanup(ctx, cs, ns, pod.Name, secret.Name)
+			drop()
 			return backend.Sandbox{}, werr
 		}
 		// The Secret goes with the Pod when the Pod is deleted behind berth's back
@@ -101,9 +130,10 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 		d.ownSecret(ctx, cs, ns, secret.Name, made)
 		sb, err := d.waitAgent(ctx, spec.Name, made, set.startTimeout, user, token)
 		if err != nil {
-			d.cleanup(ctx, cs, ns, pod.Name, secret.Name)
+			drop()
 			return backend.Sandbox{}, err
 		}
+		sb.Adopted = stored != nil
 		return sb, nil
 	}
 }
@@ -151,6 +181,14 @@ func (d *Driver) cleanup(ctx context.Context, cs *kubernetes.Clientset, ns, pod,
 	cs.CoreV1().Secrets(ns).Delete(ctx, secret, metav1.DeleteOptions{})
 }
 
+// cleanupClaim deletes the volume claim that a failed Create made and waits until
+// it is gone.
+func (d *Driver) cleanupClaim(ctx context.Context, cs *kubernetes.Clientset, ns string, c *corev1.PersistentVolumeClaim) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	d.deleteClaim(ctx, cs, ns, c.Name, c.UID)
+}
+
 // deletePod deletes Pod name (grace seconds for the kubelet to end it; 0 is the
 // smallest Kubernetes honours without force, 1 second) and waits until it is gone.
 // A missing Pod succeeds.
@@ -167,33 +205,18 @@ func (d *Driver) deletePod(ctx context.Context, cs *kubernetes.Clientset, ns, na
 
 // waitGone watches Pod name until it no longer exists.
 func (d *Driver) waitGone(ctx context.Context, cs *kubernetes.Clientset, ns, name string) error {
-	for {
-		p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		if werr := d.wrap("get pod "+name, err); errors.Is(werr, backend.ErrNotFound) {
-			return nil
-		} else if err != nil {
-			return werr
-		}
-		w, err := cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String(), ResourceVersion: p.ResourceVersion})
-		if err != nil {
-			return d.wrap("watch pod "+name, err)
-		}
-		gone := false
-		for ev := range w.ResultChan() {
-			if ev.Type == watch.Deleted {
-				gone = true
-				break
+	pods := cs.CoreV1().Pods(ns)
+	return d.waitDeleted(ctx, "pod "+name,
+		func(ctx context.Context) (string, error) {
+			p, err := pods.Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return "", err
 			}
-		}
-		w.Stop()
-		if gone {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("kubernetes: waiting for pod %s to be deleted: %w", name, ctx.Err())
-		}
-		// The watch ended (a timeout, an API server restart): look again.
-	}
+			return p.ResourceVersion, nil
+		},
+		func(ctx context.Context, rv string) (watch.Interface, error) {
+			return pods.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String(), ResourceVersion: rv})
+		})
 }
 
 // adopt takes over Pod p of the spec's name when it is ours. retry reports that
@@ -232,15 +255,22 @@ func (d *Driver) adopt(ctx context.Context, spec backend.SandboxSpec, p *corev1.
 // ours returns ErrConflict unless Pod p is berth's sandbox name of owner (any
 // berth owner when owner is "").
 func ours(name string, p *corev1.Pod, owner string) error {
-	labels := rawLabels(p.Annotations)
+	return oursMeta(name, "Pod", &p.ObjectMeta, owner)
+}
+
+// oursMeta returns ErrConflict unless the object m of kind (a Pod, a
+// PersistentVolumeClaim) is berth's sandbox name of owner (any berth owner when
+// owner is "").
+func oursMeta(name, kind string, m *metav1.ObjectMeta, owner string) error {
+	labels := rawLabels(m.Annotations)
 	have, ok := labels[backend.LabelOwner]
 	switch {
 	case !ok:
-		return backend.Errorf(backend.ErrConflict, "kubernetes sandbox %s: a Pod %s exists in namespace %s and has no berth labels (not made by berth); berth leaves it alone: remove or rename it, or use another session", name, p.Name, p.Namespace)
-	case p.Annotations[AnnotationSandbox] != name:
-		return backend.Errorf(backend.ErrConflict, "kubernetes sandbox %s: the Pod %s belongs to berth sandbox %q; berth leaves it alone", name, p.Name, p.Annotations[AnnotationSandbox])
+		return backend.Errorf(backend.ErrConflict, "kubernetes sandbox %s: a %s %s exists in namespace %s and has no berth labels (not made by berth); berth leaves it alone: remove or rename it, or use another session", name, kind, m.Name, m.Namespace)
+	case m.Annotations[AnnotationSandbox] != name:
+		return backend.Errorf(backend.ErrConflict, "kubernetes sandbox %s: the %s %s belongs to berth sandbox %q; berth leaves it alone", name, kind, m.Name, m.Annotations[AnnotationSandbox])
 	case owner != "" && have != owner:
-		return backend.Errorf(backend.ErrConflict, "kubernetes sandbox %s: a Pod %s exists in namespace %s and belongs to berth owner %q, not %q; berth leaves it alone: remove it, or use another session", name, p.Name, p.Namespace, have, owner)
+		return backend.Errorf(backend.ErrConflict, "kubernetes sandbox %s: a %s %s exists in namespace %s and belongs to berth owner %q, not %q; berth leaves it alone: remove it, or use another session", name, kind, m.Name, m.Namespace, have, owner)
 	}
 	return nil
 }
@@ -405,7 +435,7 @@ func podProblem(name string, p *corev1.Pod) error {
 			switch w.Reason {
 			case "ErrImageNeverPull", "ErrImagePull", "ImagePullBackOff":
 				kind = backend.ErrNotFound
-				hint = "; load the image into the node's container runtime (ctr -n k8s.io images import FILE) or set image_pull_policy in driver \"kubernetes\" {} so the node may pull it"
+				hint = "; load the image into the node's container runtime (ctr -n k8s.io images import FILE), or let the node pull it: pull = \"missing\" in the scope rule (image_pull_policy in driver \"kubernetes\" {} for the agent image)"
 			}
 			return backend.Errorf(kind, "kubernetes sandbox %s: container %s of Pod %s cannot start: %s: %s%s", name, s.Name, p.Name, w.Reason, w.Message, hint)
 		}
@@ -423,9 +453,14 @@ func podProblem(name string, p *corev1.Pod) error {
 }
 
 // toSandbox converts a Pod: running while its sandbox container runs, created
-// while it is pending, stopped once ended.
+// while it is pending, stopped once ended. Its ID is its volume claim's UID
+// (AnnotationVolumeUID), which outlives the Pod, else the Pod's.
 func toSandbox(p *corev1.Pod) backend.Sandbox {
-	sb := backend.Sandbox{Name: p.Annotations[AnnotationSandbox], ID: string(p.UID), State: backend.StateStopped,
+	id := p.Annotations[AnnotationVolumeUID]
+	if id == "" {
+		id = string(p.UID)
+	}
+	sb := backend.Sandbox{Name: p.Annotations[AnnotationSandbox], ID: id, State: backend.StateStopped,
 		Labels: rawLabels(p.Annotations), CreatedAt: p.CreationTimestamp.UTC()}
 	if sb.Labels == nil {
 		sb.Labels = map[string]string{}
@@ -461,19 +496,30 @@ func (d *Driver) get(ctx context.Context, name string) (*corev1.Pod, error) {
 	return p, nil
 }
 
-// Inspect returns the sandbox's state, or ErrNotFound.
+// Inspect returns the sandbox's state, or ErrNotFound: its Pod's, or stopped when
+// it has a volume claim and no Pod.
 func (d *Driver) Inspect(ctx context.Context, name string) (backend.Sandbox, error) {
 	p, err := d.get(ctx, name)
-	if err != nil {
+	if err == nil {
+		return toSandbox(p), nil
+	}
+	if !errors.Is(err, backend.ErrNotFound) {
 		return backend.Sandbox{}, err
 	}
-	return toSandbox(p), nil
+	c, cerr := d.getClaim(ctx, name)
+	if errors.Is(cerr, backend.ErrNotFound) {
+		return backend.Sandbox{}, err
+	}
+	if cerr != nil {
+		return backend.Sandbox{}, cerr
+	}
+	return claimSandbox(c), nil
 }
 
-// List returns berth's Pods (those with a berth.owner label) in the namespace
-// whose labels contain filter: selected by the API server on the mapped labels
-// (labelKey, labelValue), then compared on the labels as given
-// (AnnotationLabels).
+// List returns berth's sandboxes (Pods and volume claims with a berth.owner label;
+// a claim without a Pod is a stopped sandbox) in the namespace whose labels
+// contain filter: selected by the API server on the mapped labels (labelKey,
+// labelValue), then compared on the labels as given (AnnotationLabels).
 func (d *Driver) List(ctx context.Context, filter map[string]string) ([]backend.Sandbox, error) {
 	cs, ns, err := d.client()
 	if err != nil {
@@ -484,21 +530,29 @@ func (d *Driver) List(ctx context.Context, filter map[string]string) ([]backend.
 		return nil, d.wrap("list pods", err)
 	}
 	var out []backend.Sandbox
+	withPod := map[string]bool{}
 	for i := range list.Items {
 		p := &list.Items[i]
 		labels := rawLabels(p.Annotations)
 		if labels == nil || p.Annotations[AnnotationSandbox] == "" || !backend.MatchLabels(labels, filter) {
 			continue
 		}
+		withPod[p.Annotations[AnnotationSandbox]] = true
 		out = append(out, toSandbox(p))
 	}
-	return out, nil
+	stopped, err := d.listClaims(ctx, cs, ns, filter, withPod)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, stopped...), nil
 }
 
 // Stop asks the agent to end every process (SIGTERM, SIGKILL after grace) and
 // exit, then deletes the Pod and its token Secret and waits until the Pod is gone:
-// a Pod cannot be stopped, so stop means remove (Capabilities.StopStart false). A
-// missing sandbox succeeds; a Pod that is not berth's is ErrConflict.
+// a Pod cannot be stopped. The sandbox's volume claim, when it has one, is kept:
+// the sandbox is stopped, and Create makes its Pod again on it; without one stop
+// means remove (Capabilities.StopStart false). A missing or stopped sandbox
+// succeeds; a Pod that is not berth's is ErrConflict.
 func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) error {
 	if grace <= 0 {
 		grace = DefaultStopGrace
@@ -526,20 +580,24 @@ func (d *Driver) Stop(ctx context.Context, name string, grace time.Duration) err
 	return d.remove(ctx, p, int64(grace/time.Second))
 }
 
-// Remove deletes the sandbox's Pod and token Secret and waits until the Pod is
-// gone. A missing sandbox succeeds; a Pod that is not berth's is ErrConflict.
+// Remove deletes the sandbox's Pod and token Secret, waits until the Pod is gone,
+// then deletes its volume claim and waits until that is gone too. A missing
+// sandbox succeeds; a Pod that is not berth's is ErrConflict.
 func (d *Driver) Remove(ctx context.Context, name string) error {
 	p, err := d.get(ctx, name)
-	if errors.Is(err, backend.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, backend.ErrNotFound):
+	case err != nil:
 		return err
+	default:
+		if err := ours(name, p, ""); err != nil {
+			return err
+		}
+		if err := d.remove(ctx, p, 1); err != nil {
+			return err
+		}
 	}
-	if err := ours(name, p, ""); err != nil {
-		return err
-	}
-	return d.remove(ctx, p, 1)
+	return d.removeClaim(ctx, name)
 }
 
 // remove deletes Pod p (grace seconds) and its Secret, and waits for the Pod to go.

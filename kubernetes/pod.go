@@ -34,11 +34,45 @@ const (
 	TokenMountDir = backend.AgentRoot + "/token"
 	// tokenKey is the token's key in the Secret.
 	tokenKey = agent.TokenName
+	// DefaultWorkdir is where a sandbox's volume is mounted, and so the working
+	// directory of its execs, when the config has a storage_class and the rule sets
+	// no workdir.
+	DefaultWorkdir = "/work"
+	// volumeVolume is the Pod's name for the volume of the sandbox's claim.
+	volumeVolume = "data"
 )
+
+// pullPolicies maps the rule's pull (SandboxSpec.Pull) onto the kubelet's
+// imagePullPolicy.
+var pullPolicies = map[backend.PullPolicy]corev1.PullPolicy{
+	backend.PullMissing: corev1.PullIfNotPresent,
+	backend.PullAlways:  corev1.PullAlways,
+	backend.PullNever:   corev1.PullNever,
+}
 
 // agentMemoryLimit caps the init containers (a copy of one binary, an interface
 // deletion).
 var agentMemoryLimit = resource.MustParse("64Mi")
+
+// objectMeta returns the labels and annotations of the Pod and the volume claim
+// of the sandbox of spec: berth's labels mapped onto Kubernetes' (kubeLabels) and
+// as given (AnnotationLabels), the config's labels and annotations, the Pod name
+// (LabelSandbox) and the sandbox name (AnnotationSandbox).
+func objectMeta(spec backend.SandboxSpec, set settings) (labels, annotations map[string]string) {
+	labels = kubeLabels(spec.Labels)
+	for k, v := range set.labels {
+		labels[k] = v
+	}
+	labels[LabelSandbox] = PodName(spec.Name)
+	labels[LabelManagedBy] = "berth"
+	annotations = map[string]string{}
+	for k, v := range set.annotations {
+		annotations[k] = v
+	}
+	annotations[AnnotationLabels] = encodeLabels(spec.Labels)
+	annotations[AnnotationSandbox] = spec.Name
+	return labels, annotations
+}
 
 // podSpec turns a spec into the sandbox's Pod and its token Secret, and returns the
 // resolved default exec user. token is the agent token (nil for Validate).
@@ -65,6 +99,25 @@ func (d *Driver) podSpec(spec backend.SandboxSpec, set settings, ns string, toke
 	}
 	if spec.Workdir != "" && !filepath.IsAbs(spec.Workdir) {
 		return bad("workdir %q is not an absolute path", spec.Workdir)
+	}
+	pull := set.pull
+	if spec.Pull != "" {
+		p, ok := pullPolicies[spec.Pull]
+		if !ok {
+			return bad("pull %q: want %q, %q or %q", spec.Pull, backend.PullMissing, backend.PullAlways, backend.PullNever)
+		}
+		pull = p
+	}
+	workdir := spec.Workdir
+	volumes := set.cfg.StorageClass != ""
+	if volumes {
+		if workdir == "" {
+			workdir = DefaultWorkdir
+		}
+		workdir = filepath.Clean(workdir)
+		if workdir == "/" || workdir == backend.AgentRoot || strings.HasPrefix(workdir, backend.AgentRoot+"/") {
+			return bad("workdir %q cannot hold the sandbox's volume (storage_class in driver \"kubernetes\" {}): choose a directory such as %s", spec.Workdir, DefaultWorkdir)
+		}
 	}
 	network := spec.Network
 	switch network {
@@ -114,18 +167,7 @@ func (d *Driver) podSpec(spec backend.SandboxSpec, set settings, ns string, toke
 
 	pod := PodName(spec.Name)
 	secret := secretName(pod)
-	labels := kubeLabels(spec.Labels)
-	for k, v := range set.labels {
-		labels[k] = v
-	}
-	labels[LabelSandbox] = pod
-	labels[LabelManagedBy] = "berth"
-	annotations := map[string]string{}
-	for k, v := range set.annotations {
-		annotations[k] = v
-	}
-	annotations[AnnotationLabels] = encodeLabels(spec.Labels)
-	annotations[AnnotationSandbox] = spec.Name
+	labels, annotations := objectMeta(spec, set)
 	if user != "" {
 		annotations[AnnotationUser] = user
 	}
@@ -167,7 +209,14 @@ func (d *Driver) podSpec(spec backend.SandboxSpec, set settings, ns string, toke
 		nn.SecurityContext.ReadOnlyRootFilesystem = ptr.To(true)
 		inits = append(inits, nn)
 	}
-	args := containerutil.AgentArgs(user, "--listen-tcp", "127.0.0.1:"+strconv.Itoa(AgentPort), "--token-file", TokenMountDir+"/"+tokenKey)
+	extra := []string{"--listen-tcp", "127.0.0.1:" + strconv.Itoa(AgentPort), "--token-file", TokenMountDir + "/" + tokenKey}
+	if volumes {
+		// The provisioner may make the volume root-owned (the host-path one: 0750),
+		// and fsGroup does not apply to every volume type: the agent, root with
+		// CAP_CHOWN, gives the mount point to a non-root exec user before serving.
+		extra = append(extra, "--own-dir", workdir)
+	}
+	args := containerutil.AgentArgs(user, extra...)
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: ns, Labels: labels, Annotations: annotations},
 		Spec: corev1.PodSpec{
@@ -181,11 +230,11 @@ func (d *Driver) podSpec(spec backend.SandboxSpec, set settings, ns string, toke
 			SecurityContext:               &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
 			InitContainers:                inits,
 			Containers: []corev1.Container{{
-				Name: ContainerName, Image: spec.Image, ImagePullPolicy: set.pull,
+				Name: ContainerName, Image: spec.Image, ImagePullPolicy: pull,
 				Command:    []string{backend.AgentMountDir + "/" + backend.AgentBinaryName},
 				Args:       args,
 				Env:        env,
-				WorkingDir: spec.Workdir,
+				WorkingDir: workdir,
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: "agent", MountPath: backend.AgentMountDir, ReadOnly: true},
 					{Name: "token", MountPath: TokenMountDir + "/" + tokenKey, SubPath: tokenKey, ReadOnly: true},
@@ -204,6 +253,12 @@ func (d *Driver) podSpec(spec backend.SandboxSpec, set settings, ns string, toke
 	}
 	if set.cfg.RuntimeClass != "" {
 		p.Spec.RuntimeClassName = ptr.To(set.cfg.RuntimeClass)
+	}
+	if volumes {
+		c := &p.Spec.Containers[0]
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: volumeVolume, MountPath: workdir})
+		p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: volumeVolume,
+			VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: volumeName(pod)}}})
 	}
 	sec := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: secret, Namespace: ns, Labels: labels,

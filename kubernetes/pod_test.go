@@ -133,6 +133,7 @@ func TestPodSpecRefuses(t *testing.T) {
 	for _, c := range []Config{
 		{ImagePullPolicy: "Sometimes"}, {NodeSelector: []string{"novalue"}}, {Tolerations: []string{"k=v:Often"}},
 		{CPURequest: "lots"}, {StartTimeout: "-1s"}, {Labels: []string{"berth.owner=x"}}, {InCluster: true, Context: "c"},
+		{StorageClass: "Not_A_Name"}, {StorageClass: "c", VolumeSize: "0"}, {VolumeSize: "big"},
 	} {
 		if _, err := checkConfig(c); !errors.Is(err, backend.ErrInvalid) {
 			t.Errorf("checkConfig(%+v) = %v, want ErrInvalid", c, err)
@@ -140,5 +141,87 @@ func TestPodSpecRefuses(t *testing.T) {
 	}
 	if s := testSettings(t, Config{Tolerations: []string{"dedicated=berth:NoSchedule", "gpu:NoExecute"}}); s.tolerations[0].Value != "berth" || s.tolerations[1].Operator != corev1.TolerationOpExists {
 		t.Errorf("tolerations %+v", s.tolerations)
+	}
+}
+
+// With storage_class, the sandbox container mounts the sandbox's volume claim at
+// the rule's workdir, or DefaultWorkdir, which is then its working directory,
+// and the agent gives the mount point to a non-root exec user (--own-dir); the
+// claim asks the storage class for volume_size and keeps the spec. A workdir that
+// cannot hold the volume is refused. The rule's pull becomes the sandbox image's
+// imagePullPolicy; the agent image keeps image_pull_policy.
+func TestPodSpecVolume(t *testing.T) {
+	d := New()
+	set := testSettings(t, Config{StorageClass: "fast", VolumeSize: "2Gi", ImagePullPolicy: "Never"})
+	spec := backend.SandboxSpec{Name: "b-1", Image: "busybox", User: "1000", Pull: backend.PullAlways,
+		Labels: map[string]string{backend.LabelOwner: "o"}}
+	p, _, _, err := d.podSpec(spec, set, "ns", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := p.Spec.Containers[0]
+	if c.WorkingDir != DefaultWorkdir || !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+		return m.Name == volumeVolume && m.MountPath == DefaultWorkdir && !m.ReadOnly
+	}) {
+		t.Errorf("workdir %q, mounts %+v: want the volume at %s", c.WorkingDir, c.VolumeMounts, DefaultWorkdir)
+	}
+	if i := slices.Index(c.Args, "--own-dir"); i < 0 || c.Args[i+1] != DefaultWorkdir {
+		t.Errorf("agent args %v: want --own-dir %s", c.Args, DefaultWorkdir)
+	}
+	var claim string
+	for _, v := range p.Spec.Volumes {
+		if v.Name == volumeVolume && v.PersistentVolumeClaim != nil {
+			claim = v.PersistentVolumeClaim.ClaimName
+		}
+	}
+	if claim != volumeName("b-1") {
+		t.Errorf("volumes %+v: want the claim %s", p.Spec.Volumes, volumeName("b-1"))
+	}
+	if c.ImagePullPolicy != corev1.PullAlways || p.Spec.InitContainers[0].ImagePullPolicy != corev1.PullNever {
+		t.Errorf("pull policies: sandbox %s (rule's always), agent %s (image_pull_policy Never)", c.ImagePullPolicy, p.Spec.InitContainers[0].ImagePullPolicy)
+	}
+	pvc, err := claimSpec(spec, set, "ns")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pvc.Name != claim || *pvc.Spec.StorageClassName != "fast" || pvc.Spec.Resources.Requests.Storage().Cmp(resource.MustParse("2Gi")) != 0 ||
+		pvc.Labels[backend.LabelOwner] != "o" || pvc.Annotations[AnnotationSandbox] != "b-1" || !strings.Contains(pvc.Annotations[AnnotationSpec], `"pull":"always"`) {
+		t.Errorf("claim %+v", pvc)
+	}
+
+	spec.Workdir = "/home/me/"
+	spec.Pull = ""
+	if p, _, _, err = d.podSpec(spec, set, "ns", nil); err != nil || p.Spec.Containers[0].WorkingDir != "/home/me" || p.Spec.Containers[0].ImagePullPolicy != corev1.PullNever {
+		t.Errorf("workdir /home/me/, no pull: %v, workdir %q, pull %s", err, p.Spec.Containers[0].WorkingDir, p.Spec.Containers[0].ImagePullPolicy)
+	}
+	for _, w := range []string{"/", backend.AgentRoot, backend.AgentRoot + "/x"} {
+		spec.Workdir = w
+		if _, _, _, err := d.podSpec(spec, set, "ns", nil); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), "cannot hold the sandbox's volume") {
+			t.Errorf("workdir %q: %v, want ErrInvalid", w, err)
+		}
+	}
+	spec.Workdir, spec.Pull = "", "sometimes"
+	if _, _, _, err := d.podSpec(spec, set, "ns", nil); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), "pull") {
+		t.Errorf("pull sometimes: %v", err)
+	}
+
+	// Without a storage class there is no volume and the workdir is the rule's.
+	spec.Pull = ""
+	p, _, _, err = d.podSpec(spec, testSettings(t, Config{}), "ns", nil)
+	if err != nil || p.Spec.Containers[0].WorkingDir != "" || slices.Contains(p.Spec.Containers[0].Args, "--own-dir") || len(p.Spec.Volumes) != 3 {
+		t.Errorf("no storage class: %v, %+v", err, p.Spec)
+	}
+}
+
+// Info claims StopStart, keeping the workdir's volume, only with a storage class.
+func TestInfoStopStart(t *testing.T) {
+	for _, sc := range []string{"", "fast"} {
+		info, err := New(WithConfig(Config{StorageClass: sc})).Info(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := info.Capabilities; c.StopStart != (sc != "") || (sc != "" && c.Keeps() != backend.StopKeepsWorkdir) {
+			t.Errorf("storage_class %q: StopStart %v keeps %q", sc, c.StopStart, c.Keeps())
+		}
 	}
 }
