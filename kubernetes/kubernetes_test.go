@@ -178,28 +178,13 @@ func TestConformancePlugin(t *testing.T) {
 // team:2, a Pod of its own, cannot see /work/x.
 func TestDoneWhen(t *testing.T) {
 	c, cfg := cluster(t)
-	state := t.TempDir()
-	config := filepath.Join(t.TempDir(), "config.hcl")
-	hcl := driverBlock(cfg) + fmt.Sprintf(`
+	berth := newBerth(t, driverBlock(cfg)+fmt.Sprintf(`
 scope "team:*" {
   driver  = "kubernetes"
   image   = %q
   workdir = "/work"
 }
-`, c.TestImage)
-	if err := os.WriteFile(config, []byte(hcl), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	berth := func(args ...string) (string, string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, berthBin, args...)
-		cmd.Env = append(os.Environ(), "BERTH_CONFIG="+config, "BERTH_STATE_DIR="+state)
-		var stdout, stderr strings.Builder
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		return stdout.String(), stderr.String(), err
-	}
+`, c.TestImage)).run
 	t.Cleanup(func() {
 		for _, s := range []string{"team:1", "team:2"} {
 			if _, stderr, err := berth("rm", s); err != nil {
@@ -233,14 +218,18 @@ scope "team:*" {
 	}
 }
 
-// TestBadInput: an image absent from the node with image_pull_policy Never fails
-// Create with the Pod's waiting reason and leaves no Pod or Secret; an API server
-// that does not answer is ErrUnavailable naming its address, and nothing is made.
+// TestBadInput: an image absent from the node with the rule's pull "never" fails
+// Create with the Pod's waiting reason (ErrImageNeverPull: the rule's pull, not
+// image_pull_policy IfNotPresent, is the sandbox image's policy) and leaves no
+// Pod, Secret or volume claim; an API server that does not answer is
+// ErrUnavailable naming its address, and nothing is made.
 func TestBadInput(t *testing.T) {
 	c, cfg := cluster(t)
 	state := t.TempDir()
 	owner := "badinput-" + filepath.Base(state)
-	d := kubernetes.New(kubernetes.WithConfig(cfg))
+	never := cfg
+	never.ImagePullPolicy = "IfNotPresent"
+	d := kubernetes.New(kubernetes.WithConfig(never))
 	defer d.Close()
 	if err := d.Configure(context.Background(), backend.DriverSetup{StateDir: state, Owner: owner}); err != nil {
 		t.Fatal(err)
@@ -253,7 +242,7 @@ func TestBadInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := backend.SandboxSpec{Name: conformance.SandboxName(), Image: "localhost/berth-absent:never", Labels: map[string]string{backend.LabelOwner: owner}}
+	spec := backend.SandboxSpec{Name: conformance.SandboxName(), Image: "localhost/berth-absent:never", Pull: backend.PullNever, Labels: map[string]string{backend.LabelOwner: owner}}
 	ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)
 	defer cancel()
 	_, err = d.Create(ctx, backend.CreateRequest{Spec: spec, Agent: files})
