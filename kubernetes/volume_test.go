@@ -2,6 +2,7 @@ package kubernetes_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/internal/k8stest"
 	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/kubernetes"
@@ -97,5 +99,34 @@ scope "vol:*" {
 	out, stderr, err = b.run("exec", "-s", "vol:1", "--", "sh", "-c", "cat f; cat /tmp/g 2>/dev/null || echo no-g; hostname")
 	if err != nil || out != "kept\nno-g\n"+pod+"\n" {
 		t.Errorf("exec after stop: %v: stdout %q stderr %q; want the workdir's file kept, /tmp's gone, in Pod %s", err, out, stderr, pod)
+	}
+}
+
+// TestCLIConformance: `berth conformance --driver kubernetes` runs the suite from
+// the command line with the driver "kubernetes" {} block of the config file and
+// --image (the driver imports no images: the nodes pull them), and reports its
+// counts and each skip's reason: a few focused cases (the whole suite runs in
+// TestConformancePlugin), the retention one through the registry the CLI opens
+// with the same block.
+func TestCLIConformance(t *testing.T) {
+	c, cfg := cluster(t)
+	b := newBerth(t, driverBlock(cfg)+"\n")
+	out, stderr, err := b.run("conformance", "--driver", kubernetes.Name, "--image", c.TestImage, "--json",
+		"--run", `^(lifecycle/(create-running-labels|stop-create-adopts)|retention/on-close-stop|resources/fork-bomb-contained)$`)
+	if err != nil {
+		t.Fatalf("berth conformance --driver kubernetes: %v\nstdout %s\nstderr %s", err, out, stderr)
+	}
+	var rep conformance.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("the --json report: %v: %s", err, out)
+	}
+	skips := map[string]string{}
+	for _, cs := range rep.Cases {
+		if cs.Status == conformance.StatusSkip {
+			skips[cs.FullName()] = cs.Reason
+		}
+	}
+	if rep.Driver != kubernetes.Name || rep.Passed != 3 || rep.Failed != 0 || rep.Skipped != 1 || !strings.Contains(skips["resources/fork-bomb-contained"], "PidsLimit") {
+		t.Errorf("report: driver %s, %d passed, %d failed, %d skipped (%v); want kubernetes, 3 passed, the fork bomb skipped for PidsLimit\nstderr %s", rep.Driver, rep.Passed, rep.Failed, rep.Skipped, skips, stderr)
 	}
 }
