@@ -115,17 +115,20 @@ func noneLeft(t *testing.T, c k8stest.Cluster, owner string) {
 }
 
 // TestConformanceInProcess runs the shared suite against the kubernetes driver in
-// this process, then checks that nothing with the suite's owner label is left. Every
-// call of this driver crosses the plugin protocol in TestConformancePlugin, which runs
-// the whole suite; here (under the race detector, which the plugin executable lacks)
-// run the groups that drive the Pod, Secret and port-forward code: lifecycle,
-// idempotence, tty (dialled) and retention; all of them with $BERTH_CONFORMANCE_FULL=1.
+// this process, without a storage class (stop means remove: the StopStart cases
+// skip; TestConformancePlugin runs them with one), then checks that nothing with
+// the suite's owner label is left. Every call of this driver crosses the plugin
+// protocol in TestConformancePlugin, which runs the whole suite; here (under the
+// race detector, which the plugin executable lacks) run the groups that drive the
+// Pod, Secret and port-forward code: lifecycle, idempotence, tty (dialled) and
+// retention; all of them with $BERTH_CONFORMANCE_FULL=1.
 func TestConformanceInProcess(t *testing.T) {
 	// The two suites run side by side (each has its own owner and state dir): the
 	// time goes into waiting for the node to start Pods, and one after the other
 	// they were the longest package of the test command (11 of its 20 minutes).
 	t.Parallel()
 	c, cfg := cluster(t)
+	cfg.StorageClass = ""
 	state := t.TempDir()
 	d := kubernetes.New(kubernetes.WithConfig(cfg))
 	t.Cleanup(func() { d.Close() })
@@ -142,7 +145,9 @@ func TestConformanceInProcess(t *testing.T) {
 
 // TestConformancePlugin runs the shared suite against the kubernetes driver served
 // by its own executable, berth-driver-kubernetes, through go-plugin, as berth uses
-// it, configured with the JSON the host decodes from a driver "kubernetes" {} block.
+// it, configured with the JSON the host decodes from a driver "kubernetes" {} block,
+// with the test cluster's storage class: a volume claim per sandbox, kept across a
+// stop (the StopStart cases run).
 func TestConformancePlugin(t *testing.T) {
 	t.Parallel()
 	c, cfg := cluster(t)

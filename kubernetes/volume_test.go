@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/internal/k8stest"
 	"github.com/berth-sh/berth/internal/testwait"
@@ -90,11 +91,26 @@ scope "vol:*" {
 	if got, want := objects(t, c, pod), "pod/"+pod+"\npersistentvolumeclaim/"+pod+"-data"; got != want {
 		t.Errorf("objects of the running sandbox:\n%s\nwant\n%s", got, want)
 	}
+	d := kubernetes.New(kubernetes.WithConfig(cfg))
+	defer d.Close()
+	running, err := d.Inspect(t.Context(), pod)
+	if err != nil || running.State != backend.StateRunning {
+		t.Fatalf("Inspect of the running sandbox: %+v %v", running, err)
+	}
 	if _, stderr, err := b.run("stop", "vol:1"); err != nil {
 		t.Fatalf("berth stop: %v: %s", err, stderr)
 	}
 	if got, want := objects(t, c, pod), "persistentvolumeclaim/"+pod+"-data"; got != want {
 		t.Errorf("objects of the stopped sandbox:\n%s\nwant only its claim %s", got, want)
+	}
+	// List reports the claim without a Pod as the stopped sandbox, with its ID
+	// and labels (what reconcile and prune see).
+	list, err := d.List(t.Context(), map[string]string{backend.LabelOwner: running.Labels[backend.LabelOwner]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].Name != pod || list[0].State != backend.StateStopped || list[0].ID != running.ID || list[0].Labels[backend.LabelSpecHash] != running.Labels[backend.LabelSpecHash] {
+		t.Errorf("List after stop: %+v, want only %s stopped with ID %s and its labels", list, pod, running.ID)
 	}
 	out, stderr, err = b.run("exec", "-s", "vol:1", "--", "sh", "-c", "cat f; cat /tmp/g 2>/dev/null || echo no-g; hostname")
 	if err != nil || out != "kept\nno-g\n"+pod+"\n" {
