@@ -210,10 +210,11 @@ func (d *Driver) podSpec(spec backend.SandboxSpec, set settings, ns string, toke
 		inits = append(inits, nn)
 	}
 	extra := []string{"--listen-tcp", "127.0.0.1:" + strconv.Itoa(AgentPort), "--token-file", TokenMountDir + "/" + tokenKey}
-	if volumes {
+	if volumes && user != "" {
 		// The provisioner may make the volume root-owned (the host-path one: 0750),
 		// and fsGroup does not apply to every volume type: the agent, root with
-		// CAP_CHOWN, gives the mount point to a non-root exec user before serving.
+		// CAP_CHOWN, gives the mount point to the exec user before serving (it
+		// leaves it alone for root).
 		extra = append(extra, "--own-dir", workdir)
 	}
 	args := containerutil.AgentArgs(user, extra...)
