@@ -160,13 +160,18 @@ func (e *cliEnv) pod(name string) *corev1.Pod {
 // TestPodDeletedBehindBack: a session's Pod deleted by someone else (the admin,
 // kubectl delete) is noticed at the session's next call, which makes a new, empty
 // Pod and says so with the usual notice; embedded, and through berth serve, whose
-// registry keeps the agent connection that the deletion broke.
+// registry keeps the agent connection that the deletion broke. Without a storage
+// class: with one, the sandbox's volume claim outlives the Pod, so the sandbox is
+// stopped and the next call starts it on its volume, as after berth stop
+// (TestVolumeKeepsWorkdir), with no notice.
 func TestPodDeletedBehindBack(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"embedded", "serve"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			e := newCLIEnv(t)
+			e.cfg.StorageClass = ""
+			e.writeConfig("")
 			if mode == "serve" {
 				e.serve()
 			} else {
