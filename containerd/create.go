@@ -648,10 +648,8 @@ func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(
 	if _, err := normalizeRef(spec.Image); err != nil {
 		return bad("%v", err)
 	}
-	for _, kv := range spec.Env {
-		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
-			return bad("env entry %q is not KEY=VALUE", kv)
-		}
+	if err := containerutil.CheckEnv("containerd sandbox "+spec.Name, spec.Env); err != nil {
+		return nil, "", err
 	}
 	if spec.Workdir != "" && !filepath.IsAbs(spec.Workdir) {
 		return bad("workdir %q is not an absolute path", spec.Workdir)
@@ -701,7 +699,11 @@ func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(
 	for i, c := range containerutil.DefaultCapabilities {
 		caps[i] = "CAP_" + c
 	}
-	env := append([]string(nil), spec.Env...)
+	// The agent's token goes in its environment, never in a file of the sandbox.
+	env, err := containerutil.AgentEnv(spec.Env, a)
+	if err != nil {
+		return bad("%v", err)
+	}
 	// The shape of the seccomp setting is checked now; a profile file is read only
 	// when a new container needs it (Create), so that a file gone missing does not
 	// stop running sandboxes from being adopted.

@@ -347,10 +347,8 @@ func (d *Driver) containerConfig(spec backend.SandboxSpec, a backend.AgentFiles)
 	if spec.Image == "" {
 		return bad("no image: set image in the scope rule (e.g. image = \"debian:bookworm\")")
 	}
-	for _, kv := range spec.Env {
-		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
-			return bad("env entry %q is not KEY=VALUE", kv)
-		}
+	if err := containerutil.CheckEnv("docker sandbox "+spec.Name, spec.Env); err != nil {
+		return nil, nil, "", err
 	}
 	if spec.Workdir != "" && !filepath.IsAbs(spec.Workdir) {
 		return bad("workdir %q is not an absolute path", spec.Workdir)
@@ -385,9 +383,14 @@ func (d *Driver) containerConfig(spec backend.SandboxSpec, a backend.AgentFiles)
 	if user != "" {
 		labels[LabelUser] = user
 	}
+	// The agent's token goes in its environment, never in a file of the sandbox.
+	env, err := containerutil.AgentEnv(spec.Env, a)
+	if err != nil {
+		return bad("%v", err)
+	}
 	cfg := &container.Config{
 		Image:      spec.Image,
-		Env:        append([]string(nil), spec.Env...),
+		Env:        env,
 		WorkingDir: spec.Workdir,
 		Labels:     labels,
 		User:       "0:0", // the agent; execs run as the sandbox's user (--exec-user)

@@ -89,6 +89,9 @@ func (d *Driver) podSpec(spec backend.SandboxSpec, set settings, ns string, toke
 	if spec.Image == "" {
 		return bad("no image: set image in the scope rule (e.g. image = \"debian:bookworm\")")
 	}
+	if err := containerutil.CheckEnv("kubernetes sandbox "+spec.Name, spec.Env); err != nil {
+		return nil, nil, "", err
+	}
 	var env []corev1.EnvVar
 	for _, kv := range spec.Env {
 		k, v, ok := strings.Cut(kv, "=")

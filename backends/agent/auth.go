@@ -26,14 +26,33 @@ import (
 	"github.com/berth-sh/berth/backends/agent/agentpb"
 )
 
-// TokenName is the file name, inside a sandbox's agent directory
-// (backend.AgentFiles.Dir, host-owned and mounted read-only in containers), of the
-// sandbox's agent token: 64 hex digits that PrepareSandbox writes once. The agent
-// reads it when it starts and accepts only connections that present it, so a process
-// that reaches the socket of another sandbox's agent (a mount that exposes it, a
-// socket passed on) cannot use that agent without also reading that sandbox's agent
-// directory. See docs/security.md for what this does and does not protect.
+// TokenName is the file name of a sandbox's agent token inside its agent directory
+// (backend.AgentFiles.Dir) as berth made it before agent tokens moved out of that
+// directory (TokenFileName): that directory is mounted into the sandbox, so such a
+// token is readable there. PrepareSandbox makes none any more; it narrows an existing
+// one to mode 0600 and keeps it for the agent of the sandbox that was made with it,
+// until the sandbox is recreated. It is also the token's key in a Kubernetes
+// sandbox's Secret.
 const TokenName = "token"
+
+// TokenFileName is the file name of a sandbox's agent token: 64 hex digits and a
+// newline, mode 0600, in the sandbox's directory beside (never inside) its agent
+// directory, so no driver mounts it into the sandbox: TokenPath(AgentFiles.Dir).
+// PrepareSandbox writes it once. The host presents it in the handshake of every
+// connection to the agent, and the agent accepts only connections that present it
+// (so a process that reaches the socket of another sandbox's agent cannot use that
+// agent), having been given it at start through TokenEnv (container drivers), or by
+// reading this file itself (the local driver, whose agent runs on the host). See
+// docs/security.md for what this does and does not protect.
+const TokenFileName = "agent-token"
+
+// TokenEnv is the environment variable through which a driver hands its sandbox's
+// agent the token (TokenEnvEntry): the agent reads it and removes it from its
+// environment before it starts any process, so no exec inherits it. In a container
+// the only other place it can be read is the agent's /proc/PID/environ, which Linux
+// (and gVisor) show only to processes that may ptrace the agent: the sandbox's root
+// (or the agent's own user), not its other users. Drivers refuse it in a rule's env.
+const TokenEnv = "BERTH_AGENT_TOKEN"
 
 // tokenLen is the token's length in bytes (hex: twice as many digits).
 const tokenLen = 32
@@ -70,10 +89,26 @@ const answerMax = 1024
 // line: a connection that sends nothing is closed after it.
 const DefaultHandshakeTimeout = 10 * time.Second
 
-// ReadToken reads the token of the agent directory dir (dir/TokenName), opened
-// without following links. Errors: the file is missing (wraps fs.ErrNotExist), or it
-// does not hold a token (ErrInvalid, naming the file and the remedy).
-func ReadToken(dir string) ([]byte, error) { return readTokenFile(filepath.Join(dir, TokenName)) }
+// TokenPath returns the path of the token of the sandbox whose agent directory is
+// agentDir: TokenFileName in agentDir's parent (the sandbox's directory).
+func TokenPath(agentDir string) string {
+	return filepath.Join(filepath.Dir(filepath.Clean(agentDir)), TokenFileName)
+}
+
+// ReadToken reads the token of the sandbox whose agent directory is dir: the file
+// TokenPath(dir), or, for a sandbox prepared by an earlier berth, dir/TokenName;
+// each opened without following links. Errors: neither file exists (wraps
+// fs.ErrNotExist), or the file does not hold a token (ErrInvalid, naming the file
+// and the remedy).
+func ReadToken(dir string) ([]byte, error) {
+	tok, err := readTokenFile(TokenPath(dir))
+	if errors.Is(err, os.ErrNotExist) {
+		if legacy, lerr := readTokenFile(filepath.Join(dir, TokenName)); !errors.Is(lerr, os.ErrNotExist) {
+			return legacy, lerr
+		}
+	}
+	return tok, err
+}
 
 // readTokenFile reads the token file path (see ReadToken).
 func readTokenFile(path string) ([]byte, error) {
@@ -86,31 +121,58 @@ func readTokenFile(path string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent token %s: %w", path, err)
 	}
-	tok, err := hex.DecodeString(strings.TrimSpace(string(b)))
+	return parseToken(path, string(b))
+}
+
+// parseToken decodes the hex token text read from src (a file, TokenEnv).
+func parseToken(src, text string) ([]byte, error) {
+	tok, err := hex.DecodeString(strings.TrimSpace(text))
 	if err != nil || len(tok) != tokenLen {
-		return nil, backend.Errorf(backend.ErrInvalid, "agent token %s is damaged (want %d hex digits); remove it and restart the sandbox (berth exec --recreate)", path, 2*tokenLen)
+		return nil, backend.Errorf(backend.ErrInvalid, "agent token %s is damaged (want %d hex digits); remove it and restart the sandbox (berth exec --recreate)", src, 2*tokenLen)
 	}
 	return tok, nil
 }
 
-// ensureToken creates dir/TokenName with a new random token unless it exists.
-func ensureToken(dir string) error {
-	path := filepath.Join(dir, TokenName)
-	if _, err := ReadToken(dir); err == nil {
+// TokenEnvEntry returns "TokenEnv=TOKEN" for the sandbox whose agent directory is
+// agentDir (ReadToken), for a driver to put in the environment of the sandbox's
+// first process, the agent. Errors: those of ReadToken.
+func TokenEnvEntry(agentDir string) (string, error) {
+	tok, err := ReadToken(agentDir)
+	if err != nil {
+		return "", err
+	}
+	return TokenEnv + "=" + hex.EncodeToString(tok), nil
+}
+
+// ensureToken makes the token of the sandbox whose agent directory is agentDir,
+// TokenPath(agentDir) (mode 0600), unless it exists: with the value of a token left
+// in agentDir by an earlier berth (so the agent already running with it still
+// accepts the host), which is narrowed to mode 0600, else with a new random one.
+func ensureToken(agentDir string) error {
+	path := TokenPath(agentDir)
+	if _, err := readTokenFile(path); err == nil {
 		return nil
 	} else if !errors.Is(err, os.ErrNotExist) {
 		if rerr := os.Remove(path); rerr != nil {
 			return err
 		}
 	}
-	var tok [tokenLen]byte
-	if _, err := rand.Read(tok[:]); err != nil {
-		return fmt.Errorf("agent token: %w", err)
+	var tok []byte
+	legacy := filepath.Join(agentDir, TokenName)
+	if old, err := readTokenFile(legacy); err == nil {
+		tok = old
+		// Only the agent of the sandbox made with it needs it (as root in its
+		// container: the owner, or DAC_OVERRIDE); best effort, as the host user
+		// may not own it.
+		os.Chmod(legacy, 0o600)
+	} else {
+		tok = make([]byte, tokenLen)
+		if _, err := rand.Read(tok); err != nil {
+			return fmt.Errorf("agent token: %w", err)
+		}
 	}
-	tmp := tempName(dir, ".token.tmp-")
-	// 0644: the agent may run as a user of its own (a user namespace); the token
-	// guards the socket, and the state dir above it is the host user's alone.
-	if err := os.WriteFile(tmp, []byte(hex.EncodeToString(tok[:])+"\n"), 0o644); err != nil {
+	tmp := tempName(filepath.Dir(path), ".agent-token.tmp-")
+	if err := os.WriteFile(tmp, []byte(hex.EncodeToString(tok)+"\n"), 0o600); err != nil {
 		return fmt.Errorf("agent token: %w", err)
 	}
 	defer os.Remove(tmp)
@@ -271,6 +333,7 @@ type tokenCreds struct {
 	// hello answers Hello for a client of the given versions (the server's Hello
 	// call), for the version-2 answer.
 	hello func(client []int) *agentpb.HelloResponse
+	peer  peerCheck
 }
 
 type tokenAuth struct{ credentials.CommonAuthInfo }
@@ -298,6 +361,11 @@ func (c *tokenCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthI
 		return deny(reasonNotHandshake)
 	default:
 		return deny(fmt.Sprintf("handshake version %s, this agent knows 1 and %d; use the same berth for the host and the agent (agent_path)", peerText(f[1]), handshakeVersion))
+	}
+	// Before the token: a process of the sandbox that got hold of the token
+	// (a sandbox made before tokens left its agent directory) is refused too.
+	if why := c.peer.deny(conn); why != "" {
+		return deny(why)
 	}
 	if c.token != nil {
 		got, err := hex.DecodeString(f[2])

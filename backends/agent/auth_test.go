@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -26,7 +28,8 @@ import (
 // token and a wrong token are refused as a conflict naming why, the right one
 // (read from the agent directory as the host does) works.
 func TestTokenHandshake(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "agent")
+	os.Mkdir(dir, 0o755)
 	if err := ensureToken(dir); err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +45,7 @@ func TestTokenHandshake(t *testing.T) {
 		t.Fatal("ensureToken replaced an existing token")
 	}
 	a := &testAgent{sockDir: deepDir(t), logPath: filepath.Join(t.TempDir(), "agent.log"), exited: make(chan struct{}),
-		extra: []string{"--token-file", filepath.Join(dir, TokenName)}, opts: []ClientOption{WithToken(tok)}}
+		extra: []string{"--token-file", TokenPath(dir)}, opts: []ClientOption{WithToken(tok)}}
 	a.start(t)
 	ctx := testCtx(t)
 	for name, opts := range map[string][]ClientOption{
@@ -66,10 +69,64 @@ func TestTokenHandshake(t *testing.T) {
 		t.Errorf("Hello: instance %q pid %d, want an instance and pid %d", c.Instance(), c.PID(), a.pid)
 	}
 	// A damaged token file is reported as such, naming the remedy.
-	bad := t.TempDir()
-	os.WriteFile(filepath.Join(bad, TokenName), []byte("xyz\n"), 0o644)
+	bad := filepath.Join(t.TempDir(), "agent")
+	os.Mkdir(bad, 0o755)
+	os.WriteFile(TokenPath(bad), []byte("xyz\n"), 0o600)
 	if _, err := ReadToken(bad); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), "--recreate") {
 		t.Errorf("damaged token: %v", err)
+	}
+}
+
+// A token that an earlier berth left in the agent directory (mounted into the
+// sandbox) is still what the host presents, so the agent that runs with it keeps
+// working; ensureToken copies its value beside the agent directory and narrows the
+// old file to mode 0600.
+func TestLegacyTokenMigrated(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "agent")
+	os.Mkdir(dir, 0o755)
+	legacy := filepath.Join(dir, TokenName)
+	old := bytes.Repeat([]byte{0xab}, tokenLen)
+	if err := os.WriteFile(legacy, []byte(hex.EncodeToString(old)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if tok, err := ReadToken(dir); err != nil || !bytes.Equal(tok, old) {
+		t.Fatalf("ReadToken of a legacy agent dir: %x %v", tok, err)
+	}
+	if err := ensureToken(dir); err != nil {
+		t.Fatal(err)
+	}
+	if tok, err := readTokenFile(TokenPath(dir)); err != nil || !bytes.Equal(tok, old) {
+		t.Errorf("token beside the agent dir: %x %v, want the legacy token's value", tok, err)
+	}
+	if fi, err := os.Stat(legacy); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("legacy token: %v %v, want mode 0600", fi.Mode(), err)
+	}
+}
+
+// The agent takes its token from $BERTH_AGENT_TOKEN and removes it from the
+// environment of everything it starts.
+func TestTokenFromEnvNotInherited(t *testing.T) {
+	tok := bytes.Repeat([]byte{0x5a}, tokenLen)
+	a := &testAgent{sockDir: deepDir(t), logPath: filepath.Join(t.TempDir(), "agent.log"), exited: make(chan struct{}),
+		opts: []ClientOption{WithToken(tok)}}
+	a.start(t, TokenEnv+"="+hex.EncodeToString(tok))
+	ctx := testCtx(t)
+	if _, err := NewClient(ctx, DialSocketDir(a.sockDir)); !errors.Is(err, backend.ErrConflict) {
+		t.Errorf("without the token: %v, want ErrConflict", err)
+	}
+	c, err := NewClient(ctx, DialSocketDir(a.sockDir), WithToken(tok))
+	if err != nil {
+		t.Fatalf("with the token from the environment: %v", err)
+	}
+	defer c.Close()
+	if out, _, _ := run(t, c, sh("env; echo end")); strings.Contains(out, TokenEnv) || strings.Contains(out, hex.EncodeToString(tok)) || !strings.HasSuffix(out, "end\n") {
+		t.Errorf("an exec's environment holds the token: %q", out)
+	}
+	// A damaged token in the environment keeps the agent from starting.
+	cmd := exec.Command(agentBin, "serve", "--socket-dir", deepDir(t))
+	cmd.Env = append(os.Environ(), TokenEnv+"=xyz")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), TokenEnv) {
+		t.Errorf("agent with a damaged $%s: %v %q", TokenEnv, err, out)
 	}
 }
 

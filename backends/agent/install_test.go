@@ -118,11 +118,16 @@ func TestPrepareSandbox(t *testing.T) {
 	if _, err := PrepareSandbox(sb, other); err != nil || !same(files.Binary, other.Path) {
 		t.Errorf("PrepareSandbox with another binary: %v", err)
 	}
-	if ents, _ := os.ReadDir(files.Dir); len(ents) != 2 {
-		t.Errorf("agent dir holds %d entries, want the binary and the token", len(ents))
+	// The agent dir is mounted into sandboxes: it holds the binary only, and the
+	// token, owner-only, lies beside it.
+	if ents, _ := os.ReadDir(files.Dir); len(ents) != 1 {
+		t.Errorf("agent dir holds %d entries, want the binary only", len(ents))
 	}
 	if _, err := ReadToken(files.Dir); err != nil {
 		t.Errorf("token: %v", err)
+	}
+	if fi, err := os.Lstat(filepath.Join(sb, TokenFileName)); err != nil || fi.Mode() != 0o600 {
+		t.Errorf("token file: %v %v, want a regular file of mode 0600 in the sandbox dir", fi.Mode(), err)
 	}
 	// The agent directory must be a real directory, not a link.
 	sb2 := filepath.Join(state, "sandboxes", "b-2")

@@ -168,7 +168,7 @@ func serve(opts ServeOptions, logger *log.Logger) error {
 		logger.Printf("serving without a token: any process that reaches the socket may use the agent")
 	}
 	gs := grpc.NewServer(append(rpcerr.ServerOptions(),
-		grpc.Creds(&tokenCreds{token: opts.Token, timeout: hs, hello: s.hello}),
+		grpc.Creds(&tokenCreds{token: opts.Token, timeout: hs, hello: s.hello, peer: newPeerCheck()}),
 		grpc.InitialWindowSize(StreamWindow),
 		grpc.InitialConnWindowSize(StreamWindow),
 	)...)
@@ -222,21 +222,26 @@ func serve(opts ServeOptions, logger *log.Logger) error {
 //	        [--own-dir DIR]
 //	[agent] install DIR
 //	[agent] net-none
+//	[agent] probe [--token-stdin] [--user USER] [--socket-dir DIR] [--tcp ADDR] -- COMMAND [ARG...]
 //
 // install copies the executable into DIR (InstallSelf): the agent image's
 // entrypoint. net-none deletes every network interface of the process's network
 // namespace but lo (NetNone): the init container of a Kubernetes sandbox with
-// network "none".
+// network "none". probe is what a process of a sandbox can do with its agents
+// (the conformance suite runs it as a sandbox's user, expecting every attempt to be
+// refused; see probe).
 //
-// Without --token-file, an agent run as backend.AgentBinaryName (the hard link that
-// PrepareSandbox makes) reads the token file beside itself (TokenName), which
-// PrepareSandbox writes: so every driver that starts the agent from its agent
-// directory gets the token check without passing a flag.
+// Without --token-file the agent takes its token from the environment variable
+// TokenEnv (how container drivers hand it over: a file in the sandbox would be
+// readable by the sandbox's users), and else, run as backend.AgentBinaryName (the
+// hard link that PrepareSandbox makes), from its sandbox's token file (ReadToken of
+// the directory it is in; found on the host, as by the local driver's agents). See
+// serveToken.
 func Main(args []string) int {
 	if len(args) > 0 && args[0] == "agent" {
 		args = args[1:]
 	}
-	const synopsis = "usage: berth agent serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper] [--token-file FILE] [--exec-user USER] [--oom-counter auto|FILE] [--listen-tcp ADDR] [--own-dir DIR]\n       berth agent install DIR\n       berth agent net-none"
+	const synopsis = "usage: berth agent serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper] [--token-file FILE] [--exec-user USER] [--oom-counter auto|FILE] [--listen-tcp ADDR] [--own-dir DIR]\n       berth agent install DIR\n       berth agent net-none\n       berth agent probe [--token-stdin] [--user USER] [--socket-dir DIR] [--tcp ADDR] -- COMMAND [ARG...]"
 	if len(args) == 2 && args[0] == "install" {
 		if err := InstallSelf(args[1]); err != nil {
 			fmt.Fprintf(os.Stderr, "berth agent: %v\n", err)
@@ -251,6 +256,9 @@ func Main(args []string) int {
 		}
 		return 0
 	}
+	if len(args) > 0 && args[0] == "probe" {
+		return probe(args[1:], os.Stdin, os.Stdout, os.Stderr)
+	}
 	if len(args) == 0 || args[0] != "serve" {
 		fmt.Fprintln(os.Stderr, synopsis)
 		return 2
@@ -262,7 +270,7 @@ func Main(args []string) int {
 	readyFD := fs.Int("ready-fd", 0, "file descriptor to write \"ready\\n\" to once serving")
 	logPath := fs.String("log", "", "log file (size-capped); default stderr")
 	subreaper := fs.Bool("subreaper", false, "become a child subreaper (host sandboxes)")
-	tokenFile := fs.String("token-file", "", "the token connections must present (default: "+TokenName+" beside the executable when it is "+backend.AgentBinaryName+")")
+	tokenFile := fs.String("token-file", "", "the token connections must present (default: $"+TokenEnv+", else the sandbox's "+TokenFileName+" when the executable is "+backend.AgentBinaryName+")")
 	execUser := fs.String("exec-user", "", "default user of execs that name none")
 	oomCounter := fs.String("oom-counter", "", "OOM-kill counter to report OOM kills from: auto (the agent's memory cgroup) or a file")
 	listenTCPAddr := fs.String("listen-tcp", "", "loopback TCP address to serve on too (127.0.0.1:PORT; needs a token)")
@@ -290,11 +298,20 @@ func Main(args []string) int {
 	return 0
 }
 
-// serveToken reads the token of --token-file, or beside the executable when that is
-// backend.AgentBinaryName and a token file is there; nil for none.
+// serveToken returns the token the agent checks, from the first of: --token-file
+// (file); the environment variable TokenEnv, which it removes from the process's
+// environment so that no exec inherits it; and, when the executable is
+// backend.AgentBinaryName in an agent directory, that sandbox's token file
+// (ReadToken: TokenPath, or the token an earlier berth left beside the executable).
+// nil for none. Errors: a token that is given but damaged (ErrInvalid).
 func serveToken(file string) ([]byte, error) {
+	env, inEnv := os.LookupEnv(TokenEnv)
+	os.Unsetenv(TokenEnv)
 	if file != "" {
 		return readTokenFile(file)
+	}
+	if inEnv {
+		return parseToken("in $"+TokenEnv, env)
 	}
 	self, err := os.Executable()
 	if err != nil || filepath.Base(self) != backend.AgentBinaryName {

@@ -134,10 +134,17 @@ func (d *Driver) start(ctx context.Context, dir string, m *meta) error {
 		return err
 	}
 	defer readyR.Close()
+	// The agent's token goes in its environment (bwrap passes its own on), never
+	// in a file of the sandbox nor on a command line; first, as the agent takes the
+	// first of two entries.
+	tok, err := agent.TokenEnvEntry(m.Agent.Dir)
+	if err != nil {
+		return backend.Errorf(backend.ErrUnavailable, "bwrap sandbox %s: %v", m.Name, err)
+	}
 	argv := append([]string{"bwrap"}, d.bwrapArgs(dir, m)...)
 	p, err := os.StartProcess(bw, argv, &os.ProcAttr{
 		Dir:   "/",
-		Env:   env(m.Spec),
+		Env:   append([]string{tok}, env(m.Spec)...),
 		Files: []*os.File{devnull, logf, logf, readyW},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	})

@@ -291,3 +291,37 @@ func CheckHealth(ctx context.Context, probe func(context.Context) error, hung fu
 	}
 	return err
 }
+
+// CheckEnv checks a spec's env for a container sandbox: every entry is KEY=VALUE
+// with a non-empty KEY, and none sets agent.TokenEnv, through which the driver hands
+// the agent its token. Errors: ErrInvalid naming the entry and the fix, prefixed with
+// what ("docker sandbox NAME").
+func CheckEnv(what string, env []string) error {
+	for _, kv := range env {
+		k, _, ok := strings.Cut(kv, "=")
+		switch {
+		case !ok || k == "":
+			return backend.Errorf(backend.ErrInvalid, "%s: env entry %q is not KEY=VALUE", what, kv)
+		case k == agent.TokenEnv:
+			return backend.Errorf(backend.ErrInvalid, "%s: env %s is berth's own (it hands the agent its token); remove it from the rule", what, k)
+		}
+	}
+	return nil
+}
+
+// AgentEnv returns the environment of a container sandbox's first process, the
+// agent: the spec's env (checked by CheckEnv), then agent.TokenEnvEntry of the agent
+// files a, so that the token never lies in a file the sandbox can read. Without
+// agent files (a.Dir empty: Validate) it is the spec's env alone. Errors: those of
+// agent.ReadToken (ErrUnavailable: PrepareSandbox made no token).
+func AgentEnv(env []string, a backend.AgentFiles) ([]string, error) {
+	out := append([]string(nil), env...)
+	if a.Dir == "" {
+		return out, nil
+	}
+	tok, err := agent.TokenEnvEntry(a.Dir)
+	if err != nil {
+		return nil, backend.Errorf(backend.ErrUnavailable, "the sandbox's agent token: %v", err)
+	}
+	return append(out, tok), nil
+}
