@@ -3,6 +3,7 @@ package conformance
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
 
 	"github.com/berth-sh/berth/internal/testwait"
 )
@@ -81,6 +83,121 @@ func hardeningIsolationCases() []Case {
 		{Group: g, Name: "capabilities-dropped", Requires: "Capabilities.DropCapabilities", Needs: needDropCaps, Run: caseCapabilitiesDropped},
 		{Group: g, Name: "signals-to-pid1-ignored", Requires: "Capabilities.PIDIsolation", Needs: needPIDIsolation, Run: caseSignalsToPID1},
 		{Group: g, Name: "bind-mount-owner", Requires: "Capabilities.FSIsolation image and ExecUser", Needs: needMountsUser, Run: caseBindMountOwner},
+		{Group: g, Name: "agent-out-of-users-reach", Requires: "Capabilities.Agent, ExecUser and FSIsolation image or private", Needs: needAgentUser, Run: caseAgentOutOfUsersReach},
+	}
+}
+
+func needAgentUser(c backend.Capabilities) (bool, string) {
+	if !c.HasAgent() || !c.ExecUser || !c.FSIsolation.OwnRoot() {
+		return false, "needs berth's agent (Capabilities.Agent) at " + agentInSandbox + " in a sandbox with its own root filesystem, and users (Capabilities.ExecUser)"
+	}
+	return true, ""
+}
+
+// execInput runs argv in sb with input on its stdin, then EOF, and waits for it.
+func (h *Harness) execInput(t T, sb, input string, argv ...string) (execOut, error) {
+	t.Helper()
+	return h.execInputReq(t, sb, input, backend.ExecRequest{Argv: argv})
+}
+
+// execInputReq is execInput of req (Stdin is set, Stdout and Stderr captured).
+func (h *Harness) execInputReq(t T, sb, input string, req backend.ExecRequest) (execOut, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), execTimeout)
+	defer cancel()
+	var stdout, stderr syncBuffer
+	req.Stdin, req.Stdout, req.Stderr = true, &stdout, &stderr
+	p, err := h.Exec(ctx, sb, req)
+	if err != nil {
+		return execOut{}, err
+	}
+	if input != "" {
+		if _, err := p.Write([]byte(input)); err != nil {
+			p.Wait()
+			return execOut{}, err
+		}
+	}
+	if err := p.CloseStdin(); err != nil {
+		p.Wait()
+		return execOut{}, err
+	}
+	res, err := p.Wait()
+	return execOut{ExecResult: res, Stdout: stdout.String(), Stderr: stderr.String()}, err
+}
+
+// agentInSandbox is the agent binary's path in a sandbox with its own root.
+const agentInSandbox = backend.AgentMountDir + "/" + backend.AgentBinaryName
+
+// probeLines returns the lines of `berth agent probe` output, failing the case when
+// it found no agent or any line says the agent ran the command.
+func probeLines(t T, what string, out execOut) {
+	t.Helper()
+	if out.ExitCode != 0 {
+		t.Fatalf("%s: berth agent probe: %s", what, out.describe())
+	}
+	lines := strings.Split(strings.TrimSpace(out.Stdout), "\n")
+	if len(lines) == 0 || lines[0] == "" {
+		t.Fatalf("%s: berth agent probe tried no address: %s", what, out.describe())
+	}
+	for _, l := range lines {
+		t.Logf("%s: %s", what, l)
+		if _, res, _ := strings.Cut(l, ": "); !strings.HasPrefix(res, "refused:") && !strings.HasPrefix(res, "unreachable:") {
+			t.Errorf("%s: the sandbox's user got the agent to run a command as root: %s", what, l)
+		}
+	}
+}
+
+// In a sandbox whose user is 1234:1234, a process of that user finds the sandbox's
+// agent token in nothing it can read (the files under /.berth, every process's
+// environment and command line), and cannot use the agent to run a command as root:
+// connecting to every address the agent listens on (its socket, its TCP port) is
+// refused or fails, with no token and even with the right one (as if it had leaked).
+func caseAgentOutOfUsersReach(t T, h *Harness) {
+	sb := h.NewSandboxWith(t, func(s *backend.SandboxSpec) { s.User = "1234:1234" })
+	files, _ := h.agentFilesOf(sb)
+	token, err := agent.ReadToken(files.Dir)
+	if err != nil {
+		t.Fatalf("reading the sandbox's token on the host: %v", err)
+	}
+	tok := hex.EncodeToString(token)
+	if out := h.run(t, sb, "id", "-u"); strings.TrimSpace(out.Stdout) != "1234" {
+		t.Fatalf("id -u in a sandbox of user 1234:1234: %s", out.describe())
+	}
+	// The list of files is made before grep runs, so grep's own command line
+	// (which holds the token) is not among them; the token comes on stdin.
+	// environ and cmdline separate their strings with NULs, which grep (busybox's)
+	// does not search past: tr makes them lines.
+	search := `read -r tok; set -- $(find /.berth -type f 2>/dev/null) /proc/[0-9]*/environ /proc/[0-9]*/cmdline; ` +
+		`for f in "$@"; do tr '\000' '\n' < "$f" 2>/dev/null | grep -qF -e "$tok" && echo "$f"; done; ` +
+		`env | grep -qF -e "$tok" && echo "the exec's environment"; true`
+	out, err := h.execInput(t, sb, tok+"\n", "sh", "-c", search)
+	if err != nil || out.ExitCode != 0 {
+		t.Fatalf("searching for the token as the sandbox's user: %v %s", err, out.describe())
+	}
+	for _, f := range strings.Split(strings.TrimSpace(out.Stdout), "\n") {
+		if f != "" {
+			t.Errorf("the sandbox's user can read the agent token in %s", f)
+		}
+	}
+	// The search itself works: given the token in its own environment, it finds
+	// it there (the exec's environment, its /proc/PID/environ).
+	self := backend.ExecRequest{Argv: []string{"sh", "-c", search}, Env: []string{"BERTH_CONFORMANCE_MARK=" + tok}}
+	if out, err := h.execInputReq(t, sb, tok+"\n", self); err != nil || !strings.Contains(out.Stdout, "/environ") || !strings.Contains(out.Stdout, "the exec's environment") {
+		t.Errorf("the token search does not find the token in its own environment, so it proves nothing: %v %s", err, out.describe())
+	}
+	for _, c := range []struct{ what, input string }{
+		{"without the token", ""},
+		{"with the sandbox's token", tok + "\n"},
+	} {
+		argv := []string{agentInSandbox, "probe", "--user", "0", "--", "id", "-u"}
+		if c.input != "" {
+			argv = []string{agentInSandbox, "probe", "--token-stdin", "--user", "0", "--", "id", "-u"}
+		}
+		out, err := h.execInput(t, sb, c.input, argv...)
+		if err != nil {
+			t.Fatalf("%s: %v", c.what, err)
+		}
+		probeLines(t, c.what, out)
 	}
 }
 
