@@ -82,7 +82,7 @@ type clientOptions struct {
 	versions     []int
 }
 
-// WithToken makes the client present token (see TokenName) in berth's handshake.
+// WithToken makes the client present token (see TokenFileName) in berth's handshake.
 // Without a token the client presents none, which only an agent started without
 // one accepts.
 func WithToken(token []byte) ClientOption {

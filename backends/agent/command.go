@@ -10,8 +10,9 @@ import (
 // sandbox with its own root filesystem, in which the driver has mounted
 // AgentFiles.Dir read-only at backend.AgentMountDir and AgentFiles.SocketDir at
 // backend.SocketMountDir: the agent binary at its in-sandbox path, then
-// "agent serve --socket-dir /.berth/run". The agent reads the sandbox's token
-// beside its binary (TokenName). extra is appended (for example "--log", FILE,
+// "agent serve --socket-dir /.berth/run". The agent takes the sandbox's token
+// from its environment (TokenEnv: put TokenEnvEntry there, not on the command
+// line). extra is appended (for example "--log", FILE,
 // "--exec-user", USER, "--oom-counter", "auto", or "--subreaper" when the agent is not
 // PID 1 of its own PID namespace).
 func SandboxCommand(extra ...string) []string {

@@ -33,7 +33,7 @@ import "time"
 // ProtocolVersion is the agent protocol version this package speaks. Clients accept
 // ProtocolVersion and ProtocolVersion-1 (down to 3); the agent answers Hello with the
 // highest version both sides speak. Version 2 added shell mode; version 3 added the
-// connection handshake with the sandbox's token (TokenName), made shell mode
+// connection handshake with the sandbox's token (TokenFileName), made shell mode
 // (Shell) and background jobs (StartJob, ListJobs, JobLogs, KillJob) calls of their
 // own, and lets the agent report OOM kills and its default exec user itself. An
 // agent of protocol 2 or older does not answer the handshake: the client reports it

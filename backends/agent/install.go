@@ -139,8 +139,10 @@ func installCopy(src, dst string) error {
 // PrepareSandbox makes the agent directories of one sandbox: sandboxDir/agent
 // (mode 0755, owned by the host user) holding backend.AgentBinaryName, a hard link to
 // bin.Path (an existing link to another binary is replaced atomically; across file
-// systems a copy is made instead), and the sandbox's token (TokenName, made once and
-// kept), and sandboxDir/run (0755), the socket directory.
+// systems a copy is made instead), sandboxDir/run (0755), the socket directory, and
+// the sandbox's token sandboxDir/TokenFileName (mode 0600, made once and kept; taken
+// from a token an earlier berth left in the agent directory, see TokenName), which no
+// driver mounts into the sandbox.
 // sandboxDir is created if missing. Errors: a path in the way is not a directory
 // (ErrInvalid), or the directories cannot be written.
 func PrepareSandbox(sandboxDir string, bin Binary) (backend.AgentFiles, error) {

@@ -48,7 +48,7 @@ type ServeOptions struct {
 	// background processes of its execs stay its descendants and are reaped and
 	// killed by it. Use it on the host; PID 1 of a container is a reaper anyway.
 	Subreaper bool
-	// Token, when set, is the token (see TokenName) that every connection must
+	// Token, when set, is the token (see TokenFileName) that every connection must
 	// present in berth's handshake; without one any client that reaches the socket
 	// may use the agent.
 	Token []byte
