@@ -50,7 +50,9 @@ type ServeOptions struct {
 	Subreaper bool
 	// Token, when set, is the token (see TokenFileName) that every connection must
 	// present in berth's handshake; without one any client that reaches the socket
-	// may use the agent.
+	// may use the agent. Either way a connection from a process of the sandbox that
+	// runs as a user other than root and the agent's own is refused (the peer check,
+	// see docs/security.md): the agent runs commands as any user a request names.
 	Token []byte
 	// ExecUser is the default user of execs, shell calls and jobs that name none
 	// ("UID", "UID:GID" or a name); "" is the agent's own user.
