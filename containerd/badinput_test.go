@@ -283,6 +283,7 @@ func TestBadInput(t *testing.T) {
 			{"bad-memory", func(r *backend.CreateRequest) { r.Spec.Resources.MemoryBytes = 1024 }, backend.ErrInvalid, "memory"},
 			{"negative-pids", func(r *backend.CreateRequest) { r.Spec.Resources.Pids = -1 }, backend.ErrInvalid, "negative"},
 			{"bad-env", func(r *backend.CreateRequest) { r.Spec.Env = []string{"NOEQUALS"} }, backend.ErrInvalid, "NOEQUALS"},
+			{"token-env", func(r *backend.CreateRequest) { r.Spec.Env = []string{"BERTH_AGENT_TOKEN=x"} }, backend.ErrInvalid, "BERTH_AGENT_TOKEN is berth's own"},
 			{"relative-workdir", func(r *backend.CreateRequest) { r.Spec.Workdir = "work" }, backend.ErrInvalid, "workdir"},
 			{"bad-network", func(r *backend.CreateRequest) { r.Spec.Network = "bridge" }, backend.ErrUnsupported, "bridge"},
 			{"bad-name", func(r *backend.CreateRequest) { r.Spec.Name = "Bad Name" }, backend.ErrInvalid, "Bad Name"},

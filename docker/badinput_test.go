@@ -127,6 +127,7 @@ func TestBadInput(t *testing.T) {
 	}{
 		{"missing-image", func(r *backend.CreateRequest) { r.Spec.Image = "berth-test/no-such-image:1" }, backend.ErrNotFound, "berth-test/no-such-image:1"},
 		{"no-image", func(r *backend.CreateRequest) { r.Spec.Image = "" }, backend.ErrInvalid, "image"},
+		{"token-env", func(r *backend.CreateRequest) { r.Spec.Env = []string{"BERTH_AGENT_TOKEN=x"} }, backend.ErrInvalid, "BERTH_AGENT_TOKEN is berth's own"},
 		{"dynamic-agent", func(r *backend.CreateRequest) { r.Agent.Static = false }, backend.ErrInvalid, "CGO_ENABLED=0"},
 		{"mount-missing", func(r *backend.CreateRequest) {
 			r.Spec.Mounts = []backend.Mount{{Source: "/nonexistent/berth-src", Target: "/mnt"}}

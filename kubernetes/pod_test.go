@@ -118,6 +118,7 @@ func TestPodSpecRefuses(t *testing.T) {
 		{func(s *backend.SandboxSpec) { s.Image = "" }, backend.ErrInvalid, "no image"},
 		{func(s *backend.SandboxSpec) { s.Workdir = "rel" }, backend.ErrInvalid, "workdir"},
 		{func(s *backend.SandboxSpec) { s.Env = []string{"=x"} }, backend.ErrInvalid, "env"},
+		{func(s *backend.SandboxSpec) { s.Env = []string{"BERTH_AGENT_TOKEN=x"} }, backend.ErrInvalid, "BERTH_AGENT_TOKEN is berth's own"},
 		{func(s *backend.SandboxSpec) { s.User = "host" }, backend.ErrInvalid, "user \"host\""},
 	} {
 		spec := backend.SandboxSpec{Name: "b-1", Image: "busybox"}

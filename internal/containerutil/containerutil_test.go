@@ -1,6 +1,7 @@
 package containerutil
 
 import (
+	"encoding/hex"
 	"errors"
 	"net"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
 )
 
 func TestResolveUser(t *testing.T) {
@@ -159,5 +161,41 @@ func TestCheckAgent(t *testing.T) {
 		if err := CheckAgent("x", "sb", bad); !errors.Is(err, backend.ErrInvalid) {
 			t.Errorf("CheckAgent(%+v): %v, want ErrInvalid", bad, err)
 		}
+	}
+}
+
+// A spec's env may not set the variable that carries the agent's token; the agent's
+// environment is the spec's plus that variable, read from the sandbox's token file.
+func TestAgentEnv(t *testing.T) {
+	for _, env := range [][]string{{"NOEQUALS"}, {"=x"}, {agent.TokenEnv + "=x"}} {
+		if err := CheckEnv("docker sandbox b-1", env); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), "b-1") {
+			t.Errorf("CheckEnv(%q): %v, want ErrInvalid naming the sandbox", env, err)
+		}
+	}
+	if err := CheckEnv("x", []string{"A=1", "B="}); err != nil {
+		t.Errorf("CheckEnv of good entries: %v", err)
+	}
+	if env, err := AgentEnv([]string{"A=1"}, backend.AgentFiles{}); err != nil || len(env) != 1 {
+		t.Errorf("AgentEnv without agent files: %q %v", env, err)
+	}
+	sb := t.TempDir()
+	bin, err := agent.Install(t.TempDir(), "/bin/true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := agent.PrepareSandbox(sb, bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := agent.ReadToken(files.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := AgentEnv([]string{"A=1"}, files)
+	if want := agent.TokenEnv + "=" + hex.EncodeToString(tok); err != nil || len(env) != 2 || env[0] != "A=1" || env[1] != want {
+		t.Errorf("AgentEnv: %q %v, want [A=1 %s]", env, err, want)
+	}
+	if _, err := AgentEnv(nil, backend.AgentFiles{Dir: filepath.Join(t.TempDir(), "agent")}); !errors.Is(err, backend.ErrUnavailable) {
+		t.Errorf("AgentEnv without a token: %v, want ErrUnavailable", err)
 	}
 }
