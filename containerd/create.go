@@ -702,7 +702,7 @@ func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(
 	// The agent's token goes in its environment, never in a file of the sandbox.
 	env, err := containerutil.AgentEnv(spec.Env, a)
 	if err != nil {
-		return bad("%v", err)
+		return nil, "", fmt.Errorf("containerd sandbox %s: %w", spec.Name, err)
 	}
 	// The shape of the seccomp setting is checked now; a profile file is read only
 	// when a new container needs it (Create), so that a file gone missing does not

@@ -386,7 +386,7 @@ func (d *Driver) containerConfig(spec backend.SandboxSpec, a backend.AgentFiles)
 	// The agent's token goes in its environment, never in a file of the sandbox.
 	env, err := containerutil.AgentEnv(spec.Env, a)
 	if err != nil {
-		return bad("%v", err)
+		return nil, nil, "", fmt.Errorf("docker sandbox %s: %w", spec.Name, err)
 	}
 	cfg := &container.Config{
 		Image:      spec.Image,
