@@ -146,9 +146,13 @@ func TestBadInput(t *testing.T) {
 		{"bad-cpu-shares", func(r *backend.CreateRequest) { r.Spec.Resources.CPUShares = 1 << 20 }, backend.ErrInvalid, "cpu_shares 1048576 is outside 2..262144"},
 		{"negative-memory", func(r *backend.CreateRequest) { r.Spec.Resources.MemoryBytes = -2 }, backend.ErrInvalid, `memory = "unlimited"`},
 		{"engine-elsewhere", func(r *backend.CreateRequest) { // what a forwarded socket's engine sees
-			r.Agent.Dir = "/nonexistent/berth-elsewhere/agent"
+			// The directories the engine cannot find; the token, which the driver
+			// reads on this host, beside them.
+			elsewhere := t.TempDir()
+			r.Agent.Dir = filepath.Join(elsewhere, "agent")
 			r.Agent.Binary = filepath.Join(r.Agent.Dir, backend.AgentBinaryName)
-			r.Agent.SocketDir = "/nonexistent/berth-elsewhere/run"
+			r.Agent.SocketDir = filepath.Join(elsewhere, "run")
+			os.WriteFile(agent.TokenPath(r.Agent.Dir), []byte(strings.Repeat("ab", 32)+"\n"), 0o600)
 		}, backend.ErrInvalid, "another machine or in a VM"},
 		{"unknown-user", func(r *backend.CreateRequest) { r.Spec.User = "nosuchuser" }, backend.ErrInvalid, "nosuchuser"},
 		{"bad-memory", func(r *backend.CreateRequest) { r.Spec.Resources.MemoryBytes = 1024 }, backend.ErrInvalid, "memory"},
