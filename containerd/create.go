@@ -699,16 +699,17 @@ func (d *Driver) specOpts(spec backend.SandboxSpec, a backend.AgentFiles) (func(
 	for i, c := range containerutil.DefaultCapabilities {
 		caps[i] = "CAP_" + c
 	}
-	// The agent's token goes in its environment, never in a file of the sandbox.
-	env, err := containerutil.AgentEnv(spec.Env, a)
-	if err != nil {
-		return nil, "", fmt.Errorf("containerd sandbox %s: %w", spec.Name, err)
-	}
 	// The shape of the seccomp setting is checked now; a profile file is read only
 	// when a new container needs it (Create), so that a file gone missing does not
 	// stop running sandboxes from being adopted.
 	if err := checkSeccomp(d.seccompSetting()); err != nil {
 		return nil, "", err
+	}
+	// The agent's token goes in its environment, never in a file of the sandbox:
+	// read last, after every check of the spec and settings.
+	env, err := containerutil.AgentEnv(spec.Env, a)
+	if err != nil {
+		return nil, "", fmt.Errorf("containerd sandbox %s: %w", spec.Name, err)
 	}
 	build := func(img client.Image, filter oci.SpecOpts) []oci.SpecOpts {
 		opts := []oci.SpecOpts{
