@@ -189,7 +189,7 @@ func TestPeerOfOtherUserRefused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cerr := clientHandshake(testCtx(t), conn, tok)
+		_, _, cerr := clientHandshake(testCtx(t), conn, tok, nil, true)
 		conn.Close()
 		if herr := <-errc; herr != nil || cerr != nil {
 			t.Errorf("%s: handshake of the agent's own user: %v / %v", c.name, herr, cerr)
