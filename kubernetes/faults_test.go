@@ -463,11 +463,18 @@ func TestKeptForward(t *testing.T) {
 	}
 	name, pod := req.Spec.Name, kubernetes.PodName(req.Spec.Name)
 	t.Cleanup(func() { f.d.Remove(context.Background(), name) })
-	before := kubernetes.KeptPairs(f.d)[pod]
-	if before == 0 {
+	if kubernetes.KeptPairs(f.d)[pod] == 0 {
 		t.Fatalf("after Create no connection to Pod %s is kept: %v", pod, kubernetes.KeptPairs(f.d))
 	}
-	for i := 0; i < 5; i++ {
+	// One exec first: Create's readiness client sometimes has gRPC dial its agent a
+	// second time as it closes (a reconnect whose handshake the close cancels), and
+	// that pair, closed without a byte, retires Create's connection (see forward), so
+	// the first exec may open a new one. From then on every dial must share one.
+	if _, err := f.run(f.d, name, req, "true"); err != nil {
+		t.Fatal(err)
+	}
+	before := kubernetes.KeptPairs(f.d)[pod] // 0 when that exec ended on the retired one
+	for i := 0; i < 4; i++ {
 		if _, err := f.run(f.d, name, req, "true"); err != nil {
 			t.Fatal(err)
 		}
@@ -488,8 +495,8 @@ func TestKeptForward(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	if got := kubernetes.KeptPairs(f.d)[pod]; got != before+10 {
-		t.Errorf("10 agent connections opened %d stream pairs on the kept connection (from %d to %d), want 10 on one connection: %v", got-before, before, got, kubernetes.KeptPairs(f.d))
+	if got := kubernetes.KeptPairs(f.d)[pod]; got != before+9 {
+		t.Errorf("9 agent connections opened %d stream pairs on the kept connection (from %d to %d), want 9 on one connection: %v", got-before, before, got, kubernetes.KeptPairs(f.d))
 	}
 	if err := f.d.Remove(f.ctx, name); err != nil {
 		t.Fatal(err)
