@@ -203,6 +203,12 @@ func casePluginSIGKILL(t T, h *Harness) {
 		t.Fatalf("killing the plugin (pid %d): %v", pid, err)
 	}
 	killed := time.Now()
+	// The registry starts the plugin again once it has seen it exit: wait for the
+	// client to see that (its process reaped), or an exec that never needs the
+	// plugin can get to the checks below before it has.
+	if x, ok := b.(interface{ Exited() bool }); ok && !testwait.For(t.Context(), 0, x.Exited) {
+		t.Fatalf("the plugin (pid %d) was killed but its client did not see it exit within %v", pid, testwait.Limit)
+	}
 	if h.Info.Capabilities.Agent == backend.AgentSocket {
 		// The exec never went through the plugin: it still runs, and ends when
 		// asked, with its own result.
