@@ -16,6 +16,11 @@ const (
 	LabelCreated = "berth.created"
 	// LabelSpecHash is a hex sha256 of the sandbox spec, used to report drift.
 	LabelSpecHash = "berth.spec-hash"
+	// LabelPool marks a warm pool's member: its value is the member's id (16 hex
+	// digits). A member carries no LabelSession: it is made before any session
+	// claims it, and runtimes such as Docker cannot change a label later; the state
+	// store records which session claimed it.
+	LabelPool = "berth.pool"
 	// LabelPrefix starts every berth label; user labels may not use it.
 	LabelPrefix = "berth."
 )

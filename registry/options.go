@@ -30,6 +30,7 @@ type options struct {
 	grace        time.Duration
 	onPull       func(PullEvent)
 	onSandbox    func(SandboxEvent)
+	onPool       func(PoolEvent)
 	supervise    *SupervisePolicy
 }
 

@@ -284,6 +284,9 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 		return failed(err)
 	}
 	created := sandboxCreated(sb)
+	if t, ok := claimTime(recs, driver, sb.Name); ok {
+		created = t // a claimed pool member's retention counts from the claim
+	}
 	act.Created = created
 	young := now.Sub(created) < r.grace
 	graceReason := fmt.Sprintf("created %s ago (%s), within the grace period %s: it may be in the middle of a create",
@@ -319,6 +322,8 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 		} else if v.cause == CauseRecorded {
 			act.Reason = fmt.Sprintf("recorded for %s, last used %s; within its retention", strings.Join(sessions, ", "), last.Format(time.RFC3339))
 		}
+	case sb.Labels[backend.LabelPool] != "":
+		act.Action, act.Cause, act.Reason = r.prunePoolMember(driver, sb, young, graceReason, now)
 	case young:
 		act.Cause, act.Reason = CauseGrace, "unrecorded; "+graceReason
 	default:
@@ -353,6 +358,9 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 				return failed(fmt.Errorf("sandbox %s is removed, but recording that failed: %w", sb.Name, err))
 			}
 			os.Remove(r.busyPath(driver, sb.Name))
+			if sb.Labels[backend.LabelPool] != "" {
+				r.store.poolDrop(driver, sb.Name, false)
+			}
 			if err := os.RemoveAll(dir); err != nil {
 				r.log.Warn("deleting sandbox dir", "dir", dir, "error", err)
 			}
@@ -385,6 +393,19 @@ func (r *Registry) pruneSandbox(ctx context.Context, b backend.TerminalBackend, 
 // there any more it returns the rule whose glob is sb's LabelScope (if it still
 // exists) and says so in drift; nil when there is none.
 func (r *Registry) ruleOf(driver string, sb backend.Sandbox, sessions []string) (*config.Rule, string) {
+	if sb.Labels[backend.LabelPool] != "" {
+		// A claimed warm pool member: named by its id, judged against PoolHash.
+		for _, s := range sessions {
+			rule, _, err := r.cfg.Match(s)
+			if err != nil || rule.Driver != driver {
+				continue
+			}
+			if h := sb.Labels[backend.LabelSpecHash]; h != "" && h != rule.PoolHash(r.owner) {
+				return rule, fmt.Sprintf("its spec differs from rule %s's (the config changed since it was created); berth rm %s rebuilds it on the next exec", rule.Pos(), s)
+			}
+			return rule, ""
+		}
+	}
 	for _, s := range sessions {
 		rule, _, err := r.cfg.Match(s)
 		if err != nil || rule.Driver != driver || rule.SandboxName(r.owner, s) != sb.Name {
@@ -402,6 +423,47 @@ func (r *Registry) ruleOf(driver string, sb backend.Sandbox, sessions []string) 
 		}
 	}
 	return nil, drift
+}
+
+// claimTime returns the creation time of the live pooled records of sandbox on
+// driver (the claim), if there is one.
+func claimTime(recs []record, driver, sandbox string) (time.Time, bool) {
+	for _, rec := range recs {
+		if rec.Pooled && rec.Driver == driver && rec.Sandbox == sandbox && rec.Removed.IsZero() && !rec.Created.IsZero() {
+			return rec.Created, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// prunePoolMember decides about a warm pool member that no session records: kept
+// while the store's pool bucket has it (ready, being made, or claimed a moment
+// ago), removed when its claim was never recorded (its berth died mid-claim) or the
+// store does not know it, once past the grace period. A member is never a leak, and
+// never adopted by a session.
+func (r *Registry) prunePoolMember(driver string, sb backend.Sandbox, young bool, graceReason string, now time.Time) (action, cause, reason string) {
+	entries, err := r.store.poolAll()
+	if err != nil {
+		return PruneKeep, CauseInUse, fmt.Sprintf("warm pool member; the store's pool could not be read: %v", err)
+	}
+	for _, e := range entries {
+		if e.Driver != driver || e.Sandbox != sb.Name {
+			continue
+		}
+		switch {
+		case e.Claimed.IsZero() && e.Ready.IsZero():
+			return PruneKeep, CausePool, fmt.Sprintf("warm pool member of scope %q, being made since %s", e.Scope, e.Created.Format(time.RFC3339))
+		case e.Claimed.IsZero():
+			return PruneKeep, CausePool, fmt.Sprintf("warm pool member of scope %q, ready since %s", e.Scope, e.Ready.Format(time.RFC3339))
+		case now.Sub(e.Claimed) < r.grace:
+			return PruneKeep, CausePool, fmt.Sprintf("warm pool member claimed by session %q at %s; its record is being written", e.Session, e.Claimed.Format(time.RFC3339))
+		}
+		return PruneRemove, CauseOrphan, fmt.Sprintf("warm pool member claimed by session %q at %s, but the claim was never recorded (the claiming berth died); a member is never handed to another session", e.Session, e.Claimed.Format(time.RFC3339))
+	}
+	if young {
+		return PruneKeep, CauseGrace, "warm pool member that the store does not record; " + graceReason
+	}
+	return PruneRemove, CauseOrphan, "warm pool member that the store does not record (left by a berth that died while making it, or by a drained pool)"
 }
 
 // ruleMapping returns the rule that still maps sb's LabelSession to sb on driver,

@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/flock"
 	"github.com/berth-sh/berth/internal/phase"
 	"github.com/berth-sh/berth/registry/config"
@@ -53,6 +54,8 @@ type Registry struct {
 	prepare   PrepareAgentFunc
 	onPull    func(PullEvent)
 	onSandbox func(SandboxEvent)
+	onPool    func(PoolEvent)
+	poolKick  chan struct{} // RunPools wakes on it after a claim
 	supervise *SupervisePolicy
 	store     *store
 	caps      sync.Map // backend.TerminalBackend → backend.Capabilities
@@ -172,6 +175,8 @@ func Open(ctx context.Context, cfg *config.Config, opts ...Option) (*Registry, e
 		prepare:   o.prepare,
 		onPull:    o.onPull,
 		onSandbox: o.onSandbox,
+		onPool:    o.onPool,
+		poolKick:  make(chan struct{}, 1),
 		supervise: o.supervise,
 		store:     newStore(filepath.Join(stateDir, StoreFile), o.storeTimeout),
 		drivers:   map[string]*driverEntry{},
@@ -319,8 +324,12 @@ type Lease struct {
 	// driver's lifecycle (the session's recorded sandbox answered on its socket, or
 	// through its driver's DialAgent).
 	Direct bool
-	// Created is set when this call created the sandbox, clear when it adopted one.
+	// Created is set when this call created the sandbox, clear when it adopted one;
+	// a sandbox claimed from a warm pool counts as created.
 	Created bool
+	// Pooled is set when the sandbox is a warm pool member that the session claimed
+	// (this call, or an earlier one): its name is the member's, not the session's.
+	Pooled bool
 	// Drift is set when the sandbox's LabelSpecHash differs from the rule's current
 	// spec (the config changed since it was created).
 	Drift bool
@@ -349,9 +358,15 @@ type pending struct {
 	driver   string
 	dir      string
 	madeDir  bool
-	lock     *flock.Held
+	lock     *flock.Held // the lock of the session's own sandbox name (lockName)
+	lockName string
 	rec      record
 	released bool
+	// member is set when the sandbox is a pool member (acquireMember): its lock,
+	// and for a new claim its pool entry. client is the member's agent client when
+	// the claim dialled it (kept in the Registry's agentCache).
+	member *claimed
+	client *agent.Client
 }
 
 func (r *Registry) lockPath(sandbox string) string {
@@ -374,7 +389,14 @@ func (r *Registry) acquire(ctx context.Context, session string) (*pending, error
 	if err != nil {
 		return nil, fmt.Errorf("session %q: %w", session, err)
 	}
-	p := &pending{spec: spec, lock: lock, driver: rule.Driver, dir: r.sandboxDir(rule.Driver, spec.Name)}
+	p := &pending{spec: spec, lock: lock, lockName: spec.Name, driver: rule.Driver, dir: r.sandboxDir(rule.Driver, spec.Name)}
+	if ok, err := r.acquireMember(ctx, p, session, rule); err != nil || ok {
+		if err != nil {
+			r.release(p, true)
+			return nil, err
+		}
+		return p, nil
+	}
 	if err := r.createIn(ctx, p, session, rule); err != nil {
 		r.release(p, true)
 		return nil, err
@@ -553,8 +575,13 @@ func (r *Registry) dropDir(p *pending, err error) error {
 // undo removes a sandbox that this call created (and its dir); adopted sandboxes
 // are left alone.
 func (r *Registry) undo(p *pending) {
-	if !p.lease.Created {
+	if p.lease == nil || !p.lease.Created {
 		return
+	}
+	if p.member != nil && p.member.entry.Sandbox != "" {
+		// A claimed member that served no call: never handed to anyone again.
+		r.store.poolDrop(p.member.entry.Driver, p.member.entry.Sandbox, false)
+		r.agents.forget(sbKey{p.lease.Driver, p.lease.Sandbox})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -574,13 +601,20 @@ func (r *Registry) release(p *pending, failed bool) {
 		return
 	}
 	p.released = true
-	removeLock := false
+	removeLock, removeMemberLock := false, false
 	if failed {
 		onDriver, anyDriver := r.recorded(p.driver, p.spec.Name)
 		if !onDriver {
 			os.Remove(r.busyPath(p.driver, p.spec.Name))
 		}
+		removeMemberLock = !anyDriver
+		if p.lockName != p.spec.Name {
+			_, anyDriver = r.recorded(p.driver, p.lockName)
+		}
 		removeLock = !anyDriver
+	}
+	if p.member != nil {
+		p.member.lock.Unlock(removeMemberLock && p.member.entry.Sandbox != "" && !fileExists(p.dir))
 	}
 	p.lock.Unlock(removeLock)
 }
@@ -950,9 +984,12 @@ type SessionInfo struct {
 	State string
 	// RemovedReason is why retention removed the sandbox (State "removed"), or "".
 	RemovedReason string
-	// Created is the sandbox's creation time; LastUsed the session's last use (UTC).
+	// Created is the sandbox's creation time (for a claimed warm pool member, the
+	// claim's); LastUsed the session's last use (UTC).
 	Created  time.Time
 	LastUsed time.Time
+	// Pooled is set when the sandbox is a warm pool member the session claimed.
+	Pooled bool
 	// Drift is set when the sandbox no longer matches the session's rule (spec hash,
 	// driver or sandbox name changed); DriftReason says how.
 	Drift       bool
@@ -986,7 +1023,7 @@ func (r *Registry) Sessions(ctx context.Context) ([]SessionInfo, error) {
 	for _, rec := range recs {
 		si := SessionInfo{
 			Session: rec.Session, Driver: rec.Driver, Sandbox: rec.Sandbox, Scope: rec.Scope,
-			Created: rec.Created, LastUsed: rec.LastUsed, State: StateUnknown,
+			Created: rec.Created, LastUsed: rec.LastUsed, State: StateUnknown, Pooled: rec.Pooled,
 		}
 		have := rec.SpecHash
 		if b, err := r.driver(ctx, rec.Driver); err != nil {
@@ -1010,6 +1047,10 @@ func (r *Registry) Sessions(ctx context.Context) ([]SessionInfo, error) {
 			si.Drift, si.DriftReason = true, "no scope rule matches the session any more"
 		case rule.Driver != rec.Driver:
 			si.Drift, si.DriftReason = true, fmt.Sprintf("its rule (%s) now uses driver %s", rule.Pos(), rule.Driver)
+		case rec.Pooled:
+			if have != rule.PoolHash(r.owner) {
+				si.Drift, si.DriftReason = true, fmt.Sprintf("the sandbox's spec differs from its rule (%s)", rule.Pos())
+			}
 		default:
 			spec := rule.Spec(r.owner, rec.Session)
 			if spec.Name != rec.Sandbox {

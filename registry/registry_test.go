@@ -511,7 +511,7 @@ func TestStoreSchemaAndOwner(t *testing.T) {
 	db.Update(func(tx *bolt.Tx) error { return tx.Bucket([]byte("meta")).Put([]byte("schema"), []byte("99")) })
 	db.Close()
 	r3 := e.open()
-	if _, err := r3.Acquire(context.Background(), "main"); err == nil || !strings.Contains(err.Error(), "schema version 99, newer than this berth's 1") {
+	if _, err := r3.Acquire(context.Background(), "main"); err == nil || !strings.Contains(err.Error(), "schema version 99, newer than this berth's 2") {
 		t.Errorf("newer schema: %v", err)
 	}
 }

@@ -49,6 +49,10 @@ const (
 	CauseDrift = "drift"
 	// CauseRecorded: the sandbox is recorded and within its retention limits.
 	CauseRecorded = "recorded"
+	// CausePool: the sandbox is a warm pool member that the store records (ready,
+	// being made, or being claimed): reconcile keeps it; its pool's filler
+	// (FillPools) drains and replaces members.
+	CausePool = "pool"
 	// CauseOwner: the sandbox carries the owner id given to Prune (PruneOptions.Owner),
 	// which is not this state dir's: it was left by a lost state dir.
 	CauseOwner = "owner"

@@ -174,7 +174,7 @@ func (r *Registry) ownerAndRecord(session string) (record, bool, error) {
 // neither max_age nor idle_ttl is due (due ones take the slow path, which applies
 // them).
 func (r *Registry) direct(rule *config.Rule, spec backend.SandboxSpec, rec record) bool {
-	if (rec.Agent != backend.AgentSocket && rec.Agent != backend.AgentDial) || !rec.Removed.IsZero() || rec.Driver != rule.Driver || rec.Sandbox != spec.Name {
+	if (rec.Agent != backend.AgentSocket && rec.Agent != backend.AgentDial) || !rec.Removed.IsZero() || rec.Driver != rule.Driver || (rec.Sandbox != spec.Name && !rec.Pooled) {
 		return false
 	}
 	ret, now := rule.Retention, r.now()
@@ -220,9 +220,13 @@ func (r *Registry) dialDirect(ctx context.Context, session string, rule *config.
 		client = r.agents.put(key, client)
 	}
 	phase.Mark("dial")
+	want := spec.Labels[backend.LabelSpecHash]
+	if rec.Pooled {
+		want = rule.PoolHash(r.owner)
+	}
 	lease := &Lease{
-		Session: session, Driver: rec.Driver, Sandbox: rec.Sandbox, Rule: rule, Direct: true,
-		Drift: rec.SpecHash != "" && rec.SpecHash != spec.Labels[backend.LabelSpecHash],
+		Session: session, Driver: rec.Driver, Sandbox: rec.Sandbox, Rule: rule, Direct: true, Pooled: rec.Pooled,
+		Drift: rec.SpecHash != "" && rec.SpecHash != want,
 	}
 	return &sessionConn{r: r, session: session, lease: lease, client: client, cached: true, busy: busy, madeBusy: made}, nil
 }
@@ -279,15 +283,20 @@ func (r *Registry) openSlow(ctx context.Context, session string) (*sessionConn, 
 	if err != nil {
 		return nil, err
 	}
-	// The sandbox may have a new agent now (started, made anew): a client kept for
-	// its old one must not be used.
-	r.agents.forget(sbKey{p.lease.Driver, p.lease.Sandbox})
 	c := &sessionConn{r: r, session: session, lease: p.lease, b: p.b, p: p}
+	if p.client != nil {
+		// A claimed pool member, dialled by the claim (or by the filler).
+		c.client, c.cached = p.client, true
+	} else {
+		// The sandbox may have a new agent now (started, made anew): a client kept
+		// for its old one must not be used.
+		r.agents.forget(sbKey{p.lease.Driver, p.lease.Sandbox})
+	}
 	if c.busy, c.madeBusy, err = holdBusy(r.busyPath(p.lease.Driver, p.lease.Sandbox)); err != nil {
 		c.fail()
 		return nil, fmt.Errorf("session %q: %w", session, err)
 	}
-	if !p.caps.HasAgent() {
+	if !p.caps.HasAgent() || c.client != nil {
 		return c, nil
 	}
 	c.client, err = r.connectAgent(ctx, p.b, p.caps.Agent, p.lease.Sandbox, p.files)
@@ -328,7 +337,11 @@ func (c *sessionConn) commit() error {
 		return nil
 	}
 	c.p.rec.LastUsed = c.r.stamp()
-	if err := c.r.store.put(c.p.rec); err != nil {
+	put := c.r.store.put
+	if c.p.member != nil && c.p.member.entry.Sandbox != "" {
+		put = c.r.store.poolFinishClaim // the record, and the end of the member's pool entry
+	}
+	if err := put(c.p.rec); err != nil {
 		return fmt.Errorf("session %q: recording sandbox %s: %w", c.session, c.lease.Sandbox, err)
 	}
 	if err := c.r.store.touch(c.session, c.lease.Sandbox, c.p.rec.LastUsed); err != nil {

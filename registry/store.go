@@ -24,8 +24,15 @@ import (
 )
 
 // SchemaVersion is the state store's schema version, kept in the store's "meta"
-// bucket under "schema". A store written by a newer schema is refused.
-const SchemaVersion = 1
+// bucket under "schema". A store written by a newer schema is refused. Version 2
+// adds the "pool" bucket (warm pool members) and the records' "pooled" field; a
+// version 1 store is raised to 2 by its first pool write, so that a berth older than
+// pools refuses it (with a clear error) instead of taking pool members for orphans.
+const SchemaVersion = 2
+
+// baseSchema is the version a new store is written with: stores without pool
+// members stay readable by a berth that predates pools.
+const baseSchema = 1
 
 // StoreFile is the state store's file name inside the state dir.
 const StoreFile = "state.db"
@@ -37,6 +44,7 @@ const DefaultStoreTimeout = 30 * time.Second
 var (
 	bucketMeta     = []byte("meta")
 	bucketSessions = []byte("sessions")
+	bucketPool     = []byte("pool")
 	keySchema      = []byte("schema")
 	keyOwner       = []byte("owner")
 )
@@ -60,6 +68,10 @@ type record struct {
 	// Capabilities.Agent when the record was written): with AgentSocket a call dials
 	// the socket in the sandbox's host dir without starting the driver.
 	Agent backend.AgentReach `json:"agent,omitempty"`
+	// Pooled is set when the sandbox is a warm pool member that the session claimed
+	// (Sandbox is then a PoolMemberName, not the session's own sandbox name):
+	// Created is the claim's time, and drift is judged against the rule's PoolHash.
+	Pooled bool `json:"pooled,omitempty"`
 }
 
 // store is the bbolt state store, opened for each transaction so that concurrent
@@ -273,7 +285,7 @@ func (s *store) initIn(path, keep string) (string, error) {
 				return err
 			}
 			if meta.Get(keySchema) == nil {
-				if err := meta.Put(keySchema, []byte(strconv.Itoa(SchemaVersion))); err != nil {
+				if err := meta.Put(keySchema, []byte(strconv.Itoa(baseSchema))); err != nil {
 					return err
 				}
 			}
@@ -473,7 +485,7 @@ func (s *store) put(r record) error {
 func (r record) equal(o record) bool {
 	return r.Session == o.Session && r.Driver == o.Driver && r.Sandbox == o.Sandbox && r.Scope == o.Scope &&
 		r.SpecHash == o.SpecHash && r.Created.Equal(o.Created) && r.LastUsed.Equal(o.LastUsed) &&
-		r.Removed.Equal(o.Removed) && r.RemovedReason == o.RemovedReason && r.Agent == o.Agent
+		r.Removed.Equal(o.Removed) && r.RemovedReason == o.RemovedReason && r.Agent == o.Agent && r.Pooled == o.Pooled
 }
 
 // markRemoved sets Removed and RemovedReason on every record that points at sandbox

@@ -119,9 +119,24 @@ type Rule struct {
 	Isolation Isolation
 	// Retention is the retention block.
 	Retention Retention
+	// Pool is the rule's pool block (isolation "session" only), or nil: how many
+	// sandboxes of the rule's spec a long-lived registry (berth serve,
+	// registry.Registry.RunPools) keeps created and started for the rule's new
+	// sessions to claim (see docs/pools.md).
+	Pool *Pool
 	// Range is where the block is defined (its "scope "GLOB"" header); zero for
 	// Default's rule.
 	Range hcl.Range
+}
+
+// Pool is a scope rule's pool block: `pool { size = N  max_idle = "30m" }`.
+type Pool struct {
+	// Size is how many unclaimed members the pool keeps created and started, 1 to
+	// MaxPoolSize.
+	Size int
+	// MaxIdle is how long a member may wait unclaimed before it is replaced by a
+	// new one (a duration as ParseDuration reads it); 0 means never.
+	MaxIdle time.Duration
 }
 
 // Pos returns "file:line:col" of the rule's definition, or "(built-in default)".
@@ -193,6 +208,38 @@ func (r *Rule) Spec(owner, session string) backend.SandboxSpec {
 		backend.LabelSession:  key,
 		backend.LabelScope:    r.Glob,
 		backend.LabelSpecHash: SpecHash(spec),
+	}
+	return spec
+}
+
+// PoolMemberName returns the sandbox name of the pool member whose id is id (16
+// random hex digits, never reused): SandboxName(owner, "\x00pool\x00"+id). A NUL
+// cannot occur in a session name, so it never equals a session's sandbox name.
+func PoolMemberName(owner, id string) string {
+	return SandboxName(owner, "\x00pool\x00"+id)
+}
+
+// PoolHash returns the spec hash that every member of r's pool carries (its
+// LabelSpecHash): SpecHash of r's spec with no name, since members are named by
+// their id, not by a session. A claimed member's drift is judged against it.
+func (r *Rule) PoolHash(owner string) string {
+	spec := r.Spec(owner, r.ExampleSession())
+	spec.Name = ""
+	return SpecHash(spec)
+}
+
+// MemberSpec returns the spec of r's pool member id under owner: r's fields, the
+// name PoolMemberName(owner, id), and the labels LabelOwner, LabelScope, LabelPool
+// (id) and LabelSpecHash (PoolHash); no LabelSession. LabelCreated is added at
+// create time.
+func (r *Rule) MemberSpec(owner, id string) backend.SandboxSpec {
+	spec := r.Spec(owner, r.ExampleSession())
+	spec.Name = PoolMemberName(owner, id)
+	spec.Labels = map[string]string{
+		backend.LabelOwner:    owner,
+		backend.LabelScope:    r.Glob,
+		backend.LabelPool:     id,
+		backend.LabelSpecHash: r.PoolHash(owner),
 	}
 	return spec
 }
@@ -716,7 +763,11 @@ var scopeSchema = &hcl.BodySchema{
 		{Name: "workdir"}, {Name: "user"}, {Name: "network"}, {Name: "allow_host_paths"},
 		{Name: "isolation"}, {Name: "max_output"}, {Name: "runtime"},
 	},
-	Blocks: []hcl.BlockHeaderSchema{{Type: "mount"}, {Type: "resources"}, {Type: "retention"}},
+	Blocks: []hcl.BlockHeaderSchema{{Type: "mount"}, {Type: "resources"}, {Type: "retention"}, {Type: "pool"}},
+}
+
+var poolSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{{Name: "size", Required: true}, {Name: "max_idle"}},
 }
 
 var mountSchema = &hcl.BodySchema{
@@ -934,9 +985,50 @@ func (d *decoder) scope(b *hcl.Block, glob string) (Rule, bool) {
 			d.resources(blk, where, &r.Resources)
 		case "retention":
 			d.retention(blk, where, &r.Retention)
+		case "pool":
+			r.Pool = d.pool(blk, where, r.Isolation)
 		}
 	}
 	return r, len(d.diags) == errs
+}
+
+// MaxPoolSize is the largest pool size a rule may ask for.
+const MaxPoolSize = 256
+
+// pool decodes a scope's pool block (isolation "session" only; size 1 to
+// MaxPoolSize; max_idle a duration, 0 or absent for never).
+func (d *decoder) pool(blk *hcl.Block, where string, iso Isolation) *Pool {
+	pc := d.content(blk.Body, poolSchema, where+" pool")
+	if pc == nil {
+		return nil
+	}
+	if iso == IsolationShared {
+		d.errf(blk.TypeRange, "Pool with shared isolation", "%s has isolation = \"shared\": its sessions share one sandbox, so there is nothing to keep ready; remove the pool block, or use isolation = \"session\".", where)
+		return nil
+	}
+	p := &Pool{}
+	ok := true
+	if a := pc.Attributes["size"]; a != nil {
+		n, good := d.number(a)
+		if good {
+			v, acc := n.Int64()
+			if acc != big.Exact || v < 1 || v > MaxPoolSize {
+				d.errf(a.Expr.Range(), "Invalid pool size", "size must be a whole number from 1 to %d (sandboxes kept created and started); got %s.", MaxPoolSize, n.String())
+				good = false
+			}
+			p.Size = int(v)
+		}
+		ok = ok && good
+	}
+	if a := pc.Attributes["max_idle"]; a != nil {
+		var good bool
+		p.MaxIdle, good = d.duration(a)
+		ok = ok && good
+	}
+	if !ok {
+		return nil
+	}
+	return p
 }
 
 // ValidateRuntimeName checks a scope's runtime: 1–64 characters of A–Z a–z 0–9 . _ -

@@ -218,7 +218,7 @@ func TestConfigBadInput(t *testing.T) {
 		{"unknown top key", "stat_dir = \"/x\"\n",
 			[]string{"config.hcl:1:1: error: Unsupported argument", `"stat_dir"`, `Did you mean "state_dir"?`, "Valid arguments in the config file: state_dir, agent_path, plugin_dirs, log_level, agent_timeout, output_max_total, output_max_age; valid blocks: driver, scope."}},
 		{"unknown scope key", "scope \"*\" {\n  drivr = \"local\"\n}\n",
-			[]string{"config.hcl:2:3: error: Unsupported argument", `Did you mean "driver"?`, `Valid arguments in scope "*": driver, name, image, pull, env, env_passthrough, workdir, user, network, allow_host_paths, isolation, max_output, runtime; valid blocks: mount, resources, retention.`}},
+			[]string{"config.hcl:2:3: error: Unsupported argument", `Did you mean "driver"?`, `Valid arguments in scope "*": driver, name, image, pull, env, env_passthrough, workdir, user, network, allow_host_paths, isolation, max_output, runtime; valid blocks: mount, resources, retention, pool.`}},
 		{"unknown block", "scope \"*\" {\n  limits {}\n}\n",
 			[]string{"config.hcl:2:3: error: Unsupported block type", `"limits"`, "valid blocks: mount, resources, retention"}},
 		{"unknown retention key", "scope \"*\" {\n  retention {\n    on_clos = \"stop\"\n  }\n}\n",
@@ -227,6 +227,20 @@ func TestConfigBadInput(t *testing.T) {
 			[]string{"config.hcl:2:26: error: Invalid on_close", `"delete" is not "keep", "stop" or "remove"`}},
 		{"bad idle_action", "scope \"*\" {\n  retention { idle_action = \"delete\" }\n}\n",
 			[]string{"config.hcl:2:29: error: Invalid idle_action", `"delete" is not "stop" or "remove"`}},
+		{"pool on shared rule", "scope \"*\" {\n  isolation = \"shared\"\n  name = \"all\"\n  pool { size = 2 }\n}\n",
+			[]string{"config.hcl:4:3: error: Pool with shared isolation", `use isolation = "session"`}},
+		{"pool size zero", "scope \"*\" {\n  pool { size = 0 }\n}\n",
+			[]string{"config.hcl:2:17: error: Invalid pool size", "from 1 to 256", "got 0"}},
+		{"pool size fraction", "scope \"*\" {\n  pool { size = 1.5 }\n}\n",
+			[]string{"config.hcl:2:17: error: Invalid pool size", "got 1.5"}},
+		{"pool size too big", "scope \"*\" {\n  pool { size = 1000 }\n}\n",
+			[]string{"config.hcl:2:17: error: Invalid pool size", "got 1000"}},
+		{"pool without size", "scope \"*\" {\n  pool { max_idle = \"1h\" }\n}\n",
+			[]string{"config.hcl:2:10: error: Missing required argument", `"size"`}},
+		{"pool bad max_idle", "scope \"*\" {\n  pool {\n    size = 1\n    max_idle = \"soon\"\n  }\n}\n",
+			[]string{"config.hcl:4:16: error: Invalid duration", `"max_idle"`}},
+		{"two pools", "scope \"*\" {\n  pool { size = 1 }\n  pool { size = 2 }\n}\n",
+			[]string{"config.hcl:3:3: error: Duplicate block", "already has a pool block at"}},
 		{"bad isolation", "scope \"*\" {\n  isolation = \"pooled\"\n}\n",
 			[]string{"config.hcl:2:15: error: Invalid isolation", `"pooled"`}},
 		{"shared without name", "scope \"x:*\" {\n  isolation = \"shared\"\n}\n",
@@ -563,5 +577,47 @@ func TestRuntimeConfig(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "c.hcl:2:") || !strings.Contains(err.Error(), "is not a runtime name") {
 			t.Errorf("runtime %q: %v, want an error at c.hcl:2 saying it is not a runtime name", bad, err)
 		}
+	}
+}
+
+func TestConfigPool(t *testing.T) {
+	src := "scope \"task:*\" {\n  pool {\n    size = 4\n    max_idle = \"30m\"\n  }\n}\nscope \"*\" {}\n"
+	cfg, err := Parse([]byte(src), "config.hcl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := cfg.Rules[0].Pool
+	if p == nil || p.Size != 4 || p.MaxIdle != 30*time.Minute {
+		t.Fatalf("pool = %+v, want size 4, max_idle 30m", p)
+	}
+	if cfg.Rules[1].Pool != nil {
+		t.Fatalf("rule without a pool block has pool %+v", cfg.Rules[1].Pool)
+	}
+	owner := strings.Repeat("a", 32)
+	rule := &cfg.Rules[0]
+	a, b := rule.MemberSpec(owner, "0123456789abcdef"), rule.MemberSpec(owner, "fedcba9876543210")
+	if a.Name == b.Name || a.Name != PoolMemberName(owner, "0123456789abcdef") {
+		t.Fatalf("member names %q and %q: want distinct PoolMemberNames", a.Name, b.Name)
+	}
+	if err := backend.ValidateSandboxName(a.Name); err != nil {
+		t.Fatal(err)
+	}
+	if a.Name == rule.SandboxName(owner, "task:0123456789abcdef") {
+		t.Fatal("a member's name equals a session's sandbox name")
+	}
+	h := rule.PoolHash(owner)
+	if a.Labels[backend.LabelSpecHash] != h || b.Labels[backend.LabelSpecHash] != h {
+		t.Fatalf("members' spec hashes %q, %q; want the pool hash %q for both", a.Labels[backend.LabelSpecHash], b.Labels[backend.LabelSpecHash], h)
+	}
+	if _, ok := a.Labels[backend.LabelSession]; ok || a.Labels[backend.LabelPool] != "0123456789abcdef" || a.Labels[backend.LabelScope] != "task:*" {
+		t.Fatalf("member labels %v", a.Labels)
+	}
+	// A spec change is drift for the pool: the hash moves.
+	cfg2, err := Parse([]byte(strings.Replace(src, "pool {", "env = { A = \"1\" }\n  pool {", 1)), "config.hcl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg2.Rules[0].PoolHash(owner) == h {
+		t.Fatal("pool hash unchanged by an env change")
 	}
 }

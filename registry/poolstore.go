@@ -1,0 +1,221 @@
+package registry
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/berth-sh/berth/backend"
+)
+
+// poolEntry is one warm pool member in the store's "pool" bucket (JSON under
+// DRIVER NUL SANDBOX). It is written before the member is created, so that a crash
+// leaves nothing that the store does not know of; Ready is set once its agent has
+// answered, and Claimed (with Session) by the transaction that hands it to a
+// session. A claimed entry is deleted when the session's record is written
+// (finishClaim) or the member is removed.
+type poolEntry struct {
+	Driver  string             `json:"driver"`
+	Sandbox string             `json:"sandbox"`
+	ID      string             `json:"id"`
+	Scope   string             `json:"scope"`
+	Hash    string             `json:"hash"`
+	Agent   backend.AgentReach `json:"agent,omitempty"`
+	Created time.Time          `json:"created"`
+	Ready   time.Time          `json:"ready,omitzero"`
+	Claimed time.Time          `json:"claimed,omitzero"`
+	Session string             `json:"session,omitempty"`
+}
+
+func poolKey(driver, sandbox string) []byte { return []byte(driver + "\x00" + sandbox) }
+
+// sameMember reports whether e and o are one pool of one rule (driver, scope, hash).
+func (e poolEntry) samePool(o poolEntry) bool {
+	return e.Driver == o.Driver && e.Scope == o.Scope && e.Hash == o.Hash
+}
+
+// poolBucket returns the pool bucket, creating it (and raising the schema version
+// to 2) when create is set; nil when it does not exist and create is not set.
+func poolBucket(tx *bolt.Tx, create bool) (*bolt.Bucket, error) {
+	if b := tx.Bucket(bucketPool); b != nil || !create {
+		return b, nil
+	}
+	meta := tx.Bucket(bucketMeta)
+	if v, _ := strconv.Atoi(string(meta.Get(keySchema))); v < 2 {
+		if err := meta.Put(keySchema, []byte("2")); err != nil {
+			return nil, err
+		}
+	}
+	return tx.CreateBucket(bucketPool)
+}
+
+func eachPool(b *bolt.Bucket, fn func(e poolEntry) error) error {
+	if b == nil {
+		return nil
+	}
+	return b.ForEach(func(k, v []byte) error {
+		var e poolEntry
+		if err := json.Unmarshal(v, &e); err != nil {
+			return fmt.Errorf("state store: pool entry %q is corrupt: %w", k, err)
+		}
+		return fn(e)
+	})
+}
+
+func putPool(b *bolt.Bucket, e poolEntry) error {
+	v, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	return b.Put(poolKey(e.Driver, e.Sandbox), v)
+}
+
+// poolAll returns every pool entry, sorted by driver and sandbox.
+func (s *store) poolAll() ([]poolEntry, error) {
+	var out []poolEntry
+	err := s.viewIfExists(func(tx *bolt.Tx) error {
+		return eachPool(tx.Bucket(bucketPool), func(e poolEntry) error {
+			out = append(out, e)
+			return nil
+		})
+	})
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Driver != out[j].Driver {
+			return out[i].Driver < out[j].Driver
+		}
+		return out[i].Sandbox < out[j].Sandbox
+	})
+	return out, err
+}
+
+// poolReserve writes e (a member about to be created) when e's pool holds fewer than
+// size unclaimed entries (ready or being created); it reports whether it wrote. The
+// count and the write are one transaction, so concurrent fillers, in any process,
+// never make a pool larger than its size.
+func (s *store) poolReserve(e poolEntry, size int) (bool, error) {
+	wrote := false
+	err := s.update(func(tx *bolt.Tx) error {
+		wrote = false
+		b, err := poolBucket(tx, true)
+		if err != nil {
+			return err
+		}
+		n := 0
+		if err := eachPool(b, func(o poolEntry) error {
+			if o.samePool(e) && o.Claimed.IsZero() {
+				n++
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if n >= size {
+			return nil
+		}
+		wrote = true
+		return putPool(b, e)
+	})
+	return wrote, err
+}
+
+// poolReady marks the unclaimed entry of sandbox on driver ready at t, with the
+// way its agent is reached; false when there is no such entry any more (drained
+// meanwhile: the caller removes the member).
+func (s *store) poolReady(driver, sandbox string, agent backend.AgentReach, t time.Time) (bool, error) {
+	ok := false
+	err := s.update(func(tx *bolt.Tx) error {
+		ok = false
+		b := tx.Bucket(bucketPool)
+		if b == nil {
+			return nil
+		}
+		v := b.Get(poolKey(driver, sandbox))
+		if v == nil {
+			return nil
+		}
+		var e poolEntry
+		if err := json.Unmarshal(v, &e); err != nil {
+			return fmt.Errorf("state store: pool entry of %s is corrupt: %w", sandbox, err)
+		}
+		if !e.Claimed.IsZero() {
+			return nil
+		}
+		e.Ready, e.Agent, ok = t.UTC(), agent, true
+		return putPool(b, e)
+	})
+	return ok, err
+}
+
+// poolClaim hands the oldest ready, unclaimed member of the pool (driver, scope,
+// hash) to session at t, in one transaction: two claims, in any processes, never get
+// the same member. skip names members the caller has already tried. ok is false
+// when the pool has none (a miss).
+func (s *store) poolClaim(driver, scope, hash, session string, t time.Time, skip map[string]bool) (poolEntry, bool, error) {
+	var got poolEntry
+	ok := false
+	err := s.update(func(tx *bolt.Tx) error {
+		ok = false
+		b := tx.Bucket(bucketPool)
+		if b == nil {
+			return nil
+		}
+		want := poolEntry{Driver: driver, Scope: scope, Hash: hash}
+		if err := eachPool(b, func(e poolEntry) error {
+			if e.samePool(want) && e.Claimed.IsZero() && !e.Ready.IsZero() && !skip[e.Sandbox] && (!ok || e.Ready.Before(got.Ready)) {
+				got, ok = e, true
+			}
+			return nil
+		}); err != nil || !ok {
+			return err
+		}
+		got.Claimed, got.Session = t.UTC(), session
+		return putPool(b, got)
+	})
+	return got, ok, err
+}
+
+// poolFinishClaim writes rec, the record of the session that claimed rec.Sandbox,
+// and deletes the member's pool entry, in one transaction.
+func (s *store) poolFinishClaim(rec record) error {
+	return s.update(func(tx *bolt.Tx) error {
+		if err := putRecord(tx, rec); err != nil {
+			return err
+		}
+		if b := tx.Bucket(bucketPool); b != nil {
+			return b.Delete(poolKey(rec.Driver, rec.Sandbox))
+		}
+		return nil
+	})
+}
+
+// poolDrop deletes the entry of sandbox on driver and returns it; with unclaimed set
+// only when it is not claimed. ok says whether it deleted: the caller that deleted
+// an entry is the one that removes the member.
+func (s *store) poolDrop(driver, sandbox string, unclaimed bool) (poolEntry, bool, error) {
+	var e poolEntry
+	ok := false
+	err := s.update(func(tx *bolt.Tx) error {
+		ok = false
+		b := tx.Bucket(bucketPool)
+		if b == nil {
+			return nil
+		}
+		v := b.Get(poolKey(driver, sandbox))
+		if v == nil {
+			return nil
+		}
+		if err := json.Unmarshal(v, &e); err != nil {
+			return fmt.Errorf("state store: pool entry of %s is corrupt: %w", sandbox, err)
+		}
+		if unclaimed && !e.Claimed.IsZero() {
+			return nil
+		}
+		ok = true
+		return b.Delete(poolKey(driver, sandbox))
+	})
+	return e, ok, err
+}
