@@ -392,7 +392,7 @@ func (f Filter) Match(c Case) bool {
 }
 
 // Cases returns every case of the suite, grouped and in a fixed order: lifecycle,
-// idempotence, exec, tty, isolation, resources, terminal, retention, recovery, then
+// idempotence, exec, tty, isolation, resources, terminal, retention, pool, recovery, then
 // the copies of the exec, tty and terminal cases that run through the driver's
 // AgentDialer (groups exec-dial, tty-dial, terminal-dial; they skip for drivers that
 // offer one way only). The slice is new on each call.
