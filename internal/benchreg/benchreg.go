@@ -4,7 +4,9 @@ package benchreg
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/registry"
@@ -43,4 +45,46 @@ func RegistryExec(b *testing.B, r *registry.Registry, session string) func() err
 		b.Fatal(err)
 	}
 	return run
+}
+
+// PoolRounds measures new sessions of r from Exec to their first `true` finished:
+// one of a rule whose glob is "pooled:*" with a warm pool (claims a member), one of
+// a rule without a pool (session "plain:N": a create), and baseline (the runtime's
+// own way to run `true` in a new container, as baselineName), interleaved over at
+// least benchutil.MinRounds rounds. Between rounds, untimed, the sessions are
+// removed and the pool refilled (FillPools). It reports p50 and p95 in
+// milliseconds, and drains the pool when b ends.
+func PoolRounds(b *testing.B, r *registry.Registry, baselineName string, baseline func(round int) error) {
+	b.Helper()
+	ctx := context.Background()
+	b.Cleanup(func() { r.DrainPools(context.Background()) })
+	if err := r.FillPools(ctx); err != nil {
+		b.Fatal(err)
+	}
+	var claim, create, base []time.Duration
+	for i := range max(b.N, benchutil.MinRounds) {
+		for _, way := range []struct {
+			session string
+			out     *[]time.Duration
+		}{{fmt.Sprintf("pooled:%d", i), &claim}, {fmt.Sprintf("plain:%d", i), &create}} {
+			start := time.Now()
+			p, _, err := r.Exec(ctx, way.session, benchutil.TrueReq)
+			if err := benchutil.WaitTrue(b, p, err); err != nil {
+				b.Fatal(err)
+			}
+			*way.out = append(*way.out, time.Since(start))
+			if err := r.RemoveSession(ctx, way.session); err != nil {
+				b.Fatal(err)
+			}
+		}
+		start := time.Now()
+		if err := baseline(i); err != nil {
+			b.Fatalf("%s: %v", baselineName, err)
+		}
+		base = append(base, time.Since(start))
+		if err := r.FillPools(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	benchutil.Report(b, []string{"pool-claim", "no-pool", baselineName}, [][]time.Duration{claim, create, base})
 }
