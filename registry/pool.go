@@ -374,11 +374,11 @@ func (r *Registry) DrainPools(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// drainMember removes member e from its pool and its driver. any says whether a
+// drainMember removes member e from its pool and its driver. force says whether a
 // claimed or unfinished entry may go (stale ones); otherwise only an unclaimed entry
 // is dropped, in the transaction that decides against a concurrent claim.
-func (r *Registry) drainMember(ctx context.Context, e poolEntry, cause string, any bool) error {
-	if _, ok, err := r.store.poolDrop(e.Driver, e.Sandbox, !any); err != nil || !ok {
+func (r *Registry) drainMember(ctx context.Context, e poolEntry, cause string, force bool) error {
+	if _, ok, err := r.store.poolDrop(e.Driver, e.Sandbox, !force); err != nil || !ok {
 		return err // claimed meanwhile, or dropped by another round
 	}
 	r.log.Info("warm pool: removing a member", "scope", e.Scope, "driver", e.Driver, "sandbox", e.Sandbox, "cause", cause)

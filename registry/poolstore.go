@@ -33,7 +33,7 @@ type poolEntry struct {
 
 func poolKey(driver, sandbox string) []byte { return []byte(driver + "\x00" + sandbox) }
 
-// sameMember reports whether e and o are one pool of one rule (driver, scope, hash).
+// samePool reports whether e and o are members of one pool: one rule's driver, scope and pool hash.
 func (e poolEntry) samePool(o poolEntry) bool {
 	return e.Driver == o.Driver && e.Scope == o.Scope && e.Hash == o.Hash
 }
