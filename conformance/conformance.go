@@ -133,8 +133,10 @@ type Options struct {
 	PrepareAgent func(stateDir, sandboxName string) (backend.AgentFiles, error)
 	// OpenRegistry opens a registry, over the driver under test, with the given config
 	// text (HCL with scope blocks whose driver is the driver's Info.Name). The registry
-	// cases call it; it must give the registry its own state dir and should close it in
-	// t.Cleanup. When nil those cases skip.
+	// cases call it; it must give the registry its own state dir, except when the
+	// text sets state_dir (pool/drift-drains reopens a state dir with a changed
+	// config): then that one. It should close the registry in t.Cleanup. When nil
+	// those cases skip.
 	OpenRegistry func(t T, configHCL string) (*registry.Registry, error)
 	// RestartRuntime, when set, stops and starts the driver's runtime (dockerd,
 	// containerd) and returns once it answers again. recovery/runtime-restart runs
@@ -167,7 +169,7 @@ type Options struct {
 	OnCase func(CaseReport)
 	// Groups, when non-empty, limits Run to the cases of these groups (the names of
 	// Cases: lifecycle, idempotence, exec, tty, isolation, resources, terminal,
-	// retention, recovery, exec-dial, tty-dial, terminal-dial); Run logs the groups
+	// retention, pool, recovery, exec-dial, tty-dial, terminal-dial); Run logs the groups
 	// it leaves out and fails on a name that is no group. A driver's own CI uses it to
 	// run each path once (for example the plugin suite only for the groups whose
 	// calls cross the plugin protocol). RunAll ignores it: pass it a Filter.
@@ -390,7 +392,7 @@ func (f Filter) Match(c Case) bool {
 }
 
 // Cases returns every case of the suite, grouped and in a fixed order: lifecycle,
-// idempotence, exec, tty, isolation, resources, terminal, retention, recovery, then
+// idempotence, exec, tty, isolation, resources, terminal, retention, pool, recovery, then
 // the copies of the exec, tty and terminal cases that run through the driver's
 // AgentDialer (groups exec-dial, tty-dial, terminal-dial; they skip for drivers that
 // offer one way only). The slice is new on each call.
@@ -405,6 +407,7 @@ func Cases() []Case {
 	all = append(all, resourcesCases()...)
 	all = append(all, terminalCases()...)
 	all = append(all, retentionCases()...)
+	all = append(all, poolCases()...)
 	all = append(all, recoveryCases()...)
 	all = append(all, dialVariants(all)...)
 	return all

@@ -146,8 +146,9 @@ func caseSessionsShared(t T, h *Harness) {
 // RegistryOpener returns an Options.OpenRegistry that writes the config text to
 // config.hcl in a t.TempDir(), loads it with config.Load(path, load...) (so load
 // names the drivers the text may use: config.WithKnownDrivers, default the built-in
-// ones), opens a registry on it with a state dir of its own (another t.TempDir();
-// a registry.WithStateDir in opts replaces it), then opts, and closes it in
+// ones), opens a registry on it with a state dir of its own (another t.TempDir(),
+// or the config's state_dir when the text sets one; a registry.WithStateDir in opts
+// replaces either), then opts, and closes it in
 // t.Cleanup. The registry's clock is always a Clock of its own (ClockOf), which the
 // retention cases advance instead of waiting: a registry.WithClock in opts is
 // overridden. Pass registry.WithBerthBinary (the agent source and plugin server)
@@ -164,7 +165,11 @@ func RegistryOpener(load []config.Option, opts ...registry.Option) func(t T, con
 			return nil, err
 		}
 		clk := NewClock()
-		all := append([]registry.Option{registry.WithStateDir(filepath.Join(t.TempDir(), "state"))}, opts...)
+		dir := cfg.StateDir // the pool cases reopen a state dir with a changed config
+		if dir == "" {
+			dir = filepath.Join(t.TempDir(), "state")
+		}
+		all := append([]registry.Option{registry.WithStateDir(dir)}, opts...)
 		all = append(all, registry.WithClock(clk.Now))
 		ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
 		defer cancel()

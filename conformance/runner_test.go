@@ -256,7 +256,7 @@ func TestCasesWellFormed(t *testing.T) {
 			groups = append(groups, c.Group)
 		}
 	}
-	if want := []string{"lifecycle", "idempotence", "exec", "tty", "isolation", "resources", "terminal", "retention", "recovery", "exec-dial", "tty-dial", "terminal-dial"}; !slices.Equal(groups, want) {
+	if want := []string{"lifecycle", "idempotence", "exec", "tty", "isolation", "resources", "terminal", "retention", "pool", "recovery", "exec-dial", "tty-dial", "terminal-dial"}; !slices.Equal(groups, want) {
 		t.Errorf("groups in order %v, want %v (each contiguous)", groups, want)
 	}
 	if len(seen) < 40 {

@@ -353,6 +353,34 @@ func (r *Registry) FillPools(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// DrainPools removes every unclaimed member of every pool (ready, being made, or
+// left from an earlier spec), whatever the config says now: the way to empty the
+// pools of a state dir (a test's cleanup; before deleting a state dir). Members
+// that a call is claiming are left to it. A running RunPools refills its pools
+// afterwards. Errors: the store's, and every failed removal, joined.
+func (r *Registry) DrainPools(ctx context.Context) error {
+	if !fileExists(r.store.path) {
+		return nil
+	}
+	if err := r.ensure(); err != nil {
+		return err
+	}
+	entries, err := r.store.poolAll()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if !e.Claimed.IsZero() {
+			continue
+		}
+		if err := r.drainMember(ctx, e, PoolDrift, false); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // drainMember removes member e from its pool and its driver. any says whether a
 // claimed or unfinished entry may go (stale ones); otherwise only an unclaimed entry
 // is dropped, in the transaction that decides against a concurrent claim.

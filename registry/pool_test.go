@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -65,6 +66,23 @@ func readyMembers(p PoolStatus) []string {
 	return out
 }
 
+// byReadiness returns a pool's ready members in the order claims take them: the
+// longest ready first.
+func byReadiness(p PoolStatus) []string {
+	var ms []PoolMember
+	for _, m := range p.Members {
+		if m.State == "ready" {
+			ms = append(ms, m)
+		}
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Ready.Before(ms[j].Ready) })
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.Sandbox
+	}
+	return out
+}
+
 func TestPoolClaimAndRefill(t *testing.T) {
 	e := newEnv(t, poolRules)
 	r := e.open()
@@ -73,7 +91,7 @@ func TestPoolClaimAndRefill(t *testing.T) {
 	}
 	fill(t, r)
 	p := poolOf(t, r, "task:*")
-	ready := readyMembers(p)
+	ready := byReadiness(p)
 	if p.Ready != 2 || len(ready) != 2 {
 		t.Fatalf("after fill: %+v, want 2 ready", p)
 	}
@@ -212,7 +230,7 @@ func TestPoolFailedCallDropsMember(t *testing.T) {
 	e := newEnv(t, poolRules)
 	r := e.open()
 	fill(t, r)
-	ready := readyMembers(poolOf(t, r, "task:*"))
+	ready := byReadiness(poolOf(t, r, "task:*"))
 	_, _, err := r.Exec(context.Background(), "task:1", backend.ExecRequest{Argv: []string{"true"}, Dir: "/does/not/exist"})
 	if err == nil {
 		t.Fatal("exec with a missing cwd succeeded")
@@ -237,7 +255,7 @@ func TestPoolDriftDrainsAndRefills(t *testing.T) {
 	e := newEnv(t, poolRules)
 	r := e.open()
 	fill(t, r)
-	old := readyMembers(poolOf(t, r, "task:*"))
+	old := byReadiness(poolOf(t, r, "task:*"))
 	_, claimed := run(t, r, "task:1", "true")
 	r.Close()
 
@@ -338,6 +356,18 @@ func TestPoolStopStartKeepsMember(t *testing.T) {
 	_, l3 := run(t, r, "task:1", "true")
 	if !l3.Recreated || l3.Sandbox == l.Sandbox || !l3.Pooled {
 		t.Fatalf("after removal outside berth: %+v", l3)
+	}
+	// Once more with the pool empty: a sandbox of the session's own, and the
+	// notice says so.
+	if err := r.StopSession(context.Background(), "task:1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Remove(context.Background(), l3.Sandbox); err != nil {
+		t.Fatal(err)
+	}
+	_, l4 := run(t, r, "task:1", "true")
+	if !l4.Recreated || l4.Pooled || l4.Moved || l4.Sandbox != config.SandboxName(mustOwner(t, r), "task:1") {
+		t.Fatalf("gone member, empty pool: %+v", l4)
 	}
 }
 

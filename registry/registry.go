@@ -430,7 +430,10 @@ func (r *Registry) createIn(ctx context.Context, p *pending, session string, rul
 			return fmt.Errorf("session %q: %w", session, err)
 		}
 	}
-	moved := recorded && !hadOld && old.Removed.IsZero()
+	// A claimed pool member that is gone (acquireMember found it so, and the pool
+	// had none to give) is replaced like the session's own sandbox would be.
+	wasMember := recorded && old.Pooled && old.Driver == rule.Driver
+	moved := recorded && !hadOld && !wasMember && old.Removed.IsZero()
 	if moved && old.Driver != rule.Driver {
 		r.markDriver(old.Driver) // so that prune finds the sandbox left behind
 	}
@@ -461,7 +464,7 @@ func (r *Registry) createIn(ctx context.Context, p *pending, session string, rul
 	}
 	p.lease, p.rec = r.leaseOf(session, rule, p, sb, now)
 	switch {
-	case hadOld && !sb.Adopted:
+	case (hadOld || wasMember) && !sb.Adopted:
 		p.lease.Recreated, p.lease.RecreatedReason = true, recreatedReason(old, rule.Driver)
 		r.log.Warn("session's sandbox was gone; created a new one", "session", session, "sandbox", name, "reason", p.lease.RecreatedReason)
 	case moved && !sb.Adopted:
@@ -474,7 +477,7 @@ func (r *Registry) createIn(ctx context.Context, p *pending, session string, rul
 		switch {
 		case moved:
 			cause = CreateMoved
-		case hadOld:
+		case hadOld || wasMember:
 			cause = CreateRecreated
 		}
 		r.event(SandboxEvent{Action: EventCreate, Driver: rule.Driver, Sandbox: name, Cause: cause})

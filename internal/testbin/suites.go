@@ -30,4 +30,4 @@ func FullSuites() bool { return os.Getenv(FullSuitesEnv) == "1" }
 // resources), retention and recovery through a registry, and the DialAgent copies.
 // The exec, tty and terminal groups reach the agent on its socket from the host, the
 // same code in process and through a plugin, and are left to the in-process suite.
-var PluginGroups = []string{"lifecycle", "idempotence", "isolation", "resources", "retention", "recovery", "exec-dial", "tty-dial", "terminal-dial"}
+var PluginGroups = []string{"lifecycle", "idempotence", "isolation", "resources", "retention", "pool", "recovery", "exec-dial", "tty-dial", "terminal-dial"}
