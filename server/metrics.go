@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -188,8 +189,10 @@ var sessionsDesc = prometheus.NewDesc(MetricsNamespace+"_sessions", "Recorded se
 
 func (c sessionsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- sessionsDesc }
 
-func (c sessionsCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.m.srv
+// scrape calls f with the server's current registry, held for the call, and a
+// context bounded by sessionsScrapeTimeout; nothing without a server.
+func (m *Metrics) scrape(f func(ctx context.Context, reg *registry.Registry, log hclog.Logger)) {
+	s := m.srv
 	if s == nil {
 		return
 	}
@@ -197,9 +200,19 @@ func (c sessionsCollector) Collect(ch chan<- prometheus.Metric) {
 	defer s.release(ref)
 	ctx, cancel := context.WithTimeout(context.Background(), sessionsScrapeTimeout)
 	defer cancel()
-	list, err := ref.reg.Sessions(ctx)
+	f(ctx, ref.reg, s.log)
+}
+
+func (c sessionsCollector) Collect(ch chan<- prometheus.Metric) {
+	c.m.scrape(func(ctx context.Context, reg *registry.Registry, log hclog.Logger) {
+		collectSessions(ctx, reg, log, ch)
+	})
+}
+
+func collectSessions(ctx context.Context, reg *registry.Registry, log hclog.Logger, ch chan<- prometheus.Metric) {
+	list, err := reg.Sessions(ctx)
 	if err != nil {
-		s.log.Warn("metrics: listing sessions", "error", err)
+		log.Warn("metrics: listing sessions", "error", err)
 		ch <- prometheus.NewInvalidMetric(sessionsDesc, err)
 		return
 	}
@@ -238,17 +251,13 @@ func (c poolsCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c poolsCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.m.srv
-	if s == nil {
-		return
-	}
-	ref := s.acquire()
-	defer s.release(ref)
-	ctx, cancel := context.WithTimeout(context.Background(), sessionsScrapeTimeout)
-	defer cancel()
-	list, err := ref.reg.Pools(ctx)
+	c.m.scrape(func(ctx context.Context, reg *registry.Registry, log hclog.Logger) { collectPools(ctx, reg, log, ch) })
+}
+
+func collectPools(ctx context.Context, reg *registry.Registry, log hclog.Logger, ch chan<- prometheus.Metric) {
+	list, err := reg.Pools(ctx)
 	if err != nil {
-		s.log.Warn("metrics: listing warm pools", "error", err)
+		log.Warn("metrics: listing warm pools", "error", err)
 		ch <- prometheus.NewInvalidMetric(poolMembersDesc, err)
 		return
 	}
