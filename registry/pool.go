@@ -219,13 +219,19 @@ const DefaultPoolInterval = 10 * time.Second
 // RunPools keeps every rule's pool filled (FillPools) until ctx is done: at once,
 // after every claim from a pool of this registry's config (in this process), and
 // every interval (0: DefaultPoolInterval), which also replaces members older than
-// max_idle and retries after failures. Errors of a round are logged, never
-// returned. Only one registry per state dir should run it (berth serve does).
+// max_idle and retries after failures. With no rule that has a pool it makes one
+// round, which drains the members an earlier config left, and returns. Errors of a
+// round are logged, never returned. Only one registry per state dir should run it
+// (berth serve does).
 func (r *Registry) RunPools(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		interval = DefaultPoolInterval
 	}
 	if !r.hasPools() {
+		// No rule has a pool (any more): drain what an earlier config left.
+		if err := r.FillPools(ctx); err != nil && ctx.Err() == nil {
+			r.log.Warn("warm pools: draining the members of rules without a pool failed", "error", err)
+		}
 		return
 	}
 	t := time.NewTicker(interval)
@@ -261,14 +267,15 @@ func (r *Registry) kickPools() {
 }
 
 // FillPools makes one round over the warm pools and returns when it is done: it
-// drains members whose rule changed or is gone (drift), replaces members older than
+// drains members whose rule changed, is gone or has no pool any more (drift),
+// replaces members older than
 // their pool's max_idle, removes entries left by a berth that died (older than the
 // grace period), and creates members until every pool has Size unclaimed ones (up to
 // poolParallel at once per pool). Tests and library users call it to fill pools
 // deterministically; RunPools calls it in a loop. Errors: the store's, and every
 // failed create or removal, joined (the round goes on past each).
 func (r *Registry) FillPools(ctx context.Context) error {
-	if !r.hasPools() {
+	if !r.hasPools() && !fileExists(r.store.path) {
 		return nil
 	}
 	if err := r.ensure(); err != nil {

@@ -434,3 +434,38 @@ func TestPoolSchemaRaised(t *testing.T) {
 		t.Fatalf("schema %q after a pool write, want 2", v)
 	}
 }
+
+// A config whose rules lose their pool blocks drains the members the earlier one
+// made, although no rule has a pool to fill.
+func TestPoolBlockRemovedDrains(t *testing.T) {
+	e := newEnv(t, poolRules)
+	r := e.open()
+	fill(t, r)
+	old := readyMembers(poolOf(t, r, "task:*"))
+	if len(old) != 2 {
+		t.Fatalf("members %v", old)
+	}
+	r.Close()
+	e.writeConfig("scope \"task:*\" {\n}\nscope \"*\" {\n}\n")
+	r2 := e.open()
+	ps, err := r2.Pools(context.Background())
+	if err != nil || len(ps) != 1 || ps[0].Size != 0 || ps[0].Draining != 2 {
+		t.Fatalf("before the round: %+v %v, want the 2 members draining", ps, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		r2.RunPools(ctx, time.Hour)
+		close(done)
+	}()
+	<-done // returns after its one round: no rule has a pool
+	cancel()
+	if ps, err := r2.Pools(context.Background()); err != nil || len(ps) != 0 {
+		t.Fatalf("after the round: %+v %v, want no pool", ps, err)
+	}
+	for _, m := range old {
+		if _, err := os.Stat(e.driverDir(m)); !os.IsNotExist(err) {
+			t.Fatalf("member %s still exists (%v)", m, err)
+		}
+	}
+}

@@ -100,6 +100,9 @@ type ShellResult struct {
 	// before.
 	Moved       bool
 	MovedReason string
+	// Pooled is the Lease's: the session's sandbox is a warm pool member that it
+	// claimed.
+	Pooled bool
 	// Stdout and Stderr are the output as UTF-8 text (invalid bytes replaced), each
 	// within the cap: when a stream did not fit it is its head, the line
 	// "[... N bytes truncated ...]" and its tail, and StdoutTruncatedBytes /
@@ -184,7 +187,7 @@ func (r *Registry) Shell(ctx context.Context, session string, req ShellRequest) 
 		lease := c.lease
 		out = ShellResult{Session: session, Driver: lease.Driver, Sandbox: lease.Sandbox,
 			Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason,
-			Moved: lease.Moved, MovedReason: lease.MovedReason}
+			Moved: lease.Moved, MovedReason: lease.MovedReason, Pooled: lease.Pooled}
 		streams := r.shellStreams(session, r.shellLimit(lease.Rule, req.MaxOutput), req.Stdout, req.Stderr)
 		p, err := c.client.Shell(ctx, agent.ShellRequest{
 			Command: req.Command, Session: session, Env: withDefaultEnv(lease.Rule, req.Env), Dir: req.Dir,

@@ -227,7 +227,7 @@ func (s *Server) runPlain(ctx context.Context, reg *registry.Registry, name stri
 	}
 	if st != nil {
 		st.event(Event{Event: "started", Started: &ExecStarted{Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
-			Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason}})
+			Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason, Pooled: lease.Pooled}})
 		st.open()
 	}
 	switch {
@@ -262,7 +262,7 @@ func (s *Server) runPlain(ctx context.Context, reg *registry.Registry, name stri
 		ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
 		DurationMS: res.Duration.Milliseconds(), Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
 		Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason,
-		Canceled: res.Canceled,
+		Pooled: lease.Pooled, Canceled: res.Canceled,
 	}
 	if st == nil {
 		out.Stdout, out.StdoutTruncatedBytes = outCap.Text()
@@ -317,7 +317,7 @@ func (s *Server) shellCall(ctx context.Context, reg *registry.Registry, name str
 		ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
 		DurationMS: res.Duration.Milliseconds(), Session: res.Session, Driver: res.Driver, Sandbox: res.Sandbox,
 		Recreated: res.Recreated, RecreatedReason: res.RecreatedReason, Moved: res.Moved, MovedReason: res.MovedReason,
-		Stdout: res.Stdout, Stderr: res.Stderr,
+		Pooled: res.Pooled, Stdout: res.Stdout, Stderr: res.Stderr,
 		StdoutTruncatedBytes: res.StdoutTruncatedBytes, StderrTruncatedBytes: res.StderrTruncatedBytes,
 		Cwd: res.Cwd, StdoutFile: res.StdoutFile, StderrFile: res.StderrFile,
 		StdoutFileTruncatedBytes: res.StdoutFileTruncatedBytes, StderrFileTruncatedBytes: res.StderrFileTruncatedBytes,

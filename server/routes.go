@@ -34,6 +34,7 @@ var table = []route{
 	{Route{http.MethodGet, "/v1/health"}, (*Server).health},
 	{Route{http.MethodGet, "/v1/sessions"}, (*Server).listSessions},
 	{Route{http.MethodGet, "/v1/sessions/{name}"}, (*Server).getSession},
+	{Route{http.MethodGet, "/v1/pools"}, (*Server).listPools},
 	{Route{http.MethodDelete, "/v1/sessions/{name}"}, (*Server).removeSession},
 	{Route{http.MethodPost, "/v1/sessions/{name}/exec"}, (*Server).exec},
 	{Route{http.MethodPost, "/v1/sessions/{name}/close"}, (*Server).closeSession},

@@ -145,6 +145,17 @@ type regRef struct {
 	reg     *registry.Registry
 	n       int
 	retired bool
+	gone    chan struct{} // closed when it is retired (RunPools stops its loop)
+}
+
+func newRef(reg *registry.Registry) *regRef { return &regRef{reg: reg, gone: make(chan struct{})} }
+
+// retire marks ref replaced or shut down; s.mu is held.
+func (ref *regRef) retire() {
+	if !ref.retired {
+		ref.retired = true
+		close(ref.gone)
+	}
 }
 
 // New returns a server over reg, which it owns from now on: Shutdown (or a Reload
@@ -154,7 +165,7 @@ func New(reg *registry.Registry, opts ...Option) *Server {
 		log:         hclog.NewNullLogger(),
 		maxBody:     DefaultMaxRequestBody,
 		bodyTimeout: DefaultBodyTimeout,
-		cur:         &regRef{reg: reg},
+		cur:         newRef(reg),
 	}
 	for _, o := range opts {
 		o(s)
@@ -208,8 +219,8 @@ func (s *Server) Registry() *registry.Registry {
 func (s *Server) Reload(reg *registry.Registry) {
 	s.mu.Lock()
 	old := s.cur
-	s.cur = &regRef{reg: reg}
-	old.retired = true
+	s.cur = newRef(reg)
+	old.retire()
 	done := old.n == 0
 	s.mu.Unlock()
 	if done {
@@ -318,7 +329,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.cancelCalls()
 	s.mu.Lock()
 	ref := s.cur
-	ref.retired = true
+	ref.retire()
 	done := ref.n == 0
 	s.mu.Unlock()
 	if done {

@@ -16,7 +16,7 @@ func SessionOf(s registry.SessionInfo) Session {
 	return Session{
 		Session: s.Session, Driver: s.Driver, Sandbox: s.Sandbox, Scope: s.Scope, State: s.State,
 		Created: s.Created, LastUsed: s.LastUsed, Drift: s.Drift, DriftReason: s.DriftReason, Error: s.Error,
-		RemovedReason: s.RemovedReason,
+		RemovedReason: s.RemovedReason, Pooled: s.Pooled,
 	}
 }
 

@@ -54,8 +54,8 @@ type TTYMessage struct {
 	// Signal is a signal's name ("INT" or "SIGINT") or number ("2"), sent to the
 	// command's process group.
 	Signal string `json:"signal,omitempty"`
-	// Session, Driver and Sandbox say where a started command runs; Recreated and
-	// Moved (with their reasons) are as in ExecResult.
+	// Session, Driver and Sandbox say where a started command runs; Recreated,
+	// Moved (with their reasons) and Pooled are as in ExecResult.
 	Session         string `json:"session,omitempty"`
 	Driver          string `json:"driver,omitempty"`
 	Sandbox         string `json:"sandbox,omitempty"`
@@ -63,6 +63,7 @@ type TTYMessage struct {
 	RecreatedReason string `json:"recreated_reason,omitempty"`
 	Moved           bool   `json:"moved,omitempty"`
 	MovedReason     string `json:"moved_reason,omitempty"`
+	Pooled          bool   `json:"pooled,omitempty"`
 	// Result is a result message's result (its Stdout and Stderr are empty: the
 	// output came as binary messages).
 	Result *ExecResult `json:"result,omitempty"`
@@ -212,7 +213,8 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 	}
 	driver = lease.Driver
 	started := TTYMessage{Type: "started", Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
-		Recreated: lease.Recreated || recreated, RecreatedReason: lease.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason}
+		Recreated: lease.Recreated || recreated, RecreatedReason: lease.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason,
+		Pooled: lease.Pooled}
 	if recreated {
 		started.RecreatedReason = RecreateReason
 	}
@@ -248,7 +250,7 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 			ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
 			DurationMS: res.Duration.Milliseconds(), Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
 			Recreated: started.Recreated, RecreatedReason: started.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason,
-			Canceled: res.Canceled,
+			Pooled: lease.Pooled, Canceled: res.Canceled,
 		}
 		auditResult(r, out, nil)
 		s.metrics.execMode(driver, "tty", true, out, nil, start)

@@ -72,6 +72,9 @@ type ExecResult struct {
 	// Moved says that the session is back in a sandbox it had before; MovedReason why.
 	Moved       bool   `json:"moved,omitempty"`
 	MovedReason string `json:"moved_reason,omitempty"`
+	// Pooled says that the session's sandbox is a warm pool member that it claimed
+	// (in this call when the session had no sandbox before: a claim, not a create).
+	Pooled bool `json:"pooled"`
 	// Stdout and Stderr are the captured output as UTF-8 text (invalid bytes
 	// replaced), capped per stream (ExecRequest.MaxOutput); empty in a streamed
 	// answer, whose output came as events. StdoutTruncatedBytes and
@@ -129,6 +132,7 @@ type ExecStarted struct {
 	RecreatedReason string `json:"recreated_reason,omitempty"`
 	Moved           bool   `json:"moved,omitempty"`
 	MovedReason     string `json:"moved_reason,omitempty"`
+	Pooled          bool   `json:"pooled,omitempty"`
 }
 
 // Session is one session as GET /v1/sessions lists it and GET /v1/sessions/{name}
@@ -150,6 +154,9 @@ type Session struct {
 	// Drift says that the sandbox no longer matches its rule; DriftReason how.
 	Drift       bool   `json:"drift"`
 	DriftReason string `json:"drift_reason,omitempty"`
+	// Pooled says that the sandbox is a warm pool member that the session claimed
+	// (its Created is the claim's time).
+	Pooled bool `json:"pooled"`
 	// Error is why State is unknown.
 	Error string `json:"error,omitempty"`
 	// RemovedReason is why retention removed the sandbox (State removed).

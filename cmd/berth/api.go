@@ -16,6 +16,8 @@ import (
 // are the registry's, with the API's shapes for sessions and jobs.
 type api interface {
 	Sessions(ctx context.Context) ([]server.Session, error)
+	// Pools reports the warm pools (berth sessions --pool; GET /v1/pools).
+	Pools(ctx context.Context) ([]server.Pool, error)
 	CloseSession(ctx context.Context, session string) error
 	StopSession(ctx context.Context, session string) error
 	RemoveSession(ctx context.Context, session string) error
@@ -67,6 +69,14 @@ func (e embedded) Sessions(ctx context.Context) ([]server.Session, error) {
 		rows = append(rows, server.SessionOf(s)) // as GET /v1/sessions lists them
 	}
 	return rows, nil
+}
+
+func (e embedded) Pools(ctx context.Context) ([]server.Pool, error) {
+	list, err := e.Registry.Pools(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return server.PoolsOf(list), nil // as GET /v1/pools lists them
 }
 
 func (e embedded) JobStart(ctx context.Context, session string, req registry.JobStartRequest) (server.Job, error) {

@@ -31,6 +31,13 @@ func (d *daemonClient) Sessions(ctx context.Context) ([]server.Session, error) {
 	return rows, err
 }
 
+// Pools is GET /v1/pools: the daemon's warm pools.
+func (d *daemonClient) Pools(ctx context.Context) ([]server.Pool, error) {
+	var rows []server.Pool
+	err := d.get(ctx, "/v1/pools", &rows)
+	return rows, err
+}
+
 func (d *daemonClient) CloseSession(ctx context.Context, session string) error {
 	return d.call(ctx, http.MethodPost, sessionPath(session, "close"), nil, nil)
 }
@@ -182,7 +189,7 @@ func (d *daemonClient) Exec(ctx context.Context, session string, req backend.Exe
 	}
 	st := p.started
 	return p, &registry.Lease{Session: st.Session, Driver: st.Driver, Sandbox: st.Sandbox,
-		Recreated: st.Recreated, RecreatedReason: st.RecreatedReason, Moved: st.Moved, MovedReason: st.MovedReason}, nil
+		Recreated: st.Recreated, RecreatedReason: st.RecreatedReason, Moved: st.Moved, MovedReason: st.MovedReason, Pooled: st.Pooled}, nil
 }
 
 // Shell makes a shell-mode call through the daemon: req.Stdin is sent as stdin
@@ -217,7 +224,7 @@ func (d *daemonClient) Shell(ctx context.Context, session string, req registry.S
 		ExecResult: backend.ExecResult{ExitCode: r.ExitCode, Signal: r.Signal, TimedOut: r.TimedOut, Canceled: r.Canceled, OOMKilled: r.OOMKilled,
 			Duration: time.Duration(r.DurationMS) * time.Millisecond, Cwd: r.Cwd},
 		Session: r.Session, Driver: r.Driver, Sandbox: r.Sandbox,
-		Recreated: r.Recreated, RecreatedReason: r.RecreatedReason, Moved: r.Moved, MovedReason: r.MovedReason,
+		Recreated: r.Recreated, RecreatedReason: r.RecreatedReason, Moved: r.Moved, MovedReason: r.MovedReason, Pooled: r.Pooled,
 		Stdout: r.Stdout, Stderr: r.Stderr, StdoutTruncatedBytes: r.StdoutTruncatedBytes, StderrTruncatedBytes: r.StderrTruncatedBytes,
 		StdoutFile: r.StdoutFile, StderrFile: r.StderrFile,
 		StdoutFileTruncatedBytes: r.StdoutFileTruncatedBytes, StderrFileTruncatedBytes: r.StderrFileTruncatedBytes,

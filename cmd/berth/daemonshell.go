@@ -256,7 +256,7 @@ func (d *daemonClient) execTTY(ctx context.Context, session string, req backend.
 		p.res, p.err = t.wait(out)
 	}()
 	return p, &registry.Lease{Session: started.Session, Driver: started.Driver, Sandbox: started.Sandbox,
-		Recreated: started.Recreated, RecreatedReason: started.RecreatedReason, Moved: started.Moved, MovedReason: started.MovedReason}, nil
+		Recreated: started.Recreated, RecreatedReason: started.RecreatedReason, Moved: started.Moved, MovedReason: started.MovedReason, Pooled: started.Pooled}, nil
 }
 
 // hasEnv reports whether env (NAME=VALUE pairs) sets name.

@@ -394,7 +394,7 @@ func (o *execOutput) finish(f *execFlags, lease *registry.Lease, res backend.Exe
 			ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
 			DurationMS: res.Duration.Milliseconds(), Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
 			Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason,
-			Moved: lease.Moved, MovedReason: lease.MovedReason, Canceled: res.Canceled,
+			Moved: lease.Moved, MovedReason: lease.MovedReason, Pooled: lease.Pooled, Canceled: res.Canceled,
 		}
 		out.Stdout, out.StdoutTruncatedBytes = o.outCap.Text()
 		out.Stderr, out.StderrTruncatedBytes = o.errCap.Text()

@@ -46,6 +46,7 @@ type serveFlags struct {
 	tlsCert       string
 	tlsKey        string
 	pruneInterval time.Duration
+	poolInterval  time.Duration
 	grace         time.Duration
 	logJSON       bool
 	maxBody       string
@@ -56,13 +57,14 @@ type serveFlags struct {
 }
 
 func newServeCmd(g *globals) *cobra.Command {
-	f := &serveFlags{pruneInterval: server.DefaultRetentionInterval, grace: 30 * time.Second, bodyTimeout: server.DefaultBodyTimeout}
+	f := &serveFlags{pruneInterval: server.DefaultRetentionInterval, poolInterval: registry.DefaultPoolInterval, grace: 30 * time.Second, bodyTimeout: server.DefaultBodyTimeout}
 	cmd := &cobra.Command{
 		Use:   "serve [--listen ADDR] [--token-file FILE] [--tls-cert FILE --tls-key FILE]",
 		Short: "Run berth as a long-lived service with an HTTP API",
 		Long: `Run berth as a service: one process per state dir holds one registry (driver
 plugins launched once), prunes every --prune-interval (retention and reconcile, as
-berth prune), and answers the HTTP API v1 (docs/api.md) on a unix socket in the
+berth prune), keeps the rules' warm pools filled (checked every --pool-interval
+and after each claim), and answers the HTTP API v1 (docs/api.md) on a unix socket in the
 state dir (STATE/berth.sock, mode 0600) unless --listen says otherwise.
 
 A TCP listener (--listen tcp://127.0.0.1:PORT) needs --token-file: every request
@@ -72,8 +74,8 @@ must carry "Authorization: Bearer TOKEN". A non-loopback address also needs TLS
 SIGHUP reloads the config file (checked first: a bad file keeps the running config
 and logs why, with file:line:col). SIGTERM or SIGINT shut down: no new calls, calls
 in flight may finish within --shutdown-grace, then they are cancelled (their
-process trees killed). Sandboxes and background jobs are never stopped: the next
-berth serve adopts them. Logs go to stderr (JSON with --log-json).`,
+process trees killed). Sandboxes, background jobs and ready pool members are never
+stopped: the next berth serve adopts them. Logs go to stderr (JSON with --log-json).`,
 		Example: `  berth serve
   berth serve --listen tcp://127.0.0.1:7878 --token-file ~/.config/berth/token
   curl --unix-socket ~/.local/state/berth/berth.sock -H 'Content-Type: application/json' \
@@ -89,6 +91,7 @@ berth serve adopts them. Logs go to stderr (JSON with --log-json).`,
 	fl.StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate file (PEM) for a tcp:// listener; required for a non-loopback address")
 	fl.StringVar(&f.tlsKey, "tls-key", "", "TLS private key file (PEM) for --tls-cert")
 	fl.Var(durationValue{&f.pruneInterval}, "prune-interval", "prune (retention and reconcile) every INTERVAL")
+	fl.Var(durationValue{&f.poolInterval}, "pool-interval", "check the warm pools (refill, max_idle, drift) every INTERVAL; a claim refills at once")
 	fl.Var(durationValue{&f.grace}, "shutdown-grace", "on SIGTERM/SIGINT, how long calls in flight may go on before they are cancelled")
 	fl.BoolVar(&f.logJSON, "log-json", false, "log JSON lines on stderr instead of text")
 	fl.StringVar(&f.maxBody, "max-request-body", "1m", "largest request body (a size: 64k, 1m); larger ones are answered 413")
@@ -219,6 +222,9 @@ func runServe(g *globals, f *serveFlags) error {
 	if f.pruneInterval <= 0 {
 		return usageError("--prune-interval %v: must be positive, e.g. 30s", f.pruneInterval)
 	}
+	if f.poolInterval <= 0 {
+		return usageError("--pool-interval %v: must be positive, e.g. 10s", f.poolInterval)
+	}
 	if f.bodyTimeout <= 0 {
 		return usageError("--request-timeout %v: must be positive, e.g. 30s", f.bodyTimeout)
 	}
@@ -317,6 +323,14 @@ func runServe(g *globals, f *serveFlags) error {
 		defer close(retDone)
 		srv.RunRetention(retCtx, 0, nil) // WithPruneInterval's
 	}()
+	// The warm pools of the current registry (a reload stops the old one's loop
+	// and starts the new one's).
+	poolCtx, stopPools := context.WithCancel(ctx)
+	poolsDone := make(chan struct{})
+	go func() {
+		defer close(poolsDone)
+		srv.RunPools(poolCtx, f.poolInterval)
+	}()
 	where := "unix://" + addr.addr // the socket's path, however it was bound
 	if addr.network == "tcp" {
 		where = "tcp://" + ln.Addr().String() // the port, when it was 0
@@ -327,7 +341,9 @@ func runServe(g *globals, f *serveFlags) error {
 		select {
 		case err := <-served:
 			stopRetention()
+			stopPools()
 			<-retDone
+			<-poolsDone
 			srv.Shutdown(ctx)
 			if err != nil {
 				return failure(fmt.Errorf("serving %s: %v", addr.addr, err))
@@ -340,6 +356,7 @@ func runServe(g *globals, f *serveFlags) error {
 			}
 			log.Info("shutting down", "signal", s.String(), "calls_in_flight", srv.InFlight(), "grace", f.grace)
 			stopRetention()
+			stopPools() // no new members; those ready stay for the next serve
 			graceCtx, cancel := context.WithTimeout(ctx, f.grace)
 			go func() {
 				// A second SIGINT or SIGTERM ends the grace at once.
@@ -354,6 +371,7 @@ func runServe(g *globals, f *serveFlags) error {
 			err := srv.Shutdown(graceCtx)
 			cancel()
 			<-retDone
+			<-poolsDone
 			if err != nil {
 				log.Warn("shut down after cancelling the calls that outlasted the grace", "grace", f.grace)
 			} else {

@@ -1185,18 +1185,7 @@ func removeSessions(b testing.TB, environ []string, state string) {
 // and checks the result; it also returns the sandbox of the first call.
 func benchExec(b *testing.B, client *http.Client, session string) (func() error, string) {
 	b.Helper()
-	post := func() (server.ExecResult, error) {
-		resp, err := client.Post("http://berth/v1/sessions/"+session+"/exec", "application/json", strings.NewReader(`{"argv":["true"]}`))
-		if err != nil {
-			return server.ExecResult{}, err
-		}
-		defer resp.Body.Close()
-		var res server.ExecResult
-		if err := json.NewDecoder(resp.Body).Decode(&res); err != nil || resp.StatusCode != 200 || res.ExitCode != 0 {
-			return res, fmt.Errorf("status %d, %+v, %v", resp.StatusCode, res, err)
-		}
-		return res, nil
-	}
+	post := func() (server.ExecResult, error) { return postTrue(client, session) }
 	first, err := post() // creates the session's sandbox: the rounds run warm
 	if err != nil {
 		b.Fatal(err)

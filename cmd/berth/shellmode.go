@@ -130,7 +130,7 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 			StdoutFileTruncatedBytes: res.StdoutFileTruncatedBytes, StderrFileTruncatedBytes: res.StderrFileTruncatedBytes,
 			OutputFilesRemoved: res.OutputFilesRemoved,
 			Recreated:          res.Recreated, RecreatedReason: res.RecreatedReason,
-			Moved: res.Moved, MovedReason: res.MovedReason, Canceled: res.Canceled,
+			Moved: res.Moved, MovedReason: res.MovedReason, Pooled: res.Pooled, Canceled: res.Canceled,
 		}
 		if recreated {
 			out.Recreated, out.RecreatedReason = true, recreateReason

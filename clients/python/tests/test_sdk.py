@@ -445,3 +445,55 @@ def test_tcp_token(tcp_daemon, tmp_path):
     with pytest.raises(berth.Invalid) as e:
         berth.Client("http://10.1.2.3:%d" % tcp_daemon.port, tcp_daemon.token)
     assert "https" in e.value.message
+
+
+POOL_CONFIG = """
+scope "task:*" {
+  driver = "local"
+  pool {
+    size     = 2
+    max_idle = "30m"
+  }
+}
+scope "*" {
+  driver = "local"
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def pool_daemon(bins, tmp_path_factory):
+    """A berth serve whose task:* sessions have a warm pool of 2 on local; at the
+    end a reload without the pool drains it, so no member outlives the tests."""
+    d = Daemon(bins, str(tmp_path_factory.mktemp("pool")), POOL_CONFIG)
+    d.start()
+    yield d
+    try:
+        d.remove_sessions()
+        with open(d.config, "w") as f:
+            f.write('scope "*" {\n  driver = "local"\n}\n')
+        d.proc.send_signal(signal.SIGHUP)
+        c = d.client()
+        wait_for("the reloaded daemon to drain its pool", lambda: c.pools() == [])
+    finally:
+        d.stop()
+
+
+def test_pools(pool_daemon):
+    """client.pools() shows the pool filled; a new session claims a member
+    (ExecResult.pooled, the member's sandbox), and the pool refills."""
+    c = pool_daemon.client()
+    wait_for("the pool to fill", lambda: c.pools()[0].full)
+    (p,) = c.pools()
+    assert isinstance(p, berth.WarmPool)
+    assert (p.scope, p.driver, p.size, p.max_idle_ms, p.ready, p.creating, p.claiming, p.draining) == ("task:*", "local", 2, 1800000, 2, 0, 0, 0)
+    assert p.position.endswith("config.hcl:2:1")
+    assert all(isinstance(m, berth.PoolMember) and m.state == "ready" and m.ready and m.created and m.session is None for m in p.members)
+    members = {m.sandbox for m in p.members}
+    r = c.session("task:1").exec(["true"])
+    assert r.ok and r.pooled and r.sandbox in members
+    (row,) = [s for s in c.sessions() if s["session"] == "task:1"]
+    assert row["pooled"] is True and row["sandbox"] == r.sandbox
+    wait_for("the pool to refill", lambda: c.pools()[0].full)
+    assert r.sandbox not in {m.sandbox for m in c.pools()[0].members}
+    assert not c.session("other").exec(["true"]).pooled

@@ -16,7 +16,7 @@ See docs/python.md for the guide.
 from .client import DEFAULT_MAX_OUTPUT, Client, Jobs, Session, Stream
 from . import errors
 from .errors import *  # noqa: F401,F403 — one class per error kind, and KINDS
-from .results import Event, ExecResult, Job, JobLogs, LogEvent, Output
+from .results import Event, ExecResult, Job, JobLogs, LogEvent, Output, PoolMember, WarmPool
 
 __version__ = "0.1.0"
 
@@ -32,4 +32,6 @@ __all__ = [
     "JobLogs",
     "LogEvent",
     "Output",
+    "WarmPool",
+    "PoolMember",
 ] + errors.__all__

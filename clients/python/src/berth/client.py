@@ -11,7 +11,7 @@ from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Sequence, U
 from . import _tar, errors
 from ._exec import ExecCall, Stdin
 from ._transport import Endpoint, Pool, simple_request
-from .results import Event, ExecResult, Job, JobLogs, LogEvent
+from .results import Event, ExecResult, Job, JobLogs, LogEvent, WarmPool
 
 __all__ = ["Client", "Session", "Jobs", "Stream", "DEFAULT_MAX_OUTPUT"]
 
@@ -178,6 +178,13 @@ class Client:
         ``session``, ``driver``, ``sandbox``, ``scope``, ``state``, ``created``,
         ``last_used``, ``drift``, ... as ``berth sessions --json`` prints them."""
         return list(self._call("GET", "/v1/sessions") or [])
+
+    def pools(self) -> List[WarmPool]:
+        """Every rule's warm pool (``GET /v1/pools``), in rule order: a
+        :class:`berth.WarmPool` each, as ``berth sessions --pool --json`` prints
+        them; ``[]`` when no rule has a pool. The daemon reads them from its store
+        without asking a driver, so polling it (e.g. until ``pool.full``) is cheap."""
+        return [WarmPool(p) for p in self._call("GET", "/v1/pools") or []]
 
     def status(self) -> Dict[str, Any]:
         """The daemon's identity (``GET /v1/status``), asking no driver: ``api``,

@@ -2,7 +2,7 @@
 
 from typing import Any, Dict, List, Optional
 
-__all__ = ["Output", "ExecResult", "Event", "Job", "JobLogs", "LogEvent"]
+__all__ = ["Output", "ExecResult", "Event", "Job", "JobLogs", "LogEvent", "WarmPool", "PoolMember"]
 
 
 class Output(bytes):
@@ -51,6 +51,8 @@ class ExecResult:
         spill: shell mode with a capped stream: the host files that hold the whole
             streams, as the API gives them (``stdout_file``, ``stderr_file``,
             ``*_file_truncated_bytes``, ``output_files_removed``); None otherwise.
+        pooled: the session's sandbox is a warm pool member it claimed (on the
+            session's first call: a claim of a ready sandbox instead of a create).
         signal, oom_killed, duration_ms, session, driver, sandbox, recreated,
         recreated_reason: as the API's ExecResult.
         raw: the result object as the daemon sent it.
@@ -69,6 +71,7 @@ class ExecResult:
         self.sandbox: str = str(raw.get("sandbox", ""))
         self.recreated: bool = bool(raw.get("recreated", False))
         self.recreated_reason: Optional[str] = raw.get("recreated_reason")
+        self.pooled: bool = bool(raw.get("pooled", False))
         self.cwd: Optional[str] = raw.get("cwd") or None
         self.stdout_truncated_bytes: int = int(raw.get("stdout_truncated_bytes", 0))
         self.stderr_truncated_bytes: int = int(raw.get("stderr_truncated_bytes", 0))
@@ -210,3 +213,62 @@ class JobLogs:
 
     def __repr__(self) -> str:
         return "JobLogs(%d bytes, offset=%d, ended=%r)" % (len(self.data), self.offset, self.ended)
+
+
+class PoolMember:
+    """One member of a :class:`WarmPool`.
+
+    Attributes: ``sandbox`` (its sandbox name), ``state`` (``"ready"``,
+    ``"creating"``, ``"claiming"`` or ``"draining"``), ``created`` (its
+    reservation) and ``ready`` (when its agent first answered; None while it is
+    made), RFC 3339 strings in UTC; ``session`` (the claiming session, state
+    ``"claiming"``; None otherwise); ``raw``.
+    """
+
+    __slots__ = ("sandbox", "state", "created", "ready", "session", "raw")
+
+    def __init__(self, raw: Dict[str, Any]) -> None:
+        self.raw = raw
+        self.sandbox: str = str(raw.get("sandbox", ""))
+        self.state: str = str(raw.get("state", ""))
+        self.created: Optional[str] = raw.get("created")
+        self.ready: Optional[str] = raw.get("ready")
+        self.session: Optional[str] = raw.get("session") or None
+
+    def __repr__(self) -> str:
+        return "PoolMember(%r, %r)" % (self.sandbox, self.state)
+
+
+class WarmPool:
+    """One rule's warm pool, as ``GET /v1/pools`` gives it (docs/pools.md).
+
+    Attributes:
+        scope, position, driver: the rule's glob, its ``FILE:LINE:COL`` and driver.
+        size: the pool block's size (0 for members an earlier config left).
+        max_idle_ms: the pool block's ``max_idle`` in milliseconds (0: never
+            replaced for their age).
+        ready, creating, claiming, draining: how many members are in each state.
+        members: the :class:`PoolMember` list, oldest first.
+        raw: the object as the daemon sent it.
+    """
+
+    def __init__(self, raw: Dict[str, Any]) -> None:
+        self.raw = raw
+        self.scope: str = str(raw.get("scope", ""))
+        self.position: str = str(raw.get("position", ""))
+        self.driver: str = str(raw.get("driver", ""))
+        self.size: int = int(raw.get("size", 0))
+        self.max_idle_ms: int = int(raw.get("max_idle_ms", 0))
+        self.ready: int = int(raw.get("ready", 0))
+        self.creating: int = int(raw.get("creating", 0))
+        self.claiming: int = int(raw.get("claiming", 0))
+        self.draining: int = int(raw.get("draining", 0))
+        self.members: List[PoolMember] = [PoolMember(m) for m in raw.get("members") or []]
+
+    @property
+    def full(self) -> bool:
+        """Whether ``size`` members are ready and nothing else is in the pool."""
+        return self.ready == self.size and len(self.members) == self.size
+
+    def __repr__(self) -> str:
+        return "WarmPool(%r, driver=%r, size=%d, ready=%d, creating=%d)" % (self.scope, self.driver, self.size, self.ready, self.creating)
