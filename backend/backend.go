@@ -267,11 +267,12 @@ type Sandbox struct {
 	// it, its node went away) rather than berth's Stop: one of the End* values, or
 	// another short word the runtime uses (a Kubernetes Pod status reason); empty
 	// when it is running, was stopped by berth, or the runtime does not say. Inspect
-	// and List set it on a sandbox that is not running; Create sets it on the
-	// sandbox it returns when it found the sandbox ended that way and started it
-	// again or, where an ended sandbox cannot be started (a Pod), made it anew: then
-	// it is why the previous run ended. Hosts show it to users, so drivers take it
-	// from the runtime, never from anything the sandbox can write.
+	// sets it on a sandbox that is not running (List too where the runtime's listing
+	// says it); Create sets it on the sandbox it returns when it found the sandbox
+	// ended that way and started it again or, where an ended sandbox cannot be
+	// started (a Pod), made it anew: then it is why the previous run ended. Hosts
+	// show it to users, so drivers take it from the runtime, never from anything
+	// the sandbox can write.
 	EndReason string `json:"end_reason,omitempty"`
 	// EndMessage is the runtime's one-line detail of EndReason (Kubernetes' Pod
 	// status message, such as "The node was low on resource: memory"), or empty. It
