@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -260,6 +262,71 @@ type Sandbox struct {
 	CreatedAt time.Time `json:"created_at"`
 	// Adopted is set by Create when it found the sandbox already there.
 	Adopted bool `json:"adopted"`
+	// EndReason says why the sandbox's last run ended when the runtime ended it
+	// (its first process, berth's agent, exited or was killed, the runtime evicted
+	// it, its node went away) rather than berth's Stop: one of the End* values, or
+	// another short word the runtime uses (a Kubernetes Pod status reason); empty
+	// when it is running, was stopped by berth, or the runtime does not say. Inspect
+	// sets it on a sandbox that is not running (List too where the runtime's listing
+	// says it); Create sets it on the sandbox it returns when it found the sandbox
+	// ended that way and started it again or, where an ended sandbox cannot be
+	// started (a Pod), made it anew: then it is why the previous run ended. Hosts
+	// show it to users, so drivers take it from the runtime, never from anything
+	// the sandbox can write.
+	EndReason string `json:"end_reason,omitempty"`
+	// EndMessage is the runtime's one-line detail of EndReason (Kubernetes' Pod
+	// status message, such as "The node was low on resource: memory"), or empty. It
+	// is at most MaxEndMessage bytes of printable text (SanitizeEndMessage).
+	EndMessage string `json:"end_message,omitempty"`
+}
+
+// The well-known values of Sandbox.EndReason, spelled as Kubernetes spells a Pod's
+// status reason and a container's terminated reason.
+const (
+	// EndOOMKilled: the kernel's OOM killer killed the sandbox's first process (the
+	// memory limit was reached), or the runtime recorded an OOM kill in the sandbox
+	// and its first process died of it.
+	EndOOMKilled = "OOMKilled"
+	// EndEvicted: the runtime evicted the sandbox, e.g. the node ran low on memory or
+	// disk, or the sandbox went over its ephemeral storage limit.
+	EndEvicted = "Evicted"
+	// EndError: the sandbox's first process exited with a non-zero status or was
+	// killed by a signal, without an OOM kill.
+	EndError = "Error"
+	// EndCompleted: the sandbox's first process exited with status 0 without being
+	// asked by berth's Stop.
+	EndCompleted = "Completed"
+)
+
+// MaxEndMessage is the most bytes Sandbox.EndMessage holds.
+const MaxEndMessage = 256
+
+// SanitizeEndMessage makes s fit Sandbox.EndMessage: control characters and
+// invalid UTF-8 become spaces, runs of spaces one space, and the result is cut at
+// MaxEndMessage bytes (on a rune boundary, with "..." when cut). It also suits
+// EndReason, which drivers cap at MaxEndMessage too.
+func SanitizeEndMessage(s string) string {
+	var b strings.Builder
+	space := false
+	for _, r := range s {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			r = ' '
+		}
+		if r == ' ' && (space || b.Len() == 0) {
+			continue
+		}
+		space = r == ' '
+		b.WriteRune(r)
+	}
+	out := strings.TrimRight(b.String(), " ")
+	if len(out) <= MaxEndMessage {
+		return out
+	}
+	cut := MaxEndMessage - len("...")
+	for !utf8.RuneStart(out[cut]) {
+		cut--
+	}
+	return strings.TrimRight(out[:cut], " ") + "..."
 }
 
 // WindowSize is a terminal size in character cells.

@@ -205,12 +205,14 @@ func sandboxToPB(s backend.Sandbox) *pb.Sandbox {
 		created = timestamppb.New(s.CreatedAt)
 	}
 	return &pb.Sandbox{
-		Name:      s.Name,
-		Id:        s.ID,
-		State:     string(s.State),
-		Labels:    s.Labels,
-		CreatedAt: created,
-		Adopted:   s.Adopted,
+		Name:       s.Name,
+		Id:         s.ID,
+		State:      string(s.State),
+		Labels:     s.Labels,
+		CreatedAt:  created,
+		Adopted:    s.Adopted,
+		EndReason:  s.EndReason,
+		EndMessage: s.EndMessage,
 	}
 }
 
@@ -226,6 +228,9 @@ func sandboxFromPB(s *pb.Sandbox) backend.Sandbox {
 		Labels:    nilIfEmptyMap(s.GetLabels()),
 		CreatedAt: created,
 		Adopted:   s.GetAdopted(),
+		// A plugin's words reach users' terminals: cleaned as the contract says.
+		EndReason:  backend.SanitizeEndMessage(s.GetEndReason()),
+		EndMessage: backend.SanitizeEndMessage(s.GetEndMessage()),
 	}
 }
 

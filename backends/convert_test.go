@@ -2,6 +2,7 @@ package backends
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,12 +74,17 @@ func TestRoundTrip(t *testing.T) {
 		Labels:    map[string]string{"k": "v"},
 		CreatedAt: time.Date(2026, 5, 4, 3, 2, 1, 123456789, time.UTC),
 		Adopted:   true,
+		EndReason: backend.EndOOMKilled, EndMessage: "the memory limit was reached",
 	}
-	if reflect.ValueOf(sb).NumField() != 6 {
+	if reflect.ValueOf(sb).NumField() != 8 {
 		t.Fatal("backend.Sandbox changed: update sandboxToPB/sandboxFromPB and this test")
 	}
 	check(t, "Sandbox", sb, sandboxFromPB(wire(t, sandboxToPB(sb))))
 	check(t, "zero Sandbox", backend.Sandbox{}, sandboxFromPB(wire(t, sandboxToPB(backend.Sandbox{}))))
+	hostile := sandboxFromPB(&pb.Sandbox{EndReason: "OOM\x1b[2J\nKilled", EndMessage: strings.Repeat("x", 1000)})
+	if hostile.EndReason != "OOM [2J Killed" || len(hostile.EndMessage) != backend.MaxEndMessage || !strings.HasSuffix(hostile.EndMessage, "...") {
+		t.Errorf("a plugin's EndReason %q and EndMessage of %d bytes, want them cleaned and capped", hostile.EndReason, len(hostile.EndMessage))
+	}
 	local := sb
 	local.CreatedAt = time.Date(2026, 5, 4, 3, 2, 1, 5, time.FixedZone("X", 3600))
 	if got := sandboxFromPB(wire(t, sandboxToPB(local))); !got.CreatedAt.Equal(local.CreatedAt) {

@@ -85,29 +85,11 @@ func hostMain(plugin string) int {
 	return 0
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // launch starts the test plugin for one test with a log buffer, creates the
 // sandbox "sb", and kills the plugin at the end, checking it is gone.
-func launch(t *testing.T, env ...string) (*Client, *syncBuffer) {
+func launch(t *testing.T, env ...string) (*Client, *testwait.Buffer) {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &testwait.Buffer{}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "host", Output: logs, Level: hclog.Debug})
 	ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)
 	defer cancel()

@@ -969,7 +969,7 @@ func TestWrapperScript(t *testing.T) {
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testwait.Buffer{}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "host", Output: logs, Level: hclog.Trace})
 	c, err := Launch(ctxT(t), LaunchOptions{Path: wrapper, Logger: logger, StartTimeout: testwait.Limit})
 	if err != nil {

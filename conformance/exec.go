@@ -214,7 +214,7 @@ const outputSize = 20 << 20
 func caseOutput20MiB(t T, h *Harness) {
 	sb := h.NewSandbox(t)
 	v := newVerifier(newSeqGen())
-	stderr := &syncBuffer{}
+	stderr := &testwait.Buffer{}
 	out, err := h.exec(t, sb, backend.ExecRequest{
 		Argv:   []string{"sh", "-c", fmt.Sprintf("seq 1 4000000 | head -c %d", outputSize)},
 		Stdout: v, Stderr: stderr,
@@ -321,7 +321,7 @@ func caseStdinStream(t T, h *Harness) {
 	sb := h.NewSandbox(t)
 	gen := newStreamGen()
 	v := newVerifier(gen.clone())
-	stderr := &syncBuffer{}
+	stderr := &testwait.Buffer{}
 	ctx, cancel := context.WithTimeout(t.Context(), execTimeout)
 	defer cancel()
 	p, err := h.Exec(ctx, sb, backend.ExecRequest{Argv: []string{"cat"}, Stdin: true, Stdout: v, Stderr: stderr})

@@ -105,7 +105,7 @@ func (h *Harness) execInputReq(t T, sb, input string, req backend.ExecRequest) (
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), execTimeout)
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testwait.Buffer
 	req.Stdin, req.Stdout, req.Stderr = true, &stdout, &stderr
 	p, err := h.Exec(ctx, sb, req)
 	if err != nil {

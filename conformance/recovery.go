@@ -98,7 +98,7 @@ func caseHostSIGKILL(t T, h *Harness) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr syncBuffer
+	var stderr testwait.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s exec: %v", h.Options.AgentBinary, err)

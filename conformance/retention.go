@@ -123,7 +123,7 @@ func regExec(t T, r *registry.Registry, session, script string, args ...string) 
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), execTimeout)
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testwait.Buffer
 	p, lease, err := r.Exec(ctx, session, backend.ExecRequest{Argv: append([]string{"sh", "-c", script, "sh"}, args...), Stdout: &stdout, Stderr: &stderr})
 	if err != nil {
 		t.Fatalf("exec %q in session %s: %v", script, session, err)

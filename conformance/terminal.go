@@ -253,7 +253,7 @@ func (h *Harness) shellExec(t T, sb, key, cmd string) (execOut, error) {
 		return execOut{}, err
 	}
 	defer c.Close()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testwait.Buffer
 	start := time.Now()
 	p, err := c.Shell(ctx, agent.ShellRequest{Command: cmd, Session: key, Stdout: &stdout, Stderr: &stderr})
 	if err != nil {

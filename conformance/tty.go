@@ -72,7 +72,7 @@ func caseTTYResize(t T, h *Harness) {
 	sb := h.NewSandbox(t)
 	ctx, cancel := context.WithTimeout(t.Context(), execTimeout)
 	defer cancel()
-	out := &syncBuffer{}
+	out := &testwait.Buffer{}
 	p, err := h.Exec(ctx, sb, backend.ExecRequest{Argv: []string{"sh"}, TTY: true, Size: ttySize, Stdin: true, Stdout: out, Stderr: out, Env: []string{"PS1=$ "}})
 	if err != nil {
 		t.Fatalf("Exec sh with a TTY: %v", err)

@@ -20,6 +20,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 
 	"github.com/berth-sh/berth/internal/testproc"
+	"github.com/berth-sh/berth/internal/testwait"
 )
 
 // execTimeout bounds one exec made by a case helper (context deadline).
@@ -32,30 +33,6 @@ func randHex(n int) string {
 		panic(err)
 	}
 	return hex.EncodeToString(b)
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer goroutine and a reading one.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func (s *syncBuffer) Len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Len()
 }
 
 // execOut is the outcome of one exec run by a helper.
@@ -73,13 +50,13 @@ func (h *Harness) exec(t T, sb string, req backend.ExecRequest) (execOut, error)
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), execTimeout)
 	defer cancel()
-	var stdout, stderr *syncBuffer
+	var stdout, stderr *testwait.Buffer
 	if req.Stdout == nil {
-		stdout = &syncBuffer{}
+		stdout = &testwait.Buffer{}
 		req.Stdout = stdout
 	}
 	if req.Stderr == nil {
-		stderr = &syncBuffer{}
+		stderr = &testwait.Buffer{}
 		req.Stderr = stderr
 	}
 	start := time.Now()
@@ -343,10 +320,10 @@ func prefixSum(r interface{ Read([]byte) (int, error) }, n int64) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// notifyWriter is a syncBuffer that closes a channel when its content first contains
+// notifyWriter is a testwait.Buffer that closes a channel when its content first contains
 // a string.
 type notifyWriter struct {
-	syncBuffer
+	testwait.Buffer
 	want string
 	once sync.Once
 	seen chan struct{}
@@ -357,7 +334,7 @@ func newNotifyWriter(want string) *notifyWriter {
 }
 
 func (w *notifyWriter) Write(p []byte) (int, error) {
-	n, err := w.syncBuffer.Write(p)
+	n, err := w.Buffer.Write(p)
 	if strings.Contains(w.String(), w.want) {
 		w.once.Do(func() { close(w.seen) })
 	}

@@ -312,11 +312,15 @@ func (d *Driver) adopt(ctx context.Context, cli *client.Client, spec backend.San
 			return backend.Sandbox{}, errSnapshotGone
 		}
 	}
+	// A task that ended without berth (Stop deletes the task it ends) says why:
+	// the sandbox returned carries it (backend.Sandbox.EndReason).
+	prev, _ := d.taskOf(ctx, cli, spec.Name)
 	sb, err := d.start(ctx, cli, c, info, info.Labels[LabelUser], false)
 	if err != nil {
 		return backend.Sandbox{}, err
 	}
 	sb.Adopted = true
+	sb.EndReason, sb.EndMessage = endOf(prev)
 	return sb, nil
 }
 

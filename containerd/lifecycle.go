@@ -73,6 +73,32 @@ func stateOf(p *tasktypes.Process) backend.State {
 	return backend.StateStopped
 }
 
+// endOf says why the task p ended, as backend.Sandbox's EndReason and EndMessage:
+// Stop deletes the task it ends, so a task that is there and stopped ended without
+// berth (its agent exited or was killed: exit status 137 is SIGKILL, also the OOM
+// killer's, which the task's status does not tell apart). Empty for no task or one
+// that runs.
+func endOf(p *tasktypes.Process) (reason, message string) {
+	if p == nil || p.Status != tasktypes.Status_STOPPED {
+		return "", ""
+	}
+	if p.ExitStatus == 0 {
+		return backend.EndCompleted, "the sandbox's agent exited with status 0"
+	}
+	msg := fmt.Sprintf("the sandbox's agent exited with status %d", p.ExitStatus)
+	if p.ExitStatus > 128 && p.ExitStatus < 128+65 {
+		msg = fmt.Sprintf("the sandbox's agent was killed by signal %d (exit status %d; SIGKILL may be the OOM killer's)", p.ExitStatus-128, p.ExitStatus)
+	}
+	return backend.EndError, msg
+}
+
+// taskSandbox converts a container record and its task (nil for none).
+func taskSandbox(info containers.Container, p *tasktypes.Process) backend.Sandbox {
+	sb := toSandbox(info, stateOf(p))
+	sb.EndReason, sb.EndMessage = endOf(p)
+	return sb
+}
+
 // taskOf returns the task of container id, nil when it has none.
 func (d *Driver) taskOf(ctx context.Context, cli *client.Client, id string) (*tasktypes.Process, error) {
 	r, err := cli.TaskService().Get(ctx, &tasksapi.GetRequest{ContainerID: id})
@@ -96,7 +122,7 @@ func (d *Driver) Inspect(ctx context.Context, name string) (backend.Sandbox, err
 	if err != nil {
 		return backend.Sandbox{}, err
 	}
-	return toSandbox(info, stateOf(p)), nil
+	return taskSandbox(info, p), nil
 }
 
 // List returns berth's containers in the namespace (those with a berth.owner label)
@@ -128,7 +154,7 @@ func (d *Driver) List(ctx context.Context, filter map[string]string) ([]backend.
 		if !backend.MatchLabels(c.Labels, filter) {
 			continue
 		}
-		out = append(out, toSandbox(c, stateOf(tasks[c.ID])))
+		out = append(out, taskSandbox(c, tasks[c.ID]))
 	}
 	return out, nil
 }

@@ -84,8 +84,8 @@ func TestStopKeepsSnapshot(t *testing.T) {
 		if err := f.d.Stop(f.ctx, name, 0); err != nil {
 			t.Fatal(err)
 		}
-		if sb, err := f.d.Inspect(f.ctx, name); err != nil || sb.State != backend.StateStopped {
-			t.Errorf("after Stop: Inspect %+v %v, want stopped", sb, err)
+		if sb, err := f.d.Inspect(f.ctx, name); err != nil || sb.State != backend.StateStopped || sb.EndReason != "" {
+			t.Errorf("after Stop: Inspect %+v %v, want stopped without an EndReason (berth stopped it)", sb, err)
 		}
 		if tk := f.task(name); tk != nil {
 			t.Errorf("after Stop the task is still there: %+v", tk)
@@ -133,11 +133,15 @@ func TestStopKeepsSnapshot(t *testing.T) {
 			t.Fatal(err)
 		}
 		<-exitC
-		if sb, err := f.d.Inspect(f.ctx, name); err != nil || sb.State != backend.StateStopped {
-			t.Errorf("after PID 1 was killed: Inspect %+v %v, want stopped", sb, err)
+		if sb, err := f.d.Inspect(f.ctx, name); err != nil || sb.State != backend.StateStopped ||
+			sb.EndReason != backend.EndError || !strings.Contains(sb.EndMessage, "signal 9 (exit status 137") {
+			t.Errorf("after PID 1 was killed: Inspect %+v %v, want stopped with EndReason Error, killed by signal 9", sb, err)
 		}
-		if sb, err := f.d.Create(f.ctx, req); err != nil || !sb.Adopted {
-			t.Fatalf("Create after PID 1 died: %+v %v", sb, err)
+		if sb, err := f.d.Create(f.ctx, req); err != nil || !sb.Adopted || sb.EndReason != backend.EndError {
+			t.Fatalf("Create after PID 1 died: %+v %v; want adopted, with EndReason Error (why the run before ended)", sb, err)
+		}
+		if sb, err := f.d.Inspect(f.ctx, name); err != nil || sb.State != backend.StateRunning || sb.EndReason != "" {
+			t.Errorf("Inspect once started again: %+v %v, want running without an EndReason", sb, err)
 		}
 		if got := f.run(name, "cat", "/root/kept"); got != "kept\n" {
 			t.Errorf("the file after a new task: %q", got)

@@ -180,6 +180,7 @@ func (d *Driver) adopt(ctx context.Context, spec backend.SandboxSpec, info conta
 		return backend.Sandbox{}, err
 	}
 	sb.Adopted = true
+	sb.EndReason, sb.EndMessage = endOf(info.State) // why the run before this start ended
 	return sb, nil
 }
 
@@ -327,7 +328,34 @@ func toSandbox(info container.InspectResponse) backend.Sandbox {
 	if t, err := time.Parse(time.RFC3339Nano, info.Created); err == nil {
 		sb.CreatedAt = t
 	}
+	if sb.State == backend.StateStopped {
+		sb.EndReason, sb.EndMessage = endOf(info.State)
+	}
 	return sb
+}
+
+// endOf says why a container that is not running ended, from the engine's state,
+// as backend.Sandbox's EndReason and EndMessage: OOMKilled when the engine saw an
+// OOM kill in the container and its agent died (a non-zero exit; the flag alone
+// may be a command's OOM kill that the agent outlived), Error for another non-zero
+// exit (137 is SIGKILL), empty for status 0: the agent exits 0 when berth's Stop
+// asks it to, so the engine's state does not tell a clean exit from a stop. Empty
+// for a container that never ran, or runs.
+func endOf(st *container.State) (reason, message string) {
+	if st == nil || st.Running || st.ExitCode == 0 || st.FinishedAt == "" || strings.HasPrefix(st.FinishedAt, "0001-") {
+		return "", ""
+	}
+	msg := fmt.Sprintf("the sandbox's agent exited with status %d", st.ExitCode)
+	if st.ExitCode > 128 && st.ExitCode < 128+65 {
+		msg = fmt.Sprintf("the sandbox's agent was killed by signal %d (exit status %d)", st.ExitCode-128, st.ExitCode)
+	}
+	if st.Error != "" {
+		msg += ": " + st.Error
+	}
+	if st.OOMKilled {
+		return backend.EndOOMKilled, backend.SanitizeEndMessage(msg)
+	}
+	return backend.EndError, backend.SanitizeEndMessage(msg)
 }
 
 func copyLabels(in map[string]string) map[string]string {

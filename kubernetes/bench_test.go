@@ -34,20 +34,27 @@ type benchEnv struct {
 	config, state string
 }
 
+// newBenchEnv is a benchEnv on the driver config cfg; with cfg.StorageClass every
+// sandbox has a volume claim of that class.
 func newBenchEnv(b *testing.B, c k8stest.Cluster, cfg kubernetes.Config) benchEnv {
 	e := benchEnv{c: c, config: filepath.Join(b.TempDir(), "config.hcl"), state: b.TempDir()}
+	storage := ""
+	if cfg.StorageClass != "" {
+		storage = fmt.Sprintf("storage_class = %q", cfg.StorageClass)
+	}
 	hcl := fmt.Sprintf(`
 driver "kubernetes" {
   kubeconfig        = %q
   namespace         = %q
   agent_image       = %q
   image_pull_policy = "Never"
+  %s
 }
 scope "bench:*" {
   driver = "kubernetes"
   image  = %q
 }
-`, cfg.Kubeconfig, cfg.Namespace, cfg.AgentImage, c.TestImage)
+`, cfg.Kubeconfig, cfg.Namespace, cfg.AgentImage, storage, c.TestImage)
 	if err := os.WriteFile(e.config, []byte(hcl), 0o644); err != nil {
 		b.Fatal(err)
 	}
@@ -201,39 +208,55 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 }
 
 // BenchmarkCreateFirstExec measures a new session's first exec on the cluster,
-// `berth exec -s bench:new-N -- true` (Pod made, agent answered, exec run), against
-// `kubectl run --rm -i --restart=Never` of the same image running `true`, which
-// also waits for its Pod's deletion (run as the cluster admin: berth's Role has no
-// pods/attach, which -i needs). berth's session is removed after each round,
-// outside the timing (berth-with-rm times the removal too). p50 and p95 in
+// `berth exec -s bench:new-N -- true` (Pod made, agent answered, exec run), without
+// a storage class and with the cluster's (a volume claim per sandbox, provisioned
+// and bound before the Pod starts), against `kubectl run --rm -i --restart=Never`
+// of the same image running `true`, which also waits for its Pod's deletion (run
+// as the cluster admin: berth's Role has no pods/attach, which -i needs). berth's
+// session is removed after each round, outside the timing (the -with-rm rows time
+// the removal too: the Pod's, and the claim's and its volume's). p50 and p95 in
 // milliseconds, at least 20 interleaved rounds.
 //
 //	go test ./kubernetes -run '^$' -bench CreateFirstExec -benchtime 30x
 func BenchmarkCreateFirstExec(b *testing.B) {
 	c, cfg := benchCluster(b)
 	e := newBenchEnv(b, c, cfg)
+	withPVC := cfg
+	withPVC.StorageClass = c.StorageClass
+	ev := newBenchEnv(b, c, withPVC)
 	rounds := max(b.N, benchutil.MinRounds)
-	var first, withRm, kubectl []time.Duration
-	b.ResetTimer()
-	for i := 0; i < rounds; i++ {
-		s := fmt.Sprintf("bench:new-%d", i)
+	var first, withRm, firstPVC, withRmPVC, kubectl []time.Duration
+	create := func(e benchEnv, s string, first, withRm *[]time.Duration) {
 		start := time.Now()
 		if err := e.berth("exec", "-s", s, "--", "true"); err != nil {
 			b.Fatal(err)
 		}
-		first = append(first, time.Since(start))
+		*first = append(*first, time.Since(start))
 		if err := e.berth("rm", s); err != nil {
 			b.Fatal(err)
 		}
-		withRm = append(withRm, time.Since(start))
-		start = time.Now()
+		*withRm = append(*withRm, time.Since(start))
+	}
+	b.ResetTimer()
+	for i := 0; i < rounds; i++ {
+		create(e, fmt.Sprintf("bench:new-%d", i), &first, &withRm)
+		if c.StorageClass != "" {
+			create(ev, fmt.Sprintf("bench:pvc-%d", i), &firstPVC, &withRmPVC)
+		}
+		start := time.Now()
 		if err := e.kubectl(c.AdminKubeconfig, "run", fmt.Sprintf("bench-kubectl-%d", i), "--rm", "-i", "--restart=Never", "--image="+c.TestImage, "--image-pull-policy=Never", "--", "true"); err != nil {
 			b.Fatal(err)
 		}
 		kubectl = append(kubectl, time.Since(start))
 	}
 	b.StopTimer()
-	benchutil.Report(b, []string{"berth-first-exec", "berth-with-rm", "kubectl-run-rm"}, [][]time.Duration{first, withRm, kubectl})
+	names := []string{"berth-first-exec", "berth-with-rm", "kubectl-run-rm"}
+	rows := [][]time.Duration{first, withRm, kubectl}
+	if c.StorageClass != "" {
+		names = append(names, "berth-pvc-first-exec", "berth-pvc-with-rm")
+		rows = append(rows, firstPVC, withRmPVC)
+	}
+	benchutil.Report(b, names, rows)
 }
 
 // benchCluster is cluster for benchmarks: a benchmark without a cluster skips.

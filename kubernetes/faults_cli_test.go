@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 
@@ -103,7 +102,7 @@ func (e *cliEnv) serve() { startServe(e.t, e.command("serve"), e.state) }
 // socket answers; it is stopped (SIGTERM) when the test or benchmark ends.
 func startServe(tb testing.TB, cmd *exec.Cmd, state string) {
 	tb.Helper()
-	var log syncBuffer
+	var log testwait.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
 		tb.Fatal(err)
@@ -127,24 +126,6 @@ func startServe(tb testing.TB, cmd *exec.Cmd, state string) {
 		}
 		return err == nil
 	})
-}
-
-// syncBuffer is a bytes.Buffer safe for a process's writes and the test's reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // pod returns the Pod that sandbox hostname runs in, as the admin sees it.

@@ -75,12 +75,16 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 	lk.Lock()
 	defer lk.Unlock()
 
+	var ended backend.Sandbox // the Pod that had ended, for the new Pod's EndReason
 	for attempt := 0; ; attempt++ {
 		have, err := cs.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
 		if err == nil {
 			sb, retry, err := d.adopt(ctx, spec, have, set.startTimeout, user)
 			if !retry || attempt >= 3 {
 				return sb, err
+			}
+			if e := toSandbox(have); e.EndReason != "" {
+				ended = e
 			}
 			continue // the Pod had ended and is gone now: make it anew
 		}
@@ -134,6 +138,7 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 			return backend.Sandbox{}, err
 		}
 		sb.Adopted = stored != nil
+		sb.EndReason, sb.EndMessage = ended.EndReason, ended.EndMessage
 		return sb, nil
 	}
 }
@@ -453,8 +458,8 @@ func podProblem(name string, p *corev1.Pod) error {
 }
 
 // toSandbox converts a Pod: running while its sandbox container runs, created
-// while it is pending, stopped once ended. Its ID is its volume claim's UID
-// (AnnotationVolumeUID), which outlives the Pod, else the Pod's.
+// while it is pending, stopped once ended (with why: endOf). Its ID is its volume
+// claim's UID (AnnotationVolumeUID), which outlives the Pod, else the Pod's.
 func toSandbox(p *corev1.Pod) backend.Sandbox {
 	id := p.Annotations[AnnotationVolumeUID]
 	if id == "" {
@@ -472,7 +477,65 @@ func toSandbox(p *corev1.Pod) backend.Sandbox {
 	case p.Status.Phase == corev1.PodPending:
 		sb.State = backend.StateCreated
 	}
+	if sb.State == backend.StateStopped {
+		sb.EndReason, sb.EndMessage = endOf(p)
+	}
 	return sb
+}
+
+// disruptionTarget is the Pod condition that Kubernetes sets on a Pod it is about
+// to end for a disruption (an eviction, a preemption, a taint, the Pod garbage
+// collector, the kubelet).
+const disruptionTarget corev1.PodConditionType = "DisruptionTarget"
+
+// endOf says why Pod p, which is not running (ended, or being deleted), ended,
+// as backend.Sandbox's EndReason and EndMessage: the Pod's status reason and
+// message, set by the kubelet (Evicted: "The node was low on resource: memory",
+// "Usage of EmptyDir volume ... exceeds the limit"; Shutdown, NodeAffinity, ...);
+// else its DisruptionTarget condition (the eviction API: Evicted; a preemption,
+// a taint or the Pod garbage collector: their reasons); else the sandbox
+// container's terminated reason (OOMKilled, Error, Completed, set by the container
+// runtime) with its exit code. The container's termination message is not used:
+// the sandbox writes it. Empty when the Pod does not say, and for a Pod being
+// deleted without a disruption condition (berth's Stop or Remove, or someone's
+// kubectl delete: Kubernetes does not say whose), whose container ends because of
+// the deletion.
+func endOf(p *corev1.Pod) (reason, message string) {
+	clean := backend.SanitizeEndMessage
+	if p.Status.Reason != "" {
+		return clean(p.Status.Reason), clean(p.Status.Message)
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type != disruptionTarget || c.Status != corev1.ConditionTrue {
+			continue
+		}
+		if c.Reason == "EvictionByEvictionAPI" {
+			return backend.EndEvicted, clean(c.Message)
+		}
+		return clean(c.Reason), clean(c.Message)
+	}
+	if p.DeletionTimestamp != nil {
+		return "", ""
+	}
+	for _, s := range p.Status.ContainerStatuses {
+		if s.Name != ContainerName || s.State.Terminated == nil {
+			continue
+		}
+		t := s.State.Terminated
+		reason = t.Reason
+		if reason == "" {
+			reason = backend.EndError
+			if t.ExitCode == 0 {
+				reason = backend.EndCompleted
+			}
+		}
+		what := fmt.Sprintf("the sandbox container's agent exited with code %d", t.ExitCode)
+		if t.Signal != 0 {
+			what = fmt.Sprintf("the sandbox container's agent was killed by signal %d", t.Signal)
+		}
+		return clean(reason), what
+	}
+	return "", ""
 }
 
 // get returns the Pod of sandbox name, or ErrNotFound (also for a Pod of that

@@ -603,7 +603,7 @@ func (r *Registry) acquireMember(ctx context.Context, p *pending, session string
 		p.member = &claimed{entry: e, lock: mlock}
 		p.lease = &Lease{Session: session, Driver: rule.Driver, Sandbox: e.Sandbox, Rule: rule, Created: true, Pooled: true}
 		if recorded {
-			p.lease.Recreated, p.lease.RecreatedReason = true, recreatedReason(old, rule.Driver)
+			p.lease.Recreated, p.lease.RecreatedReason = true, recreatedReason(old, rule.Driver, backend.Sandbox{})
 		}
 		p.rec = record{Session: session, Driver: rule.Driver, Sandbox: e.Sandbox, Scope: rule.Glob,
 			SpecHash: e.Hash, Created: now, LastUsed: now, Agent: e.Agent, Pooled: true}
@@ -675,6 +675,12 @@ func (r *Registry) adoptMember(ctx context.Context, p *pending, session string, 
 	p.member = &claimed{lock: mlock}
 	p.lease = &Lease{Session: session, Driver: rule.Driver, Sandbox: old.Sandbox, Rule: rule, Pooled: true,
 		Drift: have != rule.PoolHash(r.owner)}
+	if !sb.Adopted {
+		// The driver made it anew (a Pod that had ended: stop means remove there).
+		p.lease.Created, p.lease.Recreated, p.lease.RecreatedReason = true, true, recreatedReason(old, rule.Driver, sb)
+	} else if sb.EndReason != "" {
+		r.log.Warn("session's sandbox had ended; started it again with its files", "session", session, "sandbox", old.Sandbox, "reason", endCause(sb))
+	}
 	rec := old
 	rec.SpecHash, rec.Agent, rec.LastUsed = have, p.caps.Agent, r.stamp()
 	p.rec = rec

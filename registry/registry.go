@@ -465,8 +465,10 @@ func (r *Registry) createIn(ctx context.Context, p *pending, session string, rul
 	p.lease, p.rec = r.leaseOf(session, rule, p, sb, now)
 	switch {
 	case (hadOld || wasMember) && !sb.Adopted:
-		p.lease.Recreated, p.lease.RecreatedReason = true, recreatedReason(old, rule.Driver)
+		p.lease.Recreated, p.lease.RecreatedReason = true, recreatedReason(old, rule.Driver, sb)
 		r.log.Warn("session's sandbox was gone; created a new one", "session", session, "sandbox", name, "reason", p.lease.RecreatedReason)
+	case hadOld && sb.EndReason != "":
+		r.log.Warn("session's sandbox had ended; started it again with its files", "session", session, "sandbox", name, "reason", endCause(sb))
 	case moved && !sb.Adopted:
 		p.lease.Recreated, p.lease.RecreatedReason = true, movedReason(old, rule, name)
 	case moved:

@@ -211,12 +211,38 @@ func movedBackReason(old record, rule *config.Rule, sandbox string) string {
 		rule.Pos(), what, sandbox, rule.Driver, old.Sandbox, old.Driver)
 }
 
-// recreatedReason says why a session that had a sandbox got a new one.
-func recreatedReason(old record, driver string) string {
+// recreatedReason says why a session that had a sandbox got a new one, sb: retention
+// removed it, the runtime ended it (sb.EndReason, from Create: a Pod that was
+// evicted or OOM-killed cannot be started again), or it was gone.
+func recreatedReason(old record, driver string, sb backend.Sandbox) string {
 	if old.RemovedReason != "" {
 		return "its previous sandbox was removed by retention: " + old.RemovedReason + "; this one is new and empty"
 	}
+	if sb.EndReason != "" {
+		return fmt.Sprintf("its previous sandbox %s on driver %s had ended (%s); this one is new and empty", old.Sandbox, driver, endCause(sb))
+	}
 	return fmt.Sprintf("its previous sandbox %s no longer existed on driver %s (removed outside berth?); this one is new and empty", old.Sandbox, driver)
+}
+
+// endCause says why sb's run ended, from its EndReason and EndMessage (which
+// drivers take from the runtime; backends cleans a plugin's), for a notice:
+// "OOMKilled: the memory limit was reached ...".
+func endCause(sb backend.Sandbox) string {
+	why := sb.EndReason
+	switch sb.EndReason {
+	case backend.EndOOMKilled:
+		why += ": out of memory, its memory limit was reached"
+	case backend.EndEvicted:
+		why += " by its runtime"
+	case backend.EndError:
+		why += ": its agent exited with an error or was killed"
+	case backend.EndCompleted:
+		why += ": its agent exited"
+	}
+	if sb.EndMessage != "" && sb.EndMessage != sb.EndReason {
+		why += ": " + sb.EndMessage
+	}
+	return why
 }
 
 // crashed adds to err, an exec error on driver, that the driver's plugin has

@@ -737,3 +737,34 @@ func TestRecreateUnrecorded(t *testing.T) {
 		t.Errorf("Recreate of a bad session name: %v, want ErrInvalid", err)
 	}
 }
+
+// The recreate notice says why the previous sandbox ended when its driver's
+// Create says so (EndReason: a Pod evicted or OOM-killed that had to be made
+// anew), retention's reason when retention removed it, and that it was gone
+// otherwise.
+func TestRecreatedReasonEnd(t *testing.T) {
+	old := record{Session: "s", Driver: "kubernetes", Sandbox: "b-1"}
+	for _, c := range []struct {
+		sb   backend.Sandbox
+		want []string
+	}{
+		{backend.Sandbox{EndReason: backend.EndOOMKilled, EndMessage: "the sandbox container's agent exited with code 137"},
+			[]string{"b-1 on driver kubernetes had ended (OOMKilled: out of memory, its memory limit was reached: the sandbox container's agent exited with code 137)", "new and empty"}},
+		{backend.Sandbox{EndReason: backend.EndEvicted, EndMessage: "The node was low on resource: memory."},
+			[]string{"had ended (Evicted by its runtime: The node was low on resource: memory.)"}},
+		{backend.Sandbox{EndReason: "Shutdown"}, []string{"had ended (Shutdown)"}},
+		{backend.Sandbox{}, []string{"no longer existed on driver kubernetes (removed outside berth?)"}},
+	} {
+		got := recreatedReason(old, "kubernetes", c.sb)
+		for _, w := range c.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("recreatedReason for %+v = %q, want it to say %q", c.sb, got, w)
+			}
+		}
+	}
+	removed := old
+	removed.RemovedReason = "idle since ..."
+	if got := recreatedReason(removed, "kubernetes", backend.Sandbox{EndReason: backend.EndError}); !strings.Contains(got, "removed by retention: idle since") {
+		t.Errorf("retention's removal: %q", got)
+	}
+}

@@ -433,6 +433,8 @@ func (r *Registry) lostCause(driver, sandbox string) string {
 		return "the sandbox is gone (removed behind berth's back); the next call creates a new, empty one"
 	case err != nil:
 		return fmt.Sprintf("its driver could not tell what became of the sandbox: %v", r.crashed(driver, err))
+	case sb.State != backend.StateRunning && sb.EndReason != "":
+		return fmt.Sprintf("the sandbox is %s now: it ended during the call (%s); the command's outcome is unknown; the next call starts it again", sb.State, endCause(sb))
 	case sb.State != backend.StateRunning:
 		return fmt.Sprintf("the sandbox is %s now: it stopped or died during the call; the command's outcome is unknown; the next call starts it again", sb.State)
 	}

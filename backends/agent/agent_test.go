@@ -232,7 +232,7 @@ func TestTTY(t *testing.T) {
 		t.Errorf("stty size without stdin: %q %+v", out, res)
 	}
 
-	buf := newSyncBuffer()
+	buf := &testwait.Buffer{}
 	p, err := a.c.Exec(testCtx(t), backend.ExecRequest{
 		Argv: []string{"sh"}, TTY: true, Stdin: true, Stdout: buf,
 		Size: backend.WindowSize{Rows: 24, Cols: 80}, Env: []string{"PS1=$ "},
@@ -243,8 +243,8 @@ func TestTTY(t *testing.T) {
 	if _, err := p.Write([]byte("test -t 0 && printf 'TT%s\\n' Y; stty size\n")); err != nil {
 		t.Fatal(err)
 	}
-	buf.waitFor(t, "TTY")
-	buf.waitFor(t, "24 80")
+	buf.WaitFor(t, "TTY")
+	buf.WaitFor(t, "24 80")
 	// The resize is applied before the stdin that follows it.
 	if err := p.Resize(backend.WindowSize{Rows: 40, Cols: 100}); err != nil {
 		t.Fatal(err)
@@ -252,7 +252,7 @@ func TestTTY(t *testing.T) {
 	if _, err := p.Write([]byte("stty size\n")); err != nil {
 		t.Fatal(err)
 	}
-	buf.waitFor(t, "40 100")
+	buf.WaitFor(t, "40 100")
 	if _, err := p.Write([]byte("exit 7\n")); err != nil {
 		t.Fatal(err)
 	}
@@ -309,12 +309,12 @@ func TestCancelKillsTree(t *testing.T) {
 	a := startAgent(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	buf := newSyncBuffer()
+	buf := &testwait.Buffer{}
 	p, err := a.c.Exec(ctx, backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 301 & echo ready; sleep 301"}, Stdout: buf})
 	if err != nil {
 		t.Fatal(err)
 	}
-	buf.waitFor(t, "ready")
+	buf.WaitFor(t, "ready")
 	cancel()
 	res, err := p.Wait()
 	if err != nil || !res.Canceled {
@@ -336,12 +336,12 @@ func TestClientGoneKillsTree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	buf := newSyncBuffer()
+	buf := &testwait.Buffer{}
 	p, err := c.Exec(testCtx(t), backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 302 & echo ready; sleep 302"}, Stdout: buf})
 	if err != nil {
 		t.Fatal(err)
 	}
-	buf.waitFor(t, "ready")
+	buf.WaitFor(t, "ready")
 	testwait.Until(t, "both sleeps to run", func() bool { return len(procsWithArgs("sleep", "302")) == 2 })
 	c.Close()
 	if _, err := p.Wait(); !errors.Is(err, backend.ErrUnavailable) {
@@ -465,12 +465,12 @@ func TestWorkingDirectory(t *testing.T) {
 
 func TestSignal(t *testing.T) {
 	a := startAgent(t)
-	buf := newSyncBuffer()
+	buf := &testwait.Buffer{}
 	p, err := a.c.Exec(testCtx(t), backend.ExecRequest{Argv: []string{"sh", "-c", "echo ready; exec sleep 304"}, Stdout: buf})
 	if err != nil {
 		t.Fatal(err)
 	}
-	buf.waitFor(t, "ready")
+	buf.WaitFor(t, "ready")
 	if err := p.Signal(int(syscall.SIGTERM)); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/testwait"
 )
 
 // sandboxFixture is one sandbox as a driver sees it: the agent it runs now (nil when
@@ -88,7 +89,7 @@ func (f *sandboxFixture) setMissing() {
 // echo runs `echo WORD` in sandbox sb through the cache and checks its output.
 func (f *sandboxFixture) echo(t *testing.T, ctx context.Context, word string) error {
 	t.Helper()
-	out := newSyncBuffer()
+	out := &testwait.Buffer{}
 	p, err := cacheExec(ctx, f.cache, "sb", backend.ExecRequest{Argv: []string{"echo", word}, Stdout: out})
 	if err != nil {
 		return err
@@ -151,7 +152,7 @@ func TestConnCacheShared(t *testing.T) {
 	}
 
 	connects := f.connects.Load()
-	long, err := cacheExec(ctx, f.cache, "sb", backend.ExecRequest{Argv: []string{"sh", "-c", "read x; echo got $x"}, Stdin: true, Stdout: newSyncBuffer()})
+	long, err := cacheExec(ctx, f.cache, "sb", backend.ExecRequest{Argv: []string{"sh", "-c", "read x; echo got $x"}, Stdin: true, Stdout: &testwait.Buffer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +189,7 @@ func TestConnCacheLiveAgentUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	cached, _ := f.cache.Get(ctx, "sb")
-	out := newSyncBuffer()
+	out := &testwait.Buffer{}
 	long, err := cacheExec(ctx, f.cache, "sb", backend.ExecRequest{Argv: []string{"sh", "-c", "read x; echo got $x"}, Stdin: true, Stdout: out})
 	if err != nil {
 		t.Fatal(err)

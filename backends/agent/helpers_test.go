@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -151,52 +150,6 @@ func (a *testAgent) start(t *testing.T, env ...string) {
 	if err != nil || line != "ready\n" {
 		log, _ := os.ReadFile(a.logPath)
 		t.Fatalf("agent not ready: %q %v\nlog:\n%s", line, err, log)
-	}
-}
-
-// syncBuffer is an io.Writer whose content can be waited for.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-	ch  chan struct{}
-}
-
-func newSyncBuffer() *syncBuffer { return &syncBuffer{ch: make(chan struct{})} }
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf.Write(p)
-	close(b.ch)
-	b.ch = make(chan struct{})
-	return len(p), nil
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// waitFor waits until the buffer contains sub (testwait.Limit is the safety net).
-func (b *syncBuffer) waitFor(t *testing.T, sub string) {
-	t.Helper()
-	timeout := testwait.Limit
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
-	for {
-		b.mu.Lock()
-		if strings.Contains(b.buf.String(), sub) {
-			b.mu.Unlock()
-			return
-		}
-		ch := b.ch
-		b.mu.Unlock()
-		select {
-		case <-ch:
-		case <-timer.C:
-			t.Fatalf("timed out waiting for %q; have %q", sub, b.String())
-		}
 	}
 }
 

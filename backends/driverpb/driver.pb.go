@@ -1090,8 +1090,14 @@ type Sandbox struct {
 	State  string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
 	Labels map[string]string      `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Unset means the zero time.
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	Adopted       bool                   `protobuf:"varint,6,opt,name=adopted,proto3" json:"adopted,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	Adopted   bool                   `protobuf:"varint,6,opt,name=adopted,proto3" json:"adopted,omitempty"`
+	// Why the sandbox's last run ended when the runtime ended it (backend.Sandbox's
+	// EndReason: "OOMKilled", "Evicted", "Error", "Completed", or the runtime's own
+	// word), and the runtime's one-line detail; empty when unknown. A host that
+	// predates them ignores them.
+	EndReason     string `protobuf:"bytes,7,opt,name=end_reason,json=endReason,proto3" json:"end_reason,omitempty"`
+	EndMessage    string `protobuf:"bytes,8,opt,name=end_message,json=endMessage,proto3" json:"end_message,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1166,6 +1172,20 @@ func (x *Sandbox) GetAdopted() bool {
 		return x.Adopted
 	}
 	return false
+}
+
+func (x *Sandbox) GetEndReason() string {
+	if x != nil {
+		return x.EndReason
+	}
+	return ""
+}
+
+func (x *Sandbox) GetEndMessage() string {
+	if x != nil {
+		return x.EndMessage
+	}
+	return ""
 }
 
 type CreateRequest struct {
@@ -2869,7 +2889,7 @@ const file_driver_proto_rawDesc = "" +
 	"\x03dir\x18\x02 \x01(\tR\x03dir\x12\x1d\n" +
 	"\n" +
 	"socket_dir\x18\x03 \x01(\tR\tsocketDir\x12\x16\n" +
-	"\x06static\x18\x04 \x01(\bR\x06static\"\x91\x02\n" +
+	"\x06static\x18\x04 \x01(\bR\x06static\"\xd1\x02\n" +
 	"\aSandbox\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
@@ -2877,7 +2897,11 @@ const file_driver_proto_rawDesc = "" +
 	"\x06labels\x18\x04 \x03(\v2$.berth.driver.v1.Sandbox.LabelsEntryR\x06labels\x129\n" +
 	"\n" +
 	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x18\n" +
-	"\aadopted\x18\x06 \x01(\bR\aadopted\x1a9\n" +
+	"\aadopted\x18\x06 \x01(\bR\aadopted\x12\x1d\n" +
+	"\n" +
+	"end_reason\x18\a \x01(\tR\tendReason\x12\x1f\n" +
+	"\vend_message\x18\b \x01(\tR\n" +
+	"endMessage\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"t\n" +

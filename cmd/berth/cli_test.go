@@ -370,25 +370,8 @@ func pids(ps []procInfo) []int {
 type running struct {
 	cmd    *exec.Cmd
 	lines  chan string
-	stderr *lockedBuffer
+	stderr *testwait.Buffer
 	all    []string
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func (e *env) start(args ...string) *running {
@@ -398,7 +381,7 @@ func (e *env) start(args ...string) *running {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	r := &running{cmd: cmd, lines: make(chan string, 100), stderr: &lockedBuffer{}}
+	r := &running{cmd: cmd, lines: make(chan string, 100), stderr: &testwait.Buffer{}}
 	cmd.Stderr = r.stderr
 	if err := cmd.Start(); err != nil {
 		e.t.Fatal(err)

@@ -75,7 +75,7 @@ func TestPruneWatchDaemon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr lockedBuffer
+	var stderr testwait.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

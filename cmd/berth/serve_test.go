@@ -44,7 +44,7 @@ import (
 type daemon struct {
 	t      *testing.T
 	cmd    *exec.Cmd
-	stderr *lockedBuffer
+	stderr *testwait.Buffer
 	exited chan struct{}
 	listen string // what its ready line says: unix:///PATH or tcp://HOST:PORT
 	sock   string // the unix socket, for unix listeners
@@ -56,7 +56,7 @@ type daemon struct {
 // startServe starts `berth serve --log-json ARGS...` in e; it does not wait.
 func (e *env) startServe(args ...string) *daemon {
 	e.t.Helper()
-	d := &daemon{t: e.t, stderr: &lockedBuffer{}, exited: make(chan struct{})}
+	d := &daemon{t: e.t, stderr: &testwait.Buffer{}, exited: make(chan struct{})}
 	d.cmd = e.command(append([]string{"serve", "--log-json"}, args...)...)
 	d.cmd.Stderr = d.stderr
 	if err := d.cmd.Start(); err != nil {
@@ -571,7 +571,7 @@ func TestServeLogReaderGone(t *testing.T) {
 	for sc.Scan() && !strings.Contains(sc.Text(), "berth serve ready") {
 	}
 	logs.Close() // the reader is gone: the next log line meets a broken pipe
-	d := &daemon{t: t, stderr: &lockedBuffer{}, exited: exited, cmd: cmd, listen: "unix://" + filepath.Join(e.state, "berth.sock")}
+	d := &daemon{t: t, stderr: &testwait.Buffer{}, exited: exited, cmd: cmd, listen: "unix://" + filepath.Join(e.state, "berth.sock")}
 	d.sock = strings.TrimPrefix(d.listen, "unix://")
 	d.base = "http://berth"
 	d.client = &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -1131,7 +1131,7 @@ func benchServe(b *testing.B, config string) (environ []string, client *http.Cli
 	}
 	cmd := exec.Command(berthBin, "serve", "--log-level", "warn")
 	cmd.Env = environ
-	var stderr lockedBuffer
+	var stderr testwait.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)

@@ -364,14 +364,6 @@ func TestServeFiles(t *testing.T) {
 	}
 }
 
-// ttyOutput collects a TTY's output and says when it holds a string.
-type ttyOutput struct{ lockedBuffer }
-
-func (o *ttyOutput) waitFor(t *testing.T, s string) {
-	t.Helper()
-	testwait.Until(t, fmt.Sprintf("%q in the terminal's output", s), func() bool { return strings.Contains(o.String(), s) })
-}
-
 // A TTY over the WebSocket: sh with a terminal of the asked size, input, a resize
 // applied in order with the input, SIGINT to the command, and the exit code.
 func TestServeTTY(t *testing.T) {
@@ -389,7 +381,7 @@ func TestServeTTY(t *testing.T) {
 	if started.Session != "tty" || started.Driver != "local" || started.Sandbox == "" {
 		t.Errorf("started %+v", started)
 	}
-	var out ttyOutput
+	var out testwait.Buffer
 	type result struct {
 		res server.ExecResult
 		err error
@@ -399,12 +391,12 @@ func TestServeTTY(t *testing.T) {
 		res, err := tc.wait(&out)
 		done <- result{res, err}
 	}()
-	out.waitFor(t, "24 80")
+	out.WaitFor(t, "24 80")
 	if err := tc.resize(backend.WindowSize{Rows: 50, Cols: 132}); err != nil {
 		t.Fatal(err)
 	}
 	tc.Write([]byte("go\n"))
-	out.waitFor(t, "ready")
+	out.WaitFor(t, "ready")
 	if !strings.Contains(out.String(), "50 132") {
 		t.Errorf("stty size after the resize: %q", out.String())
 	}
@@ -474,7 +466,7 @@ func TestServeShellClient(t *testing.T) {
 		t.Errorf("a TTY without the token: %v", err)
 	}
 	api.token = token
-	var out ttyOutput
+	var out testwait.Buffer
 	noSignals := make(chan os.Signal)
 	res, err := api.shell(context.Background(), "main", false, strings.NewReader("echo via-$((40+2)); exit 5\n"), &out,
 		backend.WindowSize{Rows: 30, Cols: 100}, func() (backend.WindowSize, bool) { return backend.WindowSize{}, false }, noSignals, noSignals,
@@ -512,7 +504,7 @@ func TestServeFilesDocker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var tout ttyOutput
+	var tout testwait.Buffer
 	r, err := tc.wait(&tout)
 	if err != nil || r.ExitCode != 0 || strings.TrimSpace(tout.String()) != "33 99" {
 		t.Errorf("stty size in a container: %+v %v %q", r, err, tout.String())
@@ -632,7 +624,7 @@ func TestServeTTYShutdown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out ttyOutput
+	var out testwait.Buffer
 	done := make(chan server.ExecResult, 1)
 	go func() {
 		res, err := tc.wait(&out)
@@ -641,7 +633,7 @@ func TestServeTTYShutdown(t *testing.T) {
 		}
 		done <- res
 	}()
-	out.waitFor(t, "started")
+	out.WaitFor(t, "started")
 	testwait.Until(t, "both sleeps of the TTY", func() bool { return len(marked(mark)) >= 2 })
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	if res := <-done; res.ExitCode != 143 {

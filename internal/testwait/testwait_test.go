@@ -3,6 +3,7 @@ package testwait
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -52,5 +53,43 @@ func TestUntilFailsSayingWhat(t *testing.T) {
 	Until(&f, "now", func() bool { return true })
 	if f.failed != "" {
 		t.Errorf("failure %q for a cond that holds", f.failed)
+	}
+}
+
+func TestBufferWaitFor(t *testing.T) {
+	var b Buffer
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		b.WaitFor(t, "ready")
+	}()
+	// Written in pieces, so that the waiter may see "rea" first; whenever it
+	// looks, it returns only once the whole word is there.
+	for _, s := range []string{"starting\n", "rea", "dy\n"} {
+		fmt.Fprint(&b, s)
+	}
+	<-done
+	if got := b.String(); got != "starting\nready\n" || b.Len() != len(got) {
+		t.Errorf("String %q, Len %d", got, b.Len())
+	}
+}
+
+type fatalRecorder struct{ msg string }
+
+func (f *fatalRecorder) Helper() {}
+func (f *fatalRecorder) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+}
+
+func TestBufferWaitForTimesOut(t *testing.T) {
+	old := Limit
+	Limit = 10 * time.Millisecond
+	defer func() { Limit = old }()
+	var b Buffer
+	b.Write([]byte("other"))
+	var f fatalRecorder
+	b.WaitFor(&f, "never")
+	if !strings.Contains(f.msg, `"never"`) || !strings.Contains(f.msg, `"other"`) {
+		t.Errorf("failure %q, want it to name what was awaited and what the buffer held", f.msg)
 	}
 }
