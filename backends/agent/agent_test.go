@@ -580,6 +580,7 @@ func TestThreadsMadeInAdvance(t *testing.T) {
 	if threads > threadBudget {
 		t.Errorf("agent has %d threads after start, want at most %d", threads, threadBudget)
 	}
+	t.Logf("%d threads (%d made in advance)", threads, prestartCount())
 }
 
 // A burst of concurrent execs (more than the blocking-call cap), copies and a TTY

@@ -365,10 +365,11 @@ func catchSignals(logger *log.Logger) {
 	}()
 }
 
-// prestartCount is how many threads serve makes in advance: one per P (after serve
-// capped GOMAXPROCS), per capped blocking call and per copy, and spareThreads.
+// prestartCount is how many threads serve makes in advance: one per P (GOMAXPROCS,
+// which serve caps at maxProcs), per capped blocking call and per copy, and
+// spareThreads.
 func prestartCount() int {
-	return runtime.GOMAXPROCS(0) + maxBlocking + maxCopies + spareThreads
+	return min(runtime.GOMAXPROCS(0), maxProcs) + maxBlocking + maxCopies + spareThreads
 }
 
 // prestartThreads makes the Go runtime create at least n OS threads now and keep them
