@@ -24,6 +24,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/benchutil"
 )
 
 // Options configures Run.
@@ -416,9 +417,8 @@ func waitTrue(p backend.Process, err error) error {
 
 // percentiles returns the nearest-rank p50 and p95 of samples.
 func percentiles(samples []time.Duration) Latency {
-	s := append([]time.Duration(nil), samples...)
-	sort.Slice(s, func(a, c int) bool { return s[a] < s[c] })
-	return Latency{P50: s[len(s)*50/100], P95: s[min(len(s)-1, len(s)*95/100)]}
+	p50, p95 := benchutil.Percentiles(samples)
+	return Latency{P50: p50, P95: p95}
 }
 
 // removeMany removes sbs, o.Parallel at a time, with a context of its own (it also
