@@ -534,20 +534,97 @@ func TestAgentIgnoresSignals(t *testing.T) {
 	}
 }
 
-func TestThreadsMadeInAdvance(t *testing.T) {
-	a := startAgent(t)
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(a.pid) + "/status")
+// procThreads returns the Threads line of /proc/PID/status.
+func procThreads(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var threads int
 	for _, line := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
-			threads, _ = strconv.Atoi(strings.TrimSpace(v))
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatalf("/proc/%d/status: %q", pid, line)
+			}
+			return n
 		}
 	}
-	if min := maxBlocking + maxCopies + 8; threads < min {
-		t.Errorf("agent has %d threads, want at least %d", threads, min)
+	t.Fatalf("/proc/%d/status has no Threads line", pid)
+	return 0
+}
+
+// runtimeThreads is how many threads the Go runtime adds to those the agent makes in
+// advance: sysmon, the template thread, os/signal's locked thread and the thread that
+// runs the P while the others are made.
+const runtimeThreads = 4
+
+// threadBudget is the most threads an idle agent may have: a thousand sandboxes must
+// fit under 28000 host threads (kernel.pid_max is 32768 and host-global) beside a
+// runtime shim of ~11.5 threads each and ~0.5 of the daemons' per sandbox
+// (docs/performance.md, "Density").
+const threadBudget = 16
+
+// The agent makes its threads in advance, and no more than the thousand-sandbox
+// budget allows: prestartCount plus the runtime's own, 15 on Linux (26 before the
+// cut).
+func TestThreadsMadeInAdvance(t *testing.T) {
+	a := startAgent(t)
+	threads := procThreads(t, a.pid)
+	if min := prestartCount(); threads < min {
+		t.Errorf("agent has %d threads, want at least the %d it makes in advance", threads, min)
+	}
+	if prestartCount()+runtimeThreads > threadBudget {
+		t.Errorf("prestartCount %d + the runtime's %d threads exceed the budget of %d", prestartCount(), runtimeThreads, threadBudget)
+	}
+	if threads > threadBudget {
+		t.Errorf("agent has %d threads after start, want at most %d", threads, threadBudget)
+	}
+	t.Logf("%d threads (%d made in advance)", threads, prestartCount())
+}
+
+// A burst of concurrent execs (more than the blocking-call cap), copies and a TTY
+// exec makes the agent create no thread beyond those it made in advance: the runtime
+// never frees an idle thread, so one made during the burst would still be counted,
+// and under pids exhaustion its clone would have failed and crashed the agent.
+func TestNoThreadsMadeUnderLoad(t *testing.T) {
+	a := startAgent(t)
+	if _, _, res := run(t, a.c, sh("true")); res.ExitCode != 0 {
+		t.Fatalf("warm-up exec: %+v", res)
+	}
+	before := procThreads(t, a.pid)
+	const n = 3 * maxBlocking * 2
+	errs := make(chan error, n+2*maxCopies+1)
+	for i := 0; i < n; i++ {
+		go func() {
+			p, err := a.c.Exec(testCtx(t), backend.ExecRequest{Argv: []string{"sh", "-c", "head -c 100000 /dev/zero; cat"}, Stdout: io.Discard, Stdin: true})
+			if err == nil {
+				p.Write([]byte("x"))
+				p.CloseStdin()
+				_, err = p.Wait()
+			}
+			errs <- err
+		}()
+	}
+	for i := 0; i < 2*maxCopies; i++ {
+		go func() {
+			errs <- a.c.CopyOut(testCtx(t), "/etc", io.Discard)
+		}()
+	}
+	go func() {
+		p, err := a.c.Exec(testCtx(t), backend.ExecRequest{Argv: []string{"sh", "-c", "echo tty"}, TTY: true, Stdout: io.Discard})
+		if err == nil {
+			_, err = p.Wait()
+		}
+		errs <- err
+	}()
+	for i := 0; i < cap(errs); i++ {
+		if err := <-errs; err != nil {
+			t.Errorf("under load: %v", err)
+		}
+	}
+	if after := procThreads(t, a.pid); after > before {
+		t.Errorf("the agent made %d threads under load (%d before, %d after): prestartCount %d does not cover the peak", after-before, before, after, prestartCount())
 	}
 }
 

@@ -82,11 +82,24 @@ type ServeOptions struct {
 // maxBlocking caps the system calls that block an OS thread (fork, /proc scans,
 // stat) the agent makes at the same time; maxCopies caps the copy operations (whose
 // file I/O blocks a thread each).
+//
+// Together they fix the agent's threads, which it makes in advance (prestartThreads)
+// and which count against the sandbox's pids limit and, with a thousand sandboxes on
+// one host, against the host's kernel.pid_max: GOMAXPROCS (maxProcs) threads that run
+// Go code, one per capped blocking call, spareThreads for the reaper's wait4 and the
+// short calls that are not capped (log writes, reads of /etc/passwd), plus the Go
+// runtime's own (sysmon, the template thread, os/signal's locked thread, and the one
+// that runs the P while the others are made): 15 in all on Linux, where 26 were made
+// before (docs/performance.md, "Density").
 const (
-	maxBlocking = 8
+	maxBlocking = 4
 	maxCopies   = 2
-	// maxProcs caps GOMAXPROCS.
-	maxProcs = 4
+	// maxProcs caps GOMAXPROCS: the agent waits on processes and pipes, and one P
+	// streams output far faster than a sandbox's commands make it.
+	maxProcs = 1
+	// spareThreads are the threads made in advance beyond one per P and per capped
+	// call.
+	spareThreads = 3
 	// sidPruneAt is the number of remembered exec sessions at which the ones without
 	// a live process are forgotten.
 	sidPruneAt = 1024
@@ -116,13 +129,13 @@ func Serve(opts ServeOptions) error {
 }
 
 func serve(opts ServeOptions, logger *log.Logger) error {
-	catchSignals(logger)
 	// The agent needs little CPU; every P may need a thread, and threads count
 	// against the sandbox's pids limit.
 	if runtime.GOMAXPROCS(0) > maxProcs {
 		runtime.GOMAXPROCS(maxProcs)
 	}
-	prestartThreads(runtime.GOMAXPROCS(0) + maxBlocking + maxCopies + 8)
+	catchSignals(logger)
+	prestartThreads(prestartCount())
 	if opts.Subreaper {
 		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 			return fmt.Errorf("agent: PR_SET_CHILD_SUBREAPER: %w", err)
@@ -350,6 +363,13 @@ func catchSignals(logger *log.Logger) {
 			}
 		}
 	}()
+}
+
+// prestartCount is how many threads serve makes in advance: one per P (GOMAXPROCS,
+// which serve caps at maxProcs), per capped blocking call and per copy, and
+// spareThreads.
+func prestartCount() int {
+	return min(runtime.GOMAXPROCS(0), maxProcs) + maxBlocking + maxCopies + spareThreads
 }
 
 // prestartThreads makes the Go runtime create at least n OS threads now and keep them
