@@ -683,6 +683,9 @@ func (r *Registry) adoptMember(ctx context.Context, p *pending, session string, 
 	}
 	rec := old
 	rec.SpecHash, rec.Agent, rec.LastUsed = have, p.caps.Agent, r.stamp()
+	if !sb.Adopted {
+		rec.Created = rec.LastUsed // a new sandbox: its retention starts now
+	}
 	p.rec = rec
 	return true, nil
 }
