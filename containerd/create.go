@@ -565,7 +565,7 @@ func formatAgentLog(log string) string {
 		}
 		s = strings.TrimSpace(before + "\n" + strings.TrimSpace(report))
 		if strings.Contains(report, "runtime.newosproc") {
-			s = "the agent's Go runtime could not make a thread (is the sandbox's pids limit too low? the agent needs some 30 of its own): " + s
+			s = "the agent's Go runtime could not make a thread (is the sandbox's pids limit too low? the agent needs some 15 to 20 of its own): " + s
 		}
 	} else {
 		s = strings.TrimSpace(log[max(len(log)-show, 0):])
