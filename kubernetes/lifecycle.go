@@ -156,7 +156,14 @@ func (d *Driver) putSecret(ctx context.Context, cs *kubernetes.Clientset, ns str
 	}
 	old, err := cs.CoreV1().Secrets(ns).Get(ctx, s.Name, metav1.GetOptions{})
 	if err != nil {
-		return d.wrap("get secret "+s.Name, err)
+		werr := d.wrap("get secret "+s.Name, err)
+		if errors.Is(werr, backend.ErrNotFound) {
+			// Gone since the create: the garbage collector deleted the Secret of
+			// the ended Pod it belonged to in between. The name is free now.
+			_, err = cs.CoreV1().Secrets(ns).Create(ctx, s, metav1.CreateOptions{})
+			return d.wrap("create secret "+s.Name, err)
+		}
+		return werr
 	}
 	if old.Labels[LabelManagedBy] != "berth" || old.Annotations[AnnotationSandbox] != s.Annotations[AnnotationSandbox] {
 		return backend.Errorf(backend.ErrConflict, "kubernetes sandbox %s: a Secret %s exists in namespace %s that berth did not make; berth leaves it alone: remove or rename it", s.Annotations[AnnotationSandbox], s.Name, ns)

@@ -523,7 +523,7 @@ func TestExecExitCodes(t *testing.T) {
 }
 
 // execJSONKeys are the keys of `berth exec --json`, and no others.
-var execJSONKeys = []string{"driver", "duration_ms", "exit_code", "oom_killed", "recreated", "sandbox", "session", "signal",
+var execJSONKeys = []string{"driver", "duration_ms", "exit_code", "oom_killed", "pooled", "recreated", "sandbox", "session", "signal",
 	"stderr", "stderr_truncated_bytes", "stdout", "stdout_truncated_bytes", "timed_out"}
 
 var sandboxName = regexp.MustCompile(`^b-[0-9a-f]{8}-[0-9a-f]{16}$`)
