@@ -210,6 +210,64 @@ func (r *Registry) poolRule(e poolEntry) *config.Rule {
 	return nil
 }
 
+// poolMaker returns this registry's maker id (16 hex digits), taking on first use
+// the flock of its maker lock file, which it holds until Close: entries it
+// reserves carry the id, and while the lock is held they are its own.
+func (r *Registry) poolMaker() (string, error) {
+	r.makerMu.Lock()
+	defer r.makerMu.Unlock()
+	if r.maker != nil {
+		return r.makerID, nil
+	}
+	id := randomHex(8)
+	h, ok, err := flock.TryLock(r.makerLockPath(id))
+	if err != nil {
+		return "", fmt.Errorf("warm pools: %w", err)
+	}
+	if !ok {
+		return "", fmt.Errorf("warm pools: the maker lock %s is held by another process", r.makerLockPath(id))
+	}
+	r.maker, r.makerID = h, id
+	return id, nil
+}
+
+// makerLockPath is the flock that the registry whose maker id is id holds while it
+// lives: STATE/locks/pool-maker-ID.filler (a name prune's lock cleanup leaves alone).
+func (r *Registry) makerLockPath(id string) string {
+	return filepath.Join(r.stateDir, "locks", "pool-maker-"+id+".filler")
+}
+
+// makerGone reports whether the registry of maker id no longer lives: its lock
+// can be taken (its process died, or it closed the registry). The lock file is
+// then deleted. An entry without a maker id, of this registry, or with an id that
+// is not 16 hex digits is not judged.
+func (r *Registry) makerGone(id string) bool {
+	r.makerMu.Lock()
+	self := r.makerID
+	r.makerMu.Unlock()
+	if id == "" || id == self || !isHex16(id) {
+		return false
+	}
+	h, ok, err := flock.TryLock(r.makerLockPath(id))
+	if err != nil || !ok {
+		return false
+	}
+	h.Unlock(true)
+	return true
+}
+
+func isHex16(s string) bool {
+	if len(s) != 16 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
 // poolParallel bounds how many members of one pool FillPools makes at once.
 const poolParallel = 4
 
@@ -309,7 +367,7 @@ func (r *Registry) FillPools(ctx context.Context) error {
 				cause = PoolStale
 			}
 		case e.Ready.IsZero():
-			if now.Sub(e.Created) >= r.grace {
+			if now.Sub(e.Created) >= r.grace || r.makerGone(e.Maker) {
 				cause = PoolStale
 			}
 		case rule == nil:
@@ -429,7 +487,11 @@ func (r *Registry) removeMember(ctx context.Context, driver, sandbox string) err
 func (r *Registry) makeMember(ctx context.Context, rule *config.Rule) (bool, error) {
 	id := randomHex(8)
 	spec := rule.MemberSpec(r.owner, id)
-	e := poolEntry{Driver: rule.Driver, Sandbox: spec.Name, ID: id, Scope: rule.Glob, Hash: spec.Labels[backend.LabelSpecHash], Created: r.stamp()}
+	maker, err := r.poolMaker()
+	if err != nil {
+		return false, err
+	}
+	e := poolEntry{Driver: rule.Driver, Sandbox: spec.Name, ID: id, Scope: rule.Glob, Hash: spec.Labels[backend.LabelSpecHash], Created: r.stamp(), Maker: maker}
 	if ok, err := r.store.poolReserve(e, rule.Pool.Size); err != nil || !ok {
 		return false, err
 	}

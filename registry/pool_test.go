@@ -14,6 +14,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/flock"
 	"github.com/berth-sh/berth/registry/config"
 )
 
@@ -111,6 +112,9 @@ func TestPoolClaimAndRefill(t *testing.T) {
 	}
 	if len(e.creates()) != created {
 		t.Fatalf("the claim created a sandbox: %v", e.creates())
+	}
+	if _, err := os.Stat(r.lockPath(config.SandboxName(mustOwner(t, r), "task:1"))); !os.IsNotExist(err) {
+		t.Fatalf("the claim left the lock file of the session's own sandbox name: %v", err)
 	}
 	if p := poolOf(t, r, "task:*"); p.Ready != 1 {
 		t.Fatalf("after the claim: %+v, want 1 ready", p)
@@ -467,5 +471,46 @@ func TestPoolBlockRemovedDrains(t *testing.T) {
 		if _, err := os.Stat(e.driverDir(m)); !os.IsNotExist(err) {
 			t.Fatalf("member %s still exists (%v)", m, err)
 		}
+	}
+}
+
+// An entry still being made by a berth that died (its maker's lock is free) is
+// stale at once: the next fill drops it and fills the pool to its size, instead of
+// counting it for the grace period. One whose maker lives is left alone.
+func TestPoolDeadMakerEntry(t *testing.T) {
+	e := newEnv(t, poolRules)
+	r := e.open()
+	owner := mustOwner(t, r)
+	rule, _, _ := r.cfg.Match("task:x")
+	reserve := func(id, maker string) string {
+		spec := rule.MemberSpec(owner, id)
+		ok, err := r.store.poolReserve(poolEntry{Driver: "local", Sandbox: spec.Name, ID: id, Scope: rule.Glob,
+			Hash: rule.PoolHash(owner), Created: time.Now().UTC(), Maker: maker}, 2)
+		if err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		return spec.Name
+	}
+	dead := reserve("00000000000000d1", "deadbeefdeadbeef")
+	held, ok, err := flock.TryLock(r.makerLockPath("a1a1a1a1a1a1a1a1"))
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	defer held.Unlock(true)
+	alive := reserve("00000000000000a1", "a1a1a1a1a1a1a1a1")
+	fill(t, r)
+	p := poolOf(t, r, "task:*")
+	states := map[string]string{}
+	for _, m := range p.Members {
+		states[m.Sandbox] = m.State
+	}
+	if _, ok := states[dead]; ok {
+		t.Fatalf("the dead maker's entry is still there: %+v", p)
+	}
+	if states[alive] != "creating" || p.Ready != 1 {
+		t.Fatalf("pool %+v: want the live maker's entry kept (creating) and one ready member", p)
+	}
+	if _, err := os.Stat(r.makerLockPath("deadbeefdeadbeef")); !os.IsNotExist(err) {
+		t.Fatalf("the dead maker's lock file remains: %v", err)
 	}
 }

@@ -29,6 +29,10 @@ type poolEntry struct {
 	Ready   time.Time          `json:"ready,omitzero"`
 	Claimed time.Time          `json:"claimed,omitzero"`
 	Session string             `json:"session,omitempty"`
+	// Maker is the id of the registry that reserved the entry (makerID): while it
+	// lives it holds the flock of makerLockPath(Maker), so another filler can tell
+	// at once that an entry still being made was left by a berth that died.
+	Maker string `json:"maker,omitempty"`
 }
 
 func poolKey(driver, sandbox string) []byte { return []byte(driver + "\x00" + sandbox) }

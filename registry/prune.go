@@ -503,6 +503,13 @@ func (r *Registry) pruneFiles(listed map[sbKey]bool, listedOK map[string]bool, a
 	// clock says: a shifted clock must not make a file being written look old.
 	old := func(fi os.FileInfo) bool { return time.Since(fi.ModTime()) >= r.grace }
 	live := liveSandboxes(recs)
+	entries, err := r.store.poolAll()
+	if err != nil {
+		return []PruneAction{{Action: PruneKeep, Path: r.stateDir, Cause: CauseRecorded, Error: err.Error()}}
+	}
+	for _, e := range entries {
+		live[sbKey{e.Driver, e.Sandbox}] = true // a member's files go with its entry
+	}
 	byName := map[string][]fileCandidate{}
 	add := func(c fileCandidate) { byName[c.name] = append(byName[c.name], c) }
 

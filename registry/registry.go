@@ -56,6 +56,11 @@ type Registry struct {
 	onSandbox func(SandboxEvent)
 	onPool    func(PoolEvent)
 	poolKick  chan struct{} // RunPools wakes on it after a claim
+	// maker is the flock that marks this registry's pool reservations as alive
+	// (poolMaker), makerID its id; taken on first use, let go by Close.
+	makerMu   sync.Mutex
+	maker     *flock.Held
+	makerID   string
 	supervise *SupervisePolicy
 	store     *store
 	caps      sync.Map // backend.TerminalBackend → backend.Capabilities
@@ -607,6 +612,12 @@ func (r *Registry) release(p *pending, failed bool) {
 	}
 	p.released = true
 	removeLock, removeMemberLock := false, false
+	if !failed && p.member != nil && p.lockName != p.spec.Name {
+		// A claim: the session's record names its member, so nothing is named
+		// after the session's own sandbox name; its lock file goes (flock makes a
+		// waiter that still holds it start over on a new file).
+		removeLock = true
+	}
 	if failed {
 		onDriver, anyDriver := r.recorded(p.driver, p.spec.Name)
 		if !onDriver {
@@ -1243,6 +1254,12 @@ func (r *Registry) atBlock(driver string, err error) error {
 // a driver fail with ErrUnavailable.
 func (r *Registry) Close() error {
 	r.endLife()
+	r.makerMu.Lock()
+	if r.maker != nil {
+		r.maker.Unlock(true)
+		r.maker = nil
+	}
+	r.makerMu.Unlock()
 	r.agents.closeAll()
 	r.drvMu.Lock()
 	r.closed = true
