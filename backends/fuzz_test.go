@@ -106,6 +106,15 @@ func FuzzPluginMessages(f *testing.F) {
 				if w.GetCreatedAt().CheckValid() != nil {
 					continue // not a time: read as whatever time.Unix makes of it
 				}
+				if s.EndReason != backend.SanitizeEndMessage(s.EndReason) || s.EndMessage != backend.SanitizeEndMessage(s.EndMessage) {
+					t.Fatalf("sandbox %v: end reason %q / message %q not cleaned", w, s.EndReason, s.EndMessage)
+				}
+				// The host cleans a plugin's end reason and message (SanitizeEndMessage):
+				// what reads back is the cleaned text.
+				if w != nil {
+					w = proto.Clone(w).(*pb.Sandbox)
+					w.EndReason, w.EndMessage = backend.SanitizeEndMessage(w.GetEndReason()), backend.SanitizeEndMessage(w.GetEndMessage())
+				}
 				if back := sandboxToPB(s); !proto.Equal(back, w) && !(w != nil && w.CreatedAt != nil && back.CreatedAt == nil && s.CreatedAt.IsZero()) {
 					t.Fatalf("sandbox %v reads back as %v", w, back)
 				}
