@@ -132,26 +132,33 @@ func (s *store) poolReserve(e poolEntry, size int) (bool, error) {
 func (s *store) poolReady(driver, sandbox string, agent backend.AgentReach, t time.Time) (bool, error) {
 	ok := false
 	err := s.update(func(tx *bolt.Tx) error {
+		b, e, found, err := getPool(tx, driver, sandbox)
 		ok = false
-		b := tx.Bucket(bucketPool)
-		if b == nil {
-			return nil
-		}
-		v := b.Get(poolKey(driver, sandbox))
-		if v == nil {
-			return nil
-		}
-		var e poolEntry
-		if err := json.Unmarshal(v, &e); err != nil {
-			return fmt.Errorf("state store: pool entry of %s is corrupt: %w", sandbox, err)
-		}
-		if !e.Claimed.IsZero() {
-			return nil
+		if err != nil || !found || !e.Claimed.IsZero() {
+			return err
 		}
 		e.Ready, e.Agent, ok = t.UTC(), agent, true
 		return putPool(b, e)
 	})
 	return ok, err
+}
+
+// getPool reads the entry of sandbox on driver in tx: its bucket, the entry, and
+// whether there is one.
+func getPool(tx *bolt.Tx, driver, sandbox string) (*bolt.Bucket, poolEntry, bool, error) {
+	var e poolEntry
+	b := tx.Bucket(bucketPool)
+	if b == nil {
+		return nil, e, false, nil
+	}
+	v := b.Get(poolKey(driver, sandbox))
+	if v == nil {
+		return b, e, false, nil
+	}
+	if err := json.Unmarshal(v, &e); err != nil {
+		return b, e, false, fmt.Errorf("state store: pool entry of %s is corrupt: %w", sandbox, err)
+	}
+	return b, e, true, nil
 }
 
 // poolClaim hands the oldest ready, unclaimed member of the pool (driver, scope,
@@ -203,20 +210,13 @@ func (s *store) poolDrop(driver, sandbox string, unclaimed bool) (poolEntry, boo
 	var e poolEntry
 	ok := false
 	err := s.update(func(tx *bolt.Tx) error {
+		var b *bolt.Bucket
+		var found bool
+		var err error
+		b, e, found, err = getPool(tx, driver, sandbox)
 		ok = false
-		b := tx.Bucket(bucketPool)
-		if b == nil {
-			return nil
-		}
-		v := b.Get(poolKey(driver, sandbox))
-		if v == nil {
-			return nil
-		}
-		if err := json.Unmarshal(v, &e); err != nil {
-			return fmt.Errorf("state store: pool entry of %s is corrupt: %w", sandbox, err)
-		}
-		if unclaimed && !e.Claimed.IsZero() {
-			return nil
+		if err != nil || !found || (unclaimed && !e.Claimed.IsZero()) {
+			return err
 		}
 		ok = true
 		return b.Delete(poolKey(driver, sandbox))
