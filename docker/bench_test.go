@@ -35,10 +35,7 @@ import (
 //
 //	go test ./docker -run '^$' -bench ExecRoundTrip -benchtime 30x
 func BenchmarkExecRoundTrip(b *testing.B) {
-	host := testimage.DockerHost()
-	if err := testimage.Ping(host); err != nil {
-		b.Skipf("no Docker Engine at %s: %v; %s", host, err, testimage.StartHint)
-	}
+	host := benchEngine(b)
 	ctx := context.Background()
 	state := b.TempDir()
 	owner := "bench-" + filepath.Base(state)
@@ -119,6 +116,17 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 		{Name: "docker-exec-cli", Run: dockerCLI},
 		{Name: "berth-exec-cli", Run: berthCLI},
 	})
+}
+
+// benchEngine returns the Docker Engine's address with the test image loaded, or
+// skips b, naming the address and how to start one, when no engine answers.
+func benchEngine(b *testing.B) string {
+	host := testimage.DockerHost()
+	if err := testimage.Ping(host); err != nil {
+		b.Skipf("no Docker Engine at %s: %v; %s", host, err, testimage.StartHint)
+	}
+	ensureImage(b, host)
+	return host
 }
 
 // BenchmarkCreateToFirstExec measures a new session's sandbox from Create to its first
@@ -228,10 +236,7 @@ func itoa(i int) string { return strconv.Itoa(i) }
 // plugin configured for a fresh state dir and owner, and installs the agent there.
 // The plugin is killed, and the owner's sandboxes removed, when b ends.
 func pluginFixture(b *testing.B) (host, state, owner string, bin agent.Binary, plug *backends.Client) {
-	host = testimage.DockerHost()
-	if err := testimage.Ping(host); err != nil {
-		b.Skipf("no Docker Engine at %s: %v; %s", host, err, testimage.StartHint)
-	}
+	host = benchEngine(b)
 	ctx := context.Background()
 	state = b.TempDir()
 	owner = "bench-" + filepath.Base(state)
@@ -268,10 +273,7 @@ func removeOwned(d backend.TerminalBackend, owner string) {
 //
 //	go test ./docker -run '^$' -bench ShellMode -benchtime 50x
 func BenchmarkShellMode(b *testing.B) {
-	host := testimage.DockerHost()
-	if err := testimage.Ping(host); err != nil {
-		b.Skipf("no Docker Engine at %s: %v; %s", host, err, testimage.StartHint)
-	}
+	host := benchEngine(b)
 	cfg := "driver \"docker\" {\n  host = \"" + host + "\"\n}\nscope \"*\" {\n  driver = \"docker\"\n  image  = \"" + testimage.Ref + "\"\n}\n"
 	shellbench.ShellVsExec(b, cfg, "bench:shell", registry.WithBerthBinary(berthBin))
 }

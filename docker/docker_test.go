@@ -32,7 +32,7 @@ func engine(t *testing.T) string {
 	return host
 }
 
-func ensureImage(t *testing.T, host string) {
+func ensureImage(t testing.TB, host string) {
 	t.Helper()
 	d := docker.New(docker.WithHost(host))
 	defer d.Close()
@@ -41,7 +41,7 @@ func ensureImage(t *testing.T, host string) {
 
 // importImage loads the test image archive through imp (the driver in-process, or
 // its plugin) and checks that the engine now holds testimage.Ref.
-func importImage(t *testing.T, imp backend.ImageImporter) {
+func importImage(t testing.TB, imp backend.ImageImporter) {
 	t.Helper()
 	archive, err := testimage.Archive()
 	if err != nil {

@@ -20,10 +20,7 @@ import (
 //
 //	go test ./docker -run '^$' -bench PoolClaimToFirstExec -benchtime 30x
 func BenchmarkPoolClaimToFirstExec(b *testing.B) {
-	host := testimage.DockerHost()
-	if err := testimage.Ping(host); err != nil {
-		b.Skipf("no Docker Engine at %s: %v; %s", host, err, testimage.StartHint)
-	}
+	host := benchEngine(b)
 	cfg := fmt.Sprintf("driver \"docker\" {\n  host = %q\n}\nscope \"pooled:*\" {\n  driver = \"docker\"\n  image = %q\n  pool { size = 4 }\n}\nscope \"*\" {\n  driver = \"docker\"\n  image = %q\n}\n", host, testimage.Ref, testimage.Ref)
 	reg := benchreg.OpenRegistry(b, cfg, filepath.Join(b.TempDir(), "state"), registry.WithBerthBinary(berthBin))
 	benchreg.PoolRounds(b, reg, "docker-run", func(int) error {

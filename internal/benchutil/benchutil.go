@@ -5,6 +5,8 @@ package benchutil
 import (
 	"context"
 	"fmt"
+	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -26,9 +28,12 @@ type Way struct {
 
 // Interleave runs every way once per round, in order, for max(b.N, MinRounds) rounds,
 // so machine noise hits each alike, and reports their p50 and p95 (Report). A way's
-// error fails the benchmark.
+// error fails the benchmark. BERTH_BENCH_WAYS (comma-separated names) keeps only the
+// ways it names, to look at some of them without the others' after-effects (a
+// runtime's exec leaves its own clean-up running into the next way's round).
 func Interleave(b *testing.B, ways []Way) {
 	b.Helper()
+	ways = Selected(ways)
 	rounds := max(b.N, MinRounds)
 	names := make([]string, len(ways))
 	samples := make([][]time.Duration, len(ways))
@@ -47,6 +52,25 @@ func Interleave(b *testing.B, ways []Way) {
 		names[j] = w.Name
 	}
 	Report(b, names, samples)
+}
+
+// Selected returns the ways that BERTH_BENCH_WAYS names (comma-separated), in their
+// order, or all of them when it is unset or names none of them.
+func Selected(ways []Way) []Way {
+	want := os.Getenv("BERTH_BENCH_WAYS")
+	if want == "" {
+		return ways
+	}
+	var out []Way
+	for _, w := range ways {
+		if slices.Contains(strings.Split(want, ","), w.Name) {
+			out = append(out, w)
+		}
+	}
+	if len(out) == 0 {
+		return ways
+	}
+	return out
 }
 
 // Percentiles returns the p50 and p95 of samples (nearest rank; samples is not changed).
