@@ -103,6 +103,9 @@ const (
 	// sidPruneAt is the number of remembered exec sessions at which the ones without
 	// a live process are forgotten.
 	sidPruneAt = 1024
+	// streamWorkers is the number of goroutines kept to run calls (goroutines, not
+	// threads: they add nothing to the thread count above).
+	streamWorkers = 2
 )
 
 // Serve runs the agent until a client calls Shutdown, and then returns nil. It sets
@@ -186,6 +189,11 @@ func serve(opts ServeOptions, logger *log.Logger) error {
 		grpc.Creds(&tokenCreds{token: opts.Token, timeout: hs, hello: s.hello, peer: newPeerCheck()}),
 		grpc.InitialWindowSize(StreamWindow),
 		grpc.InitialConnWindowSize(StreamWindow),
+		// Calls run on goroutines kept between calls, whose stacks have already
+		// grown to what an exec needs, rather than on a new goroutine each (whose
+		// stack grows and is copied again: 4 % of the agent's CPU per exec of
+		// `true`). Calls beyond these run on new goroutines as before.
+		grpc.NumStreamWorkers(streamWorkers),
 	)...)
 	agentpb.RegisterAgentServer(gs, s)
 
