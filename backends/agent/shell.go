@@ -176,6 +176,11 @@ func (s *shells) load(key string) shellState {
 
 // save records st for key, in memory and (atomically) on disk.
 func (s *shells) save(k *shellKey, key string, st shellState) error {
+	if st == k.state && k.state.cwd != "" {
+		// Most calls change neither the directory nor the environment: the
+		// state on disk is already this one (a write and a rename per call saved).
+		return nil
+	}
 	k.state = st
 	if s.dir == "" {
 		return nil
