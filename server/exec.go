@@ -147,10 +147,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	var in *input
 	if rest != nil {
-		if in, err = newInput(rest, s.maxBody, reg.StateDir(), cancel); err != nil {
-			s.writeError(w, r, err, name)
-			return
-		}
+		in = newInput(rest, s.maxBody, reg.StateDir(), cancel)
 		defer in.close()
 	}
 	c.in = in

@@ -111,14 +111,10 @@ func readLine(br *bufio.Reader, limit int64) ([]byte, error) {
 
 // newInput starts reading the input events of br into a spool in stateDir; cancel
 // ends the call (a cancel event, a bad event).
-func newInput(br *bufio.Reader, limit int64, stateDir string, cancel context.CancelFunc) (*input, error) {
-	sp, err := newSpool(stateDir, MaxStdinBuffered)
-	if err != nil {
-		return nil, err
-	}
-	in := &input{br: br, limit: limit, sp: sp, signals: make(chan int, 16), cancel: cancel, done: make(chan struct{})}
+func newInput(br *bufio.Reader, limit int64, stateDir string, cancel context.CancelFunc) *input {
+	in := &input{br: br, limit: limit, sp: newSpool(stateDir, MaxStdinBuffered), signals: make(chan int, 16), cancel: cancel, done: make(chan struct{})}
 	go in.read()
-	return in, nil
+	return in
 }
 
 // read reads input events until the body ends or breaks; either ends the stdin.

@@ -34,7 +34,8 @@ const punchEvery = 4 << 20
 // whatever the stdin's size. A hand-written type: no library offers a file-backed
 // pipe; io.Pipe has no buffer, and an in-memory one would grow with the stdin.
 type spool struct {
-	f    *os.File
+	dir  string   // where the file is made, at the first byte written
+	f    *os.File // nil until then: a call without stdin makes no file
 	max  int64
 	mu   sync.Mutex
 	cond *sync.Cond
@@ -44,25 +45,52 @@ type spool struct {
 	done bool  // Close was called
 }
 
-// newSpool makes a spool whose file is in STATE/tmp (made 0700 when missing).
-func newSpool(stateDir string, max int64) (*spool, error) {
-	dir := filepath.Join(stateDir, spoolDir)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("stdin spool: %w", err)
+// newSpool makes a spool whose file will be in STATE/tmp (made 0700 when missing).
+// The file is made by the first Write of any bytes: most execs send no stdin, and
+// making a file per call was a tenth of serve's CPU per exec of `true`.
+func newSpool(stateDir string, max int64) *spool {
+	s := &spool{dir: filepath.Join(stateDir, spoolDir), max: max}
+	s.cond = sync.NewCond(&s.mu)
+	return s
+}
+
+// open makes the spool's file (an unlinked temporary file in s.dir), once: only
+// the one writer calls it. None is made after Close (one made while Close ran is
+// closed at once).
+func (s *spool) open() error {
+	s.mu.Lock()
+	skip := s.f != nil || s.done
+	s.mu.Unlock()
+	if skip {
+		return nil
 	}
-	f, err := os.CreateTemp(dir, ".stdin-*")
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return fmt.Errorf("stdin spool: %w", err)
+	}
+	f, err := os.CreateTemp(s.dir, ".stdin-*")
 	if err != nil {
-		return nil, fmt.Errorf("stdin spool: %w", err)
+		return fmt.Errorf("stdin spool: %w", err)
 	}
 	os.Remove(f.Name())
-	s := &spool{f: f, max: max}
-	s.cond = sync.NewCond(&s.mu)
-	return s, nil
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		f.Close()
+		return nil
+	}
+	s.f = f
+	return nil
 }
 
 // Write appends b, waiting while max bytes are unread. After Close it drops b (the
 // command no longer reads) and reports success, so that the body is still drained.
 func (s *spool) Write(b []byte) (int, error) {
+	if len(b) == 0 {
+		return 0, nil
+	}
+	if err := s.open(); err != nil {
+		return 0, err
+	}
 	s.mu.Lock()
 	for !s.done && s.w-s.r+int64(len(b)) > s.max && s.w > s.r {
 		s.cond.Wait()
@@ -139,6 +167,10 @@ func (s *spool) Close() error {
 	}
 	s.done = true
 	s.cond.Broadcast()
+	f := s.f
 	s.mu.Unlock()
-	return s.f.Close()
+	if f == nil {
+		return nil
+	}
+	return f.Close()
 }
