@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -209,7 +210,19 @@ func (g *globals) openServeRegistry(ctx context.Context, log hclog.Logger, m *se
 	return registry.Open(ctx, s.cfg, opts...)
 }
 
+// serveProcs is how many Ps (GOMAXPROCS) berth serve runs with when $GOMAXPROCS
+// does not say: half of what Go would use (its CPUs, or the container's CPU
+// limit), at least one. The daemon relays: each exec is a few short bursts of work
+// between waits on its client, the agent and the store, while the sandboxes'
+// commands need the CPUs. With a P per CPU, every burst also woke an idle thread to
+// look for more work, which on a 2-CPU VM was a fifth of serve's CPU per exec of
+// `true` (0.94 against 0.68 ms with one P) and 10 % of the call's time.
+func serveProcs() int { return max(1, runtime.GOMAXPROCS(0)/2) }
+
 func runServe(g *globals, f *serveFlags) error {
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(serveProcs())
+	}
 	sigs := sigstart.Take()
 	// A log reader that went away (berth serve 2>&1 | head) must not end the daemon:
 	// with SIGPIPE caught, a write to a closed stderr fails instead of killing it
@@ -335,7 +348,7 @@ func runServe(g *globals, f *serveFlags) error {
 	if addr.network == "tcp" {
 		where = "tcp://" + ln.Addr().String() // the port, when it was 0
 	}
-	log.Info("berth serve ready", "audit_log", auditPath, "listen", where, "pid", os.Getpid(), "state_dir", stateDir, "config", cfgPath(reg), "version", version)
+	log.Info("berth serve ready", "audit_log", auditPath, "listen", where, "pid", os.Getpid(), "state_dir", stateDir, "config", cfgPath(reg), "version", version, "gomaxprocs", runtime.GOMAXPROCS(0))
 
 	for {
 		select {
