@@ -16,7 +16,6 @@ package hermes
 import (
 	"bytes"
 	"fmt"
-	"math/big"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -24,8 +23,6 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/registry/config"
-	"github.com/hashicorp/hcl/v2/hclwrite"
-	"github.com/zclconf/go-cty/cty"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -280,9 +277,8 @@ func (im *importer) translate() ([]byte, error) {
 		return nil, err
 	}
 	backendName = strings.ToLower(backendName)
-	f := hclwrite.NewEmptyFile()
-	body := f.Body()
-	rule := body.AppendNewBlock("scope", []string{im.opts.Glob}).Body()
+	var file body
+	rule := file.newBlock("scope", im.opts.Glob)
 	switch backendName {
 	case "docker":
 		if err := im.docker(rule); err != nil {
@@ -304,12 +300,12 @@ func (im *importer) translate() ([]byte, error) {
 	fmt.Fprintf(&buf, "# Translated from the terminal: section of %s by `berth config import hermes`.\n", filepath.Base(im.file))
 	fmt.Fprintf(&buf, "# The rule covers the sessions of the berth hermes plugin (%s); add rules for\n", im.opts.Glob)
 	buf.WriteString("# other sessions before or after it (docs/hermes.md, docs/configuration.md).\n")
-	buf.Write(hclwrite.Format(f.Bytes()))
+	buf.Write(file.bytes())
 	return buf.Bytes(), nil
 }
 
-func (im *importer) local(rule *hclwrite.Body) error {
-	rule.SetAttributeValue("driver", cty.StringVal("local"))
+func (im *importer) local(rule *body) error {
+	rule.setString("driver", "local")
 	if err := im.workdir(rule, "without it a local sandbox starts in its own private home"); err != nil {
 		return err
 	}
@@ -318,10 +314,10 @@ func (im *importer) local(rule *hclwrite.Body) error {
 		return err
 	}
 	if len(pass) > 0 {
-		rule.SetAttributeValue("env_passthrough", strList(pass))
+		rule.set("env_passthrough", listVal(pass))
 	}
-	rule.AppendNewline()
-	rule.AppendNewBlock("retention", nil).Body().SetAttributeValue("on_close", cty.StringVal("keep"))
+	rule.newline()
+	rule.newBlock("retention").setString("on_close", "keep")
 	for _, k := range im.order {
 		if strings.HasPrefix(k, "docker_") || strings.HasPrefix(k, "container_") {
 			im.noteIf(k, "applies to hermes's docker backend only; the backend here is local")
@@ -330,8 +326,8 @@ func (im *importer) local(rule *hclwrite.Body) error {
 	return nil
 }
 
-func (im *importer) docker(rule *hclwrite.Body) error {
-	rule.SetAttributeValue("driver", cty.StringVal("docker"))
+func (im *importer) docker(rule *body) error {
+	rule.setString("driver", "docker")
 	image, _, err := im.str("docker_image", DefaultDockerImage)
 	if err != nil {
 		return err
@@ -339,7 +335,7 @@ func (im *importer) docker(rule *hclwrite.Body) error {
 	if image == "" {
 		image = DefaultDockerImage
 	}
-	rule.SetAttributeValue("image", cty.StringVal(image))
+	rule.setString("image", image)
 
 	scope, snode, err := im.str("docker_container_scope", "shared")
 	if err != nil {
@@ -354,7 +350,7 @@ func (im *importer) docker(rule *hclwrite.Body) error {
 		return im.errf(snode, "docker_container_scope", "is %q: hermes knows shared and session", scope)
 	}
 	if session {
-		rule.SetAttributeValue("isolation", cty.StringVal("session"))
+		rule.setString("isolation", "session")
 		im.noteIf("docker_shared_container_key", "names hermes's shared container; with docker_container_scope: session every session has its own sandbox")
 	} else {
 		name, knode, err := im.str("docker_shared_container_key", "")
@@ -366,8 +362,8 @@ func (im *importer) docker(rule *hclwrite.Body) error {
 		} else if err := config.ValidateSession(name); err != nil {
 			return im.errf(knode, "docker_shared_container_key", "%q cannot name berth's shared sandbox: %v", name, err)
 		}
-		rule.SetAttributeValue("isolation", cty.StringVal("shared"))
-		rule.SetAttributeValue("name", cty.StringVal(name))
+		rule.setString("isolation", "shared")
+		rule.setString("name", name)
 	}
 
 	if err := im.workdir(rule, "without it execs start in the image's WORKDIR"); err != nil {
@@ -378,27 +374,27 @@ func (im *importer) docker(rule *hclwrite.Body) error {
 		return err
 	}
 	if len(env) > 0 {
-		m := map[string]cty.Value{}
+		m := objVal{}
 		for _, kv := range env {
-			m[kv[0]] = cty.StringVal(kv[1])
+			m[kv[0]] = kv[1]
 		}
-		rule.SetAttributeValue("env", cty.ObjectVal(m))
+		rule.set("env", m)
 	}
 	host, err := im.boolean("docker_run_as_host_user", false)
 	if err != nil {
 		return err
 	}
 	if host {
-		rule.SetAttributeValue("user", cty.StringVal("host"))
+		rule.setString("user", "host")
 	}
 	network, err := im.boolean("docker_network", true)
 	if err != nil {
 		return err
 	}
 	if network {
-		rule.SetAttributeValue("network", cty.StringVal("bridge"))
+		rule.setString("network", "bridge")
 	} else {
-		rule.SetAttributeValue("network", cty.StringVal("none"))
+		rule.setString("network", "none")
 	}
 
 	vols, vnode, err := im.strList("docker_volumes")
@@ -410,12 +406,12 @@ func (im *importer) docker(rule *hclwrite.Body) error {
 		if err != nil {
 			return im.errf(vnode, "docker_volumes", "entry %q: %v", v, err)
 		}
-		rule.AppendNewline()
-		m := rule.AppendNewBlock("mount", nil).Body()
-		m.SetAttributeValue("source", cty.StringVal(src))
-		m.SetAttributeValue("target", cty.StringVal(dst))
+		rule.newline()
+		m := rule.newBlock("mount")
+		m.setString("source", src)
+		m.setString("target", dst)
 		if ro {
-			m.SetAttributeValue("read_only", cty.True)
+			m.setBool("read_only", true)
 		}
 	}
 
@@ -427,18 +423,18 @@ func (im *importer) docker(rule *hclwrite.Body) error {
 	if err != nil {
 		return err
 	}
-	rule.AppendNewline()
-	res := rule.AppendNewBlock("resources", nil).Body()
+	rule.newline()
+	res := rule.newBlock("resources")
 	if cpu > 0 {
 		if cpu < 0.01 {
 			cpu = 0.01
 		}
-		res.SetAttributeValue("cpus", cty.NumberVal(new(big.Float).SetFloat64(cpu)))
+		res.setNumber("cpus", cpu)
 	}
 	if mem > 0 {
-		res.SetAttributeValue("memory", cty.StringVal(strconv.FormatInt(int64(mem), 10)+"m"))
+		res.setString("memory", strconv.FormatInt(int64(mem), 10)+"m")
 	} else {
-		res.SetAttributeValue("memory", cty.StringVal("unlimited"))
+		res.setString("memory", "unlimited")
 	}
 
 	if err := im.retention(rule, session); err != nil {
@@ -449,7 +445,7 @@ func (im *importer) docker(rule *hclwrite.Body) error {
 
 // workdir sets the rule's workdir from hermes's cwd when that is an absolute
 // path, and notes it (with what happens without one, otherwise) when not.
-func (im *importer) workdir(rule *hclwrite.Body, otherwise string) error {
+func (im *importer) workdir(rule *body, otherwise string) error {
 	cwd, cnode, err := im.str("cwd", "")
 	if err != nil || cwd == "" {
 		return err
@@ -458,7 +454,7 @@ func (im *importer) workdir(rule *hclwrite.Body, otherwise string) error {
 		im.notes = append(im.notes, Note{Pos: im.pos(cnode), Key: "terminal.cwd", Message: fmt.Sprintf("%q is not an absolute path; berth's workdir must be one (%s)", cwd, otherwise)})
 		return nil
 	}
-	rule.SetAttributeValue("workdir", cty.StringVal(filepath.Clean(cwd)))
+	rule.setString("workdir", filepath.Clean(cwd))
 	return nil
 }
 
@@ -495,7 +491,7 @@ func (im *importer) volume(v string) (src, dst string, ro bool, err error) {
 }
 
 // retention maps PR #106219's docker_session_container_retention.
-func (im *importer) retention(rule *hclwrite.Body, session bool) error {
+func (im *importer) retention(rule *body, session bool) error {
 	mode, mnode, err := im.str("docker_session_container_retention", "stop_on_session_end")
 	if err != nil {
 		return err
@@ -511,12 +507,12 @@ func (im *importer) retention(rule *hclwrite.Body, session bool) error {
 	if e := im.entries["lifetime_seconds"]; e != nil {
 		e.used = false // noted below unless idle_ttl takes it
 	}
-	rule.AppendNewline()
-	ret := rule.AppendNewBlock("retention", nil).Body()
+	rule.newline()
+	ret := rule.newBlock("retention")
 	if !session {
 		// A shared sandbox is never closed by one session; hermes keeps its
 		// shared container running across processes too.
-		ret.SetAttributeValue("on_close", cty.StringVal("keep"))
+		ret.setString("on_close", "keep")
 		if mnode != nil {
 			im.note("docker_session_container_retention", "applies with docker_container_scope: session only; closing one session of berth's shared sandbox does nothing (berth rm or berth prune remove it)")
 		}
@@ -535,11 +531,11 @@ func (im *importer) retention(rule *hclwrite.Body, session bool) error {
 	}
 	switch strings.ToLower(mode) {
 	case "stop_on_session_end":
-		ret.SetAttributeValue("on_close", cty.StringVal("stop"))
+		ret.setString("on_close", "stop")
 	case "keep_running":
-		ret.SetAttributeValue("on_close", cty.StringVal("keep"))
+		ret.setString("on_close", "keep")
 	case "remove_on_session_end":
-		ret.SetAttributeValue("on_close", cty.StringVal("remove"))
+		ret.setString("on_close", "remove")
 	case "idle_ttl":
 		secs := ttl
 		if secs == 0 {
@@ -548,9 +544,9 @@ func (im *importer) retention(rule *hclwrite.Body, session bool) error {
 				e.used = true
 			}
 		}
-		ret.SetAttributeValue("on_close", cty.StringVal("keep"))
-		ret.SetAttributeValue("idle_ttl", cty.StringVal(strconv.FormatInt(int64(secs), 10)+"s"))
-		ret.SetAttributeValue("idle_action", cty.StringVal("remove"))
+		ret.setString("on_close", "keep")
+		ret.setString("idle_ttl", strconv.FormatInt(int64(secs), 10)+"s")
+		ret.setString("idle_action", "remove")
 	default:
 		return im.errf(mnode, "docker_session_container_retention", "is %q: hermes knows stop_on_session_end, keep_running, remove_on_session_end and idle_ttl", mode)
 	}
@@ -586,12 +582,4 @@ func unknownReason(key string) string {
 		}
 	}
 	return "not a sandbox setting berth translates; left out"
-}
-
-func strList(ss []string) cty.Value {
-	vals := make([]cty.Value, len(ss))
-	for i, s := range ss {
-		vals[i] = cty.StringVal(s)
-	}
-	return cty.ListVal(vals)
 }
