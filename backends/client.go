@@ -546,16 +546,27 @@ type streamConn struct {
 	cancel context.CancelFunc
 	name   string
 	c      *Client
-	buf    []byte
+
+	// rmu is held by whoever receives from the stream: Read, or Write when it
+	// learns how the stream ended (endStatus).
+	rmu sync.Mutex
+	buf []byte
+	end error // how the stream ended (io.EOF or its status), once received
 
 	wmu       sync.Mutex
 	closeOnce sync.Once
 }
 
 func (s *streamConn) Read(p []byte) (int, error) {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
 	for len(s.buf) == 0 {
+		if s.end != nil {
+			return 0, s.streamErr(s.end, io.EOF)
+		}
 		m, err := s.stream.Recv()
 		if err != nil {
+			s.end = err
 			return 0, s.streamErr(err, io.EOF)
 		}
 		s.buf = m.GetData()
@@ -572,11 +583,38 @@ func (s *streamConn) Write(p []byte) (int, error) {
 	for n < len(p) {
 		end := min(n+ChunkSize, len(p))
 		if err := s.stream.Send(&pb.AgentData{Data: append([]byte(nil), p[n:end]...)}); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = s.endStatus()
+			}
 			return n, s.streamErr(err, io.ErrClosedPipe)
 		}
 		n = end
 	}
 	return n, nil
+}
+
+// endStatus is called when Send says the stream has ended (io.EOF): gRPC gives the
+// status it ended with (the plugin's dial that failed, with its kind: a sandbox
+// removed, not running) only to Recv. Unless a Read is receiving (it returns that
+// status itself), it receives to the end, keeping the data on the way for Read,
+// and returns the status; io.EOF for a stream that ended cleanly or while a Read
+// receives. Without it a write that came first (berth's handshake) lost the
+// dial's kind to a race: "read/write on closed pipe", unavailable, instead of not
+// found.
+func (s *streamConn) endStatus() error {
+	if !s.rmu.TryLock() {
+		return io.EOF
+	}
+	defer s.rmu.Unlock()
+	for s.end == nil {
+		m, err := s.stream.Recv()
+		if err != nil {
+			s.end = err
+			break
+		}
+		s.buf = append(s.buf, m.GetData()...)
+	}
+	return s.end
 }
 
 // streamErr is what Read and Write return for the stream's err: net.ErrClosed once

@@ -919,6 +919,19 @@ func TestDialAgentThroughPlugin(t *testing.T) {
 	if !errors.Is(err, backend.ErrConflict) {
 		t.Errorf("DialAgent of a stopped sandbox: %v, want ErrConflict", err)
 	}
+	// A caller that writes first (berth's handshake does) gets the kind too, from
+	// the Write that finds the stream ended: a Send can succeed before the plugin
+	// has ended it, never after.
+	conn, err = c.DialAgent(ctx, "stopped")
+	for err == nil {
+		_, err = conn.Write([]byte("BERTH-AGENT 2 token 3\n"))
+	}
+	if !errors.Is(err, backend.ErrConflict) {
+		t.Errorf("Write to a DialAgent connection of a stopped sandbox: %v, want ErrConflict", err)
+	}
+	if _, err := conn.Read(make([]byte, 1)); !errors.Is(err, backend.ErrConflict) {
+		t.Errorf("Read after that Write: %v, want ErrConflict", err)
+	}
 	if err := c.Validate(ctx, backend.SandboxSpec{Name: "x"}); !errors.Is(err, backend.ErrInvalid) {
 		t.Errorf("Validate: %v, want ErrInvalid", err)
 	}
