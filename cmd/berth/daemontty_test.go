@@ -48,8 +48,10 @@ func TestExecTTY(t *testing.T) {
 				t.Errorf("berth left its terminal in raw mode")
 			}
 			if mode == "daemon" {
-				if l := d.logs("tty"); len(l) != 1 || l[0]["exit_code"] != float64(3) {
-					t.Errorf("exec -t did not go through berth serve's TTY: %v\n%s", l, d.stderr)
+				// Logged before the result is sent, but read from berth serve's
+				// stderr pipe by another goroutine: wait for it.
+				if l := d.waitLog("tty", 1); l["exit_code"] != float64(3) {
+					t.Errorf("exec -t through berth serve's TTY: logged %v; want exit_code 3\n%s", l, d.stderr)
 				}
 			}
 		})
@@ -96,6 +98,7 @@ func TestExecTTYSignals(t *testing.T) {
 			}
 		})
 	}
+	d.waitLog("tty", 2)
 	if l := d.logs("tty"); len(l) != 2 {
 		t.Errorf("want the daemon's two TTYs in its log, got %v\n%s", l, d.stderr)
 	}

@@ -739,9 +739,9 @@ func TestServeCLICopyAndShell(t *testing.T) {
 	if r := e.run("cp", "-s", "cli", src, ":up"); r.code != 0 || r.stderr != "" {
 		t.Fatalf("cp upload: %v", r)
 	}
-	if len(d.logs("upload")) != 1 {
-		t.Errorf("the upload did not go through berth serve: %s", d.stderr)
-	}
+	// berth serve logs an upload before it answers, but its stderr reaches this
+	// process through a pipe that a goroutine copies: wait for the line.
+	d.waitLog("upload", 1)
 	out := filepath.Join(e.dir, "down")
 	if r := e.run("cp", "-s", "cli", ":up", out); r.code != 0 || r.stderr != "" {
 		t.Fatalf("cp download: %v", r)
@@ -759,8 +759,9 @@ func TestServeCLICopyAndShell(t *testing.T) {
 	if code != 3 || !strings.Contains(outp, "shell-42") {
 		t.Errorf("berth shell through the daemon: exit %d, output %q; want exit 3 and shell-42", code, outp)
 	}
-	// berth serve logs a TTY's end before it sends the result.
-	if l := d.logs("tty"); len(l) != 1 || l[0]["exit_code"] != float64(3) {
-		t.Errorf("the shell did not go through berth serve's TTY: %v\n%s", l, d.stderr)
+	// berth serve logs a TTY's end before it sends the result (the line is copied
+	// from its stderr pipe after that: wait for it).
+	if l := d.waitLog("tty", 1); l["exit_code"] != float64(3) {
+		t.Errorf("the shell through berth serve's TTY: logged %v; want exit_code 3\n%s", l, d.stderr)
 	}
 }
