@@ -29,17 +29,25 @@ type Way struct {
 // Interleave runs every way once per round, in order, for max(b.N, MinRounds) rounds,
 // so machine noise hits each alike, and reports their p50 and p95 (Report). A way's
 // error fails the benchmark. BERTH_BENCH_WAYS (comma-separated names) keeps only the
-// ways it names, to look at some of them without the others' after-effects (a
-// runtime's exec leaves its own clean-up running into the next way's round).
+// ways it names. BERTH_BENCH_SETTLE (a duration, e.g. 50ms) pauses that long before
+// each way, untimed: a runtime's exec leaves its own clean-up running after it
+// returns (the docker CLI's exit, the engine's and the shim's work), which otherwise
+// lands in the next way's time on a 2-CPU machine.
 func Interleave(b *testing.B, ways []Way) {
 	b.Helper()
 	ways = Selected(ways)
+	settle := Settle(b)
 	rounds := max(b.N, MinRounds)
 	names := make([]string, len(ways))
 	samples := make([][]time.Duration, len(ways))
 	b.ResetTimer()
 	for i := 0; i < rounds; i++ {
 		for j, w := range ways {
+			if settle > 0 {
+				b.StopTimer()
+				time.Sleep(settle) // a pause between measurements, not a wait for an event
+				b.StartTimer()
+			}
 			start := time.Now()
 			if err := w.Run(); err != nil {
 				b.Fatalf("%s: %v", w.Name, err)
@@ -52,6 +60,24 @@ func Interleave(b *testing.B, ways []Way) {
 		names[j] = w.Name
 	}
 	Report(b, names, samples)
+}
+
+// SettleEnv names the environment variable of Interleave's pause before each way.
+const SettleEnv = "BERTH_BENCH_SETTLE"
+
+// Settle returns the pause of $BERTH_BENCH_SETTLE (0 when unset), failing b when it
+// is not a duration.
+func Settle(b *testing.B) time.Duration {
+	v := os.Getenv(SettleEnv)
+	if v == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		b.Fatalf("%s=%q: want a duration such as 50ms", SettleEnv, v)
+	}
+	b.Logf("%s=%s: each way starts after that pause", SettleEnv, d)
+	return d
 }
 
 // Selected returns the ways that BERTH_BENCH_WAYS names (comma-separated), in their

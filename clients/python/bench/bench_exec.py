@@ -43,6 +43,9 @@ def main() -> int:
     ap.add_argument("--session", default="bench:docker")
     ap.add_argument("--threads-prefix", default="bench:t")
     ap.add_argument("--skip-threads", action="store_true")
+    ap.add_argument("--settle", type=float, default=0.0,
+                    help="seconds to pause, untimed, before each measured call (e.g. 0.05): docker exec's "
+                    "own clean-up goes on after it returns and otherwise lands in the next call's time")
     a = ap.parse_args()
     if a.rounds < 30:
         ap.error("--rounds: at least 30")
@@ -57,14 +60,16 @@ def main() -> int:
     subprocess.run(docker, check=True)
     sdk, dex = [], []
     for _ in range(a.rounds):
+        time.sleep(a.settle)
         t = time.perf_counter()
         r = s.exec(["true"])
         sdk.append(time.perf_counter() - t)
         assert r.exit_code == 0
+        time.sleep(a.settle)
         t = time.perf_counter()
         subprocess.run(docker, check=True)
         dex.append(time.perf_counter() - t)
-    print("%d interleaved rounds:" % a.rounds)
+    print("%d interleaved rounds%s:" % (a.rounds, ", %.0f ms settle before each call" % (a.settle * 1000) if a.settle else ""))
     print("  sdk exec(['true'])       p50 %s  p95 %s" % (ms(pct(sdk, 50)), ms(pct(sdk, 95))))
     print("  docker exec C true       p50 %s  p95 %s" % (ms(pct(dex, 50)), ms(pct(dex, 95))))
     print("  ratio at p50: %.3fx (target <= 0.05x)" % (pct(sdk, 50) / pct(dex, 50)))
