@@ -39,6 +39,24 @@ def test_exec_result(session, backend):
     assert nf.exit_code == 127 and b"no-such-program-xyz" in nf.stderr
 
 
+def test_connection_kept_with_answer_end_pending(session):
+    """An exec returns at its result: the end of the answer (which the daemon sends
+    once it has the request body's end) is read by the pool when it next hands the
+    connection out, and the next calls use that same connection."""
+    pool = session.client._pool
+    session.exec(["true"])
+    assert len(pool._idle) == 1
+    kept = pool._idle[0]
+    fd = kept.sock.fileno()
+    assert kept.pending is not None
+    for i in range(5):
+        r = session.exec(["sh", "-c", "echo %d" % i])
+        assert r.stdout == b"%d\n" % i
+        assert len(pool._idle) == 1 and pool._idle[0] is kept and kept.sock.fileno() == fd
+    assert session.shell("echo shell").stdout == b"shell\n"
+    assert pool._idle == [kept] and kept.reused
+
+
 def test_shell_state(session):
     r = session.shell("mkdir -p /tmp/sdk-sh && cd /tmp/sdk-sh && export GREETING=hi")
     assert r.ok and r.cwd == "/tmp/sdk-sh"

@@ -84,6 +84,7 @@ class ExecCall:
         self.writer: Optional[threading.Thread] = None
         self.writer_error: Optional[BaseException] = None
         self.finished = False
+        self.pending: Optional[Any] = None  # the answer whose end the pool reads
 
     # ---- the request body ----
 
@@ -247,7 +248,11 @@ class ExecCall:
                 if kind == "result":
                     got_result = True
                     self._end_body()
-                    self._drain(resp)
+                    # The answer ends once the daemon has seen the body end: a
+                    # round trip that the pool waits for when it next hands the
+                    # connection out, not this call.
+                    self.pending = resp
+                    self.finished = True
                     yield ev
                     return
                 if kind == "error":
@@ -328,6 +333,7 @@ class ExecCall:
             return
         self.conn = None
         if self.finished and not self.broken and (self.writer is None or not self.writer.is_alive()):
+            c.pending = self.pending
             self.pool.put(c)
         else:
             self.stop_writer.set()
