@@ -11,18 +11,20 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/benchreg"
 	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/internal/shellbench"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
 )
 
-// BenchmarkExecRoundTrip measures the round trip of `true` three ways, interleaved so
+// BenchmarkExecRoundTrip measures the round trip of `true` four ways, interleaved so
 // that machine noise hits each alike: os/exec on the host, berth's agent in a local
-// sandbox over one kept connection (what a long-lived host pays per exec), and a new
-// connection per exec (agent.Exec: dial, handshake, Hello, exec). The whole command
-// and the registry's round trip are in package cmd/berth's BenchmarkWholeCommand. It
-// reports p50 and p95 in milliseconds for each (at least 20 rounds).
+// sandbox over one kept connection (what a long-lived host pays per exec), a new
+// connection per exec (agent.Exec: dial, handshake, Hello, exec), and the registry as
+// a library on a session whose sandbox runs (the direct path). The whole command is
+// BenchmarkWholeCommand. It reports p50 and p95 in milliseconds for each (at least 20
+// rounds).
 //
 //	go test ./local -run '^$' -bench ExecRoundTrip -benchtime 50x
 func BenchmarkExecRoundTrip(b *testing.B) {
@@ -58,10 +60,13 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 		return err
 	}
 	req := backend.ExecRequest{Argv: []string{"true"}}
+	// The registry as a library, on a session whose sandbox runs: the direct path.
+	reg := benchreg.OpenRegistry(b, "scope \"*\" {\n  driver = \"local\"\n}\n", filepath.Join(state, "lib"), registry.WithBerthBinary(berthBin))
 	benchutil.Interleave(b, []benchutil.Way{
 		{Name: "os-exec", Run: func() error { return exec.Command("true").Run() }},
 		{Name: "agent-kept", Run: func() error { return wait(kept.Exec(ctx, req)) }},
 		{Name: "agent-dial", Run: func() error { return wait(agent.Exec(ctx, files, req)) }},
+		{Name: "registry", Run: benchreg.RegistryExec(b, reg, "bench")},
 	})
 }
 
