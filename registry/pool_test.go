@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/flock"
+	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/registry/config"
 )
 
@@ -513,4 +516,56 @@ func TestPoolDeadMakerEntry(t *testing.T) {
 	if _, err := os.Stat(r.makerLockPath("deadbeefdeadbeef")); !os.IsNotExist(err) {
 		t.Fatalf("the dead maker's lock file remains: %v", err)
 	}
+}
+
+// A claim's refill waits for its call to end, but not for a call that runs on: the
+// pool is refilled while the claiming command still runs (after PoolRefillDelay),
+// and again after a call that ends at once.
+func TestPoolRefillDuringLongCall(t *testing.T) {
+	e := newEnv(t, "scope \"task:*\" {\n  pool {\n    size = 1\n  }\n}\nscope \"*\" {\n}\n")
+	r := e.open()
+	fill(t, r)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		r.RunPools(ctx, time.Hour) // only claims wake it
+		close(done)
+	}()
+	defer func() { cancel(); <-done }()
+	// Its first round (which finds the pool full) is over: from here only the
+	// claims below can make it fill.
+	testwait.Until(t, "RunPools's first round", func() bool { return r.poolRounds.Load() >= 1 })
+
+	fifo := filepath.Join(t.TempDir(), "hold")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, lease, err := r.Exec(context.Background(), "task:long", backend.ExecRequest{Argv: []string{"cat", fifo}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lease.Pooled {
+		t.Fatalf("the long call did not claim: %+v", lease)
+	}
+	testwait.Until(t, "a new member while the claiming call still runs", func() bool {
+		ps := poolOf(t, r, "task:*")
+		return ps.Ready == 1 && !slices.Contains(readyMembers(ps), lease.Sandbox)
+	})
+	f, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close() // cat reads EOF and ends
+	if res, err := p.Wait(); err != nil || res.ExitCode != 0 {
+		t.Fatalf("the long call: %+v, %v", res, err)
+	}
+
+	_, short := run(t, r, "task:short", "true")
+	if !short.Pooled {
+		t.Fatalf("the short call did not claim: %+v", short)
+	}
+	testwait.Until(t, "a new member after the short call", func() bool {
+		ps := poolOf(t, r, "task:*")
+		return ps.Ready == 1 && !slices.Contains(readyMembers(ps), short.Sandbox)
+	})
 }

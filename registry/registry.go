@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -56,6 +57,9 @@ type Registry struct {
 	onSandbox func(SandboxEvent)
 	onPool    func(PoolEvent)
 	poolKick  chan struct{} // RunPools wakes on it after a claim
+	// poolRounds counts the rounds RunPools has finished (tests wait for it to be
+	// idle before they claim).
+	poolRounds atomic.Int64
 	// maker is the flock that marks this registry's pool reservations as alive
 	// (poolMaker), makerID its id; taken on first use, let go by Close.
 	makerMu   sync.Mutex
@@ -372,6 +376,9 @@ type pending struct {
 	// the claim dialled it (kept in the Registry's agentCache).
 	member *claimed
 	client *agent.Client
+	// refill, set by a claim, kicks RunPools after PoolRefillDelay; the call's end
+	// kicks it sooner (sessionConn.end).
+	refill *time.Timer
 }
 
 func (r *Registry) lockPath(sandbox string) string {

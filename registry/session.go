@@ -71,6 +71,7 @@ type sessionConn struct {
 	madeBusy bool
 	p        *pending // slow path: the sandbox's lock is held and its record unwritten
 	ended    bool
+	refill   *time.Timer // the claim's refill (pending.refill), started at the end at the latest
 }
 
 // key is the sandbox the call reached.
@@ -283,7 +284,7 @@ func (r *Registry) openSlow(ctx context.Context, session string) (*sessionConn, 
 	if err != nil {
 		return nil, err
 	}
-	c := &sessionConn{r: r, session: session, lease: p.lease, b: p.b, p: p}
+	c := &sessionConn{r: r, session: session, lease: p.lease, b: p.b, p: p, refill: p.refill}
 	if p.client != nil {
 		// A claimed pool member, dialled by the claim (or by the filler).
 		c.client, c.cached = p.client, true
@@ -374,6 +375,9 @@ func (c *sessionConn) end(touch bool) {
 		return
 	}
 	c.ended = true
+	if c.refill != nil && c.refill.Stop() {
+		c.r.kickPools() // the claim's refill, now that its call is over
+	}
 	if touch {
 		if err := c.r.store.touch(c.session, c.lease.Sandbox, c.r.stamp()); err != nil {
 			c.r.log.Warn("recording last use", "session", c.session, "error", err)

@@ -65,7 +65,7 @@ func newServeCmd(g *globals) *cobra.Command {
 		Long: `Run berth as a service: one process per state dir holds one registry (driver
 plugins launched once), prunes every --prune-interval (retention and reconcile, as
 berth prune), keeps the rules' warm pools filled (checked every --pool-interval
-and after each claim), and answers the HTTP API v1 (docs/api.md) on a unix socket in the
+and after each claim's call), and answers the HTTP API v1 (docs/api.md) on a unix socket in the
 state dir (STATE/berth.sock, mode 0600) unless --listen says otherwise.
 
 A TCP listener (--listen tcp://127.0.0.1:PORT) needs --token-file: every request
@@ -92,7 +92,7 @@ stopped: the next berth serve adopts them. Logs go to stderr (JSON with --log-js
 	fl.StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate file (PEM) for a tcp:// listener; required for a non-loopback address")
 	fl.StringVar(&f.tlsKey, "tls-key", "", "TLS private key file (PEM) for --tls-cert")
 	fl.Var(durationValue{&f.pruneInterval}, "prune-interval", "prune (retention and reconcile) every INTERVAL")
-	fl.Var(durationValue{&f.poolInterval}, "pool-interval", "check the warm pools (refill, max_idle, drift) every INTERVAL; a claim refills at once")
+	fl.Var(durationValue{&f.poolInterval}, "pool-interval", "check the warm pools (refill, max_idle, drift) every INTERVAL; a claim refills when its call ends (250ms at the latest)")
 	fl.Var(durationValue{&f.grace}, "shutdown-grace", "on SIGTERM/SIGINT, how long calls in flight may go on before they are cancelled")
 	fl.BoolVar(&f.logJSON, "log-json", false, "log JSON lines on stderr instead of text")
 	fl.StringVar(&f.maxBody, "max-request-body", "1m", "largest request body (a size: 64k, 1m); larger ones are answered 413")
