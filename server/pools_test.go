@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/coder/websocket"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/berth-sh/berth/backend"
@@ -237,4 +238,53 @@ func TestPoolsRunAcrossReload(t *testing.T) {
 	}
 	stop()
 	<-done // RunPools returns when its context ends
+}
+
+// A TTY of a new session of a rule with a pool claims a member: its started message
+// and its result say pooled, as the exec answers do.
+func TestPoolTTYInProcess(t *testing.T) {
+	ctx := context.Background()
+	state := filepath.Join(t.TempDir(), "state")
+	m := NewMetrics()
+	reg := openPooled(t, state, poolConfig, m)
+	s := New(reg, WithMetrics(m))
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(func() {
+		ts.Close()
+		s.Registry().RemoveSession(ctx, "task:tty")
+		s.Registry().DrainPools(ctx)
+		s.Shutdown(ctx)
+	})
+	if err := reg.FillPools(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(ts.URL, "http")+"/v1/sessions/task:tty/tty?argv=true", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	var msgs []TTYMessage
+	for len(msgs) == 0 || msgs[len(msgs)-1].Type != "result" {
+		typ, b, err := c.Read(ctx)
+		if err != nil {
+			t.Fatalf("after %+v: %v", msgs, err)
+		}
+		if typ == websocket.MessageText {
+			var msg TTYMessage
+			if err := json.Unmarshal(b, &msg); err != nil {
+				t.Fatalf("message %q: %v", b, err)
+			}
+			msgs = append(msgs, msg)
+		}
+	}
+	first, last := msgs[0], msgs[len(msgs)-1]
+	if first.Type != "started" || !first.Pooled || first.Sandbox == "" {
+		t.Errorf("first message %+v, want started and pooled", first)
+	}
+	if last.Result == nil || last.Result.ExitCode != 0 || !last.Result.Pooled || last.Result.Sandbox != first.Sandbox {
+		t.Errorf("last message %+v (%+v), want the result, pooled, of %s", last, last.Result, first.Sandbox)
+	}
+	if got, _ := metric(t, m, "berth_pool_claims_total", map[string]string{"scope": "task:*", "driver": "local"}); got != 1 {
+		t.Errorf("berth_pool_claims_total = %v after the TTY's claim, want 1", got)
+	}
 }
