@@ -120,22 +120,31 @@ func metric(t *testing.T, m *Metrics, name string, labels map[string]string) (fl
 	return 0, false
 }
 
-// A miss, a fill and a claim, counted; GET /v1/pools and pooled in the answers.
-func TestPoolsInProcess(t *testing.T) {
+// pooledServer serves a registry of poolConfig (local in this process) with its
+// metrics; when the test ends, sessions are removed, the pool drained and the
+// server shut down.
+func pooledServer(t *testing.T, sessions ...string) (*registry.Registry, *httptest.Server, *Metrics) {
+	t.Helper()
 	ctx := context.Background()
-	state := filepath.Join(t.TempDir(), "state")
 	m := NewMetrics()
-	reg := openPooled(t, state, poolConfig, m)
+	reg := openPooled(t, filepath.Join(t.TempDir(), "state"), poolConfig, m)
 	s := New(reg, WithMetrics(m))
 	ts := httptest.NewServer(s.Handler())
 	t.Cleanup(func() {
 		ts.Close()
-		for _, n := range []string{"task:1", "task:2", "other"} {
+		for _, n := range sessions {
 			s.Registry().RemoveSession(ctx, n)
 		}
 		s.Registry().DrainPools(ctx)
 		s.Shutdown(ctx)
 	})
+	return reg, ts, m
+}
+
+// A miss, a fill and a claim, counted; GET /v1/pools and pooled in the answers.
+func TestPoolsInProcess(t *testing.T) {
+	ctx := context.Background()
+	reg, ts, m := pooledServer(t, "task:1", "task:2", "other")
 	pool := map[string]string{"scope": "task:*", "driver": "local"}
 	if ps := getJSON[[]Pool](t, ts.URL+"/v1/pools"); len(ps) != 1 || ps[0].Size != 2 || ps[0].MaxIdleMS != 1800000 || ps[0].Ready != 0 || ps[0].Members == nil {
 		t.Fatalf("before a fill: %+v", ps)
@@ -244,17 +253,7 @@ func TestPoolsRunAcrossReload(t *testing.T) {
 // and its result say pooled, as the exec answers do.
 func TestPoolTTYInProcess(t *testing.T) {
 	ctx := context.Background()
-	state := filepath.Join(t.TempDir(), "state")
-	m := NewMetrics()
-	reg := openPooled(t, state, poolConfig, m)
-	s := New(reg, WithMetrics(m))
-	ts := httptest.NewServer(s.Handler())
-	t.Cleanup(func() {
-		ts.Close()
-		s.Registry().RemoveSession(ctx, "task:tty")
-		s.Registry().DrainPools(ctx)
-		s.Shutdown(ctx)
-	})
+	reg, ts, m := pooledServer(t, "task:tty")
 	if err := reg.FillPools(ctx); err != nil {
 		t.Fatal(err)
 	}
