@@ -639,8 +639,11 @@ func (r *Registry) acquireMember(ctx context.Context, p *pending, session string
 		tried[e.Sandbox] = true
 		// The refill waits for the claiming call to end (sessionConn.end), or
 		// PoolRefillDelay when that call runs on: its create competes with the
-		// claim's first command for the CPUs.
-		p.refill = time.AfterFunc(PoolRefillDelay, r.kickPools)
+		// claim's first command for the CPUs. One timer serves every member this
+		// call claims (a dead one is dropped and the next claimed).
+		if p.refill == nil {
+			p.refill = time.AfterFunc(PoolRefillDelay, r.kickPools)
+		}
 		mlock, err := flock.Lock(ctx, r.lockPath(e.Sandbox))
 		if err != nil {
 			r.store.poolDrop(e.Driver, e.Sandbox, false)
