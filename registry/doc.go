@@ -47,5 +47,5 @@
 // options (WithStateDir, WithLogger, WithDriver, ...) and reads no environment
 // variable and no config file. berth's CLI applies the precedence flags >
 // BERTH_* environment > config file > defaults before it calls config.Load and Open
-// (cmd/berth/settings.go).
+// (internal/cli/settings.go).
 package registry

@@ -41,30 +41,6 @@ var Kinds = []Kind{
 	{KindDriverCrashed, http.StatusServiceUnavailable},
 }
 
-// The HTTP layer's error kinds.
-const (
-	// KindUnauthorized: a TCP listener's request without the right bearer token.
-	KindUnauthorized = "unauthorized"
-	// KindTooLarge: a request body over MaxRequestBody.
-	KindTooLarge = "too_large"
-	// KindRequestTimeout: a request body that did not arrive within BodyTimeout.
-	KindRequestTimeout = "request_timeout"
-	// KindMediaType: a body that is not declared as application/json.
-	KindMediaType = "unsupported_media_type"
-	// KindMethod: a method that the path does not serve.
-	KindMethod = "method_not_allowed"
-	// KindShuttingDown: the daemon is shutting down and takes no new calls.
-	KindShuttingDown = "shutting_down"
-	// KindCanceled: the call was cancelled (the client went away, or the daemon's
-	// shutdown grace ran out).
-	KindCanceled = "canceled"
-	// KindInternal: an error of no kind.
-	KindInternal = "internal"
-	// KindDriverCrashed: the driver's plugin crashed during the call (a kind of
-	// unavailable: errors.Is(err, backend.ErrUnavailable) holds for it).
-	KindDriverCrashed = "driver_crashed"
-)
-
 // statusOf returns the HTTP status of kind; 500 for a name not in Kinds.
 func statusOf(kind string) int {
 	for _, k := range Kinds {

@@ -20,12 +20,6 @@ import (
 	"github.com/berth-sh/berth/registry/config"
 )
 
-// NDJSON is the media type of a streamed exec answer: one Event per line.
-const NDJSON = "application/x-ndjson"
-
-// RecreateReason is the recreated_reason of an exec whose request set recreate.
-const RecreateReason = "recreated as asked (recreate)"
-
 // execCall is an ExecRequest checked and turned into what the registry takes.
 type execCall struct {
 	shell   bool
@@ -40,8 +34,8 @@ type execCall struct {
 	in      *input // a streamed request's input: stdin and signals
 }
 
-// check validates req; errors are invalid and say which field is wrong.
-func (req *ExecRequest) check() (*execCall, error) {
+// checkExec validates req; errors are invalid and say which field is wrong.
+func checkExec(req *ExecRequest) (*execCall, error) {
 	c := &execCall{argv: req.Argv, command: req.Command, cwd: req.Cwd, user: req.User, max: req.MaxOutput}
 	switch {
 	case len(req.Argv) > 0 && req.Command != "":
@@ -131,7 +125,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err, name)
 		return
 	}
-	c, err := req.check()
+	c, err := checkExec(&req)
 	if err == nil && rest != nil && (req.Stdin != nil || req.StdinBase64 != nil) {
 		err = errorf("invalid", "a streamed request sends its stdin as stdin events; drop stdin and stdin_base64 from its first line")
 	}

@@ -23,25 +23,6 @@ import (
 // Files over the API: a tar stream of a path each way (/archive), and one small
 // file's bytes each way (/files). docs/api.md describes them.
 
-// MaxFileBytes is the largest file that GET and PUT /v1/sessions/{name}/files read
-// or write (16 MiB); a larger one is answered 413 (too_large): use /archive.
-const MaxFileBytes = 16 << 20
-
-// TarType is the media type of a tar stream (/archive's bodies).
-const TarType = "application/x-tar"
-
-// ModeHeader is the header that carries a file's mode in GET /files's answer, as
-// four octal digits (setuid, setgid and sticky first, e.g. "0644", "4755").
-const ModeHeader = "X-Berth-Mode"
-
-// ArchiveUpload is the answer of PUT /v1/sessions/{name}/archive.
-type ArchiveUpload struct {
-	// Entries is the number of tar entries extracted; Bytes the regular files'
-	// bytes together.
-	Entries int   `json:"entries"`
-	Bytes   int64 `json:"bytes"`
-}
-
 // pathParam returns the query parameter path, which must be set and hold no NUL.
 func pathParam(r *http.Request) (string, error) {
 	p := r.URL.Query().Get("path")

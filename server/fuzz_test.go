@@ -35,7 +35,7 @@ func FuzzExecRequest(f *testing.F) {
 		err := s.readJSON(httptest.NewRecorder(), r, &req)
 		var c *execCall
 		if err == nil {
-			c, err = req.check()
+			c, err = checkExec(&req)
 		}
 		if err != nil {
 			var he *httpError

@@ -2,7 +2,7 @@ package server
 
 // The files routes and the TTY through the server in this process, over a registry
 // on the local driver (this test binary is the sandboxes' agent), so that go test
-// -race sees the handlers; cmd/berth's tests run the same routes in a real berth
+// -race sees the handlers; internal/cli's tests run the same routes in a real berth
 // serve.
 
 import (

@@ -31,14 +31,6 @@ import (
 // control, and one that reads and writes at once gets its stdin to the command as
 // it sends it.
 
-// Input event names of a streamed exec request.
-const (
-	InputStdin  = "stdin"
-	InputEOF    = "eof"
-	InputSignal = "signal"
-	InputCancel = "cancel"
-)
-
 // input is the input side of a streamed exec request.
 type input struct {
 	br      *bufio.Reader

@@ -6,20 +6,13 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
-// JobOf converts a job as the registry reports it into the API's (and berth job ls
-// --json's) shape.
-func JobOf(j agent.Job) Job {
-	return Job{ID: j.ID, Session: j.Session, Argv: j.Argv, PID: j.PID, Running: j.Running, ExitCode: j.ExitCode,
-		Signal: j.Signal, Started: j.Started, Ended: j.Ended, LogBytes: j.LogBytes, DroppedBytes: j.DroppedBytes}
-}
-
-// check validates req and returns the registry's request; errors are invalid and
+// checkJob validates req and returns the registry's request; errors are invalid and
 // name the field.
-func (req *JobStartRequest) check() (registry.JobStartRequest, error) {
+func checkJob(req *JobStartRequest) (registry.JobStartRequest, error) {
 	out := registry.JobStartRequest{Argv: req.Argv, Dir: req.Cwd}
 	switch {
 	case len(req.Argv) > 0 && req.Command != "":
@@ -73,7 +66,7 @@ func (s *Server) startJob(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err, name)
 		return
 	}
-	jreq, err := req.check()
+	jreq, err := checkJob(&req)
 	if err != nil {
 		s.writeError(w, r, err, name)
 		return
@@ -85,7 +78,7 @@ func (s *Server) startJob(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err, name)
 		return
 	}
-	writeJSON(w, http.StatusCreated, JobOf(j))
+	writeJSON(w, http.StatusCreated, apiv1.JobOf(j))
 }
 
 // listJobs is GET /v1/sessions/{name}/jobs: the session's jobs, oldest first.
@@ -100,7 +93,7 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]Job, 0, len(jobs))
 	for _, j := range jobs {
-		out = append(out, JobOf(j))
+		out = append(out, apiv1.JobOf(j))
 	}
 	writeJSON(w, http.StatusOK, out)
 }

@@ -8,9 +8,6 @@ import (
 	"github.com/berth-sh/berth/registry"
 )
 
-// DefaultRetentionInterval is how often berth serve prunes (--prune-interval).
-const DefaultRetentionInterval = 30 * time.Second
-
 // RunRetention prunes (registry.Prune: reconcile every configured driver, apply
 // idle_ttl, max_age and on_close leftovers, clean up files) now and then every
 // interval (0: WithPruneInterval's, else DefaultRetentionInterval), with the
@@ -64,17 +61,6 @@ func (s *Server) pruneOnce(ctx context.Context) (*registry.PruneReport, error) {
 	}
 	s.log.Debug("prune round done", "actions", changed)
 	return rep, nil
-}
-
-// PruneRequest is the optional JSON body of POST /v1/prune.
-type PruneRequest struct {
-	// DryRun reports what prune would do and changes nothing (berth prune --dry-run).
-	DryRun bool `json:"dry_run,omitempty"`
-	// Owner, when set, reconciles the sandboxes of that owner id instead: those of
-	// another owner (a lost state dir's) are removed, past the grace period, and
-	// nothing else is touched (berth prune --owner; registry.PruneOptions.Owner).
-	// An id that is not one is 400 (invalid).
-	Owner string `json:"owner,omitempty"`
 }
 
 // prune is POST /v1/prune: one round now, as berth prune does, answered with its

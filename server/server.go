@@ -7,7 +7,7 @@
 // two against each other.
 //
 // The server takes a *registry.Registry and never opens one itself: the caller
-// (berth serve, in cmd/berth) resolves the settings, opens the registry, listens,
+// (berth serve, in internal/cli) resolves the settings, opens the registry, listens,
 // and hands a new registry to Reload when the config changes. Sandboxes and
 // background jobs are never stopped by the server, not even by Shutdown.
 package server
@@ -37,9 +37,6 @@ const (
 	// MaxHeaderBytes bounds a request's header lines (64 KiB); net/http answers a
 	// larger header 431.
 	MaxHeaderBytes = 64 << 10
-	// DefaultBodyTimeout is how long a request body may take to arrive (30 s); a
-	// slower one is answered 408 (request_timeout) and its connection closed.
-	DefaultBodyTimeout = 30 * time.Second
 	// ReadHeaderTimeout is how long a request's header may take to arrive (10 s);
 	// net/http closes the connection of a slower one.
 	ReadHeaderTimeout = 10 * time.Second

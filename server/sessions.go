@@ -8,17 +8,8 @@ import (
 
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/registry/config"
+	"github.com/berth-sh/berth/server/apiv1"
 )
-
-// SessionOf converts a registry row into the API's (and berth sessions --json's)
-// shape.
-func SessionOf(s registry.SessionInfo) Session {
-	return Session{
-		Session: s.Session, Driver: s.Driver, Sandbox: s.Sandbox, Scope: s.Scope, State: s.State,
-		Created: s.Created, LastUsed: s.LastUsed, Drift: s.Drift, DriftReason: s.DriftReason, Error: s.Error,
-		RemovedReason: s.RemovedReason, Pooled: s.Pooled,
-	}
-}
 
 // listSessions is GET /v1/sessions: every recorded session, sorted by name
 // ([] when there are none).
@@ -32,7 +23,7 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]Session, 0, len(list))
 	for _, si := range list {
-		out = append(out, SessionOf(si))
+		out = append(out, apiv1.SessionOf(si))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -66,7 +57,7 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, si := range list {
 		if si.Session == session {
-			writeJSON(w, http.StatusOK, SessionOf(si))
+			writeJSON(w, http.StatusOK, apiv1.SessionOf(si))
 			return
 		}
 	}
@@ -101,15 +92,6 @@ func (s *Server) stopSession(w http.ResponseWriter, r *http.Request) {
 // and forget the session (berth rm); idempotent.
 func (s *Server) removeSession(w http.ResponseWriter, r *http.Request) {
 	s.sessionCall(w, r, (*registry.Registry).RemoveSession)
-}
-
-// RecreateAnswer is the answer of POST /v1/sessions/{name}/recreate.
-type RecreateAnswer struct {
-	// Session is the session's name (NFC).
-	Session string `json:"session"`
-	// Removed says whether there was a sandbox to remove; the next exec creates a
-	// new one from the rule's current config.
-	Removed bool `json:"removed"`
 }
 
 // recreateSession is POST /v1/sessions/{name}/recreate: remove the session's

@@ -30,11 +30,11 @@ func ModuleRoot() string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
-// Packages are the main packages Berth builds into one directory: berth, the
-// stand-alone agent berth-agent, and the executables of the built-in drivers that
-// have their own (backends.Builtins).
+// Packages are the main packages Berth builds into one directory: berth, the HTTP
+// API's server berth-serve, the stand-alone agent berth-agent, and the executables
+// of the built-in drivers that have their own (backends.Builtins).
 func Packages() []string {
-	pkgs := []string{"./cmd/berth", "./cmd/berth-agent"}
+	pkgs := []string{"./cmd/berth", "./cmd/berth-serve", "./cmd/berth-agent"}
 	for _, b := range backends.Builtins {
 		if b.Executable != "" {
 			pkgs = append(pkgs, "./cmd/"+b.Executable)

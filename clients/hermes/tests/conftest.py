@@ -71,15 +71,16 @@ def _runtimes_env() -> None:
 
 @pytest.fixture(scope="session")
 def berth_bin(tmp_path_factory) -> str:
-    """The berth binary and berth-driver-docker beside it: $BERTH_BIN_DIR, or built
-    here with CGO_ENABLED=0 (the agent in a container must be static)."""
+    """The berth binary, with berth-serve (berth serve's server) and
+    berth-driver-docker beside it: $BERTH_BIN_DIR, or built here with
+    CGO_ENABLED=0 (the agent in a container must be static)."""
     d = os.environ.get("BERTH_BIN_DIR")
     if d:
         return os.path.join(d, "berth")
     d = str(tmp_path_factory.mktemp("bin"))
     env = dict(os.environ, CGO_ENABLED="0")
-    for cmd in ("berth", "berth-driver-docker"):
-        subprocess.run(["go", "build", "-o", os.path.join(d, cmd), "./cmd/" + cmd], cwd=ROOT, env=env, check=True)
+    subprocess.run(["go", "build", "-o", d + "/", "./cmd/berth", "./cmd/berth-serve", "./cmd/berth-driver-docker"],
+                   cwd=ROOT, env=env, check=True)
     return os.path.join(d, "berth")
 
 

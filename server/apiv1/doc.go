@@ -1,0 +1,11 @@
+// Package apiv1 holds the wire types of berth serve's HTTP API v1 (docs/api.md,
+// docs/openapi.yaml): the JSON bodies of its requests and answers, the event and
+// message names of its streams, its error kinds and media types, and the
+// conversions from the registry's values into them.
+//
+// It is its own package so that a client of the API (berth's CLI, a Go program)
+// can use the types without linking the server: package server, which serves
+// them, also links Prometheus' client, whose initialisers cost every process that
+// links it about a millisecond at start. server names these types as its own
+// (type aliases), so either import path works.
+package apiv1
