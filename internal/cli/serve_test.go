@@ -603,6 +603,34 @@ func TestServeSecondInstance(t *testing.T) {
 	}
 }
 
+// berth serve runs berth-serve from beside berth, in its own process (the pid that
+// the lock file and status name is the one that was started); a berth without it
+// says what is missing and how to build it, and serves nothing.
+func TestServeExecutable(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d := e.serve()
+	var st struct {
+		PID int `json:"pid"`
+	}
+	_, body := d.call("GET", "/v1/status", "")
+	if err := json.Unmarshal(body, &st); err != nil || st.PID != d.cmd.Process.Pid {
+		t.Errorf("status pid: want berth serve's own %d (berth-serve runs in its place)\n%s", d.cmd.Process.Pid, body)
+	}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", d.cmd.Process.Pid)); err != nil || !strings.HasSuffix(strings.Split(string(b), "\x00")[0], "/berth-serve") {
+		t.Errorf("berth serve's process runs %q, want berth-serve (%v)", b, err)
+	}
+
+	alone := filepath.Join(t.TempDir(), "berth")
+	copyFile(t, berthBin, alone)
+	cmd := exec.Command(alone, "serve")
+	cmd.Env = newEnv(t).environ()
+	out, err := cmd.CombinedOutput()
+	if code := cmd.ProcessState.ExitCode(); code != 125 || !strings.Contains(string(out), "berth-serve") || !strings.Contains(string(out), "go build") {
+		t.Errorf("berth serve without berth-serve beside it: want 125 naming berth-serve and how to build it; exit %d (%v)\n%s", code, err, out)
+	}
+}
+
 // A TCP listener needs a token file (owner-only, long enough); a non-loopback
 // address needs TLS; requests without the right bearer token get 401.
 func TestServeTCPToken(t *testing.T) {
