@@ -187,7 +187,7 @@ func ptyRun(environ []string, args ...string) error {
 // CLI, embedded and through berth serve's TTY WebSocket, with the daemon's plain
 // `berth exec -- true`, in a warm local session (interleaved rounds, p50/p95).
 //
-//	go test ./cmd/berth -run '^$' -bench ExecTTY -benchtime 30x
+//	go test ./internal/cli -run '^$' -bench ExecTTY -benchtime 30x
 func BenchmarkExecTTY(b *testing.B) {
 	environ, _, _ := benchServe(b, "")
 	if err := cli(environ, "exec", "-s", "b", "--", "true").Run(); err != nil {

@@ -67,7 +67,7 @@ func cpuTime(b *testing.B, pid int) time.Duration {
 // any failed exec fails the benchmark. It reports the execs' p50/p95 and the
 // daemon's RSS before the first round and after the last.
 //
-//	go test ./cmd/berth -run '^$' -bench ServeConcurrent -benchtime 30x
+//	go test ./internal/cli -run '^$' -bench ServeConcurrent -benchtime 30x
 func BenchmarkServeConcurrent(b *testing.B) {
 	const sessions, concurrent = 50, 200
 	_, client, sock := benchServe(b, "")
@@ -121,7 +121,7 @@ func BenchmarkServeConcurrent(b *testing.B) {
 // its CPU use over b.N seconds of idling (prune rounds every 30 s included when b.N
 // reaches them).
 //
-//	go test ./cmd/berth -run '^$' -bench ServeIdle -benchtime 60x
+//	go test ./internal/cli -run '^$' -bench ServeIdle -benchtime 60x
 func BenchmarkServeIdle(b *testing.B) {
 	const sessions = 100
 	_, client, sock := benchServe(b, "")

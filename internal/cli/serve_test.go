@@ -1227,7 +1227,7 @@ func benchExec(b *testing.B, client *http.Client, session string) (func() error,
 // through the daemon and embedded (--no-daemon, beside it) on the same session; p50
 // and p95 in ms.
 //
-//	go test ./cmd/berth -run '^$' -bench 'ServeExec$' -benchtime 40x
+//	go test ./internal/cli -run '^$' -bench 'ServeExec$' -benchtime 40x
 func BenchmarkServeExec(b *testing.B) {
 	environ, client, sock := benchServe(b, "")
 	post, _ := benchExec(b, client, "bench")
@@ -1245,7 +1245,7 @@ func BenchmarkServeExec(b *testing.B) {
 // the sandbox's agent over a kept connection (what the daemon itself pays); issue
 // 14's target for the whole CLI through the daemon is at most 0.15x docker exec.
 //
-//	go test ./cmd/berth -run '^$' -bench ServeExecDocker -benchtime 40x
+//	go test ./internal/cli -run '^$' -bench ServeExecDocker -benchtime 40x
 func BenchmarkServeExecDocker(b *testing.B) {
 	host := testimage.RequireEngine(b)
 	archive, err := testimage.Archive()

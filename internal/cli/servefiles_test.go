@@ -516,7 +516,7 @@ func TestServeFilesDocker(t *testing.T) {
 // extracted on the client) and with the whole embedded `berth cp`, interleaved; p50
 // and p95 in ms.
 //
-//	go test ./cmd/berth -run '^$' -bench ServeCopy -benchtime 10x
+//	go test ./internal/cli -run '^$' -bench ServeCopy -benchtime 10x
 func BenchmarkServeCopy(b *testing.B) {
 	environ, client, _ := benchServe(b, "")
 	api := &daemonClient{where: "http://berth", client: client, base: "http://berth"}

@@ -132,7 +132,7 @@ func drainBenchPools(b testing.TB, environ []string, client *http.Client, sock s
 // 4 ready) before it goes on, outside the timing; at least 30 interleaved rounds.
 // Issue 16's targets: p50 <= 15 ms with the pool, <= 0.05x docker run.
 //
-//	go test ./cmd/berth -run '^$' -bench ServePoolAcquire -benchtime 30x
+//	go test ./internal/cli -run '^$' -bench ServePoolAcquire -benchtime 30x
 func BenchmarkServePoolAcquire(b *testing.B) {
 	b.Run("local", func(b *testing.B) { benchPoolAcquire(b, "  driver = \"local\"", nil) })
 	b.Run("docker", func(b *testing.B) {
