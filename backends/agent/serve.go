@@ -42,7 +42,10 @@ type ServeOptions struct {
 	LogPath string
 	// StateDir, when set, is where the agent keeps state that should outlive it (the
 	// shell-mode state of each key), in files only root (the agent's user) can read;
-	// it is created when needed. Without it that state lives in memory only.
+	// it is created when needed. Without it that state lives in memory only, and a
+	// shell-mode call's state file in a directory that the agent makes under the
+	// system's temporary directory (berth-agent-shell-RANDOM) and removes when it
+	// shuts down.
 	StateDir string
 	// Subreaper makes the agent a child subreaper (PR_SET_CHILD_SUBREAPER), so the
 	// background processes of its execs stay its descendants and are reaped and
@@ -153,6 +156,7 @@ func serve(opts ServeOptions, logger *log.Logger) error {
 		return err
 	}
 	s.shells.dir = opts.StateDir
+	defer s.shells.cleanup()
 	s.execUser = opts.ExecUser
 	s.reserved = reservedDirs(opts)
 	s.oom = newOOMWatch(opts.OOMCounter)

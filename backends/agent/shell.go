@@ -86,6 +86,7 @@ type shells struct {
 	mu   sync.Mutex
 	dir  string
 	run  string // runDir, once made
+	temp bool   // run is a temporary directory of this agent's, for cleanup
 	log  *log.Logger
 	keys map[string]*shellKey
 }
@@ -127,9 +128,11 @@ func (s *shells) acquire(ctx context.Context, key string) (*shellKey, error) {
 func (s *shells) release(k *shellKey) { k.turn <- struct{}{} }
 
 // runDir returns the directory of the calls' state files: DIR/run under the state
-// dir (or a directory of this agent's under the system's temporary directory), mode
-// 0711, so that a user can reach a file whose random name the agent gave it but
-// cannot list the others.
+// dir, or, without one, a directory of this agent's under the system's temporary
+// directory (berth-agent-shell-RANDOM, made by this call: never one that someone
+// else made first at a name they could guess; removed by cleanup), mode 0711, so
+// that a user can reach a file whose random name the agent gave it but cannot list
+// the others.
 func (s *shells) runDir() (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -138,9 +141,12 @@ func (s *shells) runDir() (string, error) {
 	}
 	dir := filepath.Join(s.dir, "run")
 	if s.dir == "" {
-		dir = filepath.Join(os.TempDir(), fmt.Sprintf("berth-agent-%d-shell", os.Getpid()))
-	}
-	if err := os.MkdirAll(dir, 0o711); err != nil {
+		d, err := os.MkdirTemp("", "berth-agent-shell-")
+		if err != nil {
+			return "", err
+		}
+		dir, s.temp = d, true
+	} else if err := os.MkdirAll(dir, 0o711); err != nil {
 		return "", err
 	}
 	if err := os.Chmod(dir, 0o711); err != nil {
@@ -151,6 +157,17 @@ func (s *shells) runDir() (string, error) {
 	}
 	s.run = dir
 	return dir, nil
+}
+
+// cleanup removes the run dir when it is a temporary one (no state dir): the agent
+// is shutting down, and a state file there belongs to a call that has ended.
+func (s *shells) cleanup() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.temp && s.run != "" {
+		os.RemoveAll(s.run)
+		s.run, s.temp = "", false
+	}
 }
 
 func (s *shells) path(key string) string {

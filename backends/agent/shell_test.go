@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -132,6 +133,37 @@ func TestShellMode(t *testing.T) {
 				t.Errorf("after the cwd was removed: %+v", res)
 			}
 		})
+	}
+}
+
+// Without a state dir the calls' state files live in a directory that the agent
+// makes with a random name (not one that another user could have made first at a
+// name they guessed, such as one after the agent's pid), mode 0711, and removes
+// when it shuts down.
+func TestShellModeTempRunDir(t *testing.T) {
+	a := startAgent(t)
+	out, _, res := shellDo(t, a.c, "k", "", `echo "$__berth_state"`)
+	dir := filepath.Dir(strings.TrimSpace(out))
+	if res.ExitCode != 0 || !strings.HasPrefix(filepath.Base(dir), "berth-agent-shell-") || filepath.Dir(dir) != filepath.Clean(os.TempDir()) {
+		t.Fatalf("the call's state file is %q (exit %d), want one in %s/berth-agent-shell-RANDOM", out, res.ExitCode, os.TempDir())
+	}
+	if strings.Contains(filepath.Base(dir), strconv.Itoa(a.pid)) {
+		t.Errorf("run dir %s is named after the agent's pid", dir)
+	}
+	st, err := os.Stat(dir)
+	if err != nil || st.Mode().Perm() != 0o711 {
+		t.Fatalf("run dir %s: %v, mode %v, want 0711", dir, err, st.Mode().Perm())
+	}
+	if err := a.c.Shutdown(testCtx(t), 500*time.Millisecond); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	select {
+	case <-a.exited:
+	case <-time.After(testwait.Limit):
+		t.Fatal("agent did not exit after Shutdown")
+	}
+	if _, err := os.Lstat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("run dir %s left behind after Shutdown: %v", dir, err)
 	}
 }
 
