@@ -2,7 +2,7 @@
 # Run berth's fuzz targets (every func FuzzXxx in a _test.go file of this module) for a
 # bounded time each, one target per go test invocation as Go requires (docs/fuzzing.md).
 #
-#   scripts/fuzz.sh                       # every target for 20s (.ci/run gives 10s)
+#   scripts/fuzz.sh                       # every target for 20s (.ci/run gives 6s)
 #   scripts/fuzz.sh 10m                   # every target for 10 minutes
 #   scripts/fuzz.sh 10m 'ExtractTar$'     # the targets whose name matches a regexp
 #   scripts/fuzz.sh 1m . -parallel 1      # further arguments go to go test
