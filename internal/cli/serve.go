@@ -273,7 +273,7 @@ func execServe(g *globals) error {
 	}
 	exe := filepath.Join(filepath.Dir(self), serveExecutable)
 	if _, err := os.Stat(exe); err != nil {
-		return failure(fmt.Errorf("berth serve runs %s, the HTTP API's server, from beside berth: %v; build it with berth (CGO_ENABLED=0 go build -o %s/ ./cmd/...)", serveExecutable, err, filepath.Dir(self)))
+		return failure(fmt.Errorf("berth serve runs %s, the HTTP API's server, from beside berth: %v; build both into one directory (CGO_ENABLED=0 go build -o DIR/ ./cmd/...) and run DIR/berth serve (go run ./cmd/berth builds berth alone)", serveExecutable, err))
 	}
 	// The signals caught since the start get their default action again in the
 	// new program; one that came before is delivered now, as it would have been.
