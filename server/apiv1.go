@@ -2,8 +2,9 @@ package server
 
 import "github.com/berth-sh/berth/server/apiv1"
 
-// The API's wire types, error kinds and names live in package apiv1, so that a
-// client links them without the server; the server names them as its own.
+// The API's wire types, error kinds and names live in package apiv1, so that the
+// CLI links them without the server; the server names them as its own. The
+// conversions from the registry's values (apiv1.SessionOf, ...) are only there.
 type (
 	ArchiveUpload    = apiv1.ArchiveUpload
 	AuditEntry       = apiv1.AuditEntry
@@ -32,6 +33,8 @@ type (
 	TTYMessage       = apiv1.TTYMessage
 )
 
+// The API's defaults, limits, event names, error kinds and media types: apiv1's,
+// documented there.
 const (
 	DefaultAuditMaxMB        = apiv1.DefaultAuditMaxMB
 	DefaultAuditKeep         = apiv1.DefaultAuditKeep

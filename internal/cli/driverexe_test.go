@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berth-sh/berth/internal/testbin"
 	"github.com/berth-sh/berth/server/apiv1"
 )
 
@@ -113,17 +114,25 @@ func copyFile(t *testing.T, src, dst string) {
 	}
 }
 
-// TestNoRuntimeSDK: berth links neither the Docker SDK nor the containerd client (nor
-// the drivers on them, nor package drivers): they cost every berth call its start-up
-// (their package initialisers run whether or not a command needs them). Their
-// drivers are their own executables.
+// TestNoRuntimeSDK: berth links neither the Docker SDK nor the containerd client nor
+// client-go (nor the drivers on them, nor package drivers), nor berth serve's server
+// and Prometheus' client: they cost every berth call its start-up (their package
+// initialisers run whether or not a command needs them). The drivers are their own
+// executables, and so is the server (berth-serve).
 func TestNoRuntimeSDK(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	cmd := exec.Command("go", "list", "-deps", "./cmd/berth")
+	cmd.Dir = testbin.ModuleRoot()
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("go list -deps: %v", err)
+		t.Fatalf("go list -deps ./cmd/berth: %v", err)
 	}
-	for _, pkg := range strings.Fields(string(out)) {
-		if strings.Contains(pkg, "docker") || strings.Contains(pkg, "containerd") || pkg == "github.com/berth-sh/berth/drivers" {
+	pkgs := strings.Fields(string(out))
+	if !slices.Contains(pkgs, "github.com/berth-sh/berth/internal/cli") {
+		t.Fatalf("go list -deps ./cmd/berth does not name internal/cli:\n%s", out)
+	}
+	for _, pkg := range pkgs {
+		if strings.Contains(pkg, "docker") || strings.Contains(pkg, "containerd") || strings.HasPrefix(pkg, "k8s.io/") ||
+			strings.Contains(pkg, "prometheus") || pkg == "github.com/berth-sh/berth/drivers" || pkg == "github.com/berth-sh/berth/server" {
 			t.Errorf("berth links %s", pkg)
 		}
 	}

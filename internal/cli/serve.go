@@ -49,9 +49,9 @@ type Server interface {
 
 // ServerOptions are berth serve's settings of the server (its flags, resolved).
 type ServerOptions struct {
-	Log     hclog.Logger
-	Token   string // the bearer token every request must carry; "" for none
-	Version string // berth's version, for GET /v1/status
+	Log     hclog.Logger // the server's log (berth serve's stderr)
+	Token   string       // the bearer token every request must carry; "" for none
+	Version string       // berth's version, for GET /v1/status
 	// MaxRequestBody bounds a request body, in bytes; BodyTimeout its arrival.
 	MaxRequestBody int64
 	BodyTimeout    time.Duration
@@ -66,7 +66,8 @@ type ServerOptions struct {
 	ConfigCheck func(ctx context.Context, path string) apiv1.ConfigCheck
 }
 
-// Daemon is one running server: server.Server's methods.
+// Daemon is one running server: server.Server's methods (RunRetention with the
+// interval of ServerOptions.PruneInterval, and no report hook).
 type Daemon interface {
 	// Serve answers the API on ln until Shutdown; its error is the listener's.
 	Serve(ln net.Listener) error
@@ -265,7 +266,8 @@ func (g *globals) serveLogger(cfg *config.Config, json bool) (hclog.Logger, erro
 // execServe runs berth-serve, found beside the berth binary, in this process's
 // place with this command's arguments: the same process (its pid is what berth
 // status and the lock file name), so a supervisor that started berth serve
-// supervises the server. It returns only when that fails.
+// supervises the server. It returns nil when SIGINT or SIGTERM came before the
+// exec, and an error when the exec fails.
 func execServe(g *globals) error {
 	self, err := g.self()
 	if err != nil {
@@ -275,11 +277,30 @@ func execServe(g *globals) error {
 	if _, err := os.Stat(exe); err != nil {
 		return failure(fmt.Errorf("berth serve runs %s, the HTTP API's server, from beside berth: %v; build both into one directory (CGO_ENABLED=0 go build -o DIR/ ./cmd/...) and run DIR/berth serve (go run ./cmd/berth builds berth alone)", serveExecutable, err))
 	}
-	// The signals caught since the start get their default action again in the
-	// new program; one that came before is delivered now, as it would have been.
-	sigstart.Release()
+	// berth-serve catches SIGINT, SIGTERM and SIGHUP again from its start
+	// (sigstart) and handles them as serve does. Of those caught here until now, a
+	// SIGINT or SIGTERM ends serve before it serves (exit 0, as its shutdown), and a
+	// SIGHUP, which asks for a reload of a config that berth-serve has yet to read,
+	// is dropped. SIGHUP stays ignored across the exec (the new program keeps an
+	// ignored signal ignored until it catches it), so one sent meanwhile cannot end
+	// the server; SIGINT and SIGTERM get their default action.
+	sigs := sigstart.Take()
+	signal.Ignore(syscall.SIGHUP)
+	sigstart.Sync() // every signal sent before now is in sigs
+	for pending := true; pending; {
+		select {
+		case s := <-sigs:
+			if s != syscall.SIGHUP {
+				return nil
+			}
+		default:
+			pending = false
+		}
+	}
+	signal.Stop(sigs)
 	argv := append([]string{exe}, g.args...)
 	err = syscall.Exec(exe, argv, os.Environ())
+	signal.Reset(syscall.SIGHUP)
 	return failure(fmt.Errorf("running %s: %v", exe, err))
 }
 

@@ -3,9 +3,11 @@
 // message names of its streams, its error kinds and media types, and the
 // conversions from the registry's values into them.
 //
-// It is its own package so that a client of the API (berth's CLI, a Go program)
-// can use the types without linking the server: package server, which serves
+// It is its own package so that berth's CLI (a client of the API when berth serve
+// runs) can use the types without linking the server: package server, which serves
 // them, also links Prometheus' client, whose initialisers cost every process that
-// links it about a millisecond at start. server names these types as its own
-// (type aliases), so either import path works.
+// links it about a millisecond at start. Its conversions (SessionOf, JobOf,
+// PoolsOf, ExplanationOf, DriversOf) take the registry's values, so it imports
+// package registry. server names the types and constants as its own (type
+// aliases); the conversions are only here.
 package apiv1
