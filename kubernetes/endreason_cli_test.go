@@ -23,8 +23,11 @@ import (
 //
 //   - OOMKilled: a rule with a 64 MiB memory limit; the command lowers its own
 //     oom_score_adj (which the sandbox may, the container runtime having set no
-//     minimum) and allocates 60 MiB, so the OOM killer picks berth's agent, PID 1,
-//     and the sandbox container ends with reason OOMKilled.
+//     minimum) and allocates 72 MiB, past the limit whatever else the sandbox
+//     uses (60 MiB, next to a smaller agent binary, once fitted), so the OOM killer
+//     runs and picks berth's agent, PID 1 (its oom_score_adj, near 1000, outweighs
+//     any size under the limit), and the sandbox container ends with reason
+//     OOMKilled.
 //   - Evicted: the command writes 3 MiB into the Pod's 1 MiB "run" emptyDir (the
 //     agent's socket directory), and the kubelet's eviction manager evicts the Pod
 //     (status reason Evicted, "Usage of EmptyDir volume "run" exceeds the limit"),
@@ -37,7 +40,7 @@ func TestRuntimeEndedPod(t *testing.T) {
 		name, script, endedSays, notice string
 		limit                           time.Duration
 	}{
-		{"OOMKilled", "echo 0 > /proc/self/oom_score_adj || exit 99; echo ready; exec dd if=/dev/zero of=/dev/null bs=60M count=1",
+		{"OOMKilled", "echo 0 > /proc/self/oom_score_adj || exit 99; echo ready; exec dd if=/dev/zero of=/dev/null bs=72M count=1",
 			"OOMKilled", "had ended (OOMKilled: out of memory, its memory limit was reached: the sandbox container's agent exited with code 137)", testwait.Limit},
 		{"Evicted", "dd if=/dev/zero of=/.berth/run/fill bs=1M count=3 2>/dev/null && echo ready && exec sleep 900",
 			"Evicted", `had ended (Evicted by its runtime: Usage of EmptyDir volume "run" exceeds the limit "1Mi".)`, 6 * time.Minute},
