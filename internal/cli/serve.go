@@ -28,9 +28,9 @@ import (
 )
 
 // serveExecutable is the HTTP API server's executable (cmd/berth-serve), found
-// beside the berth binary: berth is it, less nothing but the server, which links
-// Prometheus' client (whose initialisers cost every process about a millisecond
-// at start). `berth serve` runs it in its place.
+// beside the berth binary: berth's command line plus package server, which links
+// Prometheus' client (whose initialisers cost every process that links them about
+// a millisecond at start). `berth serve` runs it in its own place.
 const serveExecutable = "berth-serve"
 
 // Server is the HTTP API's server under `berth serve`: package server's, which
