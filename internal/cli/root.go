@@ -86,11 +86,13 @@ type globals struct {
 	args []string
 	// server is WithServer's; nil in berth itself.
 	server Server
-	// exe is WithBerth's: the berth binary; "" for this process's own.
+	// exe is the berth binary: WithBerth's, else this process's own once self
+	// has looked it up; "" before.
 	exe string
 }
 
-// self returns the berth binary: WithBerth's, else this process's executable.
+// self returns the berth binary: WithBerth's, else this process's executable
+// (looked up once: daemon detection and the settings both ask).
 func (g *globals) self() (string, error) {
 	if g.exe != "" {
 		return g.exe, nil
@@ -99,6 +101,7 @@ func (g *globals) self() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("cannot find the berth binary: %w", err)
 	}
+	g.exe = exe
 	return exe, nil
 }
 
