@@ -28,19 +28,21 @@ import (
 // being created, ready, or claimed.
 //
 // A session of the rule that has no sandbox yet (or whose sandbox retention removed,
-// or that vanished) claims the oldest ready member in one store transaction (two
-// claims, in any processes, never get the same member), dials its agent, and its
-// record then names the member (record.Pooled) with the claim's time as its
-// creation, so max_age and idle_ttl count from the claim. The session's record and
-// the end of the member's pool entry are one transaction (poolFinishClaim); if the
-// call fails before that, the member is removed: a member is never handed to a
-// second session. With no ready member (a miss) the session's sandbox is created as
-// without a pool. Any registry claims (the CLI, embedded, too: the store says which
-// members exist); only the one that runs RunPools refills.
+// or that vanished) picks the oldest ready member, takes its lock, makes sure its
+// agent answers, and claims it in one store transaction (poolTake) that writes the
+// session's record, naming the member (record.Pooled) with the claim's time as its
+// creation (max_age and idle_ttl count from the claim), and deletes the member's
+// pool entry. Two claims, in any processes, never get the same member; the claim is
+// durable before the session's first command runs in the member, and costs one
+// store commit. If the call fails before its command starts, the session's record is
+// put back as it was (poolUntake) and the member is removed: a member is never
+// handed to a second session. With no ready member (a miss) the session's sandbox
+// is created as without a pool. Any registry claims (the CLI, embedded, too: the
+// store says which members exist); only the one that runs RunPools refills.
 //
 // Reconcile (Prune) keeps members that the store records, removes members that it
-// does not (left by a filler that died before writing their entry, or claimed by a
-// call that died before recording its session) once they are older than the grace
+// does not (left by a filler that died before writing their entry, or claimed by an
+// earlier berth that died between its claim and its record) once they are older than the grace
 // period, and never counts a member as a leak. FillPools drains members whose rule
 // is gone or whose spec changed (drift), and replaces members older than max_idle.
 
@@ -113,7 +115,9 @@ type PoolStatus struct {
 	Size    int
 	MaxIdle time.Duration
 	// Ready counts members ready to be claimed, Creating those being made, Claiming
-	// those claimed by a call that has not recorded its session yet. Draining
+	// those claimed but not recorded (left by a berth that claimed in two
+	// transactions, which Prune removes past the grace period; this one claims in
+	// one, poolTake, so it is 0 unless such a store is reused). Draining
 	// counts members of this rule's scope and driver left from an earlier spec
 	// (drift), which FillPools removes.
 	Ready    int
@@ -424,7 +428,7 @@ func (r *Registry) FillPools(ctx context.Context) error {
 // DrainPools removes every unclaimed member of every pool (ready, being made, or
 // left from an earlier spec), whatever the config says now: the way to empty the
 // pools of a state dir (a test's cleanup; before deleting a state dir). Members
-// that a call is claiming are left to it. A running RunPools refills its pools
+// marked claimed (by a berth that claimed in two transactions) are left to Prune. A running RunPools refills its pools
 // afterwards. Errors: the store's, and every failed removal, joined.
 func (r *Registry) DrainPools(ctx context.Context) error {
 	if !fileExists(r.store.path) {
@@ -586,6 +590,9 @@ func (r *Registry) createMember(ctx context.Context, rule *config.Rule, spec bac
 type claimed struct {
 	entry poolEntry
 	lock  *flock.Held // the member's lock
+	// prev is the session's record before the claim (nil: it had none), which an
+	// undone claim restores.
+	prev *record
 }
 
 // acquireMember is acquire's work for a session of a rule with a pool, or whose
@@ -625,9 +632,13 @@ func (r *Registry) acquireMember(ctx context.Context, p *pending, session string
 		return false, fmt.Errorf("session %q: %w", session, err)
 	}
 	hash := rule.PoolHash(r.owner)
+	var prev *record // the session's record before the claim, which poolUntake restores
+	if recorded {
+		prev = &old
+	}
 	tried := map[string]bool{}
 	for {
-		e, ok, err := r.store.poolClaim(rule.Driver, rule.Glob, hash, session, r.stamp(), tried)
+		e, ok, err := r.store.poolCandidate(rule.Driver, rule.Glob, hash, tried)
 		if err != nil {
 			return false, fmt.Errorf("session %q: claiming a warm pool member: %w", session, err)
 		}
@@ -637,58 +648,75 @@ func (r *Registry) acquireMember(ctx context.Context, p *pending, session string
 			return false, nil
 		}
 		tried[e.Sandbox] = true
-		// The refill waits for the claiming call to end (sessionConn.end), or
-		// PoolRefillDelay when that call runs on: its create competes with the
-		// claim's first command for the CPUs. One timer serves every member this
-		// call claims (a dead one is dropped and the next claimed).
-		if p.refill == nil {
-			p.refill = time.AfterFunc(PoolRefillDelay, r.kickPools)
-		}
 		mlock, err := flock.Lock(ctx, r.lockPath(e.Sandbox))
 		if err != nil {
-			r.store.poolDrop(e.Driver, e.Sandbox, false)
-			r.removeMember(ctx, e.Driver, e.Sandbox)
 			return false, fmt.Errorf("session %q: %w", session, err)
 		}
 		dir := r.sandboxDir(e.Driver, e.Sandbox)
 		files := backend.AgentFiles{Dir: filepath.Join(dir, "agent"), SocketDir: filepath.Join(dir, "run")}
-		key := sbKey{e.Driver, e.Sandbox}
-		var client *agent.Client
-		if caps.HasAgent() {
-			if client = r.agents.get(key); client == nil {
-				client, err = r.connectAgent(ctx, b, caps.Agent, e.Sandbox, files)
-				if err == nil {
-					client = r.agents.put(key, client)
-				}
-			}
-			if err != nil {
-				// Dead (killed, its sandbox removed behind berth's back): out of the
-				// pool, and the next one.
-				r.log.Warn("warm pool member does not answer; removing it and trying the next", "sandbox", e.Sandbox, "error", err)
-				mlock.Unlock(false)
-				r.store.poolDrop(e.Driver, e.Sandbox, false)
+		client, err := r.memberAgent(ctx, b, caps, e, files)
+		if err != nil {
+			// Dead (killed, its sandbox removed behind berth's back): out of the
+			// pool, and the next one.
+			r.log.Warn("warm pool member does not answer; removing it and trying the next", "sandbox", e.Sandbox, "error", err)
+			mlock.Unlock(false)
+			if _, dropped, _ := r.store.poolDrop(e.Driver, e.Sandbox, true); dropped {
 				if rerr := r.removeMember(ctx, e.Driver, e.Sandbox); rerr != nil {
 					r.log.Error("warm pool: removing a member that does not answer", "sandbox", e.Sandbox, "error", rerr)
 				}
 				r.poolEvent(PoolEvent{Kind: PoolRemove, Scope: e.Scope, Driver: e.Driver, Sandbox: e.Sandbox, Cause: PoolFailed})
-				continue
 			}
+			continue
 		}
 		now := r.stamp()
+		rec := record{Session: session, Driver: rule.Driver, Sandbox: e.Sandbox, Scope: rule.Glob,
+			SpecHash: e.Hash, Created: now, LastUsed: now, Agent: e.Agent, Pooled: true}
+		// The claim is this one transaction, the session's record with it: it is
+		// durable before any command runs in the member.
+		took, err := r.store.poolTake(e, rec)
+		if err != nil {
+			mlock.Unlock(false)
+			return false, fmt.Errorf("session %q: claiming a warm pool member: %w", session, err)
+		}
+		if !took {
+			mlock.Unlock(false) // claimed or drained meanwhile: the next one
+			continue
+		}
+		// The refill waits for the claiming call to end (sessionConn.end), or
+		// PoolRefillDelay when that call runs on: its create competes with the
+		// claim's first command for the CPUs.
+		p.refill = time.AfterFunc(PoolRefillDelay, r.kickPools)
 		p.b, p.caps, p.files, p.client = b, caps, files, client
 		p.spec = rule.MemberSpec(r.owner, e.ID)
 		p.dir = dir
-		p.member = &claimed{entry: e, lock: mlock}
+		p.member = &claimed{entry: e, lock: mlock, prev: prev}
 		p.lease = &Lease{Session: session, Driver: rule.Driver, Sandbox: e.Sandbox, Rule: rule, Created: true, Pooled: true}
 		if recorded {
 			p.lease.Recreated, p.lease.RecreatedReason = true, recreatedReason(old, rule.Driver, backend.Sandbox{})
 		}
-		p.rec = record{Session: session, Driver: rule.Driver, Sandbox: e.Sandbox, Scope: rule.Glob,
-			SpecHash: e.Hash, Created: now, LastUsed: now, Agent: e.Agent, Pooled: true}
+		p.rec = rec
 		r.poolEvent(PoolEvent{Kind: PoolClaim, Scope: rule.Glob, Driver: rule.Driver, Sandbox: e.Sandbox, Session: session})
 		r.log.Debug("claimed a warm pool member", "session", session, "sandbox", e.Sandbox)
 		return true, nil
 	}
+}
+
+// memberAgent returns a client of the agent of member e (the one kept since the
+// filler or an earlier claim dialled it, else a new one); nil when the driver runs
+// no berth agent.
+func (r *Registry) memberAgent(ctx context.Context, b backend.TerminalBackend, caps backend.Capabilities, e poolEntry, files backend.AgentFiles) (*agent.Client, error) {
+	if !caps.HasAgent() {
+		return nil, nil
+	}
+	key := sbKey{e.Driver, e.Sandbox}
+	if c := r.agents.get(key); c != nil {
+		return c, nil
+	}
+	c, err := r.connectAgent(ctx, b, caps.Agent, e.Sandbox, files)
+	if err != nil {
+		return nil, err
+	}
+	return r.agents.put(key, c), nil
 }
 
 // adoptMember makes the member that session claimed earlier (old) ready again,

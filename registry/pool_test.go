@@ -258,6 +258,88 @@ func TestPoolFailedCallDropsMember(t *testing.T) {
 	}
 }
 
+// storeCommits returns how many write transactions r's store has committed (bbolt's
+// transaction id, which every commit raises by one).
+func storeCommits(t *testing.T, r *Registry) int {
+	t.Helper()
+	var id int
+	if err := r.store.view(func(tx *bolt.Tx) error {
+		id = tx.ID()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// TestPoolClaimOneCommit: a claim, up to its command's result, commits the store once:
+// the session's record and the end of the member's entry are one transaction, written
+// before the command runs.
+func TestPoolClaimOneCommit(t *testing.T) {
+	e := newEnv(t, poolRules)
+	r := e.open()
+	fill(t, r)
+	member := byReadiness(poolOf(t, r, "task:*"))[0]
+	before := storeCommits(t, r)
+	p, lease, err := r.Exec(context.Background(), "task:1", backend.ExecRequest{Argv: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The command has started: the claim is on disk.
+	rec, ok := records(t, r)["task:1"]
+	if !ok || rec.Sandbox != member || !rec.Pooled || lease.Sandbox != member {
+		t.Fatalf("record while the claim's command runs: %+v (recorded %v), lease %+v; want member %s", rec, ok, lease, member)
+	}
+	if res, err := p.Wait(); err != nil || res.ExitCode != 0 {
+		t.Fatal(res, err)
+	}
+	if n := storeCommits(t, r) - before; n != 1 {
+		t.Fatalf("a claim committed the store %d times, want 1", n)
+	}
+	for _, m := range poolOf(t, r, "task:*").Members {
+		if m.Sandbox == member {
+			t.Fatalf("the claimed member still has a pool entry: %+v", m)
+		}
+	}
+}
+
+// TestPoolFailedClaimRestoresRecord: a session whose sandbox is gone claims a member
+// for a call that fails before its command starts: its record is the one it had
+// (still naming the gone sandbox, marked removed), and the member is not handed out
+// again.
+func TestPoolFailedClaimRestoresRecord(t *testing.T) {
+	e := newEnv(t, poolRules)
+	r := e.open()
+	fill(t, r)
+	_, first := run(t, r, "task:1", "true")
+	// Its sandbox gone, as retention or a vanished sandbox leave the record.
+	if _, err := r.store.markRemoved(first.Driver, first.Sandbox, time.Now(), "removed by the test"); err != nil {
+		t.Fatal(err)
+	}
+	old, ok := records(t, r)["task:1"]
+	if !ok || old.Sandbox != first.Sandbox || old.Removed.IsZero() {
+		t.Fatalf("record after markRemoved: %+v (recorded %v); want %s marked removed", old, ok, first.Sandbox)
+	}
+	fill(t, r)
+	next := byReadiness(poolOf(t, r, "task:*"))[0]
+	_, _, err := r.Exec(context.Background(), "task:1", backend.ExecRequest{Argv: []string{"true"}, Dir: "/does/not/exist"})
+	if err == nil {
+		t.Fatal("exec with a missing cwd succeeded")
+	}
+	got, ok := records(t, r)["task:1"]
+	if !ok || got.Sandbox != old.Sandbox || got.Removed.IsZero() || got.Pooled != old.Pooled {
+		t.Fatalf("record after the failed claim: %+v (recorded %v); want it as before: %+v", got, ok, old)
+	}
+	for _, m := range poolOf(t, r, "task:*").Members {
+		if m.Sandbox == next {
+			t.Fatalf("the failed call's member %s is still in the pool: %+v", next, m)
+		}
+	}
+	if _, err := os.Stat(e.driverDir(next)); !os.IsNotExist(err) {
+		t.Fatalf("the failed call's member %s is still there (%v)", next, err)
+	}
+}
+
 func TestPoolDriftDrainsAndRefills(t *testing.T) {
 	e := newEnv(t, poolRules)
 	r := e.open()
@@ -401,11 +483,19 @@ func TestPruneRemovesUnknownMembers(t *testing.T) {
 	if a := actionFor(t, prune(t, r, false), spec.Name); a.Action != PruneKeep || a.Cause != CauseGrace {
 		t.Fatalf("young unknown member: %+v", a)
 	}
-	// A member claimed by a call whose berth died before recording the session.
+	// A member claimed by an earlier berth (claim, then record, in two
+	// transactions) that died before recording the session.
 	fill(t, r)
 	m := readyMembers(poolOf(t, r, "task:*"))[0]
-	if _, ok, err := r.store.poolClaim("local", "task:*", rule.PoolHash(owner), "task:lost", clk.Now(), nil); err != nil || !ok {
-		t.Fatal(ok, err)
+	if err := r.store.update(func(tx *bolt.Tx) error {
+		b, e, found, err := getPool(tx, "local", m)
+		if err != nil || !found {
+			return fmt.Errorf("entry of %s: found %v, %v", m, found, err)
+		}
+		e.Claimed, e.Session = clk.Now().UTC(), "task:lost"
+		return putPool(b, e)
+	}); err != nil {
+		t.Fatal(err)
 	}
 	if a := actionFor(t, prune(t, r, false), m); a.Action != PruneKeep || a.Cause != CausePool {
 		t.Fatalf("member being claimed: %+v", a)

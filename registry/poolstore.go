@@ -15,9 +15,10 @@ import (
 // poolEntry is one warm pool member in the store's "pool" bucket (JSON under
 // DRIVER NUL SANDBOX). It is written before the member is created, so that a crash
 // leaves nothing that the store does not know of; Ready is set once its agent has
-// answered, and Claimed (with Session) by the transaction that hands it to a
-// session. A claimed entry is deleted when the session's record is written
-// (finishClaim) or the member is removed.
+// answered. The transaction that hands it to a session writes the session's record
+// and deletes the entry (poolTake). Claimed (with Session) marks an entry that a
+// berth before that handed out in two transactions (claim, then record): such an
+// entry is deleted once a record names its member, or the member is removed.
 type poolEntry struct {
 	Driver  string             `json:"driver"`
 	Sandbox string             `json:"sandbox"`
@@ -161,45 +162,59 @@ func getPool(tx *bolt.Tx, driver, sandbox string) (*bolt.Bucket, poolEntry, bool
 	return b, e, true, nil
 }
 
-// poolClaim hands the oldest ready, unclaimed member of the pool (driver, scope,
-// hash) to session at t, in one transaction: two claims, in any processes, never get
-// the same member. skip names members the caller has already tried. ok is false
-// when the pool has none (a miss).
-func (s *store) poolClaim(driver, scope, hash, session string, t time.Time, skip map[string]bool) (poolEntry, bool, error) {
+// poolCandidate returns the oldest ready, unclaimed member of the pool (driver,
+// scope, hash) that skip does not name, in a read transaction; ok is false when the
+// pool has none (a miss). It claims nothing: poolTake does, once the caller holds the
+// member's lock and has its agent.
+func (s *store) poolCandidate(driver, scope, hash string, skip map[string]bool) (poolEntry, bool, error) {
 	var got poolEntry
 	ok := false
-	err := s.update(func(tx *bolt.Tx) error {
-		ok = false
-		b := tx.Bucket(bucketPool)
-		if b == nil {
-			return nil
-		}
+	err := s.viewIfExists(func(tx *bolt.Tx) error {
 		want := poolEntry{Driver: driver, Scope: scope, Hash: hash}
-		if err := eachPool(b, func(e poolEntry) error {
+		return eachPool(tx.Bucket(bucketPool), func(e poolEntry) error {
 			if e.samePool(want) && e.Claimed.IsZero() && !e.Ready.IsZero() && !skip[e.Sandbox] && (!ok || e.Ready.Before(got.Ready)) {
 				got, ok = e, true
 			}
 			return nil
-		}); err != nil || !ok {
-			return err
-		}
-		got.Claimed, got.Session = t.UTC(), session
-		return putPool(b, got)
+		})
 	})
 	return got, ok, err
 }
 
-// poolFinishClaim writes rec, the record of the session that claimed rec.Sandbox,
-// and deletes the member's pool entry, in one transaction.
-func (s *store) poolFinishClaim(rec record) error {
-	return s.update(func(tx *bolt.Tx) error {
+// poolTake hands the member e to the session of rec, in one transaction: when e's
+// entry is still there, ready and unclaimed, it writes rec (which names the member)
+// and deletes the entry. took is false when the entry had been taken, drained or
+// removed meanwhile: two claims, in any processes, never get the same member.
+func (s *store) poolTake(e poolEntry, rec record) (took bool, err error) {
+	err = s.update(func(tx *bolt.Tx) error {
+		took = false
+		b, cur, found, err := getPool(tx, e.Driver, e.Sandbox)
+		if err != nil || !found || !cur.Claimed.IsZero() || cur.Ready.IsZero() || !cur.samePool(e) {
+			return err
+		}
 		if err := putRecord(tx, rec); err != nil {
 			return err
 		}
-		if b := tx.Bucket(bucketPool); b != nil {
-			return b.Delete(poolKey(rec.Driver, rec.Sandbox))
+		took = true
+		return b.Delete(poolKey(e.Driver, e.Sandbox))
+	})
+	return took, err
+}
+
+// poolUntake undoes a poolTake whose call failed before it started anything: when
+// session's record still names sandbox on driver, it becomes prev again (nil: the
+// session had no record, and has none). The member's entry stays deleted: a member
+// is never handed to a second session.
+func (s *store) poolUntake(session, driver, sandbox string, prev *record) error {
+	return s.update(func(tx *bolt.Tx) error {
+		cur, ok, err := getRecord(tx, session)
+		if err != nil || !ok || cur.Driver != driver || cur.Sandbox != sandbox {
+			return err
 		}
-		return nil
+		if prev != nil {
+			return putRecord(tx, *prev)
+		}
+		return tx.Bucket(bucketSessions).Delete([]byte(session))
 	})
 }
 

@@ -596,8 +596,11 @@ func (r *Registry) undo(p *pending) {
 		return
 	}
 	if p.member != nil && p.member.entry.Sandbox != "" {
-		// A claimed member that served no call: never handed to anyone again.
-		r.store.poolDrop(p.member.entry.Driver, p.member.entry.Sandbox, false)
+		// A claimed member that served no call: the session's record as it was
+		// before the claim, and the member never handed to anyone again.
+		if err := r.store.poolUntake(p.lease.Session, p.lease.Driver, p.lease.Sandbox, p.member.prev); err != nil {
+			r.log.Error("undoing a claim after a failed call", "session", p.lease.Session, "sandbox", p.lease.Sandbox, "error", err)
+		}
 		r.agents.forget(sbKey{p.lease.Driver, p.lease.Sandbox})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

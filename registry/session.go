@@ -330,20 +330,19 @@ func (r *Registry) connectAgent(ctx context.Context, b backend.TerminalBackend, 
 	return agent.NewClient(ctx, agent.DialSocketDir(files.SocketDir), opts...)
 }
 
-// commit records the session on its sandbox (slow path: the record is written only
-// once the call has started) and lets go of the sandbox's lock. On a failure to
+// commit records the session on its sandbox (slow path: the record of a created or
+// adopted sandbox is written only once the call has started; a claim of a pool
+// member wrote it with the claim) and lets go of the sandbox's lock. On a failure to
 // record, the call must be ended and fail called.
 func (c *sessionConn) commit() error {
 	if c.p == nil {
 		return nil
 	}
 	c.p.rec.LastUsed = c.r.stamp()
-	put := c.r.store.put
-	if c.p.member != nil && c.p.member.entry.Sandbox != "" {
-		put = c.r.store.poolFinishClaim // the record, and the end of the member's pool entry
-	}
-	if err := put(c.p.rec); err != nil {
-		return fmt.Errorf("session %q: recording sandbox %s: %w", c.session, c.lease.Sandbox, err)
+	if c.p.member == nil || c.p.member.entry.Sandbox == "" { // a claim wrote its record (poolTake)
+		if err := c.r.store.put(c.p.rec); err != nil {
+			return fmt.Errorf("session %q: recording sandbox %s: %w", c.session, c.lease.Sandbox, err)
+		}
 	}
 	if err := c.r.store.touch(c.session, c.lease.Sandbox, c.p.rec.LastUsed); err != nil {
 		c.r.log.Warn("recording last use", "session", c.session, "error", err)

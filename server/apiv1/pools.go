@@ -21,7 +21,8 @@ type Pool struct {
 	Size      int   `json:"size"`
 	MaxIdleMS int64 `json:"max_idle_ms"`
 	// Ready counts members ready to be claimed, Creating those being made,
-	// Claiming those claimed by a call that has not recorded its session yet,
+	// Claiming those claimed but not recorded (left by a berth that claimed in two
+	// transactions; a claim is one now, so 0 unless such a store is reused),
 	// Draining those left from an earlier spec, which the daemon removes.
 	Ready    int `json:"ready"`
 	Creating int `json:"creating"`
