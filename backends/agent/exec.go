@@ -307,7 +307,7 @@ func (s *server) runExec(stream agentpb.Agent_ExecServer, st *agentpb.ExecStart,
 		if err := sh.file.create(plan.cred); err != nil {
 			return backend.Errorf(backend.ErrUnavailable, "shell mode: state file: %v", err)
 		}
-		defer os.Remove(sh.file.path)
+		defer sh.file.remove() // on every other way out too
 	}
 	snd := &execSender{stream: stream}
 	defer snd.close()
@@ -434,7 +434,9 @@ func (s *server) awaitLeader(ctx context.Context, run *execRun, exitCh <-chan ex
 // whatever its shell's traps managed to write: the next call starts from the last
 // state of a call that ended by itself), and returns the session's directory.
 func (s *server) recordShell(id uint64, sh *shellCall, ended bool) string {
-	if ns, ok := sh.file.read(); ok && ended {
+	ns, ok := sh.file.read()
+	sh.file.remove() // before the result: a call leaves no file behind once it has its answer
+	if ok && ended {
 		if !utf8.ValidString(ns.cwd) {
 			// The wire carries text: a directory whose name is not UTF-8 cannot be
 			// reported, so the session stays where it was.

@@ -136,13 +136,28 @@ func TestShellMode(t *testing.T) {
 	}
 }
 
+// TestShellModeReportFile: the wrapper reports the state by appending to a second,
+// empty file of the call's, never by writing over the restore script it sourced (on
+// ext4, a file truncated to zero and written again is flushed at close).
+func TestShellModeReportFile(t *testing.T) {
+	a := startAgent(t)
+	out, _, res := shellDo(t, a.c, "k", "", `test -f "$__berth_report" && test ! -s "$__berth_report" && echo empty; echo "$__berth_report"`)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if res.ExitCode != 0 || len(lines) != 2 || lines[0] != "empty" || !strings.HasSuffix(lines[1], ".report") {
+		t.Fatalf("during the call: %q (exit %d), want an empty report file named *.report", out, res.ExitCode)
+	}
+	if _, err := os.Lstat(lines[1]); !os.IsNotExist(err) {
+		t.Errorf("report file %s left after the call: %v", lines[1], err)
+	}
+}
+
 // Without a state dir the calls' state files live in a directory that the agent
 // makes with a random name (not one that another user could have made first at a
 // name they guessed, such as one after the agent's pid), mode 0711, and removes
 // when it shuts down.
 func TestShellModeTempRunDir(t *testing.T) {
 	a := startAgent(t)
-	out, _, res := shellDo(t, a.c, "k", "", `echo "$__berth_state"`)
+	out, _, res := shellDo(t, a.c, "k", "", `echo "$__berth_report"`)
 	dir := filepath.Dir(strings.TrimSpace(out))
 	if res.ExitCode != 0 || !strings.HasPrefix(filepath.Base(dir), "berth-agent-shell-") || filepath.Dir(dir) != filepath.Clean(os.TempDir()) {
 		t.Fatalf("the call's state file is %q (exit %d), want one in %s/berth-agent-shell-RANDOM", out, res.ExitCode, os.TempDir())
