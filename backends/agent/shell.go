@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent/agentpb"
 )
@@ -131,17 +133,31 @@ func (s *shells) acquire(ctx context.Context, key string) (*shellKey, error) {
 
 func (s *shells) release(k *shellKey) { k.turn <- struct{}{} }
 
-// runDir returns the directory of the calls' state files: DIR/run under the state
-// dir, or, without one, a directory of this agent's under the system's temporary
-// directory (berth-agent-shell-RANDOM, made by this call: never one that someone
-// else made first at a name they could guess; removed by cleanup), mode 0711, so
-// that a user can reach a file whose random name the agent gave it but cannot list
-// the others.
+// runDir returns the directory of the calls' files, mode 0711, so that a user can
+// reach a file whose random name the agent gave it but cannot list the others:
+//
+//   - when /dev/shm is a tmpfs (a container's own, as Docker, containerd's CRI and
+//     gVisor give one; the host's for local), a directory of this agent's there,
+//     berth-agent-shell-RANDOM. A call's files cost a quarter there of what they cost
+//     on a container's overlay root (74 against 277 µs p50 to create, read, append to
+//     and delete them, in a docker sandbox on this project's machines);
+//   - else DIR/run under the state dir;
+//   - else (no state dir) berth-agent-shell-RANDOM under the system's temporary
+//     directory.
+//
+// A directory of this agent's is made by this call (never one that someone else
+// made first at a name they could guess) and removed by cleanup. The state dir keeps
+// the tmpfs one's name (shellRunFile), so that the next agent removes it when this
+// one was killed before its cleanup.
 func (s *shells) runDir() (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.run != "" {
 		return s.run, nil
+	}
+	if d := s.tmpfsRunDir(); d != "" {
+		s.run, s.temp = d, true
+		return d, nil
 	}
 	dir := filepath.Join(s.dir, "run")
 	if s.dir == "" {
@@ -163,8 +179,64 @@ func (s *shells) runDir() (string, error) {
 	return dir, nil
 }
 
-// cleanup removes the run dir when it is a temporary one (no state dir): the agent
-// is shutting down, and a state file there belongs to a call that has ended.
+// shmDir is where the agent puts its shell calls' files when it is a tmpfs.
+const shmDir = "/dev/shm"
+
+// shellRunFile, in the state dir, names the tmpfs run dir of the agent that made it.
+const shellRunFile = "shell-run"
+
+// tmpfsRunDir makes this agent's run dir in shmDir when that is a tmpfs, after
+// removing the one that an earlier agent of this state dir left; "" when shmDir is
+// not a tmpfs or the dir cannot be made there.
+func (s *shells) tmpfsRunDir() string {
+	var st unix.Statfs_t
+	if err := unix.Statfs(shmDir, &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+		return ""
+	}
+	if s.dir != "" {
+		removeOwnRunDir(filepath.Join(s.dir, shellRunFile))
+	}
+	d, err := os.MkdirTemp(shmDir, "berth-agent-shell-")
+	if err != nil {
+		return ""
+	}
+	if err := os.Chmod(d, 0o711); err != nil {
+		os.Remove(d)
+		return ""
+	}
+	if s.dir != "" {
+		if err := os.MkdirAll(s.dir, 0o700); err == nil {
+			os.WriteFile(filepath.Join(s.dir, shellRunFile), []byte(d+"\n"), 0o600)
+		}
+	}
+	return d
+}
+
+// removeOwnRunDir removes the run dir that the file record names, when it is a
+// directory in shmDir named as this agent names them and owned by this agent's user
+// (not a link, not someone else's), and then the record.
+func removeOwnRunDir(record string) {
+	b, err := os.ReadFile(record)
+	if err != nil {
+		return
+	}
+	defer os.Remove(record)
+	d := strings.TrimSpace(string(b))
+	if filepath.Dir(d) != shmDir || !strings.HasPrefix(filepath.Base(d), "berth-agent-shell-") {
+		return
+	}
+	fi, err := os.Lstat(d)
+	if err != nil || !fi.IsDir() {
+		return
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == os.Getuid() {
+		os.RemoveAll(d)
+	}
+}
+
+// cleanup removes the run dir when it is one of this agent's own (on the tmpfs, or
+// without a state dir): the agent is shutting down, and a file there belongs to a
+// call that has ended.
 func (s *shells) cleanup() {
 	s.mu.Lock()
 	defer s.mu.Unlock()

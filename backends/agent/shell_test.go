@@ -9,8 +9,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/testwait"
@@ -159,8 +162,12 @@ func TestShellModeTempRunDir(t *testing.T) {
 	a := startAgent(t)
 	out, _, res := shellDo(t, a.c, "k", "", `echo "$__berth_report"`)
 	dir := filepath.Dir(strings.TrimSpace(out))
-	if res.ExitCode != 0 || !strings.HasPrefix(filepath.Base(dir), "berth-agent-shell-") || filepath.Dir(dir) != filepath.Clean(os.TempDir()) {
-		t.Fatalf("the call's state file is %q (exit %d), want one in %s/berth-agent-shell-RANDOM", out, res.ExitCode, os.TempDir())
+	parent := filepath.Clean(os.TempDir())
+	if shmIsTmpfs() {
+		parent = shmDir
+	}
+	if res.ExitCode != 0 || !strings.HasPrefix(filepath.Base(dir), "berth-agent-shell-") || filepath.Dir(dir) != parent {
+		t.Fatalf("the call's state file is %q (exit %d), want one in %s/berth-agent-shell-RANDOM", out, res.ExitCode, parent)
 	}
 	if strings.Contains(filepath.Base(dir), strconv.Itoa(a.pid)) {
 		t.Errorf("run dir %s is named after the agent's pid", dir)
@@ -218,6 +225,63 @@ func TestShellModeTimeoutKeepsState(t *testing.T) {
 	}
 	if out, _, _ := shellDo(t, a.c, "k", "", "pwd"); out != tmp+"\n" {
 		t.Errorf("after a timed-out call: pwd %q, want %s", out, tmp)
+	}
+}
+
+// shmIsTmpfs reports whether the agent puts its calls' files in shmDir here.
+func shmIsTmpfs() bool {
+	var st unix.Statfs_t
+	return unix.Statfs(shmDir, &st) == nil && st.Type == unix.TMPFS_MAGIC
+}
+
+// TestShellModeTmpfsRunDirOfKilledAgent: the run dir on the tmpfs that an agent
+// killed with SIGKILL (no cleanup) left is removed by the next agent of its state
+// dir, and a name planted in the record that is not such a dir of the agent's is
+// left alone.
+func TestShellModeTmpfsRunDirOfKilledAgent(t *testing.T) {
+	if !shmIsTmpfs() {
+		t.Skip(shmDir + " is not a tmpfs here: the run dir is in the state dir")
+	}
+	state := t.TempDir()
+	a := &testAgent{sockDir: deepDir(t), logPath: filepath.Join(t.TempDir(), "agent.log"), exited: make(chan struct{}), stateDir: state}
+	a.start(t)
+	c, err := NewClient(testCtx(t), DialSocketDir(a.sockDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _, _ := shellDo(t, c, "k", "", `echo "$__berth_report"`)
+	c.Close()
+	first := filepath.Dir(strings.TrimSpace(out))
+	if filepath.Dir(first) != shmDir {
+		t.Fatalf("run dir %s, want one in %s", first, shmDir)
+	}
+	syscall.Kill(a.pid, syscall.SIGKILL)
+	<-a.exited
+	if _, err := os.Stat(first); err != nil {
+		t.Fatalf("the killed agent's run dir is gone already (%v): the test shows nothing", err)
+	}
+	b := &testAgent{sockDir: a.sockDir, logPath: a.logPath, exited: make(chan struct{}), stateDir: state}
+	b.start(t)
+	c2, err := NewClient(testCtx(t), DialSocketDir(b.sockDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	out, _, _ = shellDo(t, c2, "k", "", `echo "$__berth_report"`)
+	if second := filepath.Dir(strings.TrimSpace(out)); second == first || filepath.Dir(second) != shmDir {
+		t.Fatalf("second agent's run dir %s (the first's %s)", second, first)
+	}
+	if _, err := os.Lstat(first); !os.IsNotExist(err) {
+		t.Errorf("the killed agent's run dir %s is still there: %v", first, err)
+	}
+	// A record naming something else: left alone.
+	other := t.TempDir()
+	if err := os.WriteFile(filepath.Join(state, shellRunFile), []byte(other+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	removeOwnRunDir(filepath.Join(state, shellRunFile))
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("a directory outside %s named in the record was removed: %v", shmDir, err)
 	}
 }
 
