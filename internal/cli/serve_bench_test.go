@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -73,15 +74,23 @@ func BenchmarkServeConcurrent(b *testing.B) {
 	_, client, sock := benchServe(b, "")
 	pid := servePid(b, sock)
 	posts := make([]func() error, sessions)
+	setup := make([]error, sessions)
 	var wg sync.WaitGroup
 	for i := range posts {
 		wg.Add(1)
 		go func() { // creates the sandboxes, 50 at once
 			defer wg.Done()
-			posts[i], _ = benchExec(b, client, fmt.Sprintf("c:%d", i))
+			session := fmt.Sprintf("c:%d", i)
+			// Not benchExec: its b.Fatal cannot stop the benchmark from this goroutine.
+			if _, setup[i] = postTrue(client, session); setup[i] == nil {
+				posts[i] = func() error { _, err := postTrue(client, session); return err }
+			}
 		}()
 	}
 	wg.Wait()
+	if err := errors.Join(setup...); err != nil {
+		b.Fatalf("creating the %d sessions' sandboxes: %v", sessions, err)
+	}
 	rssBefore := procStatus(b, pid, "VmRSS")
 	var samples []time.Duration
 	var mu sync.Mutex
