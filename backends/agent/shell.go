@@ -89,12 +89,14 @@ type shellKey struct {
 
 // shells holds every key's state, and persists it under dir when dir is set.
 type shells struct {
-	mu   sync.Mutex
-	dir  string
-	run  string // runDir, once made
-	temp bool   // run is a temporary directory of this agent's, for cleanup
-	log  *log.Logger
-	keys map[string]*shellKey
+	mu       sync.Mutex
+	dir      string
+	shm      string // the tmpfs run dir (tmpfsRunDir), once made; "" when there is none
+	shmTried bool
+	run      string // the other run dir, once made
+	temp     bool   // run is a temporary directory of this agent's, for cleanup
+	log      *log.Logger
+	keys     map[string]*shellKey
 }
 
 func newShells(dir string, logger *log.Logger) *shells {
@@ -133,31 +135,37 @@ func (s *shells) acquire(ctx context.Context, key string) (*shellKey, error) {
 
 func (s *shells) release(k *shellKey) { k.turn <- struct{}{} }
 
-// runDir returns the directory of the calls' files, mode 0711, so that a user can
-// reach a file whose random name the agent gave it but cannot list the others:
+// runDir returns the directory for a call's files, whose report may take need
+// bytes, mode 0711, so that a user can reach a file whose random name the agent gave
+// it but cannot list the others:
 //
-//   - when /dev/shm is a tmpfs (a container's own, as Docker, containerd's CRI and
-//     gVisor give one; the host's for local), a directory of this agent's there,
-//     berth-agent-shell-RANDOM. A call's files cost a quarter there of what they cost
-//     on a container's overlay root (74 against 277 µs p50 to create, read, append to
-//     and delete them, in a docker sandbox on this project's machines);
+//   - when /dev/shm is a tmpfs that every user may traverse and none may rename
+//     another's entries in (sticky, or not world-writable), a directory of this
+//     agent's there, berth-agent-shell-RANDOM, while it exists and the tmpfs has
+//     room for need (a container's /dev/shm is 64 MiB by default, and programs fill
+//     it). A call's files cost a quarter there of what they cost on a container's
+//     overlay root (74 against 277 µs p50 to create, read, append to and delete
+//     them, in a docker sandbox on this project's machines);
 //   - else DIR/run under the state dir;
 //   - else (no state dir) berth-agent-shell-RANDOM under the system's temporary
 //     directory.
 //
-// A directory of this agent's is made by this call (never one that someone else
+// A directory of this agent's is made by this agent (never one that someone else
 // made first at a name they could guess) and removed by cleanup. The state dir keeps
 // the tmpfs one's name (shellRunFile), so that the next agent removes it when this
 // one was killed before its cleanup.
-func (s *shells) runDir() (string, error) {
+func (s *shells) runDir(need int64) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.shmTried {
+		s.shmTried = true
+		s.shm = s.tmpfsRunDir()
+	}
+	if s.shm != "" && shmUsable(s.shm, need) {
+		return s.shm, nil
+	}
 	if s.run != "" {
 		return s.run, nil
-	}
-	if d := s.tmpfsRunDir(); d != "" {
-		s.run, s.temp = d, true
-		return d, nil
 	}
 	dir := filepath.Join(s.dir, "run")
 	if s.dir == "" {
@@ -185,12 +193,28 @@ const shmDir = "/dev/shm"
 // shellRunFile, in the state dir, names the tmpfs run dir of the agent that made it.
 const shellRunFile = "shell-run"
 
-// tmpfsRunDir makes this agent's run dir in shmDir when that is a tmpfs, after
-// removing the one that an earlier agent of this state dir left; "" when shmDir is
-// not a tmpfs or the dir cannot be made there.
+// shmUsable reports whether the tmpfs run dir d is still there (a user's
+// clean-up, or systemd-logind's RemoveIPC, may have removed it) with room for need
+// bytes more.
+func shmUsable(d string, need int64) bool {
+	fi, err := os.Lstat(d)
+	if err != nil || !fi.IsDir() {
+		return false
+	}
+	var st unix.Statfs_t
+	return unix.Statfs(d, &st) == nil && int64(st.Bavail)*st.Bsize >= need
+}
+
+// tmpfsRunDir makes this agent's run dir in shmDir when that is a tmpfs that
+// others may traverse and where no one can rename another's entry, after removing
+// the one that an earlier agent of this state dir left; "" otherwise.
 func (s *shells) tmpfsRunDir() string {
 	var st unix.Statfs_t
 	if err := unix.Statfs(shmDir, &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+		return ""
+	}
+	fi, err := os.Stat(shmDir)
+	if err != nil || fi.Mode().Perm()&0o001 == 0 || (fi.Mode().Perm()&0o002 != 0 && fi.Mode()&os.ModeSticky == 0) {
 		return ""
 	}
 	if s.dir != "" {
@@ -200,7 +224,19 @@ func (s *shells) tmpfsRunDir() string {
 	if err != nil {
 		return ""
 	}
-	if err := os.Chmod(d, 0o711); err != nil {
+	// Through the directory's own descriptor, checked to be the one just made.
+	f, err := os.OpenFile(d, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+	if err == nil {
+		var fst unix.Stat_t
+		if err = unix.Fstat(int(f.Fd()), &fst); err == nil && int(fst.Uid) != os.Getuid() {
+			err = fmt.Errorf("%s is not this agent's", d)
+		}
+		if err == nil {
+			err = f.Chmod(0o711)
+		}
+		f.Close()
+	}
+	if err != nil {
 		os.Remove(d)
 		return ""
 	}
@@ -234,12 +270,19 @@ func removeOwnRunDir(record string) {
 	}
 }
 
-// cleanup removes the run dir when it is one of this agent's own (on the tmpfs, or
-// without a state dir): the agent is shutting down, and a file there belongs to a
-// call that has ended.
+// cleanup removes the run dirs that are this agent's own (the tmpfs one and its
+// record; a temporary one without a state dir): the agent is shutting down, and a
+// file there belongs to a call that has ended.
 func (s *shells) cleanup() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.shm != "" {
+		os.RemoveAll(s.shm)
+		if s.dir != "" {
+			os.Remove(filepath.Join(s.dir, shellRunFile))
+		}
+		s.shm = ""
+	}
 	if s.temp && s.run != "" {
 		os.RemoveAll(s.run)
 		s.run, s.temp = "", false
@@ -355,7 +398,9 @@ func (s *server) shellStart(sh *agentpb.ShellStart, state shellState) (*agentpb.
 		}
 	}
 	restore.WriteString("\n")
-	dir, err := s.shells.runDir()
+	// The report is at most maxShellState to be recorded; a little more for its
+	// framing.
+	dir, err := s.shells.runDir(int64(restore.Len()) + maxShellState + 64<<10)
 	if err != nil {
 		return nil, nil, backend.Errorf(backend.ErrUnavailable, "shell mode: %v", err)
 	}

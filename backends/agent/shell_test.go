@@ -285,6 +285,37 @@ func TestShellModeTmpfsRunDirOfKilledAgent(t *testing.T) {
 	}
 }
 
+// TestShellModeTmpfsRunDirGone: when the tmpfs run dir disappears under the agent
+// (a user's clean-up of /dev/shm, systemd-logind's RemoveIPC), shell calls go on in
+// the state dir's run dir, state kept.
+func TestShellModeTmpfsRunDirGone(t *testing.T) {
+	if !shmIsTmpfs() {
+		t.Skip(shmDir + " is not a tmpfs here")
+	}
+	state := t.TempDir()
+	a := &testAgent{sockDir: deepDir(t), logPath: filepath.Join(t.TempDir(), "agent.log"), exited: make(chan struct{}), stateDir: state}
+	a.start(t)
+	c, err := NewClient(testCtx(t), DialSocketDir(a.sockDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tmp := t.TempDir()
+	out, _, _ := shellDo(t, c, "k", "", "cd "+tmp+`; echo "$__berth_report"`)
+	shm := filepath.Dir(strings.TrimSpace(out))
+	if filepath.Dir(shm) != shmDir {
+		t.Fatalf("run dir %s, want one in %s", shm, shmDir)
+	}
+	if err := os.RemoveAll(shm); err != nil {
+		t.Fatal(err)
+	}
+	out, _, res := shellDo(t, c, "k", "", `echo "$(pwd) $__berth_report"`)
+	where, report, _ := strings.Cut(strings.TrimSpace(out), " ")
+	if res.ExitCode != 0 || where != tmp || filepath.Dir(report) != filepath.Join(state, "run") {
+		t.Errorf("after the tmpfs run dir went: %q (exit %d), want %s and a report in %s/run", out, res.ExitCode, tmp, state)
+	}
+}
+
 // TestShellModeStateOutlivesAgent: with a state dir, a new agent (the sandbox was
 // stopped and started) continues where the old one left.
 func TestShellModeStateOutlivesAgent(t *testing.T) {
