@@ -28,8 +28,9 @@ import (
 // being created, ready, or claimed.
 //
 // A session of the rule that has no sandbox yet (or whose sandbox retention removed,
-// or that vanished) picks the oldest ready member, takes its lock, makes sure its
-// agent answers, and claims it in one store transaction (poolTake) that writes the
+// or that vanished) picks the oldest ready member whose lock is free (one that
+// another claim or a drain holds is passed over), takes the lock, dials its agent
+// unless the registry holds a connection to it, and claims it in one store transaction (poolTake) that writes the
 // session's record, naming the member (record.Pooled) with the claim's time as its
 // creation (max_age and idle_ttl count from the claim), and deletes the member's
 // pool entry. Two claims, in any processes, never get the same member; the claim is
@@ -648,9 +649,14 @@ func (r *Registry) acquireMember(ctx context.Context, p *pending, session string
 			return false, nil
 		}
 		tried[e.Sandbox] = true
-		mlock, err := flock.Lock(ctx, r.lockPath(e.Sandbox))
+		// A member whose lock someone holds (another claim of it, a drain removing
+		// it) is passed over: waiting could mean waiting for a removal.
+		mlock, free, err := flock.TryLock(r.lockPath(e.Sandbox))
 		if err != nil {
 			return false, fmt.Errorf("session %q: %w", session, err)
+		}
+		if !free {
+			continue
 		}
 		dir := r.sandboxDir(e.Driver, e.Sandbox)
 		files := backend.AgentFiles{Dir: filepath.Join(dir, "agent"), SocketDir: filepath.Join(dir, "run")}
@@ -661,6 +667,7 @@ func (r *Registry) acquireMember(ctx context.Context, p *pending, session string
 			r.log.Warn("warm pool member does not answer; removing it and trying the next", "sandbox", e.Sandbox, "error", err)
 			mlock.Unlock(false)
 			if _, dropped, _ := r.store.poolDrop(e.Driver, e.Sandbox, true); dropped {
+				r.kickPools() // its place is made again now, not at the next round
 				if rerr := r.removeMember(ctx, e.Driver, e.Sandbox); rerr != nil {
 					r.log.Error("warm pool: removing a member that does not answer", "sandbox", e.Sandbox, "error", rerr)
 				}

@@ -303,6 +303,43 @@ func TestPoolClaimOneCommit(t *testing.T) {
 	}
 }
 
+// TestPoolClaimPassesLockedMember: a claim passes over a member whose lock another
+// holds (another claim of it, a drain removing it) instead of waiting for it: it
+// gets the next member while that lock is still held.
+func TestPoolClaimPassesLockedMember(t *testing.T) {
+	e := newEnv(t, poolRules)
+	r := e.open()
+	fill(t, r)
+	ready := byReadiness(poolOf(t, r, "task:*"))
+	held, err := flock.Lock(context.Background(), r.lockPath(ready[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type claim struct {
+		lease *Lease
+		err   error
+	}
+	done := make(chan claim, 1)
+	go func() {
+		p, lease, err := r.Exec(context.Background(), "task:1", backend.ExecRequest{Argv: []string{"true"}})
+		if err == nil {
+			_, err = p.Wait()
+		}
+		done <- claim{lease, err}
+	}()
+	select {
+	case c := <-done:
+		if c.err != nil || c.lease.Sandbox != ready[1] {
+			t.Errorf("claim: %+v, %v; want the next member %s", c.lease, c.err, ready[1])
+		}
+	case <-time.After(testwait.Limit):
+		t.Errorf("the claim waited for the held lock of %s", ready[0])
+		held.Unlock(false)
+		<-done
+	}
+	held.Unlock(false)
+}
+
 // TestPoolFailedClaimRestoresRecord: a session whose sandbox is gone claims a member
 // for a call that fails before its command starts: its record is the one it had
 // (still naming the gone sandbox, marked removed), and the member is not handed out
