@@ -234,6 +234,18 @@ func shmIsTmpfs() bool {
 	return unix.Statfs(shmDir, &st) == nil && st.Type == unix.TMPFS_MAGIC
 }
 
+// startStateAgent starts an agent with the state dir state and connects to it.
+func startStateAgent(t *testing.T, state string) (*testAgent, *Client) {
+	t.Helper()
+	a := &testAgent{sockDir: deepDir(t), logPath: filepath.Join(t.TempDir(), "agent.log"), exited: make(chan struct{}), stateDir: state}
+	a.start(t)
+	c, err := NewClient(testCtx(t), DialSocketDir(a.sockDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, c
+}
+
 // TestShellModeTmpfsRunDirOfKilledAgent: the run dir on the tmpfs that an agent
 // killed with SIGKILL (no cleanup) left is removed by the next agent of its state
 // dir, and a name planted in the record that is not such a dir of the agent's is
@@ -243,12 +255,7 @@ func TestShellModeTmpfsRunDirOfKilledAgent(t *testing.T) {
 		t.Skip(shmDir + " is not a tmpfs here: the run dir is in the state dir")
 	}
 	state := t.TempDir()
-	a := &testAgent{sockDir: deepDir(t), logPath: filepath.Join(t.TempDir(), "agent.log"), exited: make(chan struct{}), stateDir: state}
-	a.start(t)
-	c, err := NewClient(testCtx(t), DialSocketDir(a.sockDir))
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, c := startStateAgent(t, state)
 	out, _, _ := shellDo(t, c, "k", "", `echo "$__berth_report"`)
 	c.Close()
 	first := filepath.Dir(strings.TrimSpace(out))
@@ -293,12 +300,7 @@ func TestShellModeTmpfsRunDirGone(t *testing.T) {
 		t.Skip(shmDir + " is not a tmpfs here")
 	}
 	state := t.TempDir()
-	a := &testAgent{sockDir: deepDir(t), logPath: filepath.Join(t.TempDir(), "agent.log"), exited: make(chan struct{}), stateDir: state}
-	a.start(t)
-	c, err := NewClient(testCtx(t), DialSocketDir(a.sockDir))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c := startStateAgent(t, state)
 	defer c.Close()
 	tmp := t.TempDir()
 	out, _, _ := shellDo(t, c, "k", "", "cd "+tmp+`; echo "$__berth_report"`)
