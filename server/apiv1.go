@@ -16,7 +16,6 @@ type (
 	ErrorInfo        = apiv1.ErrorInfo
 	Event            = apiv1.Event
 	ExecRequest      = apiv1.ExecRequest
-	Expect           = apiv1.Expect
 	ExecResult       = apiv1.ExecResult
 	ExecStarted      = apiv1.ExecStarted
 	ExplainRetention = apiv1.ExplainRetention

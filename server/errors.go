@@ -39,7 +39,7 @@ var Kinds = []Kind{
 	// A driver plugin crashed during the call (registry.DriverCrashedError; berth
 	// serve restarts it): ErrorInfo.Retried says whether the call was made again.
 	{KindDriverCrashed, http.StatusServiceUnavailable},
-	// An exec's expect names settings this daemon does not run with.
+	// The request's Berth-Expect header names settings this daemon does not run with.
 	{KindMismatch, http.StatusConflict},
 }
 

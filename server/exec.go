@@ -137,14 +137,6 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	ref := s.acquire()
 	defer s.release(ref)
 	reg := ref.reg
-	if err := s.checkExpect(reg, req.Expect); err != nil {
-		if rest != nil {
-			// Its client is still sending the body, which nobody reads now.
-			w.Header().Set("Connection", "close")
-		}
-		s.writeError(w, r, err, name)
-		return
-	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	var in *input

@@ -23,6 +23,7 @@ import (
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 func TestMain(m *testing.M) {
@@ -154,10 +155,10 @@ func TestTTYInProcess(t *testing.T) {
 	}
 }
 
-// An exec whose expect names other settings is refused before anything runs (409
-// daemon_mismatch); one that names this daemon's runs; one of a malformed expect is
-// 400, as is any unknown field.
-func TestExecExpect(t *testing.T) {
+// A request whose Berth-Expect header names other settings is refused before
+// anything is done (409 daemon_mismatch); one that names this daemon's passes; a
+// malformed one is 400.
+func TestExpectHeader(t *testing.T) {
 	ts := inProcess(t)
 	var st Status
 	resp, err := http.Get(ts.URL + "/v1/status")
@@ -166,9 +167,12 @@ func TestExecExpect(t *testing.T) {
 	}
 	json.NewDecoder(resp.Body).Decode(&st)
 	resp.Body.Close()
-	call := func(body string) (int, ErrorBody) {
+	call := func(expect string) (int, ErrorBody) {
 		t.Helper()
-		resp, err := http.Post(ts.URL+"/v1/sessions/s/exec", "application/json", strings.NewReader(body))
+		req, _ := http.NewRequest("POST", ts.URL+"/v1/sessions/s/exec", strings.NewReader(`{"argv":["true"]}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(apiv1.HeaderExpect, expect)
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -177,20 +181,16 @@ func TestExecExpect(t *testing.T) {
 		json.NewDecoder(resp.Body).Decode(&eb)
 		return resp.StatusCode, eb
 	}
-	with := func(e Expect) string {
-		b, _ := json.Marshal(ExecRequest{Argv: []string{"sh", "-c", "touch ran"}, Expect: &e})
-		return string(b)
+	own := apiv1.Expect{StateDir: st.StateDir, Config: st.Config, ClockOffsetMS: st.ClockOffsetMS}
+	if code, eb := call(own.Value()); code != 200 {
+		t.Fatalf("this daemon's own settings: %d %+v", code, eb)
 	}
-	own := Expect{StateDir: st.StateDir, Config: st.Config, ClockOffsetMS: st.ClockOffsetMS}
 	other := own
 	other.StateDir = "/elsewhere"
-	if code, eb := call(with(other)); code != http.StatusConflict || eb.Error.Kind != KindMismatch || !strings.Contains(eb.Error.Message, "/elsewhere") {
+	if code, eb := call(other.Value()); code != http.StatusConflict || eb.Error.Kind != KindMismatch || !strings.Contains(eb.Error.Message, "/elsewhere") {
 		t.Errorf("another state dir: %d %+v, want 409 %s naming it", code, eb, KindMismatch)
 	}
-	if code, eb := call(`{"argv":["true"],"expect":{"state_dir":7}}`); code != http.StatusBadRequest || eb.Error.Kind != "invalid" {
-		t.Errorf("a malformed expect: %d %+v, want 400 invalid", code, eb)
-	}
-	if code, eb := call(with(own)); code != 200 {
-		t.Fatalf("this daemon's own settings: %d %+v", code, eb)
+	if code, eb := call("state_dir=%zz"); code != http.StatusBadRequest || eb.Error.Kind != "invalid" {
+		t.Errorf("a malformed header: %d %+v, want 400 invalid", code, eb)
 	}
 }

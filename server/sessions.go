@@ -147,13 +147,21 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, h)
 }
 
-// checkExpect refuses an exec whose expectation (ExecRequest.Expect; nil: none) this
-// daemon does not meet: KindMismatch, naming both.
-func (s *Server) checkExpect(reg *registry.Registry, want *Expect) error {
-	if want == nil {
+// checkExpect refuses a request whose apiv1.HeaderExpect names a state dir, config
+// file or clock offset that this daemon does not run with (KindMismatch), or that
+// cannot be parsed (invalid); nil without the header.
+func (s *Server) checkExpect(r *http.Request) error {
+	v := r.Header.Get(apiv1.HeaderExpect)
+	if v == "" {
 		return nil
 	}
-	st := s.identity(reg)
+	want, err := apiv1.ParseExpect(v)
+	if err != nil {
+		return errorf("invalid", "%v", err)
+	}
+	ref := s.acquire()
+	defer s.release(ref)
+	st := s.identity(ref.reg)
 	if want.Meets(st) {
 		return nil
 	}

@@ -184,7 +184,7 @@ func (d *daemonClient) Exec(ctx context.Context, session string, req backend.Exe
 		return d.execTTY(ctx, session, req)
 	}
 	first := apiv1.ExecRequest{Argv: req.Argv, Env: envMap(req.Env), Cwd: req.Dir, User: req.User, Timeout: durationText(req.Timeout)}
-	p, err := d.streamChecked(ctx, session, first, req.Stdout, req.Stderr, !req.Stdin)
+	p, err := d.stream(ctx, session, first, req.Stdout, req.Stderr, !req.Stdin)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -203,7 +203,7 @@ func (d *daemonClient) Shell(ctx context.Context, session string, req registry.S
 	}
 	// The result carries the capped text; the output events are not needed.
 	stdout, stderr := orDiscard(req.Stdout), orDiscard(req.Stderr)
-	p, err := d.streamChecked(ctx, session, first, stdout, stderr, req.Stdin == nil)
+	p, err := d.stream(ctx, session, first, stdout, stderr, req.Stdin == nil)
 	if err != nil {
 		return registry.ShellResult{}, err
 	}
@@ -257,23 +257,6 @@ type remoteProcess struct {
 	done    chan struct{} // closed when the answer has ended; then res or err
 	res     apiv1.ExecResult
 	err     error
-}
-
-// streamChecked is stream with d's expectation in the first line, when it has one.
-// A berth serve older than that field refuses it before anything runs
-// (errNoExpect): then the status call checks the daemon's settings, and the call
-// goes on without the field.
-func (d *daemonClient) streamChecked(ctx context.Context, session string, first apiv1.ExecRequest, stdout, stderr io.Writer, eof bool) (*remoteProcess, error) {
-	first.Expect = d.expect
-	p, err := d.stream(ctx, session, first, stdout, stderr, eof)
-	if !errors.Is(err, errNoExpect) {
-		return p, err
-	}
-	d.expect, first.Expect = nil, nil
-	if err := d.verify(ctx); err != nil {
-		return nil, err
-	}
-	return d.stream(ctx, session, first, stdout, stderr, eof)
 }
 
 // sendAlive is the streamed exec request on a daemon whose status call was skipped

@@ -21,7 +21,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -265,7 +264,7 @@ func TestDaemonRefusesMismatch(t *testing.T) {
 }
 
 // A warm exec through the daemon is one request: the streamed exec carries the
-// check of the daemon's settings (its expect field) instead of a status call first;
+// check of the daemon's settings (Berth-Expect) instead of a status call first;
 // other commands still ask the status.
 func TestDaemonExecOneRequest(t *testing.T) {
 	t.Parallel()
@@ -289,44 +288,6 @@ func TestDaemonExecOneRequest(t *testing.T) {
 		if !slices.Equal(routes, want) {
 			t.Errorf("berth %q made %q, want %q", args, routes, want)
 		}
-	}
-}
-
-// A berth serve older than the exec request's expect field refuses it as unknown
-// (400) before anything runs: the CLI then makes the status call and refuses a
-// daemon of other settings as before, never running the command there. (Against
-// the real berth-serve of 4c4e935 with the same settings, the exec is then sent
-// again without the field and runs; a stand-in built on net/http, as here, did not
-// get that far, so this test keeps to the refusal.)
-func TestDaemonWithoutExpect(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	os.MkdirAll(e.state, 0o700)
-	ln, err := net.Listen("unix", filepath.Join(e.state, serveSocket))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	status, _ := json.Marshal(apiv1.Status{API: "v1", Version: "old", PID: 1, StateDir: e.state, Config: "/elsewhere/config.hcl"})
-	var ran atomic.Bool
-	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1/status" {
-			w.Write(status)
-			return
-		}
-		line, _ := bufio.NewReader(r.Body).ReadString('\n')
-		if strings.Contains(line, `"expect"`) { // as the old daemon's strict decoding
-			w.Header().Set("Connection", "close")
-			w.WriteHeader(http.StatusBadRequest)
-			fmt.Fprintf(w, `{"error":{"kind":"invalid","message":"request body's first line: json: unknown field \"expect\""}}`)
-			return
-		}
-		ran.Store(true)
-		w.Header().Set("Connection", "close")
-		w.WriteHeader(http.StatusInternalServerError)
-	}))
-	if r := e.run("exec", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "refusing to mix") || ran.Load() {
-		t.Errorf("an old daemon of another config: want the refusal, nothing run (ran %v)\n%v", ran.Load(), r)
 	}
 }
 
