@@ -51,7 +51,6 @@ const (
 	KindCanceled             = apiv1.KindCanceled
 	KindInternal             = apiv1.KindInternal
 	KindDriverCrashed        = apiv1.KindDriverCrashed
-	KindMismatch             = apiv1.KindMismatch
 	AuditFile                = apiv1.AuditFile
 	DefaultBodyTimeout       = apiv1.DefaultBodyTimeout
 	DefaultMaxOutput         = apiv1.DefaultMaxOutput

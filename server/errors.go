@@ -39,8 +39,6 @@ var Kinds = []Kind{
 	// A driver plugin crashed during the call (registry.DriverCrashedError; berth
 	// serve restarts it): ErrorInfo.Retried says whether the call was made again.
 	{KindDriverCrashed, http.StatusServiceUnavailable},
-	// The request's Berth-Expect header names settings this daemon does not run with.
-	{KindMismatch, http.StatusConflict},
 }
 
 // statusOf returns the HTTP status of kind; 500 for a name not in Kinds.

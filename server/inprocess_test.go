@@ -23,7 +23,6 @@ import (
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
-	"github.com/berth-sh/berth/server/apiv1"
 )
 
 func TestMain(m *testing.M) {
@@ -152,45 +151,5 @@ func TestTTYInProcess(t *testing.T) {
 	m := <-msgs
 	if m.Type != "result" || m.Result == nil || m.Result.ExitCode != 9 {
 		t.Errorf("last message %+v (%+v)", m, m.Result)
-	}
-}
-
-// A request whose Berth-Expect header names other settings is refused before
-// anything is done (409 daemon_mismatch); one that names this daemon's passes; a
-// malformed one is 400.
-func TestExpectHeader(t *testing.T) {
-	ts := inProcess(t)
-	var st Status
-	resp, err := http.Get(ts.URL + "/v1/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	json.NewDecoder(resp.Body).Decode(&st)
-	resp.Body.Close()
-	call := func(expect string) (int, ErrorBody) {
-		t.Helper()
-		req, _ := http.NewRequest("POST", ts.URL+"/v1/sessions/s/exec", strings.NewReader(`{"argv":["true"]}`))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set(apiv1.HeaderExpect, expect)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var eb ErrorBody
-		json.NewDecoder(resp.Body).Decode(&eb)
-		return resp.StatusCode, eb
-	}
-	own := apiv1.Expect{StateDir: st.StateDir, Config: st.Config, ClockOffsetMS: st.ClockOffsetMS}
-	if code, eb := call(own.Value()); code != 200 {
-		t.Fatalf("this daemon's own settings: %d %+v", code, eb)
-	}
-	other := own
-	other.StateDir = "/elsewhere"
-	if code, eb := call(other.Value()); code != http.StatusConflict || eb.Error.Kind != KindMismatch || !strings.Contains(eb.Error.Message, "/elsewhere") {
-		t.Errorf("another state dir: %d %+v, want 409 %s naming it", code, eb, KindMismatch)
-	}
-	if code, eb := call("state_dir=%zz"); code != http.StatusBadRequest || eb.Error.Kind != "invalid" {
-		t.Errorf("a malformed header: %d %+v, want 400 invalid", code, eb)
 	}
 }

@@ -126,11 +126,6 @@ func (s *Server) routes() http.Handler {
 			return
 		}
 		defer s.leave()
-		if err := s.checkExpect(r); err != nil {
-			w.Header().Set("Connection", "close") // as above: the body may be streamed
-			s.writeError(sw, r, err, "")
-			return
-		}
 		mux.ServeHTTP(sw, r)
 	})
 }

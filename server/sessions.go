@@ -147,40 +147,14 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, h)
 }
 
-// checkExpect refuses a request whose apiv1.HeaderExpect names a state dir, config
-// file or clock offset that this daemon does not run with (KindMismatch), or that
-// cannot be parsed (invalid); nil without the header.
-func (s *Server) checkExpect(r *http.Request) error {
-	v := r.Header.Get(apiv1.HeaderExpect)
-	if v == "" {
-		return nil
-	}
-	want, err := apiv1.ParseExpect(v)
-	if err != nil {
-		return errorf("invalid", "%v", err)
-	}
-	ref := s.acquire()
-	defer s.release(ref)
-	st := s.identity(ref.reg)
-	if want.Meets(st) {
-		return nil
-	}
-	return errorf(KindMismatch, "berth serve runs with state dir %s, config %q and clock offset %d ms; this request expects state dir %s, config %q and clock offset %d ms (see GET /v1/status)",
-		st.StateDir, st.Config, st.ClockOffsetMS, want.StateDir, want.Config, want.ClockOffsetMS)
-}
-
-// identity is what GET /v1/status answers.
-func (s *Server) identity(reg *registry.Registry) Status {
-	return Status{API: "v1", Version: s.version, PID: os.Getpid(), StateDir: reg.StateDir(),
-		Config: reg.Config().Path, ClockOffsetMS: reg.ClockOffset().Milliseconds(),
-		PruneIntervalMS: s.pruneEvery.Milliseconds()}
-}
-
 // status is GET /v1/status: the daemon's identity (version, pid, state dir, config
 // file, clock offset), asking no driver: what berth's CLI checks before it uses the
 // daemon.
 func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 	ref := s.acquire()
 	defer s.release(ref)
-	writeJSON(w, http.StatusOK, s.identity(ref.reg))
+	reg := ref.reg
+	writeJSON(w, http.StatusOK, Status{API: "v1", Version: s.version, PID: os.Getpid(), StateDir: reg.StateDir(),
+		Config: reg.Config().Path, ClockOffsetMS: reg.ClockOffset().Milliseconds(),
+		PruneIntervalMS: s.pruneEvery.Milliseconds()})
 }

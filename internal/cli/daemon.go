@@ -15,7 +15,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptrace"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -60,21 +59,8 @@ type daemonClient struct {
 	base   string // URL prefix of every call: http://berth or the URL
 	client *http.Client
 	token  string
-	// status is what the daemon said of itself at detection (zero while unverified).
+	// status is what the daemon said of itself at detection.
 	status apiv1.Status
-	// want is what this command expects the daemon to run with.
-	want identity
-	// expect, when set, is sent as apiv1.HeaderExpect with every request: the daemon
-	// refuses a request meant for other settings (KindMismatch) before doing anything.
-	expect *apiv1.Expect
-	// unverified: the status call was skipped (checkInline), so nothing has shown
-	// yet that the daemon answers: a streamed exec bounds its wait for the first
-	// sign of life by statusTimeout, any other request verifies first.
-	unverified bool
-	// probe dials the daemon once without HTTP; spare holds that connection for the
-	// transport's first dial (unix sockets only).
-	probe func(ctx context.Context, network, addr string) (net.Conn, error)
-	spare chan net.Conn
 }
 
 // noDaemon reports why this command runs embedded whatever runs: --no-daemon,
@@ -102,12 +88,6 @@ func (g *globals) noDaemon() string {
 // ones is refused with an error that names both and the fix, never used silently.
 // --no-daemon and BERTH_NO_DAEMON=1 (see noDaemon) return nil at once.
 //
-// With g.checkInline and the default socket, the status call is skipped: a connect
-// tells a live socket from a stale one, and the command's call carries this
-// command's settings in apiv1.HeaderExpect, which the daemon checks before it does
-// anything (a mismatch is then said exactly as here). That saves a round trip
-// (0.7-0.8 ms of a warm `berth exec` through the daemon).
-//
 // This is the one place that picks embedded or daemon: a command that can run
 // through the daemon calls g.api (which calls this), or this directly.
 func (g *globals) daemon(ctx context.Context) (*daemonClient, error) {
@@ -131,11 +111,7 @@ func (g *globals) daemon(ctx context.Context) (*daemonClient, error) {
 			return nil, nil // no daemon
 		}
 		d = unixClient(sock)
-		if g.checkInline {
-			return d.connect(ctx, want)
-		}
 	}
-	d.want = want
 	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
 	if err := d.get(sctx, "/v1/status", &d.status); err != nil {
@@ -157,75 +133,6 @@ func (g *globals) daemon(ctx context.Context) (*daemonClient, error) {
 	}
 	phase.Mark("daemon")
 	return d, nil
-}
-
-// connect is daemon's way without the status call (g.checkInline): one connect to
-// the socket (refused, or gone: no daemon, nil), then d carries the expectation.
-func (d *daemonClient) connect(ctx context.Context, want identity) (*daemonClient, error) {
-	c, err := d.probe(ctx, "unix", "")
-	if err != nil {
-		if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
-			return nil, nil // a socket that a berth serve left behind: nobody listens
-		}
-		return nil, fmt.Errorf("berth serve at %s: %v; stop it, or use --no-daemon to run embedded", d.where, err)
-	}
-	d.spare <- c
-	d.want = want
-	d.expect = &apiv1.Expect{StateDir: want.StateDir, Config: want.Config, ClockOffsetMS: want.ClockOffset.Milliseconds()}
-	d.unverified = true
-	phase.Mark("daemon")
-	return d, nil
-}
-
-// verify makes the status call that connect skipped, for a request that has no
-// other way to show that the daemon answers, and checks the settings.
-func (d *daemonClient) verify(ctx context.Context) error {
-	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
-	defer cancel()
-	if err := d.fetchStatus(sctx); err != nil {
-		return fmt.Errorf("berth serve at %s does not answer its status call: %v; stop it, or use --no-daemon to run embedded", d.where, err)
-	}
-	d.unverified = false
-	return d.matches(d.want, false)
-}
-
-// fetchStatus reads GET /v1/status into d.status (without apiv1.HeaderExpect, so
-// that a daemon of other settings answers it).
-func (d *daemonClient) fetchStatus(ctx context.Context) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.base+"/v1/status", nil)
-	if err != nil {
-		return err
-	}
-	if d.token != "" {
-		req.Header.Set("Authorization", "Bearer "+d.token)
-	}
-	resp, err := d.client.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode >= 300 {
-		return answerError(resp, d.where)
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&d.status); err != nil {
-		return fmt.Errorf("reading the answer: %w", err)
-	}
-	return nil
-}
-
-// mismatch says why the daemon refused a request of d's expectation
-// (apiv1.KindMismatch): as detection would have, from its status (refused is the
-// daemon's own words, used when the status call fails).
-func (d *daemonClient) mismatch(ctx context.Context, refused error) error {
-	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
-	defer cancel()
-	if err := d.fetchStatus(sctx); err != nil {
-		return refused
-	}
-	if err := d.matches(d.want, false); err != nil {
-		return err
-	}
-	return refused // its settings changed meanwhile (a reload)
 }
 
 // identity is what a command and a daemon must agree on.
@@ -298,7 +205,7 @@ func orBuiltin(p string) string {
 // unixClient is a client over the unix socket at path; a path longer than a socket
 // address holds is dialled through its directory's descriptor, as serve binds it.
 func unixClient(path string) *daemonClient {
-	raw := func(ctx context.Context, _, _ string) (net.Conn, error) {
+	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var dl net.Dialer
 		if len(path) <= maxSocketPath {
 			return dl.DialContext(ctx, "unix", path)
@@ -310,16 +217,7 @@ func unixClient(path string) *daemonClient {
 		defer dir.Close()
 		return dl.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path)))
 	}
-	spare := make(chan net.Conn, 1)
-	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		select {
-		case c := <-spare: // the connection of connect's probe
-			return c, nil
-		default:
-		}
-		return raw(ctx, network, addr)
-	}
-	return &daemonClient{where: "unix://" + path, base: "http://berth", probe: raw, spare: spare,
+	return &daemonClient{where: "unix://" + path, base: "http://berth",
 		client: &http.Client{Transport: &http.Transport{DialContext: watched(dial), DisableCompression: true, MaxIdleConnsPerHost: 4}}}
 }
 
@@ -439,17 +337,6 @@ func (e *apiError) Error() string { return e.info.Message }
 // error answer (the body is closed), else the transport's error saying that the
 // daemon went away.
 func (d *daemonClient) request(ctx context.Context, method, path string, body any, contentType, accept string) (*http.Response, error) {
-	if d.unverified {
-		if err := d.verify(ctx); err != nil {
-			return nil, err
-		}
-	}
-	return d.send(ctx, method, path, body, contentType, accept, nil)
-}
-
-// send is request's work. Given alive (a streamed exec on an unverified daemon), it
-// asks for 100 Continue and closes alive at the first sign of the daemon's answer.
-func (d *daemonClient) send(ctx context.Context, method, path string, body any, contentType, accept string, alive chan struct{}) (*http.Response, error) {
 	var rd io.Reader
 	switch b := body.(type) {
 	case nil:
@@ -476,17 +363,6 @@ func (d *daemonClient) send(ctx context.Context, method, path string, body any, 
 	if d.token != "" {
 		req.Header.Set("Authorization", "Bearer "+d.token)
 	}
-	if d.expect != nil {
-		req.Header.Set(apiv1.HeaderExpect, d.expect.Value())
-	}
-	if alive != nil {
-		// Go's server sends 100 Continue when the handler starts reading the body:
-		// the daemon answers, even while the command's sandbox is still being made.
-		req.Header.Set("Expect", "100-continue")
-		var once sync.Once
-		seen := func() { once.Do(func() { close(alive) }) }
-		req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{Got100Continue: seen, GotFirstResponseByte: seen}))
-	}
 	resp, err := d.client.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -496,11 +372,7 @@ func (d *daemonClient) send(ctx context.Context, method, path string, body any, 
 	}
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
-		err := answerError(resp, d.where)
-		if ae, ok := err.(*apiError); ok && ae.info.Kind == apiv1.KindMismatch && d.expect != nil {
-			return nil, d.mismatch(ctx, err)
-		}
-		return nil, err
+		return nil, answerError(resp, d.where)
 	}
 	return resp, nil
 }

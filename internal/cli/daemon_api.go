@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/berth-sh/berth/backend"
@@ -259,32 +258,6 @@ type remoteProcess struct {
 	err     error
 }
 
-// sendAlive is the streamed exec request on a daemon whose status call was skipped
-// (unverified): the daemon must show within statusTimeout that it answers (100
-// Continue, or its answer), or the call is dropped with the error detection gives
-// a daemon that does not answer. abort cancels ctx.
-func (d *daemonClient) sendAlive(ctx context.Context, abort context.CancelFunc, path string, body io.Reader) (*http.Response, error) {
-	alive := make(chan struct{})
-	var silent atomic.Bool
-	t := time.AfterFunc(statusTimeout, func() {
-		select {
-		case <-alive:
-		default:
-			silent.Store(true)
-			abort()
-		}
-	})
-	resp, err := d.send(ctx, http.MethodPost, path, body, apiv1.NDJSON, apiv1.NDJSON, alive)
-	t.Stop()
-	if err != nil && silent.Load() {
-		return nil, fmt.Errorf("berth serve at %s does not answer: nothing came within %s; stop it, or use --no-daemon to run embedded", d.where, statusTimeout)
-	}
-	if err == nil {
-		d.unverified = false
-	}
-	return resp, err
-}
-
 // stream sends first as the first line of a streamed exec request of session and
 // returns once the command runs (the "started" event) or the call failed. eof sends
 // the end of stdin at once. ctx's end sends a cancel event.
@@ -333,12 +306,7 @@ func (d *daemonClient) stream(ctx context.Context, session string, first apiv1.E
 			conn.watch(nil)
 		}
 	}
-	var resp *http.Response
-	if d.unverified {
-		resp, err = d.sendAlive(reqCtx, abort, sessionPath(session, "exec"), pr)
-	} else {
-		resp, err = d.request(reqCtx, http.MethodPost, sessionPath(session, "exec"), pr, apiv1.NDJSON, apiv1.NDJSON)
-	}
+	resp, err := d.request(reqCtx, http.MethodPost, sessionPath(session, "exec"), pr, apiv1.NDJSON, apiv1.NDJSON)
 	if err != nil {
 		stop()
 		pw.CloseWithError(err)

@@ -18,7 +18,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -260,64 +259,6 @@ func TestDaemonRefusesMismatch(t *testing.T) {
 	elsewhere.extra = []string{"BERTH_HOST=unix://" + d.sock}
 	if r := elsewhere.run("exec", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "state dir "+e.state+" (this command: "+elsewhere.state) {
 		t.Errorf("BERTH_HOST with another state dir\n%v", r)
-	}
-}
-
-// A warm exec through the daemon is one request: the streamed exec carries the
-// check of the daemon's settings (Berth-Expect) instead of a status call first;
-// other commands still ask the status.
-func TestDaemonExecOneRequest(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	e.serve()
-	path := filepath.Join(e.state, apiv1.AuditFile)
-	for _, args := range [][]string{{"exec", "--", "true"}, {"exec", "--shell", "true"}, {"sessions"}} {
-		before := len(auditLines(t, path))
-		if r := e.run(args...); r.code != 0 {
-			t.Fatalf("berth %q\n%v", args, r)
-		}
-		testwait.Until(t, "the call's audit lines", func() bool { return len(auditLines(t, path)) > before })
-		var routes []string
-		for _, l := range auditLines(t, path)[before:] {
-			routes = append(routes, l.Method+" "+l.Route)
-		}
-		want := []string{"POST /v1/sessions/{name}/exec"}
-		if args[0] == "sessions" {
-			want = []string{"GET /v1/status", "GET /v1/sessions"}
-		}
-		if !slices.Equal(routes, want) {
-			t.Errorf("berth %q made %q, want %q", args, routes, want)
-		}
-	}
-}
-
-// A daemon that accepts connections and never answers: a streamed exec gives up
-// after statusTimeout with an error that names it and the way out, as the status
-// call does for other commands.
-func TestDaemonNeverAnswers(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	sock := filepath.Join(e.state, serveSocket)
-	os.MkdirAll(e.state, 0o700)
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close() // held open, never answered
-			go io.Copy(io.Discard, c)
-		}
-	}()
-	for _, args := range [][]string{{"exec", "--", "true"}, {"sessions"}} {
-		if r := e.run(args...); r.code != 125 || !strings.Contains(r.stderr, "does not answer") || !strings.Contains(r.stderr, "--no-daemon") {
-			t.Errorf("berth %q with a daemon that never answers\n%v", args, r)
-		}
 	}
 }
 

@@ -43,11 +43,6 @@ type ttyOptions struct {
 // command runs, with the "started" message. Errors: the dial's (with the daemon's
 // JSON error, when it answered one), or the daemon's "error" message.
 func (d *daemonClient) openTTY(ctx context.Context, session string, o ttyOptions) (*ttyClient, apiv1.TTYMessage, error) {
-	if d.unverified { // the WebSocket carries no expectation: the status call first
-		if err := d.verify(ctx); err != nil {
-			return nil, apiv1.TTYMessage{}, err
-		}
-	}
 	q := url.Values{}
 	for _, a := range o.argv {
 		q.Add("argv", a)

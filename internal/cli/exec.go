@@ -119,9 +119,6 @@ func runExec(ctx context.Context, g *globals, f *execFlags, argv []string) error
 	}
 
 	g.onPull = newPullDisplay(f.json).event
-	// Its one call through a daemon is the streamed exec, which carries the check of
-	// the daemon's settings (not a terminal's WebSocket, nor --recreate's call first).
-	g.checkInline = !f.tty && !f.recreate
 	a, err := g.api(ctx)
 	if err != nil {
 		return err

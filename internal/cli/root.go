@@ -89,10 +89,6 @@ type globals struct {
 	// exe is the berth binary: WithBerth's, else this process's own once self
 	// has looked it up; "" before.
 	exe string
-	// checkInline lets daemon detection skip the status call (see daemon): set by
-	// the commands whose only call is a streamed exec (exec without a terminal or
-	// --recreate, exec --shell), which carry the check themselves.
-	checkInline bool
 }
 
 // self returns the berth binary: WithBerth's, else this process's executable

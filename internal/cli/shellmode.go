@@ -60,7 +60,6 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 	sigs := sigstart.Take()
 	defer signal.Stop(sigs)
 	g.onPull = newPullDisplay(f.json).event
-	g.checkInline = !f.recreate // its one call through a daemon is then the streamed exec
 	reg, err := g.api(ctx)
 	if err != nil {
 		return err

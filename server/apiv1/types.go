@@ -1,10 +1,6 @@
 package apiv1
 
 import (
-	"fmt"
-	"net/url"
-	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/berth-sh/berth/backends/agent"
@@ -385,56 +381,7 @@ const (
 	// KindDriverCrashed: the driver's plugin crashed during the call (a kind of
 	// unavailable: errors.Is(err, backend.ErrUnavailable) holds for it).
 	KindDriverCrashed = "driver_crashed"
-	// KindMismatch: the request's HeaderExpect names a state dir, config file or
-	// clock offset that the daemon does not run with (409); nothing was done.
-	KindMismatch = "daemon_mismatch"
 )
-
-// HeaderExpect is the request header in which a client names the settings it
-// expects the daemon to run with (ExpectValue): berth serve refuses a request whose
-// expectation it does not meet with 409 KindMismatch before it does anything, so
-// that berth's CLI need not ask GET /v1/status first on its hot path. Clients that
-// do not send it are not checked.
-const HeaderExpect = "Berth-Expect"
-
-// Expect is what HeaderExpect carries: the state dir and config file (absolute
-// paths; Config "" is no config file, the built-in default) and the clock offset in
-// milliseconds, as GET /v1/status reports them.
-type Expect struct {
-	StateDir      string
-	Config        string
-	ClockOffsetMS int64
-}
-
-// Value encodes e for HeaderExpect: URL query syntax (state_dir, config,
-// clock_offset_ms), so that any path travels in a header as ASCII.
-func (e Expect) Value() string {
-	return url.Values{"state_dir": {e.StateDir}, "config": {e.Config}, "clock_offset_ms": {strconv.FormatInt(e.ClockOffsetMS, 10)}}.Encode()
-}
-
-// ParseExpect decodes a HeaderExpect value. Errors: not query syntax, a key missing,
-// or a clock offset that is not an integer.
-func ParseExpect(v string) (Expect, error) {
-	q, err := url.ParseQuery(v)
-	if err != nil {
-		return Expect{}, fmt.Errorf("%s: %v", HeaderExpect, err)
-	}
-	for _, k := range []string{"state_dir", "config", "clock_offset_ms"} {
-		if _, ok := q[k]; !ok {
-			return Expect{}, fmt.Errorf("%s: no %s", HeaderExpect, k)
-		}
-	}
-	off, err := strconv.ParseInt(q.Get("clock_offset_ms"), 10, 64)
-	if err != nil {
-		return Expect{}, fmt.Errorf("%s: clock_offset_ms %q is not an integer", HeaderExpect, q.Get("clock_offset_ms"))
-	}
-	return Expect{StateDir: q.Get("state_dir"), Config: q.Get("config"), ClockOffsetMS: off}, nil
-}
-
-// Meets reports whether a daemon of status st runs with the settings e expects.
-func (e Expect) Meets(st Status) bool {
-	return filepath.Clean(st.StateDir) == filepath.Clean(e.StateDir) && st.Config == e.Config && st.ClockOffsetMS == e.ClockOffsetMS
-}
 
 // MaxFileBytes is the largest file that GET and PUT /v1/sessions/{name}/files read
 // or write (16 MiB); a larger one is answered 413 (too_large): use /archive.
