@@ -1235,8 +1235,8 @@ func BenchmarkServeExec(b *testing.B) {
 	benchutil.Interleave(b, []benchutil.Way{
 		{Name: "serve-http", Run: post},
 		{Name: "serve-curl", Run: curlExec(sock, "bench")},
-		{Name: "cli-daemon", Run: func() error { return cli(environ, "exec", "-s", "bench", "--", "true").Run() }},
-		{Name: "cli-embedded", Run: func() error { return cli(environ, "--no-daemon", "exec", "-s", "bench", "--", "true").Run() }},
+		{Name: "cli-daemon", Run: func() error { return cliRun(environ, "exec", "-s", "bench", "--", "true") }},
+		{Name: "cli-embedded", Run: func() error { return cliRun(environ, "--no-daemon", "exec", "-s", "bench", "--", "true") }},
 	})
 }
 
@@ -1267,8 +1267,8 @@ func BenchmarkServeExecDocker(b *testing.B) {
 		{Name: "agent-kept", Run: benchutil.AgentKept(b, files)},
 		{Name: "serve-http", Run: post},
 		{Name: "serve-curl", Run: curlExec(sock, "bench")},
-		{Name: "cli-daemon", Run: func() error { return cli(environ, "exec", "-s", "bench", "--", "true").Run() }},
-		{Name: "cli-embedded", Run: func() error { return cli(environ, "--no-daemon", "exec", "-s", "bench", "--", "true").Run() }},
+		{Name: "cli-daemon", Run: func() error { return cliRun(environ, "exec", "-s", "bench", "--", "true") }},
+		{Name: "cli-embedded", Run: func() error { return cliRun(environ, "--no-daemon", "exec", "-s", "bench", "--", "true") }},
 		{Name: "docker-exec", Run: func() error { return exec.Command("docker", "-H", host, "exec", sandbox, "true").Run() }},
 	})
 }
@@ -1278,6 +1278,15 @@ func cli(environ []string, args ...string) *exec.Cmd {
 	c := exec.Command(berthBin, args...)
 	c.Env = environ
 	return c
+}
+
+// cliRun runs berth with args; an error carries its output.
+func cliRun(environ []string, args ...string) error {
+	out, err := cli(environ, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("berth %q: %v: %s", args, err, out)
+	}
+	return nil
 }
 
 // curlExec returns a way that runs the whole curl command of the API's example for
