@@ -30,10 +30,10 @@ import (
 // A session of the rule that has no sandbox yet (or whose sandbox retention removed,
 // or that vanished) picks the oldest ready member whose lock is free (one that
 // another claim or a drain holds is passed over), takes the lock, dials its agent
-// unless the registry holds a connection to it, and claims it in one store transaction (poolTake) that writes the
-// session's record, naming the member (record.Pooled) with the claim's time as its
-// creation (max_age and idle_ttl count from the claim), and deletes the member's
-// pool entry. Two claims, in any processes, never get the same member; the claim is
+// unless the registry holds a connection to it, and claims it in one store
+// transaction (poolTake) that writes the session's record, naming the member
+// (record.Pooled) with the claim's time as its creation (max_age and idle_ttl count
+// from the claim), and deletes the member's pool entry. Two claims, in any processes, never get the same member; the claim is
 // durable before the session's first command runs in the member, and costs one
 // store commit. If the call fails before its command starts, the session's record is
 // put back as it was (poolUntake) and the member is removed: a member is never
@@ -43,8 +43,8 @@ import (
 //
 // Reconcile (Prune) keeps members that the store records, removes members that it
 // does not (left by a filler that died before writing their entry, or claimed by an
-// earlier berth that died between its claim and its record) once they are older than the grace
-// period, and never counts a member as a leak. FillPools drains members whose rule
+// earlier berth that died between its claim and its record) once they are older
+// than the grace period, and never counts a member as a leak. FillPools drains members whose rule
 // is gone or whose spec changed (drift), and replaces members older than max_idle.
 
 // PoolEvent is one thing that happened to a warm pool, reported to the hook of
@@ -429,8 +429,8 @@ func (r *Registry) FillPools(ctx context.Context) error {
 // DrainPools removes every unclaimed member of every pool (ready, being made, or
 // left from an earlier spec), whatever the config says now: the way to empty the
 // pools of a state dir (a test's cleanup; before deleting a state dir). Members
-// marked claimed (by a berth that claimed in two transactions) are left to Prune. A running RunPools refills its pools
-// afterwards. Errors: the store's, and every failed removal, joined.
+// marked claimed (by a berth that claimed in two transactions) are left to Prune.
+// A running RunPools refills its pools afterwards. Errors: the store's, and every failed removal, joined.
 func (r *Registry) DrainPools(ctx context.Context) error {
 	if !fileExists(r.store.path) {
 		return nil
