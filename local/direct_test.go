@@ -279,3 +279,40 @@ func listenAt(t *testing.T, path string) net.Listener {
 	}
 	return lis
 }
+
+// A session that joins a shared sandbox takes the lifecycle's slow path while
+// another session's command runs there on the registry's kept connection to the
+// sandbox's agent. The join finds the sandbox running (its agent the same), so the
+// running command must go on: the kept connection is dropped only when the sandbox
+// has a new agent. (Found by the Python SDK's 50-thread test: a call that started
+// on a new session's kept connection got "context canceled" when another thread's
+// first call on the session went through the lifecycle.)
+func TestJoinKeepsRunningCall(t *testing.T) {
+	e := newDirectEnv(t, "scope \"team:*\" {\n  driver = \"local\"\n  isolation = \"shared\"\n  name = \"team\"\n}\n")
+	r, _ := e.open()
+	if _, lease, err := execIn(t, r, "team:1", "true"); err != nil || !lease.Created {
+		t.Fatalf("first exec: %+v %v", lease, err)
+	}
+	var out bytes.Buffer
+	ctx := context.Background()
+	p, lease, err := r.Exec(ctx, "team:1", backend.ExecRequest{Argv: []string{"sh", "-c", "echo started; read x; echo got $x"}, Stdin: true, Stdout: &out})
+	if err != nil || !lease.Direct {
+		t.Fatalf("exec on the kept connection: %+v %v", lease, err)
+	}
+	// team:2 has no record: its first call runs the lifecycle on the running sandbox.
+	if _, lease, err := execIn(t, r, "team:2", "true"); err != nil || lease.Direct || lease.Created {
+		t.Fatalf("the second session's first exec: %+v %v, want the lifecycle on the sandbox that runs", lease, err)
+	}
+	if _, err := p.Write([]byte("more\n")); err != nil {
+		t.Errorf("writing to the running command: %v", err)
+	}
+	p.CloseStdin()
+	res, err := p.Wait()
+	if err != nil || res.ExitCode != 0 || out.String() != "started\ngot more\n" {
+		t.Fatalf("the command that ran while another session joined: %+v %v, output %q", res, err, out.String())
+	}
+	// The kept connection still serves the next call.
+	if _, lease, err := execIn(t, r, "team:1", "true"); err != nil || !lease.Direct {
+		t.Errorf("the next exec: %+v %v", lease, err)
+	}
+}

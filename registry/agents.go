@@ -63,6 +63,20 @@ func (a *agentCache) drop(k sbKey, c *agent.Client) {
 	c.Close()
 }
 
+// dropStale forgets and closes k's client when it reaches another agent process
+// than instance (an Instance from Hello): the sandbox's agent was started again.
+func (a *agentCache) dropStale(k sbKey, instance string) {
+	a.mu.Lock()
+	c := a.m[k]
+	if c == nil || c.Instance() == instance {
+		a.mu.Unlock()
+		return
+	}
+	delete(a.m, k)
+	a.mu.Unlock()
+	c.Close()
+}
+
 // forget closes and forgets k's client, if any: its sandbox was stopped, removed or
 // made anew.
 func (a *agentCache) forget(k sbKey) {

@@ -288,10 +288,6 @@ func (r *Registry) openSlow(ctx context.Context, session string) (*sessionConn, 
 	if p.client != nil {
 		// A claimed pool member, dialled by the claim (or by the filler).
 		c.client, c.cached = p.client, true
-	} else {
-		// The sandbox may have a new agent now (started, made anew): a client kept
-		// for its old one must not be used.
-		r.agents.forget(sbKey{p.lease.Driver, p.lease.Sandbox})
 	}
 	if c.busy, c.madeBusy, err = holdBusy(r.busyPath(p.lease.Driver, p.lease.Sandbox)); err != nil {
 		c.fail()
@@ -309,6 +305,12 @@ func (r *Registry) openSlow(ctx context.Context, session string) (*sessionConn, 
 		}
 		return nil, err
 	}
+	// The sandbox may have a new agent now (started, made anew): a client kept for
+	// its old one must not be used. A sandbox that was found running has the same
+	// agent, and its kept client may be serving other calls right now (another
+	// session of a shared sandbox, a concurrent call that found the record first):
+	// it stays.
+	r.agents.dropStale(c.key(), c.client.Instance())
 	return c, nil
 }
 
