@@ -90,7 +90,7 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 	}
 	berthCLI := func() error {
 		cmd := exec.Command(berthBin, "--state-dir", cliState, "exec", "-s", "bench", "--", "true")
-		cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+xdg)
+		cmd.Env = benchutil.CLIEnv(xdg)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			b.Logf("berth exec: %s", out)
@@ -102,7 +102,7 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 	}
 	defer func() {
 		cmd := exec.Command(berthBin, "--state-dir", cliState, "rm", "bench")
-		cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+xdg)
+		cmd.Env = benchutil.CLIEnv(xdg)
 		cmd.Run()
 	}()
 

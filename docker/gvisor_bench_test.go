@@ -78,7 +78,7 @@ func BenchmarkGVisorExec(b *testing.B) {
 	berthCLI := func(session string) func() error {
 		return func() error {
 			cmd := exec.Command(berthBin, "--state-dir", cliState, "exec", "-s", session, "--", "true")
-			cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+xdg)
+			cmd.Env = benchutil.CLIEnv(xdg)
 			out, err := cmd.CombinedOutput()
 			if err != nil {
 				b.Logf("berth exec -s %s: %s", session, out)
@@ -92,7 +92,7 @@ func BenchmarkGVisorExec(b *testing.B) {
 		}
 		defer func() {
 			cmd := exec.Command(berthBin, "--state-dir", cliState, "rm", s)
-			cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+xdg)
+			cmd.Env = benchutil.CLIEnv(xdg)
 			cmd.Run()
 		}()
 	}

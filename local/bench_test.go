@@ -2,7 +2,6 @@ package local_test
 
 import (
 	"context"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -92,7 +91,7 @@ func BenchmarkWholeCommand(b *testing.B) {
 	xdg := filepath.Join(state, "xdg") // no config file: every session on local
 	run := func(trace bool) (string, error) {
 		cmd := exec.Command(berthBin, "--state-dir", filepath.Join(state, "cli"), "exec", "-s", "bench", "--", "true")
-		cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+xdg)
+		cmd.Env = benchutil.CLIEnv(xdg)
 		if trace {
 			cmd.Env = append(cmd.Env, "BERTH_TRACE=1")
 		}
