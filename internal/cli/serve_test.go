@@ -1149,7 +1149,7 @@ func benchServe(b *testing.B, config string) (environ []string, client *http.Cli
 	b.Helper()
 	dir := b.TempDir()
 	state := filepath.Join(dir, "state")
-	environ = append(os.Environ(), "BERTH_STATE_DIR="+state, "XDG_CONFIG_HOME="+filepath.Join(dir, "xdg"))
+	environ = benchutil.CLIEnv(filepath.Join(dir, "xdg"), "BERTH_STATE_DIR="+state)
 	if config != "" {
 		path := filepath.Join(dir, "config.hcl")
 		if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
