@@ -318,14 +318,32 @@ func (d *daemonClient) stream(ctx context.Context, session string, first apiv1.E
 	}
 	started := make(chan *apiv1.ExecStarted, 1)
 	go p.read(resp, stdout, stderr, started, stop)
-	select {
-	case p.started = <-started:
+	if p.started = waitStarted(started, p.done); p.started != nil {
 		return p, nil
-	case <-p.done:
-		if p.err == nil {
-			p.err = d.gone(errors.New("the answer ended before the command started"))
-		}
-		return nil, p.err
+	}
+	if p.err == nil {
+		p.err = d.gone(errors.New("the answer ended before the command started"))
+	}
+	return nil, p.err
+}
+
+// waitStarted returns the started event that read passes on started, or nil when the
+// answer ended (done closed) without one. A short command's whole answer (started,
+// then its result) can be read before the caller waits: done is then closed too, and
+// a select that picked either at random took such a call for one that never started
+// (exit 125, "the answer ended before the command started"). read sends on started
+// before it closes done, so started is looked at again once done is closed.
+func waitStarted(started <-chan *apiv1.ExecStarted, done <-chan struct{}) *apiv1.ExecStarted {
+	select {
+	case s := <-started:
+		return s
+	case <-done:
+	}
+	select {
+	case s := <-started:
+		return s
+	default:
+		return nil
 	}
 }
 
