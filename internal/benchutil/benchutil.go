@@ -213,16 +213,16 @@ func (p *Phases) Report(b *testing.B) {
 	Report(b, names, samples)
 }
 
-// CLIEnv is the environment for a berth command that a benchmark runs with its own
-// config under xdg (XDG_CONFIG_HOME): the caller's environment without any BERTH_*
-// or XDG_CONFIG_HOME variable, so that a BERTH_CONFIG or BERTH_STATE_DIR exported in
-// the caller's shell cannot send the benchmark's commands to another config or
-// state dir; then XDG_CONFIG_HOME=xdg and extra ("KEY=value" each).
+// CLIEnv is the environment for a berth command that a test or benchmark runs with
+// its own config under xdg (XDG_CONFIG_HOME): the caller's environment without any
+// BERTH_* or XDG_* variable, so that a BERTH_CONFIG, BERTH_STATE_DIR or
+// XDG_STATE_HOME exported in the caller's shell cannot send the command to another
+// config or state dir; then XDG_CONFIG_HOME=xdg and extra ("KEY=value" each).
 func CLIEnv(xdg string, extra ...string) []string {
 	var out []string
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "BERTH_") || k == "XDG_CONFIG_HOME" {
+		if strings.HasPrefix(k, "BERTH_") || strings.HasPrefix(k, "XDG_") {
 			continue
 		}
 		out = append(out, kv)

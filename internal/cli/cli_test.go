@@ -34,6 +34,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/internal/testbin"
 	"github.com/berth-sh/berth/internal/testproc"
 	"github.com/berth-sh/berth/internal/testwait"
@@ -106,15 +107,7 @@ func (e *env) writeFile(name, content string) string {
 }
 
 func (e *env) environ() []string {
-	var out []string
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "BERTH_") || strings.HasPrefix(k, "XDG_") {
-			continue
-		}
-		out = append(out, kv)
-	}
-	out = append(out, "XDG_CONFIG_HOME="+e.xdg, "BERTH_STATE_DIR="+e.state)
+	out := benchutil.CLIEnv(e.xdg, "BERTH_STATE_DIR="+e.state)
 	if e.config != "" {
 		out = append(out, "BERTH_CONFIG="+e.config)
 	}
