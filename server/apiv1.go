@@ -4,7 +4,7 @@ import "github.com/berth-sh/berth/server/apiv1"
 
 // The API's wire types, error kinds and names live in package apiv1, so that the
 // CLI links them without the server; the server names them as its own. The
-// conversions from the registry's values (apiv1.SessionOf, ...) are only there.
+// conversions from the registry's values (apiconv.SessionOf, ...) are only there.
 type (
 	ArchiveUpload    = apiv1.ArchiveUpload
 	AuditEntry       = apiv1.AuditEntry

@@ -4,7 +4,7 @@ import (
 	"net/http"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/server/apiv1"
+	"github.com/berth-sh/berth/server/apiconv"
 )
 
 // drivers is GET /v1/drivers: every driver the daemon knows, as berth drivers
@@ -12,7 +12,7 @@ import (
 func (s *Server) drivers(w http.ResponseWriter, r *http.Request) {
 	ref := s.acquire()
 	defer s.release(ref)
-	rows, err := apiv1.DriversOf(r.Context(), ref.reg, nil)
+	rows, err := apiconv.DriversOf(r.Context(), ref.reg, nil)
 	if err != nil {
 		s.writeError(w, r, err, "")
 		return
@@ -37,7 +37,7 @@ func (s *Server) explain(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err, name)
 		return
 	}
-	writeJSON(w, http.StatusOK, apiv1.ExplanationOf(ex))
+	writeJSON(w, http.StatusOK, apiconv.ExplanationOf(ex))
 }
 
 // configCheck is POST /v1/config/check: the daemon reads its config file again from

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/berth-sh/berth/registry"
-	"github.com/berth-sh/berth/server/apiv1"
+	"github.com/berth-sh/berth/server/apiconv"
 )
 
 // checkJob validates req and returns the registry's request; errors are invalid and
@@ -78,7 +78,7 @@ func (s *Server) startJob(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err, name)
 		return
 	}
-	writeJSON(w, http.StatusCreated, apiv1.JobOf(j))
+	writeJSON(w, http.StatusCreated, apiconv.JobOf(j))
 }
 
 // listJobs is GET /v1/sessions/{name}/jobs: the session's jobs, oldest first.
@@ -93,7 +93,7 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]Job, 0, len(jobs))
 	for _, j := range jobs {
-		out = append(out, apiv1.JobOf(j))
+		out = append(out, apiconv.JobOf(j))
 	}
 	writeJSON(w, http.StatusOK, out)
 }

@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/berth-sh/berth/server/apiv1"
+	"github.com/berth-sh/berth/server/apiconv"
 )
 
 // listPools is GET /v1/pools: every rule's warm pool, in rule order, from the store
@@ -18,7 +18,7 @@ func (s *Server) listPools(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err, "")
 		return
 	}
-	writeJSON(w, http.StatusOK, apiv1.PoolsOf(list))
+	writeJSON(w, http.StatusOK, apiconv.PoolsOf(list))
 }
 
 // RunPools keeps the warm pools of the current registry filled

@@ -8,7 +8,7 @@ import (
 
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/registry/config"
-	"github.com/berth-sh/berth/server/apiv1"
+	"github.com/berth-sh/berth/server/apiconv"
 )
 
 // listSessions is GET /v1/sessions: every recorded session, sorted by name
@@ -23,7 +23,7 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]Session, 0, len(list))
 	for _, si := range list {
-		out = append(out, apiv1.SessionOf(si))
+		out = append(out, apiconv.SessionOf(si))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -57,7 +57,7 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, si := range list {
 		if si.Session == session {
-			writeJSON(w, http.StatusOK, apiv1.SessionOf(si))
+			writeJSON(w, http.StatusOK, apiconv.SessionOf(si))
 			return
 		}
 	}
@@ -155,6 +155,6 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 	defer s.release(ref)
 	reg := ref.reg
 	writeJSON(w, http.StatusOK, Status{API: "v1", Version: s.version, PID: os.Getpid(), StateDir: reg.StateDir(),
-		Config: reg.Config().Path, ClockOffsetMS: reg.ClockOffset().Milliseconds(),
+		Config: reg.Config().Path, ConfigSHA256: reg.Config().SHA256, ClockOffsetMS: reg.ClockOffset().Milliseconds(),
 		PruneIntervalMS: s.pruneEvery.Milliseconds()})
 }

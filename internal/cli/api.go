@@ -7,6 +7,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server/apiconv"
 	"github.com/berth-sh/berth/server/apiv1"
 )
 
@@ -45,7 +46,7 @@ type embedded struct {
 }
 
 func (e embedded) DriverRows(ctx context.Context) ([]apiv1.Driver, error) {
-	return apiv1.DriversOf(ctx, e.Registry, func(name string) bool {
+	return apiconv.DriversOf(ctx, e.Registry, func(name string) bool {
 		_, ok := inProcessDrivers()[name]
 		return ok && e.inProcess
 	})
@@ -56,7 +57,7 @@ func (e embedded) Explanation(_ context.Context, session string) (apiv1.Explanat
 	if err != nil {
 		return apiv1.Explanation{}, err
 	}
-	return apiv1.ExplanationOf(ex), nil
+	return apiconv.ExplanationOf(ex), nil
 }
 
 func (e embedded) Sessions(ctx context.Context) ([]apiv1.Session, error) {
@@ -66,7 +67,7 @@ func (e embedded) Sessions(ctx context.Context) ([]apiv1.Session, error) {
 	}
 	rows := make([]apiv1.Session, 0, len(list))
 	for _, s := range list {
-		rows = append(rows, apiv1.SessionOf(s)) // as GET /v1/sessions lists them
+		rows = append(rows, apiconv.SessionOf(s)) // as GET /v1/sessions lists them
 	}
 	return rows, nil
 }
@@ -76,12 +77,12 @@ func (e embedded) Pools(ctx context.Context) ([]apiv1.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	return apiv1.PoolsOf(list), nil // as GET /v1/pools lists them
+	return apiconv.PoolsOf(list), nil // as GET /v1/pools lists them
 }
 
 func (e embedded) JobStart(ctx context.Context, session string, req registry.JobStartRequest) (apiv1.Job, error) {
 	j, err := e.Registry.JobStart(ctx, session, req)
-	return apiv1.JobOf(j), err
+	return apiconv.JobOf(j), err
 }
 
 func (e embedded) Jobs(ctx context.Context, session string) ([]apiv1.Job, error) {
@@ -91,7 +92,7 @@ func (e embedded) Jobs(ctx context.Context, session string) ([]apiv1.Job, error)
 	}
 	out := make([]apiv1.Job, 0, len(jobs))
 	for _, j := range jobs {
-		out = append(out, apiv1.JobOf(j))
+		out = append(out, apiconv.JobOf(j))
 	}
 	return out, nil
 }

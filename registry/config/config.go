@@ -1,6 +1,8 @@
 package config
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -278,6 +280,11 @@ type Config struct {
 	// Path is the file the config came from, as given to Load or Parse; empty for
 	// Default.
 	Path string
+	// SHA256 is the SHA-256 of the source that Load or Parse read, 64 hex digits;
+	// empty for Default. berth serve's status says it, so that a client that finds
+	// the config file unchanged since the daemon read it knows the file is valid
+	// without parsing it (the thin berth front, internal/front).
+	SHA256 string
 	// StateDir is state_dir, an absolute path ("~/" expanded), or empty.
 	StateDir string
 	// AgentPath is agent_path, an absolute path, or empty (the berth binary).
@@ -512,6 +519,8 @@ func Parse(src []byte, filename string, opts ...Option) (*Config, error) {
 		return nil, &Error{Diagnostics: d.diags}
 	}
 	cfg.Path = filename
+	sum := sha256.Sum256(src)
+	cfg.SHA256 = hex.EncodeToString(sum[:])
 	cfg.KnownDrivers = slices.Sorted(slices.Values(d.known))
 	return cfg, nil
 }

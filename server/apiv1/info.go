@@ -1,10 +1,7 @@
 package apiv1
 
 import (
-	"context"
-
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/registry"
 )
 
 // Driver is one row of GET /v1/drivers and of berth drivers --json.
@@ -22,35 +19,6 @@ type Driver struct {
 	// local, berth-driver-NAME for docker, containerd and third-party drivers);
 	// empty in process or when it could not start.
 	Path string `json:"path,omitempty"`
-}
-
-// DriversOf starts (or reuses) every driver reg knows and describes each
-// (registry.Drivers), with the executable of each running plugin; inProcess says
-// which drivers reg runs in process. A driver that fails is a row whose Health says
-// why; the error is the store's.
-func DriversOf(ctx context.Context, reg *registry.Registry, inProcess func(name string) bool) ([]Driver, error) {
-	list, err := reg.Drivers(ctx)
-	if err != nil {
-		return nil, err
-	}
-	rows := make([]Driver, 0, len(list))
-	for _, d := range list {
-		row := Driver{Name: d.Name, Version: d.Info.Version, Protocol: d.Info.Protocol,
-			ProtocolVersions: d.Info.ProtocolVersions, Served: "plugin", Capabilities: d.Info.Capabilities, Health: "ok"}
-		if inProcess != nil && inProcess(d.Name) {
-			row.Served = "in-process"
-		}
-		if d.Err != nil {
-			row.Health = d.Err.Error()
-		} else if b, err := reg.Backend(ctx, d.Name); err == nil {
-			// The plugin is running already: this only reads its path.
-			if p, ok := b.(interface{ Path() string }); ok {
-				row.Path = p.Path()
-			}
-		}
-		rows = append(rows, row)
-	}
-	return rows, nil
 }
 
 // Explanation is the answer of GET /v1/config/explain and what berth config
@@ -78,21 +46,4 @@ type ExplainRetention struct {
 	IdleTTL    string `json:"idle_ttl,omitempty"`
 	IdleAction string `json:"idle_action,omitempty"`
 	MaxAge     string `json:"max_age,omitempty"`
-}
-
-// ExplanationOf converts a registry.Explanation into the API's shape.
-func ExplanationOf(ex registry.Explanation) Explanation {
-	out := Explanation{
-		Session: ex.Session, Rule: ex.Rule.Glob, RuleIndex: ex.RuleIndex, Position: ex.Position,
-		Driver: ex.Driver, Isolation: string(ex.Isolation), Sandbox: ex.Sandbox, SpecHash: ex.SpecHash,
-		Spec: ex.Spec, Retention: ExplainRetention{OnClose: string(ex.Rule.Retention.OnClose)},
-	}
-	if d := ex.Rule.Retention.IdleTTL; d > 0 {
-		out.Retention.IdleTTL = d.String()
-		out.Retention.IdleAction = string(ex.Rule.Retention.IdleAction)
-	}
-	if d := ex.Rule.Retention.MaxAge; d > 0 {
-		out.Retention.MaxAge = d.String()
-	}
-	return out
 }

@@ -2,8 +2,6 @@ package apiv1
 
 import (
 	"time"
-
-	"github.com/berth-sh/berth/registry"
 )
 
 // Pool is one rule's warm pool, as GET /v1/pools lists it; berth sessions --pool
@@ -44,18 +42,4 @@ type PoolMember struct {
 	Ready   time.Time `json:"ready,omitzero"`
 	// Session is the claiming session (state claiming).
 	Session string `json:"session,omitempty"`
-}
-
-// PoolsOf converts the registry's pools (registry.Pools) into the API's shape.
-func PoolsOf(list []registry.PoolStatus) []Pool {
-	out := make([]Pool, 0, len(list))
-	for _, p := range list {
-		row := Pool{Scope: p.Scope, Position: p.Position, Driver: p.Driver, Size: p.Size, MaxIdleMS: p.MaxIdle.Milliseconds(),
-			Ready: p.Ready, Creating: p.Creating, Claiming: p.Claiming, Draining: p.Draining, Members: make([]PoolMember, 0, len(p.Members))}
-		for _, m := range p.Members {
-			row.Members = append(row.Members, PoolMember{Sandbox: m.Sandbox, State: m.State, Created: m.Created, Ready: m.Ready, Session: m.Session})
-		}
-		out = append(out, row)
-	}
-	return out
 }

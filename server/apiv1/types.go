@@ -2,9 +2,6 @@ package apiv1
 
 import (
 	"time"
-
-	"github.com/berth-sh/berth/backends/agent"
-	"github.com/berth-sh/berth/registry"
 )
 
 // ExecRequest is the JSON body of POST /v1/sessions/{name}/exec. Exactly one of Argv
@@ -226,6 +223,10 @@ type Status struct {
 	// ClockOffsetMS is the offset at which the daemon judges retention
 	// (BERTH_CLOCK_OFFSET), in milliseconds; 0 for none.
 	ClockOffsetMS int64 `json:"clock_offset_ms"`
+	// ConfigSHA256 is the SHA-256 of the config file's bytes as the daemon read
+	// them (64 hex digits; "" for the built-in default): a client whose file hashes
+	// the same knows it is the one the daemon checked.
+	ConfigSHA256 string `json:"config_sha256,omitempty"`
 	// PruneIntervalMS is how often the daemon prunes (retention and reconcile,
 	// berth serve --prune-interval), in milliseconds; 0 when it does not.
 	PruneIntervalMS int64 `json:"prune_interval_ms"`
@@ -305,16 +306,6 @@ type ConfigCheck struct {
 	Failure string `json:"failure,omitempty"`
 }
 
-// SessionOf converts a registry row into the API's (and berth sessions --json's)
-// shape.
-func SessionOf(s registry.SessionInfo) Session {
-	return Session{
-		Session: s.Session, Driver: s.Driver, Sandbox: s.Sandbox, Scope: s.Scope, State: s.State,
-		Created: s.Created, LastUsed: s.LastUsed, Drift: s.Drift, DriftReason: s.DriftReason, Error: s.Error,
-		RemovedReason: s.RemovedReason, Pooled: s.Pooled,
-	}
-}
-
 // RecreateAnswer is the answer of POST /v1/sessions/{name}/recreate.
 type RecreateAnswer struct {
 	// Session is the session's name (NFC).
@@ -322,13 +313,6 @@ type RecreateAnswer struct {
 	// Removed says whether there was a sandbox to remove; the next exec creates a
 	// new one from the rule's current config.
 	Removed bool `json:"removed"`
-}
-
-// JobOf converts a job as the registry reports it into the API's (and berth job ls
-// --json's) shape.
-func JobOf(j agent.Job) Job {
-	return Job{ID: j.ID, Session: j.Session, Argv: j.Argv, PID: j.PID, Running: j.Running, ExitCode: j.ExitCode,
-		Signal: j.Signal, Started: j.Started, Ended: j.Ended, LogBytes: j.LogBytes, DroppedBytes: j.DroppedBytes}
 }
 
 // NDJSON is the media type of a streamed exec answer: one Event per line.
