@@ -6,6 +6,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/execrun"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/server/apiconv"
 	"github.com/berth-sh/berth/server/apiv1"
@@ -103,14 +104,14 @@ func (e embedded) Jobs(ctx context.Context, session string) ([]apiv1.Job, error)
 func (g *globals) api(ctx context.Context) (api, error) {
 	d, err := g.daemon(ctx)
 	if err != nil {
-		return nil, failure(err)
+		return nil, execrun.Failure(err)
 	}
 	if d != nil {
 		return d, nil
 	}
 	reg, err := g.open(ctx)
 	if err != nil {
-		return nil, failure(err)
+		return nil, execrun.Failure(err)
 	}
 	return embedded{Registry: reg, inProcess: g.inProcess}, nil
 }
@@ -123,5 +124,5 @@ func (g *globals) withAPI(ctx context.Context, f func(a api) error) error {
 		return err
 	}
 	defer a.Close()
-	return failure(f(a))
+	return execrun.Failure(f(a))
 }

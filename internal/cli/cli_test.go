@@ -611,13 +611,13 @@ func TestExecJSON(t *testing.T) {
 	t.Run("signal-and-timeout", func(t *testing.T) {
 		t.Parallel()
 		e := e.with(t)
-		var res execJSON
+		var res apiv1.ExecResult
 		r := e.run("exec", "--json", "--", "sh", "-c", "kill -KILL $$")
 		decodeOne(t, r, &res)
 		if r.code != 137 || res.ExitCode != 137 || res.Signal != 9 || res.TimedOut {
 			t.Errorf("SIGKILL: want exit 137, signal 9\n%v", r)
 		}
-		res = execJSON{}
+		res = apiv1.ExecResult{}
 		r = e.run("exec", "--json", "--timeout", "300ms", "--", "sh", "-c", "echo before; sleep 300")
 		decodeOne(t, r, &res)
 		if r.code != 124 || !res.TimedOut || res.Stdout != "before\n" {
@@ -630,7 +630,7 @@ func TestExecJSON(t *testing.T) {
 		e := e.with(t)
 		r := e.run("exec", "--json", "--max-output", "1000", "--", "sh", "-c",
 			`echo HEAD; head -c 1048576 /dev/zero | tr '\0' x; echo TAIL; printf 'small' >&2`)
-		var res execJSON
+		var res apiv1.ExecResult
 		decodeOne(t, r, &res)
 		if r.code != 0 {
 			t.Fatalf("want exit 0\n%v", r)
@@ -647,7 +647,7 @@ func TestExecJSON(t *testing.T) {
 		e := e.with(t)
 		r := e.run("exec", "--json", "--", "sh", "-c",
 			`head -c 2097152 /dev/zero | tr '\0' o; head -c 1572864 /dev/zero | tr '\0' e >&2`)
-		var res execJSON
+		var res apiv1.ExecResult
 		decodeOne(t, r, &res)
 		checkCapped(t, "stdout", res.Stdout, res.StdoutTruncatedBytes, strings.Repeat("o", 2<<20), 1<<20)
 		checkCapped(t, "stderr", res.Stderr, res.StderrTruncatedBytes, strings.Repeat("e", 3<<19), 1<<20)
@@ -659,7 +659,7 @@ func TestExecJSON(t *testing.T) {
 		// 200 bytes: every other one invalid, each replaced by the 3-byte U+FFFD.
 		r := e.run("exec", "--json", "--max-output", "100", "--", "sh", "-c",
 			`i=0; while [ $i -lt 100 ]; do printf '\377a'; i=$((i+1)); done`)
-		var res execJSON
+		var res apiv1.ExecResult
 		decodeOne(t, r, &res)
 		if len(res.Stdout) > 100 {
 			t.Errorf("stdout is %d bytes after replacing invalid UTF-8, over the cap of 100: %q", len(res.Stdout), res.Stdout)
@@ -682,7 +682,7 @@ func TestExecJSON(t *testing.T) {
 		// 1000 two-byte characters; odd cap, so a byte cut would split one.
 		r := e.run("exec", "--json", "--max-output", "101", "--", "sh", "-c",
 			`i=0; while [ $i -lt 1000 ]; do printf 'é'; i=$((i+1)); done`)
-		var res execJSON
+		var res apiv1.ExecResult
 		decodeOne(t, r, &res)
 		if len(res.Stdout) > 101 || strings.Contains(res.Stdout, "\uFFFD") || markerRE.FindStringIndex(res.Stdout) == nil {
 			t.Errorf("want at most 101 bytes of é and a marker, no replacement character: %q", res.Stdout)

@@ -10,6 +10,7 @@ import (
 	"sort"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/execrun"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/registry/config"
 	"github.com/berth-sh/berth/registry/config/hermes"
@@ -30,7 +31,7 @@ func newConfigCmd(g *globals) *cobra.Command {
 			}
 			path, explicit, err := config.ResolvePath(flag)
 			if err != nil {
-				return failure(err)
+				return execrun.Failure(err)
 			}
 			if _, err := os.Stat(path); err != nil && !explicit {
 				fmt.Fprintf(os.Stdout, "no config file at %s: every session runs on the local driver\n", path)
@@ -39,9 +40,9 @@ func newConfigCmd(g *globals) *cobra.Command {
 			// The daemon's own file goes through it: its checks are the daemon's
 			// (its environment, its user), what a SIGHUP would meet.
 			var chk apiv1.ConfigCheck
-			if d, derr := g.daemon(cmd.Context()); derr == nil && d != nil && sameConfig(d.status.Config, path) {
+			if d, derr := g.daemon(cmd.Context()); derr == nil && d != nil && sameConfig(d.Status.Config, path) {
 				if chk, err = d.configCheck(cmd.Context()); err != nil {
-					return failure(err)
+					return execrun.Failure(err)
 				}
 			} else {
 				chk = checkConfig(cmd.Context(), g, path)
@@ -140,7 +141,7 @@ func printConfigCheck(chk apiv1.ConfigCheck) error {
 		fmt.Fprintln(os.Stderr, chk.Warnings)
 	}
 	if !chk.OK {
-		return failure(errors.New(chk.Failure))
+		return execrun.Failure(errors.New(chk.Failure))
 	}
 	for _, n := range chk.Notes {
 		fmt.Fprintf(os.Stderr, "berth: note: %s\n", n)
@@ -163,15 +164,15 @@ func newConfigImportCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			src, err := os.ReadFile(config.ExpandHome(args[0]))
 			if err != nil {
-				return failure(fmt.Errorf("cannot read the hermes config: %w", err))
+				return execrun.Failure(fmt.Errorf("cannot read the hermes config: %w", err))
 			}
 			home, _ := os.UserHomeDir() // "" refuses a ~ volume with a message that says so
 			res, err := hermes.Import(src, args[0], hermes.Options{Glob: glob, Home: home})
 			if err != nil {
-				return failure(err)
+				return execrun.Failure(err)
 			}
 			if _, err := os.Stdout.Write(res.HCL); err != nil {
-				return failure(err)
+				return execrun.Failure(err)
 			}
 			for _, n := range res.Notes {
 				fmt.Fprintf(os.Stderr, "berth: note: %s (no equivalent in the berth config)\n", n)

@@ -18,6 +18,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/conformance"
+	"github.com/berth-sh/berth/internal/execrun"
 	"github.com/berth-sh/berth/internal/testimage"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/registry/config"
@@ -94,27 +95,27 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 	var junit *os.File
 	if f.junit != "" { // opened first, so a bad path fails before the run, not after
 		if junit, err = os.Create(f.junit); err != nil {
-			return usageError("--junit %s: %v", f.junit, err)
+			return execrun.Usage("--junit %s: %v", f.junit, err)
 		}
 		defer junit.Close()
 	}
 	reg, err := g.open(ctx)
 	if err != nil {
-		return failure(err)
+		return execrun.Failure(err)
 	}
 	defer reg.Close()
 	b, err := reg.Backend(ctx, f.driver)
 	if err != nil {
-		return failure(err)
+		return execrun.Failure(err)
 	}
 	tmp, err := os.MkdirTemp("", "berth-conformance-")
 	if err != nil {
-		return failure(err)
+		return execrun.Failure(err)
 	}
 	defer os.RemoveAll(tmp)
 	opts, err := conformanceOptions(ctx, g, f, reg, b, tmp)
 	if err != nil {
-		return failure(err)
+		return execrun.Failure(err)
 	}
 	rep := conformance.RunAll(ctx, b, opts, filter)
 	if junit != nil {
@@ -123,17 +124,17 @@ func runConformance(ctx context.Context, g *globals, f *conformanceFlags) error 
 			err = cerr
 		}
 		if err != nil {
-			return failure(fmt.Errorf("--junit %s: %w", f.junit, err))
+			return execrun.Failure(fmt.Errorf("--junit %s: %w", f.junit, err))
 		}
 	}
 	if err := printConformance(&rep, f.json); err != nil {
-		return failure(err)
+		return execrun.Failure(err)
 	}
 	if ctx.Err() != nil { // interrupted: never a success, whatever ran
-		return &exitError{code: 128 + int(syscall.SIGINT), err: fmt.Errorf("conformance run interrupted; the cases not run are reported as skipped")}
+		return &execrun.ExitError{Code: 128 + int(syscall.SIGINT), Err: fmt.Errorf("conformance run interrupted; the cases not run are reported as skipped")}
 	}
 	if !rep.OK() {
-		return exitCode(1)
+		return execrun.ExitCode(1)
 	}
 	return nil
 }
@@ -144,12 +145,12 @@ func conformanceFilter(f *conformanceFlags) (conformance.Filter, error) {
 	var err error
 	if f.run != "" {
 		if filter.Run, err = regexp.Compile(f.run); err != nil {
-			return filter, usageError("--run %q: %v", f.run, err)
+			return filter, execrun.Usage("--run %q: %v", f.run, err)
 		}
 	}
 	if f.skip != "" {
 		if filter.Skip, err = regexp.Compile(f.skip); err != nil {
-			return filter, usageError("--skip %q: %v", f.skip, err)
+			return filter, execrun.Usage("--skip %q: %v", f.skip, err)
 		}
 	}
 	return filter, nil
@@ -176,33 +177,33 @@ func listConformance(filter conformance.Filter) error {
 func conformanceTarget(ctx context.Context, g *globals, f *conformanceFlags, filter conformance.Filter) error {
 	if f.plugin != "" {
 		if g.inProcess {
-			return usageError("--plugin and --in-process exclude each other: a plugin always runs out of process")
+			return execrun.Usage("--plugin and --in-process exclude each other: a plugin always runs out of process")
 		}
 		abs, err := filepath.Abs(f.plugin)
 		if err != nil {
-			return usageError("--plugin %s: %v", f.plugin, err)
+			return execrun.Usage("--plugin %s: %v", f.plugin, err)
 		}
 		desc, err := backends.Describe(ctx, abs)
 		if err != nil {
-			return usageError("--plugin: %v", err)
+			return execrun.Usage("--plugin: %v", err)
 		}
 		if f.driver != "" && f.driver != desc.Name {
-			return usageError("--driver %s and --plugin %s disagree: the plugin serves driver %q; drop --driver", f.driver, f.plugin, desc.Name)
+			return execrun.Usage("--driver %s and --plugin %s disagree: the plugin serves driver %q; drop --driver", f.driver, f.plugin, desc.Name)
 		}
 		if _, builtin := backends.LookupBuiltin(desc.Name); builtin {
-			return usageError("--plugin %s serves driver %q, which ships with berth; test it with --driver %s, or give the plugin a name of its own", f.plugin, desc.Name, desc.Name)
+			return execrun.Usage("--plugin %s serves driver %q, which ships with berth; test it with --driver %s, or give the plugin a name of its own", f.plugin, desc.Name, desc.Name)
 		}
 		f.driver = desc.Name
 		g.plugins = map[string]string{desc.Name: abs}
 	}
 	if f.driver == "" {
-		return usageError("--driver or --plugin is required: name the driver to test, e.g. --driver local (see 'berth drivers'), or give a plugin executable, e.g. --plugin ./berth-driver-NAME")
+		return execrun.Usage("--driver or --plugin is required: name the driver to test, e.g. --driver local (see 'berth drivers'), or give a plugin executable, e.g. --plugin ./berth-driver-NAME")
 	}
 	if _, compiled := inProcessDrivers()[f.driver]; g.inProcess && !compiled {
-		return usageError("--in-process: the %s driver is not compiled into berth, only local is (docker and containerd are their own executables, berth-driver-docker and berth-driver-containerd; other drivers are plugins): drop --in-process to test it through its plugin", f.driver)
+		return execrun.Usage("--in-process: the %s driver is not compiled into berth, only local is (docker and containerd are their own executables, berth-driver-docker and berth-driver-containerd; other drivers are plugins): drop --in-process to test it through its plugin", f.driver)
 	}
 	if len(conformance.List(filter)) == 0 {
-		return usageError("no conformance case matches --run %q --skip %q; see 'berth conformance --list'", f.run, f.skip)
+		return execrun.Usage("no conformance case matches --run %q --skip %q; see 'berth conformance --list'", f.run, f.skip)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/execrun"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/registry/config"
 )
@@ -59,19 +60,19 @@ ways, so a sparse file stays sparse (a sparse file counts at its full size).`,
 			up, down := strings.HasPrefix(dst, ":"), strings.HasPrefix(src, ":")
 			switch {
 			case up == down:
-				return usageError("mark exactly one side as the sandbox's with a leading colon: berth cp SRC :DEST (upload) or berth cp :SRC DEST (download)")
+				return execrun.Usage("mark exactly one side as the sandbox's with a leading colon: berth cp SRC :DEST (upload) or berth cp :SRC DEST (download)")
 			case up && dst == ":" || down && src == ":":
-				return usageError("the sandbox path after the colon is empty")
+				return execrun.Usage("the sandbox path after the colon is empty")
 			}
 			limit, err := parseMaxSize(maxSize)
 			if err != nil && !up {
-				return usageError("--max-size: %v", err)
+				return execrun.Usage("--max-size: %v", err)
 			}
 			// Through a running berth serve when one answers (daemon.go); the download
 			// is still extracted here, as the user who runs berth cp.
 			d, err := g.daemon(cmd.Context())
 			if err != nil {
-				return failure(err)
+				return execrun.Failure(err)
 			}
 			switch {
 			case d != nil && up:
@@ -109,7 +110,7 @@ func upload(cmd *cobra.Command, g *globals, session, src, dst string) error {
 // returns the sandbox directory to extract into and the name the copy gets there.
 func uploadTarget(src, dst string) (dir, name string, err error) {
 	if _, err := os.Lstat(src); err != nil {
-		return "", "", usageError("source %s: %v", src, err)
+		return "", "", execrun.Usage("source %s: %v", src, err)
 	}
 	dir, name = path.Dir(dst), path.Base(dst)
 	if strings.HasSuffix(dst, "/") {
@@ -156,7 +157,7 @@ func downloadTarget(src, dst string, archive bool, limit int64) (string, agent.E
 		dir, opts.Name = filepath.Dir(dst), filepath.Base(dst)
 	}
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		return "", opts, usageError("destination directory %s does not exist; create it first", dir)
+		return "", opts, execrun.Usage("destination directory %s does not exist; create it first", dir)
 	}
 	return dir, opts, nil
 }

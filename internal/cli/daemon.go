@@ -9,25 +9,20 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/berth-sh/berth/internal/apiclient"
 	"github.com/berth-sh/berth/internal/phase"
 	"github.com/berth-sh/berth/registry/config"
-	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // The environment that points berth's CLI at a daemon, or away from one.
@@ -48,20 +43,15 @@ const (
 // connections but does not answer is an error, never a hang.
 const statusTimeout = 10 * time.Second
 
-// daemonClient is the CLI's one client of a running berth serve: the api methods
-// (daemon_api.go), the files routes (daemoncopy.go) and the TTY WebSocket
-// (daemonshell.go) all go through its http.Client (for a unix socket, one whose
-// transport dials the socket; no Timeout, which would cut long copies and shells),
-// with its bearer token.
+// daemonClient is the CLI's one client of a running berth serve (an
+// apiclient.Client): the api methods (daemon_api.go), the files routes
+// (daemoncopy.go) and the TTY WebSocket (daemonshell.go) all go through it.
 type daemonClient struct {
-	// where is what the user is told: unix:///PATH or the URL.
-	where  string
-	base   string // URL prefix of every call: http://berth or the URL
-	client *http.Client
-	token  string
-	// status is what the daemon said of itself at detection.
-	status apiv1.Status
+	*apiclient.Client
 }
+
+// unixClient is the client over the unix socket at path (apiclient.Unix).
+func unixClient(path string) *daemonClient { return &daemonClient{apiclient.Unix(path)} }
 
 // noDaemon reports why this command runs embedded whatever runs: --no-daemon,
 // BERTH_NO_DAEMON, or a flag that changes how drivers are run in this process
@@ -114,7 +104,7 @@ func (g *globals) daemon(ctx context.Context) (*daemonClient, error) {
 	}
 	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
-	if err := d.get(sctx, "/v1/status", &d.status); err != nil {
+	if err := d.Get(sctx, "/v1/status", &d.Status); err != nil {
 		var refused bool
 		if host == "" {
 			refused = errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)
@@ -126,7 +116,7 @@ func (g *globals) daemon(ctx context.Context) (*daemonClient, error) {
 		if host == "" {
 			fix = "stop it, or use --no-daemon to run embedded"
 		}
-		return nil, fmt.Errorf("berth serve at %s does not answer its status call: %v; %s", d.where, err, fix)
+		return nil, fmt.Errorf("berth serve at %s does not answer its status call: %v; %s", d.Where, err, fix)
 	}
 	if err := d.matches(want, host != ""); err != nil {
 		return nil, err
@@ -177,7 +167,7 @@ func (g *globals) wantedIdentity() (identity, error) {
 // command's. With BERTH_HOST (explicit), only what the command sets itself (a flag
 // or its variable) must match: the daemon may be another machine's.
 func (d *daemonClient) matches(want identity, explicit bool) error {
-	st := d.status
+	st := d.Status
 	var diffs []string
 	if (!explicit || want.explicitState) && filepath.Clean(st.StateDir) != want.StateDir {
 		diffs = append(diffs, fmt.Sprintf("state dir %s (this command: %s; --state-dir or %s)", st.StateDir, want.StateDir, config.EnvStateDir))
@@ -192,7 +182,7 @@ func (d *daemonClient) matches(want identity, explicit bool) error {
 		return nil
 	}
 	return fmt.Errorf("berth serve at %s (pid %d) runs with %s; refusing to mix them: run this command with the daemon's settings, or with --no-daemon (or %s=1) to run it embedded",
-		d.where, st.PID, strings.Join(diffs, ", and "), envNoDaemon)
+		d.Where, st.PID, strings.Join(diffs, ", and "), envNoDaemon)
 }
 
 func orBuiltin(p string) string {
@@ -200,80 +190,6 @@ func orBuiltin(p string) string {
 		return "(none: the built-in default)"
 	}
 	return p
-}
-
-// unixClient is a client over the unix socket at path; a path longer than a socket
-// address holds is dialled through its directory's descriptor, as serve binds it.
-func unixClient(path string) *daemonClient {
-	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var dl net.Dialer
-		if len(path) <= maxSocketPath {
-			return dl.DialContext(ctx, "unix", path)
-		}
-		dir, err := os.OpenFile(filepath.Dir(path), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, err
-		}
-		defer dir.Close()
-		return dl.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path)))
-	}
-	return &daemonClient{where: "unix://" + path, base: "http://berth",
-		client: &http.Client{Transport: &http.Transport{DialContext: watched(dial), DisableCompression: true, MaxIdleConnsPerHost: 4}}}
-}
-
-// watchedConn is a connection that tells, once, when the transport closes it: a
-// streamed exec's request body (an io.Pipe that berth writes while the call runs)
-// must then end, or net/http's transport would wait for it forever before it
-// reports the broken connection (its write loop is reading the body).
-type watchedConn struct {
-	net.Conn
-	mu      sync.Mutex
-	closed  bool
-	onClose func()
-}
-
-// watch sets f to be called when c is closed (at once if it is); nil clears it.
-func (c *watchedConn) watch(f func()) {
-	c.mu.Lock()
-	closed := c.closed
-	if !closed {
-		c.onClose = f
-	}
-	c.mu.Unlock()
-	if closed && f != nil {
-		f()
-	}
-}
-
-func (c *watchedConn) Close() error {
-	c.mu.Lock()
-	f := c.onClose
-	c.closed, c.onClose = true, nil
-	c.mu.Unlock()
-	if f != nil {
-		f()
-	}
-	return c.Conn.Close()
-}
-
-// watched wraps a dial function so that its connections are watchedConns.
-func watched(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &watchedConn{Conn: c}, nil
-	}
-}
-
-// watchedOf returns the watchedConn under c (a TLS connection's too), or nil.
-func watchedOf(c net.Conn) *watchedConn {
-	if tc, ok := c.(*tls.Conn); ok {
-		c = tc.NetConn()
-	}
-	wc, _ := c.(*watchedConn)
-	return wc
 }
 
 // dialHost is the client of BERTH_HOST: unix:///PATH, https://HOST:PORT (with
@@ -308,7 +224,7 @@ func dialHost(host string) (*daemonClient, error) {
 		return nil, err
 	}
 	var dl net.Dialer
-	tr := &http.Transport{DialContext: watched(dl.DialContext), DisableCompression: true, MaxIdleConnsPerHost: 4, Proxy: nil}
+	tr := &http.Transport{DialContext: apiclient.Watched(dl.DialContext), DisableCompression: true, MaxIdleConnsPerHost: 4, Proxy: nil}
 	if ca := os.Getenv(envTLSCA); ca != "" {
 		pem, err := os.ReadFile(ca)
 		if err != nil {
@@ -320,101 +236,5 @@ func dialHost(host string) (*daemonClient, error) {
 		}
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
-	return &daemonClient{where: u.Scheme + "://" + u.Host, base: u.Scheme + "://" + u.Host, client: &http.Client{Transport: tr}, token: tok}, nil
-}
-
-// apiError is an error answer of the daemon: its message is what embedded berth
-// would print for the same error.
-type apiError struct {
-	status int
-	info   apiv1.ErrorInfo
-}
-
-func (e *apiError) Error() string { return e.info.Message }
-
-// request makes a request of the daemon. body, when not nil, is sent as JSON
-// (an io.Reader is sent as it is, with contentType). Errors: an *apiError for an
-// error answer (the body is closed), else the transport's error saying that the
-// daemon went away.
-func (d *daemonClient) request(ctx context.Context, method, path string, body any, contentType, accept string) (*http.Response, error) {
-	var rd io.Reader
-	switch b := body.(type) {
-	case nil:
-	case io.Reader:
-		rd = b
-	default:
-		data, err := json.Marshal(b)
-		if err != nil {
-			return nil, err
-		}
-		rd = strings.NewReader(string(data))
-		contentType = "application/json"
-	}
-	req, err := http.NewRequestWithContext(ctx, method, d.base+path, rd)
-	if err != nil {
-		return nil, err
-	}
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
-	}
-	if accept != "" {
-		req.Header.Set("Accept", accept)
-	}
-	if d.token != "" {
-		req.Header.Set("Authorization", "Bearer "+d.token)
-	}
-	resp, err := d.client.Do(req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, d.gone(err)
-	}
-	if resp.StatusCode >= 300 {
-		defer resp.Body.Close()
-		return nil, answerError(resp, d.where)
-	}
-	return resp, nil
-}
-
-// gone wraps a transport error: the daemon stopped or broke the connection.
-func (d *daemonClient) gone(err error) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		err = ue.Err
-	}
-	return fmt.Errorf("berth serve at %s went away during the call (%w); it may have stopped: run the command again (embedded when no daemon runs), or with --no-daemon", d.where, err)
-}
-
-// call makes a request with a JSON body (nil for none) and decodes a JSON answer
-// into out (nil: the answer is dropped).
-func (d *daemonClient) call(ctx context.Context, method, path string, in, out any) error {
-	resp, err := d.request(ctx, method, path, in, "", "")
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if out == nil {
-		io.Copy(io.Discard, resp.Body)
-		return nil
-	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return d.gone(fmt.Errorf("reading the answer: %w", err))
-	}
-	return nil
-}
-
-// get is call for a GET.
-func (d *daemonClient) get(ctx context.Context, path string, out any) error {
-	return d.call(ctx, http.MethodGet, path, nil, out)
-}
-
-// sessionPath is the API path of session's operation op ("" for the session itself):
-// the name is one percent-encoded path segment.
-func sessionPath(session, op string) string {
-	p := "/v1/sessions/" + url.PathEscape(session)
-	if op != "" {
-		p += "/" + op
-	}
-	return p
+	return &daemonClient{&apiclient.Client{Where: u.Scheme + "://" + u.Host, Base: u.Scheme + "://" + u.Host, HTTP: &http.Client{Transport: tr}, Token: tok}}, nil
 }

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/apiclient"
+	"github.com/berth-sh/berth/internal/execrun"
 	"github.com/berth-sh/berth/server/apiv1"
 )
 
@@ -21,27 +22,11 @@ import (
 // sessionURL returns the URL of session's route tail ("archive", "tty") with the
 // query q: the name is one percent-encoded path segment.
 func (d *daemonClient) sessionURL(session, tail string, q url.Values) string {
-	u := strings.TrimSuffix(d.base, "/") + sessionPath(session, tail)
+	u := strings.TrimSuffix(d.Base, "/") + apiclient.SessionPath(session, tail)
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
 	return u
-}
-
-// answerError turns an error answer of the daemon into an error with its message (the
-// message that berth's embedded call would give); an answer that is no ErrorBody is
-// described by its status and its first bytes, naming the daemon's address where
-// when it is known.
-func answerError(resp *http.Response, where string) error {
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	var eb apiv1.ErrorBody
-	if json.Unmarshal(b, &eb) == nil && eb.Error.Message != "" {
-		return &apiError{status: resp.StatusCode, info: eb.Error}
-	}
-	if where != "" {
-		return fmt.Errorf("berth serve at %s answered %s: %.200s", where, resp.Status, b)
-	}
-	return fmt.Errorf("berth serve answered %s: %.200q", resp.Status, b)
 }
 
 // upload copies the host path src to dst in session's sandbox through the daemon
@@ -56,7 +41,7 @@ func (d *daemonClient) upload(ctx context.Context, session, src, dst string) err
 	defer pr.CloseWithError(io.ErrClosedPipe)
 	// No max_size: berth cp's uploads have no bound, as embedded ones.
 	q := url.Values{"path": {dir}, "max_size": {"unlimited"}}
-	resp, err := d.request(ctx, http.MethodPut, sessionPath(session, "archive")+"?"+q.Encode(), pr, apiv1.TarType, "")
+	resp, err := d.Request(ctx, http.MethodPut, apiclient.SessionPath(session, "archive")+"?"+q.Encode(), pr, apiv1.TarType, "")
 	if err != nil {
 		return err
 	}
@@ -73,7 +58,7 @@ func (d *daemonClient) download(ctx context.Context, session, src, dst string, a
 		return err
 	}
 	return extractCopy(dir, opts, func(w io.Writer) error {
-		resp, err := d.request(ctx, http.MethodGet, sessionPath(session, "archive")+"?"+url.Values{"path": {src}}.Encode(), nil, "", "")
+		resp, err := d.Request(ctx, http.MethodGet, apiclient.SessionPath(session, "archive")+"?"+url.Values{"path": {src}}.Encode(), nil, "", "")
 		if err != nil {
 			return err
 		}
@@ -91,7 +76,7 @@ func (d *daemonClient) download(ctx context.Context, session, src, dst string, a
 // messages and exit codes (errors are failures, exit 125) as embedded.
 func copyDaemon(ctx context.Context, d *daemonClient, session, src, dst string, up, archive bool, limit int64) error {
 	if up {
-		return failure(d.upload(ctx, session, src, dst))
+		return execrun.Failure(d.upload(ctx, session, src, dst))
 	}
-	return failure(d.download(ctx, session, src, dst, archive, limit))
+	return execrun.Failure(d.download(ctx, session, src, dst, archive, limit))
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
+	"github.com/berth-sh/berth/internal/execrun"
 	"github.com/berth-sh/berth/local"
 	"github.com/spf13/cobra"
 )
@@ -114,9 +115,9 @@ func newDriverCmd(g *globals) *cobra.Command {
 			mk := inProcessDrivers()[args[0]]
 			if mk == nil {
 				if b, ok := backends.LookupBuiltin(args[0]); ok && b.Executable != "" {
-					return usageError("the %s driver is not compiled into berth: it is served by its own executable, %s (build it with CGO_ENABLED=0 go build -o DIR/ ./cmd/%s and put it beside berth)", b.Name, b.Executable, b.Executable)
+					return execrun.Usage("the %s driver is not compiled into berth: it is served by its own executable, %s (build it with CGO_ENABLED=0 go build -o DIR/ ./cmd/%s and put it beside berth)", b.Name, b.Executable, b.Executable)
 				}
-				return usageError("no driver %q is compiled into berth (only %s)", args[0], local.Name)
+				return execrun.Usage("no driver %q is compiled into berth (only %s)", args[0], local.Name)
 			}
 			// nil: go-hclog JSON on stderr at the level the host asked for.
 			backends.Serve(mk(), nil)

@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/execrun"
 	"github.com/berth-sh/berth/registry"
 	"github.com/spf13/cobra"
 )
@@ -28,7 +29,7 @@ the references it holds, one a line. FILE "-" reads the archive from stdin.`,
 			if args[0] != "-" {
 				f, err := os.Open(args[0])
 				if err != nil {
-					return usageError("image archive %s: %v", args[0], err)
+					return execrun.Usage("image archive %s: %v", args[0], err)
 				}
 				defer f.Close()
 				r = f

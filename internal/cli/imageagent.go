@@ -8,6 +8,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/execrun"
 	"github.com/berth-sh/berth/internal/imagearchive"
 	"github.com/spf13/cobra"
 )
@@ -38,22 +39,22 @@ your registry's name (see docs/kubernetes.md).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if out == "" {
-				return usageError("berth image agent: say where to write the archive with -o FILE (- for stdout)")
+				return execrun.Usage("berth image agent: say where to write the archive with -o FILE (- for stdout)")
 			}
 			exe, err := g.self()
 			if err != nil {
-				return failure(err)
+				return execrun.Failure(err)
 			}
 			static, err := agent.IsStatic(exe)
 			if err != nil {
-				return failure(err)
+				return execrun.Failure(err)
 			}
 			if !static {
-				return usageError("%s is dynamically linked and cannot run in a container's own filesystem; build a static berth with `CGO_ENABLED=0 go build -o berth ./cmd/berth` and run that one's image agent", exe)
+				return execrun.Usage("%s is dynamically linked and cannot run in a container's own filesystem; build a static berth with `CGO_ENABLED=0 go build -o berth ./cmd/berth` and run that one's image agent", exe)
 			}
 			bin, err := os.ReadFile(exe)
 			if err != nil {
-				return failure(err)
+				return execrun.Failure(err)
 			}
 			if ref == "" {
 				sum := sha256.Sum256(bin)
@@ -61,22 +62,22 @@ your registry's name (see docs/kubernetes.md).`,
 			}
 			a, err := agentImage(ref, bin)
 			if err != nil {
-				return usageError("berth image agent --ref %s: %v", ref, err)
+				return execrun.Usage("berth image agent --ref %s: %v", ref, err)
 			}
 			if out == "-" {
 				if _, err := cmd.OutOrStdout().Write(a); err != nil {
-					return failure(err)
+					return execrun.Failure(err)
 				}
 				fmt.Fprintln(cmd.ErrOrStderr(), ref)
 				return nil
 			}
 			tmp := out + ".tmp"
 			if err := os.WriteFile(tmp, a, 0o644); err != nil {
-				return failure(fmt.Errorf("writing the agent image: %w", err))
+				return execrun.Failure(fmt.Errorf("writing the agent image: %w", err))
 			}
 			if err := os.Rename(tmp, out); err != nil {
 				os.Remove(tmp)
-				return failure(fmt.Errorf("writing the agent image: %w", err))
+				return execrun.Failure(fmt.Errorf("writing the agent image: %w", err))
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), ref)
 			return nil

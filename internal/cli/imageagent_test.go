@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/berth-sh/berth/internal/execrun"
 )
 
 // readArchive returns the contents of the members of the tar data by name.
@@ -103,8 +105,8 @@ func TestImageAgent(t *testing.T) {
 		{"image", "agent"},
 	} {
 		r := e.run(args...)
-		if r.code != exitInternal || !strings.Contains(r.stderr, "berth image agent") {
-			t.Errorf("berth %v: exit %d, stderr %q; want a usage error (exit %d)", args, r.code, r.stderr, exitInternal)
+		if r.code != execrun.ExitInternal || !strings.Contains(r.stderr, "berth image agent") {
+			t.Errorf("berth %v: exit %d, stderr %q; want a usage error (exit %d)", args, r.code, r.stderr, execrun.ExitInternal)
 		}
 	}
 	if _, err := os.Stat(filepath.Join(e.dir, "bad.tar")); !os.IsNotExist(err) {

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/internal/execrun"
 	"github.com/berth-sh/berth/internal/sigstart"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/server/apiv1"
@@ -37,19 +38,19 @@ or the sandbox stops. The host reads that output only through the agent.`,
 		Example: `  berth job start -s chat:1 -- sh -c 'while :; do date; sleep 1; done'
   berth job start -s chat:1 --shell 'make test > test.log 2>&1'`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkEnvFlags(env); err != nil {
+			if err := execrun.CheckEnv(env); err != nil {
 				return err
 			}
 			argv := args
 			switch {
 			case cmd.Flags().Changed("shell") && len(args) > 0:
-				return usageError("--shell takes the whole command as its value; drop the arguments after it (%q)", args)
+				return execrun.Usage("--shell takes the whole command as its value; drop the arguments after it (%q)", args)
 			case cmd.Flags().Changed("shell") && strings.TrimSpace(shellCmd) == "":
-				return usageError("--shell: empty command")
+				return execrun.Usage("--shell: empty command")
 			case cmd.Flags().Changed("shell"):
 				argv = []string{"/bin/sh", "-c", shellCmd}
 			case len(args) == 0:
-				return usageError("no command: give one after -- (berth job start -- CMD [ARG...]) or use --shell 'COMMAND'")
+				return execrun.Usage("no command: give one after -- (berth job start -- CMD [ARG...]) or use --shell 'COMMAND'")
 			}
 			return g.withAPI(cmd.Context(), func(a api) error {
 				j, err := a.JobStart(cmd.Context(), session, registry.JobStartRequest{Argv: argv, Env: env, Dir: workdir})
@@ -125,7 +126,7 @@ or the sandbox stops. The host reads that output only through the agent.`,
 				}
 			}()
 			if offset < 0 {
-				return usageError("--offset %d: want a byte offset, 0 or more", offset)
+				return execrun.Usage("--offset %d: want a byte offset, 0 or more", offset)
 			}
 			var res agent.JobLogsEnd
 			err := g.withAPI(ctx, func(a api) error {
@@ -135,17 +136,17 @@ or the sandbox stops. The host reads that output only through the agent.`,
 			})
 			select {
 			case s := <-got: // interrupted while following: the job runs on
-				return exitCode(128 + int(s.(syscall.Signal)))
+				return execrun.ExitCode(128 + int(s.(syscall.Signal)))
 			default:
 			}
 			if err != nil {
 				return err
 			}
 			if follow && res.Signal != 0 {
-				return exitCode(128 + res.Signal)
+				return execrun.ExitCode(128 + res.Signal)
 			}
 			if follow && res.ExitCode != 0 {
-				return exitCode(res.ExitCode)
+				return execrun.ExitCode(res.ExitCode)
 			}
 			return nil
 		},

@@ -13,6 +13,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/berth-sh/berth/internal/apiclient"
+	"github.com/berth-sh/berth/internal/execrun"
 	"github.com/berth-sh/berth/registry"
 	"github.com/spf13/cobra"
 )
@@ -51,7 +53,7 @@ id, left behind by a lost state dir.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("watch") && f.watch <= 0 {
-				return usageError("--watch %v: the interval must be positive, e.g. --watch 10m", f.watch)
+				return execrun.Usage("--watch %v: the interval must be positive, e.g. --watch 10m", f.watch)
 			}
 			return runPrune(cmd.Context(), g, f)
 		},
@@ -75,13 +77,13 @@ func runPrune(ctx context.Context, g *globals, f *pruneFlags) error {
 	if f.watch <= 0 {
 		rep, err := reg.Prune(ctx, opts)
 		if err != nil {
-			return failure(err)
+			return execrun.Failure(err)
 		}
 		if err := printPrune(os.Stdout, rep, f, false); err != nil {
-			return failure(err)
+			return execrun.Failure(err)
 		}
 		if rep.Failed() {
-			return exitCode(1)
+			return execrun.ExitCode(1)
 		}
 		return nil
 	}
@@ -97,7 +99,7 @@ func runPrune(ctx context.Context, g *globals, f *pruneFlags) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		var answered *apiError
+		var answered *apiclient.APIError
 		switch {
 		case err != nil && isDaemon(reg) && !errors.As(err, &answered):
 			// The daemon went away (stopped, restarted): the rounds go on with
@@ -119,7 +121,7 @@ func runPrune(ctx context.Context, g *globals, f *pruneFlags) error {
 			fmt.Fprintf(os.Stderr, "berth: prune: %v\n", err)
 		default:
 			if err := printPrune(os.Stdout, rep, f, true); err != nil {
-				return failure(err)
+				return execrun.Failure(err)
 			}
 		}
 		select {
@@ -137,11 +139,11 @@ func isDaemon(a api) bool { _, ok := a.(*daemonClient); return ok }
 // and end when --watch does; the daemon's go on.
 func watchNote(d *daemonClient, every time.Duration) {
 	own := "prunes on its own"
-	if ms := d.status.PruneIntervalMS; ms > 0 {
+	if ms := d.Status.PruneIntervalMS; ms > 0 {
 		own = fmt.Sprintf("already prunes every %v on its own", time.Duration(ms)*time.Millisecond)
 	}
 	fmt.Fprintf(os.Stderr, "berth: note: berth serve at %s (pid %d) %s; --watch adds a round through it every %v and prints its report (the daemon's rounds go on when this stops)\n",
-		d.where, d.status.PID, own, every)
+		d.Where, d.Status.PID, own, every)
 }
 
 // printPrune writes a report: JSON (compact with --watch), or a table of the

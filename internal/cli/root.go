@@ -2,13 +2,13 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"sync"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/execrun"
 	"github.com/berth-sh/berth/internal/phase"
 	"github.com/berth-sh/berth/internal/sigstart"
 	"github.com/berth-sh/berth/local"
@@ -20,12 +20,6 @@ import (
 // version is set at build time with
 // -ldflags "-X github.com/berth-sh/berth/internal/cli.version=...".
 var version = "0.1.0-dev"
-
-// Exit codes of berth itself; every other code is the command's.
-const (
-	exitTimeout  = 124 // the exec timed out (as timeout(1))
-	exitInternal = 125 // berth itself failed or was used wrongly
-)
 
 // envTrace, when set, makes berth print when it reached each phase of its work to
 // stderr at the end ("phase NAME UNIX-NANOS" lines; see internal/phase): a
@@ -105,21 +99,6 @@ func (g *globals) self() (string, error) {
 	return exe, nil
 }
 
-// exitError carries an exit code out of a command. err, when set, is printed.
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e *exitError) Error() string {
-	if e.err == nil {
-		return fmt.Sprintf("exit %d", e.code)
-	}
-	return e.err.Error()
-}
-
-func exitCode(code int) error { return &exitError{code: code} }
-
 func run(args []string, opts ...Option) int {
 	g := &globals{log: &logSink{}, args: args}
 	for _, o := range opts {
@@ -128,19 +107,7 @@ func run(args []string, opts ...Option) int {
 	defer g.log.Close()
 	root := newRoot(g)
 	root.SetArgs(args)
-	err := root.Execute()
-	if err == nil {
-		return 0
-	}
-	var ee *exitError
-	if errors.As(err, &ee) {
-		if ee.err != nil {
-			fmt.Fprintf(os.Stderr, "berth: %v\n", ee.err)
-		}
-		return ee.code
-	}
-	fmt.Fprintf(os.Stderr, "berth: %v\n", err)
-	return exitInternal
+	return execrun.Report(root.Execute())
 }
 
 func newRoot(g *globals) *cobra.Command {
@@ -162,7 +129,7 @@ Without a config file every session runs on the local driver.`,
 		},
 	}
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		return &exitError{code: exitInternal, err: fmt.Errorf("%v (see '%s --help')", err, c.CommandPath())}
+		return &execrun.ExitError{Code: execrun.ExitInternal, Err: fmt.Errorf("%v (see '%s --help')", err, c.CommandPath())}
 	})
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.configPath, "config", "", "config file (default $BERTH_CONFIG, then $XDG_CONFIG_HOME/berth/config.hcl)")
@@ -185,10 +152,10 @@ Without a config file every session runs on the local driver.`,
 func (g *globals) withRegistry(ctx context.Context, f func(reg *registry.Registry) error) error {
 	reg, err := g.open(ctx)
 	if err != nil {
-		return failure(err)
+		return execrun.Failure(err)
 	}
 	defer reg.Close()
-	return failure(f(reg))
+	return execrun.Failure(f(reg))
 }
 
 // query calls f on the api (the daemon, else an embedded registry); errors are
@@ -290,34 +257,17 @@ func takesSignals(c *cobra.Command) *cobra.Command {
 
 func handlesSignals(c *cobra.Command) bool { return c.Annotations[signalsAnnotation] == "take" }
 
-// usageError wraps err as a berth failure (exit 125).
-func usageError(format string, args ...any) error {
-	return &exitError{code: exitInternal, err: fmt.Errorf(format, args...)}
-}
-
-// failure wraps err as a berth failure (exit 125).
-func failure(err error) error {
-	if err == nil {
-		return nil
-	}
-	var ee *exitError
-	if errors.As(err, &ee) {
-		return err
-	}
-	return &exitError{code: exitInternal, err: err}
-}
-
 // group makes c a command that only groups subcommands: an unknown or missing
 // subcommand is a usage error (exit 125), not a help text with exit 0.
 func group(c *cobra.Command) *cobra.Command {
 	c.Args = func(cmd *cobra.Command, args []string) error {
 		if len(args) > 0 {
-			return usageError("unknown command %q for %q; see '%s --help'", args[0], cmd.CommandPath(), cmd.CommandPath())
+			return execrun.Usage("unknown command %q for %q; see '%s --help'", args[0], cmd.CommandPath(), cmd.CommandPath())
 		}
 		return nil
 	}
 	c.RunE = func(cmd *cobra.Command, args []string) error {
-		return usageError("%s needs a subcommand; see '%s --help'", cmd.CommandPath(), cmd.CommandPath())
+		return execrun.Usage("%s needs a subcommand; see '%s --help'", cmd.CommandPath(), cmd.CommandPath())
 	}
 	return c
 }

@@ -20,6 +20,8 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-sh/berth/internal/apiclient"
+	"github.com/berth-sh/berth/internal/execrun"
 	"github.com/berth-sh/berth/internal/flock"
 	"github.com/berth-sh/berth/internal/sigstart"
 	"github.com/berth-sh/berth/registry"
@@ -90,10 +92,6 @@ const (
 	serveSocket = "berth.sock"
 	serveLock   = "serve.lock"
 )
-
-// maxSocketPath is the longest path a unix socket address holds (sun_path less its
-// NUL).
-const maxSocketPath = 107
 
 // minTokenBytes is the shortest bearer token berth serve accepts.
 const minTokenBytes = 16
@@ -180,22 +178,22 @@ func parseListen(s, stateDir string) (listenAddr, error) {
 	}
 	u, err := url.Parse(s)
 	if err != nil {
-		return listenAddr{}, usageError("--listen %q: %v; use unix:///PATH or tcp://HOST:PORT", s, err)
+		return listenAddr{}, execrun.Usage("--listen %q: %v; use unix:///PATH or tcp://HOST:PORT", s, err)
 	}
 	switch u.Scheme {
 	case "unix":
 		p := u.Path
 		if u.Host != "" || !filepath.IsAbs(p) {
-			return listenAddr{}, usageError("--listen %q: a unix socket needs an absolute path: unix:///PATH", s)
+			return listenAddr{}, execrun.Usage("--listen %q: a unix socket needs an absolute path: unix:///PATH", s)
 		}
 		return listenAddr{"unix", filepath.Clean(p)}, nil
 	case "tcp":
 		if u.Host == "" || u.Port() == "" || (u.Path != "" && u.Path != "/") {
-			return listenAddr{}, usageError("--listen %q: want tcp://HOST:PORT (e.g. tcp://127.0.0.1:7878)", s)
+			return listenAddr{}, execrun.Usage("--listen %q: want tcp://HOST:PORT (e.g. tcp://127.0.0.1:7878)", s)
 		}
 		return listenAddr{"tcp", u.Host}, nil
 	}
-	return listenAddr{}, usageError("--listen %q: unknown scheme; use unix:///PATH or tcp://HOST:PORT", s)
+	return listenAddr{}, execrun.Usage("--listen %q: unknown scheme; use unix:///PATH or tcp://HOST:PORT", s)
 }
 
 // loopback reports whether a tcp listen address is a loopback IP literal.
@@ -214,21 +212,21 @@ func loopback(hostport string) bool {
 func readToken(path, what string) (string, error) {
 	st, err := os.Stat(path)
 	if err != nil {
-		return "", usageError("%s: %v", what, err)
+		return "", execrun.Usage("%s: %v", what, err)
 	}
 	if st.Mode().Perm()&0o077 != 0 {
-		return "", usageError("%s %s: mode %04o lets others read the token; chmod 600 %s", what, path, st.Mode().Perm(), path)
+		return "", execrun.Usage("%s %s: mode %04o lets others read the token; chmod 600 %s", what, path, st.Mode().Perm(), path)
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return "", usageError("%s: %v", what, err)
+		return "", execrun.Usage("%s: %v", what, err)
 	}
 	tok := strings.TrimSpace(string(b))
 	if len(tok) < minTokenBytes {
-		return "", usageError("%s %s: the token is %d bytes; use at least %d (e.g. head -c 32 /dev/urandom | base64 > %s)", what, path, len(tok), minTokenBytes, path)
+		return "", execrun.Usage("%s %s: the token is %d bytes; use at least %d (e.g. head -c 32 /dev/urandom | base64 > %s)", what, path, len(tok), minTokenBytes, path)
 	}
 	if strings.ContainsAny(tok, " \t\r\n") {
-		return "", usageError("%s %s: the token holds white space; put one token on one line", what, path)
+		return "", execrun.Usage("%s %s: the token holds white space; put one token on one line", what, path)
 	}
 	return tok, nil
 }
@@ -244,7 +242,7 @@ func (g *globals) serveLevel(cfg *config.Config) (hclog.Level, error) {
 		level = "info"
 	}
 	if !slices.Contains(config.LogLevels, level) {
-		return hclog.NoLevel, usageError("%s %q is not a log level; use one of %v", src, level, config.LogLevels)
+		return hclog.NoLevel, execrun.Usage("%s %q is not a log level; use one of %v", src, level, config.LogLevels)
 	}
 	return hclog.LevelFromString(level), nil
 }
@@ -271,11 +269,11 @@ func (g *globals) serveLogger(cfg *config.Config, json bool) (hclog.Logger, erro
 func execServe(g *globals) error {
 	self, err := g.self()
 	if err != nil {
-		return failure(err)
+		return execrun.Failure(err)
 	}
 	exe := filepath.Join(filepath.Dir(self), serveExecutable)
 	if _, err := os.Stat(exe); err != nil {
-		return failure(fmt.Errorf("berth serve runs %s, the HTTP API's server, from beside berth: %v; build both into one directory (CGO_ENABLED=0 go build -o DIR/ ./cmd/...) and run DIR/berth serve (go run ./cmd/berth builds berth alone)", serveExecutable, err))
+		return execrun.Failure(fmt.Errorf("berth serve runs %s, the HTTP API's server, from beside berth: %v; build both into one directory (CGO_ENABLED=0 go build -o DIR/ ./cmd/...) and run DIR/berth serve (go run ./cmd/berth builds berth alone)", serveExecutable, err))
 	}
 	// berth-serve catches SIGINT, SIGTERM and SIGHUP again from its start
 	// (sigstart) and handles them as serve does. Of those caught here until now, a
@@ -301,7 +299,7 @@ func execServe(g *globals) error {
 	argv := append([]string{exe}, g.args...)
 	err = syscall.Exec(exe, argv, os.Environ())
 	signal.Reset(syscall.SIGHUP)
-	return failure(fmt.Errorf("running %s: %v", exe, err))
+	return execrun.Failure(fmt.Errorf("running %s: %v", exe, err))
 }
 
 // openServeRegistry resolves the settings and opens a registry with log as its
@@ -335,38 +333,38 @@ func runServe(g *globals, f *serveFlags) error {
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	ctx := context.Background()
 	if f.grace < 0 {
-		return usageError("--shutdown-grace %v: must not be negative", f.grace)
+		return execrun.Usage("--shutdown-grace %v: must not be negative", f.grace)
 	}
 	if f.pruneInterval <= 0 {
-		return usageError("--prune-interval %v: must be positive, e.g. 30s", f.pruneInterval)
+		return execrun.Usage("--prune-interval %v: must be positive, e.g. 30s", f.pruneInterval)
 	}
 	if f.poolInterval <= 0 {
-		return usageError("--pool-interval %v: must be positive, e.g. 10s", f.poolInterval)
+		return execrun.Usage("--pool-interval %v: must be positive, e.g. 10s", f.poolInterval)
 	}
 	if f.bodyTimeout <= 0 {
-		return usageError("--request-timeout %v: must be positive, e.g. 30s", f.bodyTimeout)
+		return execrun.Usage("--request-timeout %v: must be positive, e.g. 30s", f.bodyTimeout)
 	}
 	maxBody, err := config.ParseBytes(f.maxBody)
 	if err != nil {
-		return usageError("--max-request-body: %v", err)
+		return execrun.Usage("--max-request-body: %v", err)
 	}
 	auditMax, err := config.ParseBytes(f.auditMaxSize)
 	if err != nil || auditMax < 1<<20 {
-		return usageError("--audit-max-size %q: want a size of at least 1m (whole MiB), e.g. 10m", f.auditMaxSize)
+		return execrun.Usage("--audit-max-size %q: want a size of at least 1m (whole MiB), e.g. 10m", f.auditMaxSize)
 	}
 	if f.auditKeep < 1 {
-		return usageError("--audit-keep %d: keep at least 1 rotated file", f.auditKeep)
+		return execrun.Usage("--audit-keep %d: keep at least 1 rotated file", f.auditKeep)
 	}
 	if (f.tlsCert == "") != (f.tlsKey == "") {
-		return usageError("--tls-cert and --tls-key go together")
+		return execrun.Usage("--tls-cert and --tls-key go together")
 	}
 	self, err := g.self()
 	if err != nil {
-		return failure(err)
+		return execrun.Failure(err)
 	}
 	cfg, err := g.loadConfig(self)
 	if err != nil {
-		return failure(err)
+		return execrun.Failure(err)
 	}
 	log, err := g.serveLogger(cfg, f.logJSON)
 	if err != nil {
@@ -374,7 +372,7 @@ func runServe(g *globals, f *serveFlags) error {
 	}
 	reg, err := g.openServeRegistry(ctx, log, g.server)
 	if err != nil {
-		return failure(err)
+		return execrun.Failure(err)
 	}
 	stateDir := reg.StateDir()
 	addr, err := parseListen(f.listen, stateDir)
@@ -391,15 +389,15 @@ func runServe(g *globals, f *serveFlags) error {
 		}
 	case addr.network == "tcp":
 		reg.Close()
-		return usageError("--listen %s: a TCP listener needs --token-file (a bearer token that every request must carry); refusing to serve without one", f.listen)
+		return execrun.Usage("--listen %s: a TCP listener needs --token-file (a bearer token that every request must carry); refusing to serve without one", f.listen)
 	}
 	if addr.network == "unix" && f.tlsCert != "" {
 		reg.Close()
-		return usageError("--tls-cert and --tls-key are for a tcp:// listener; a unix socket is protected by its mode (0600)")
+		return execrun.Usage("--tls-cert and --tls-key are for a tcp:// listener; a unix socket is protected by its mode (0600)")
 	}
 	if addr.network == "tcp" && f.tlsCert == "" && !loopback(addr.addr) {
 		reg.Close()
-		return usageError("--listen %s: a non-loopback address needs TLS: give --tls-cert and --tls-key (or listen on 127.0.0.1)", f.listen)
+		return execrun.Usage("--listen %s: a non-loopback address needs TLS: give --tls-cert and --tls-key (or listen on 127.0.0.1)", f.listen)
 	}
 
 	lock, err := lockServe(stateDir)
@@ -424,7 +422,7 @@ func runServe(g *globals, f *serveFlags) error {
 	if auditPath != "" {
 		if err := g.server.OpenAudit(auditPath); err != nil {
 			reg.Close()
-			return failure(fmt.Errorf("--audit-log: %v", err))
+			return execrun.Failure(fmt.Errorf("--audit-log: %v", err))
 		}
 	}
 
@@ -463,7 +461,7 @@ func runServe(g *globals, f *serveFlags) error {
 			<-poolsDone
 			srv.Shutdown(ctx)
 			if err != nil {
-				return failure(fmt.Errorf("serving %s: %v", addr.addr, err))
+				return execrun.Failure(fmt.Errorf("serving %s: %v", addr.addr, err))
 			}
 			return nil
 		case s := <-sigs:
@@ -532,23 +530,23 @@ func reload(ctx context.Context, g *globals, srv Daemon, log hclog.Logger, state
 // writes this process's pid into it. Another holder's pid is named in the error.
 func lockServe(stateDir string) (*flock.Held, error) {
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
-		return nil, failure(fmt.Errorf("state dir %s: %v", stateDir, err))
+		return nil, execrun.Failure(fmt.Errorf("state dir %s: %v", stateDir, err))
 	}
 	path := filepath.Join(stateDir, serveLock)
 	h, ok, err := flock.TryLock(path)
 	if err != nil {
-		return nil, failure(err)
+		return nil, execrun.Failure(err)
 	}
 	if !ok {
 		pid := "unknown"
 		if b, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(b)) != "" {
 			pid = strings.TrimSpace(string(b))
 		}
-		return nil, failure(fmt.Errorf("another berth serve (pid %s) is running on state dir %s; stop it first (kill -TERM %s) or use another --state-dir", pid, stateDir, pid))
+		return nil, execrun.Failure(fmt.Errorf("another berth serve (pid %s) is running on state dir %s; stop it first (kill -TERM %s) or use another --state-dir", pid, stateDir, pid))
 	}
 	if err := os.WriteFile(path, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
 		h.Unlock(true)
-		return nil, failure(err)
+		return nil, execrun.Failure(err)
 	}
 	return h, nil
 }
@@ -561,13 +559,13 @@ func listen(addr listenAddr, f *serveFlags) (net.Listener, func(), error) {
 	if addr.network == "tcp" {
 		ln, err := net.Listen("tcp", addr.addr)
 		if err != nil {
-			return nil, nil, failure(fmt.Errorf("listening on %s: %v", addr.addr, err))
+			return nil, nil, execrun.Failure(fmt.Errorf("listening on %s: %v", addr.addr, err))
 		}
 		if f.tlsCert != "" {
 			cert, err := tls.LoadX509KeyPair(f.tlsCert, f.tlsKey)
 			if err != nil {
 				ln.Close()
-				return nil, nil, usageError("--tls-cert/--tls-key: %v", err)
+				return nil, nil, execrun.Usage("--tls-cert/--tls-key: %v", err)
 			}
 			ln = tls.NewListener(ln, &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}})
 		}
@@ -577,14 +575,14 @@ func listen(addr listenAddr, f *serveFlags) (net.Listener, func(), error) {
 	dir := filepath.Dir(path)
 	st, err := os.Stat(dir)
 	if err != nil {
-		return nil, nil, failure(fmt.Errorf("socket directory: %v", err))
+		return nil, nil, execrun.Failure(fmt.Errorf("socket directory: %v", err))
 	}
 	if sys, ok := st.Sys().(*syscall.Stat_t); ok && (int(sys.Uid) != os.Geteuid() || st.Mode().Perm()&0o022 != 0) {
-		return nil, nil, failure(fmt.Errorf("socket directory %s (mode %04o, owner uid %d): others could replace the socket; use a directory that only you (uid %d) can write", dir, st.Mode().Perm(), sys.Uid, os.Geteuid()))
+		return nil, nil, execrun.Failure(fmt.Errorf("socket directory %s (mode %04o, owner uid %d): others could replace the socket; use a directory that only you (uid %d) can write", dir, st.Mode().Perm(), sys.Uid, os.Geteuid()))
 	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode().Type() != os.ModeSocket {
-			return nil, nil, failure(fmt.Errorf("%s exists and is not a socket; move it away", path))
+			return nil, nil, execrun.Failure(fmt.Errorf("%s exists and is not a socket; move it away", path))
 		}
 		os.Remove(path) // stale: we hold the serve lock
 	}
@@ -592,10 +590,10 @@ func listen(addr listenAddr, f *serveFlags) (net.Listener, func(), error) {
 	// directory's descriptor, /proc/self/fd/N/NAME, as berth dials its agents: a
 	// deep state dir still gets its socket (clients dial it the same way).
 	bindPath := path
-	if len(path) > maxSocketPath {
+	if len(path) > apiclient.MaxSocketPath {
 		d, err := os.OpenFile(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return nil, nil, failure(fmt.Errorf("socket directory: %v", err))
+			return nil, nil, execrun.Failure(fmt.Errorf("socket directory: %v", err))
 		}
 		defer d.Close()
 		bindPath = fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), filepath.Base(path))
@@ -604,13 +602,13 @@ func listen(addr listenAddr, f *serveFlags) (net.Listener, func(), error) {
 	ln, err := net.Listen("unix", bindPath)
 	syscall.Umask(old)
 	if err != nil {
-		return nil, nil, failure(fmt.Errorf("listening on %s: %v", path, err))
+		return nil, nil, execrun.Failure(fmt.Errorf("listening on %s: %v", path, err))
 	}
 	ul := ln.(*net.UnixListener)
 	ul.SetUnlinkOnClose(false)
 	if err := os.Chmod(path, 0o600); err != nil {
 		ln.Close()
-		return nil, nil, failure(err)
+		return nil, nil, execrun.Failure(err)
 	}
 	var ino uint64
 	if fi, err := os.Lstat(path); err == nil {

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/berth-sh/berth/internal/execrun"
 	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/server/apiv1"
 )
@@ -150,7 +151,7 @@ func TestServeAudit(t *testing.T) {
 	// Bad flags are refused before anything is served.
 	for _, args := range [][]string{{"--audit-max-size", "10k"}, {"--audit-keep", "0"}} {
 		r := e.run(append([]string{"serve"}, args...)...)
-		if r.code != exitInternal || !strings.Contains(r.stderr, args[0]) {
+		if r.code != execrun.ExitInternal || !strings.Contains(r.stderr, args[0]) {
 			t.Errorf("serve %v: exit %d, stderr %q", args, r.code, r.stderr)
 		}
 	}

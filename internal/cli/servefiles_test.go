@@ -25,14 +25,16 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/apiclient"
 	"github.com/berth-sh/berth/internal/benchutil"
+	"github.com/berth-sh/berth/internal/execrun"
 	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // api returns the CLI's client of d.
 func (d *daemon) api() *daemonClient {
-	return &daemonClient{where: d.base, client: d.client, base: d.base, token: d.token}
+	return &daemonClient{&apiclient.Client{Where: d.base, HTTP: d.client, Base: d.base, Token: d.token}}
 }
 
 // sandboxDir returns the default directory of session's sandbox (creating it).
@@ -133,8 +135,8 @@ func TestServeCopyRoundTrip(t *testing.T) {
 	}
 	// Errors are the embedded ones, and leave nothing.
 	err := copyDaemon(ctx, api, "files", "nothere", filepath.Join(e.dir, "x"), false, false, -1)
-	var ee *exitError
-	if !errors.As(err, &ee) || ee.code != exitInternal || !strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), "nothing was written") {
+	var ee *execrun.ExitError
+	if !errors.As(err, &ee) || ee.Code != execrun.ExitInternal || !strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), "nothing was written") {
 		t.Errorf("download of a missing path: %v, want exit 125 saying it does not exist and nothing was written", err)
 	}
 	if r := e.run("cp", "-s", "files", ":nothere", filepath.Join(e.dir, "x")); r.code != 125 || !strings.Contains(r.stderr, err.Error()) {
@@ -430,8 +432,8 @@ func TestServeTTYDisconnect(t *testing.T) {
 			} else {
 				tc.conn.Write(ctx, websocket.MessageText, []byte(`{"type":"launch"}`))
 				_, err := tc.wait(io.Discard)
-				var de *apiError
-				if !errors.As(err, &de) || de.info.Kind != "invalid" || !strings.Contains(de.info.Message, `"launch"`) {
+				var de *apiclient.APIError
+				if !errors.As(err, &de) || de.Info.Kind != "invalid" || !strings.Contains(de.Info.Message, `"launch"`) {
 					t.Errorf("after a bad message: %v", err)
 				}
 			}
@@ -465,7 +467,7 @@ func TestServeShellClient(t *testing.T) {
 	if _, _, err := api.openTTY(context.Background(), "main", ttyOptions{}); err == nil || !strings.Contains(err.Error(), "Authorization: Bearer") {
 		t.Errorf("a TTY without the token: %v", err)
 	}
-	api.token = token
+	api.Token = token
 	var out testwait.Buffer
 	noSignals := make(chan os.Signal)
 	res, err := api.shell(context.Background(), "main", false, strings.NewReader("echo via-$((40+2)); exit 5\n"), &out,
@@ -477,8 +479,8 @@ func TestServeShellClient(t *testing.T) {
 	// Without a terminal on stdin (this test's), berth shell through the daemon
 	// refuses as the embedded one does, before it dials.
 	err = runShellDaemon(context.Background(), api, "main", false)
-	var ee *exitError
-	if !errors.As(err, &ee) || ee.code != exitInternal || !strings.Contains(err.Error(), "needs a terminal on stdin") {
+	var ee *execrun.ExitError
+	if !errors.As(err, &ee) || ee.Code != execrun.ExitInternal || !strings.Contains(err.Error(), "needs a terminal on stdin") {
 		t.Errorf("shell without a terminal: %v", err)
 	}
 }
@@ -519,7 +521,7 @@ func TestServeFilesDocker(t *testing.T) {
 //	go test ./internal/cli -run '^$' -bench ServeCopy -benchtime 10x
 func BenchmarkServeCopy(b *testing.B) {
 	environ, client, _ := benchServe(b, "")
-	api := &daemonClient{where: "http://berth", client: client, base: "http://berth"}
+	api := &daemonClient{&apiclient.Client{Where: "http://berth", HTTP: client, Base: "http://berth"}}
 	dir := b.TempDir()
 	src := filepath.Join(dir, "big")
 	data := make([]byte, 100_000_000)

@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/execrun"
 	"github.com/berth-sh/berth/internal/sigstart"
 	"github.com/berth-sh/berth/server/apiv1"
 	"github.com/spf13/cobra"
@@ -41,7 +42,7 @@ func runShell(ctx context.Context, g *globals, session string, recreate bool) er
 	// Through a running berth serve when one answers (daemon.go): its TTY WebSocket.
 	d, err := g.daemon(ctx)
 	if err != nil {
-		return failure(err)
+		return execrun.Failure(err)
 	}
 	if d != nil {
 		return runShellDaemon(ctx, d, session, recreate)
@@ -55,40 +56,40 @@ func runShell(ctx context.Context, g *globals, session string, recreate bool) er
 	g.onPull = newPullDisplay(false).event
 	reg, err := g.open(ctx)
 	if err != nil {
-		return failure(err)
+		return execrun.Failure(err)
 	}
 	defer reg.Close()
 	if err := tm.early(session); err != nil {
 		return err
 	}
-	if _, err := recreateFirst(ctx, embedded{Registry: reg}, session, recreate); err != nil {
-		return failure(err)
+	if _, err := execrun.RecreateFirst(ctx, embedded{Registry: reg}, session, recreate); err != nil {
+		return execrun.Failure(err)
 	}
 
 	p, lease, err := reg.Exec(ctx, session, backend.ExecRequest{Argv: shellArgv, TTY: true, Size: size, Stdin: true, Stdout: os.Stdout})
 	if err != nil {
-		return failure(err)
+		return execrun.Failure(err)
 	}
-	reportLease(session, lease)
+	execrun.ReportLease(session, startedOf(lease))
 	restore, err := tm.raw()
 	if err != nil {
-		return failure(err)
+		return execrun.Failure(err)
 	}
 	defer restore()
 	done := make(chan struct{})
 	defer close(done)
 	go tm.forward(done, p.Resize, func(s syscall.Signal) error { return p.Signal(int(s)) })
 	go func() {
-		io.Copy(processWriter{p}, os.Stdin)
+		io.Copy(execrun.ProcessWriter{P: p}, os.Stdin)
 		p.CloseStdin()
 	}()
 	res, err := p.Wait()
 	restore()
 	if err != nil {
-		return failure(err)
+		return execrun.Failure(err)
 	}
 	if res.ExitCode != 0 {
-		return exitCode(res.ExitCode)
+		return execrun.ExitCode(res.ExitCode)
 	}
 	return nil
 }
@@ -118,7 +119,7 @@ type shellTerminal struct {
 func openShellTerminal(session string) (*shellTerminal, error) {
 	tm := &shellTerminal{in: int(os.Stdin.Fd()), out: int(os.Stdout.Fd())}
 	if !term.IsTerminal(tm.in) {
-		return nil, usageError("berth shell needs a terminal on stdin; use 'berth exec -i -s %s -- sh' to pipe commands", session)
+		return nil, execrun.Usage("berth shell needs a terminal on stdin; use 'berth exec -i -s %s -- sh' to pipe commands", session)
 	}
 	tm.sigs = sigstart.Take()
 	tm.winch = make(chan os.Signal, 4)
@@ -128,10 +129,10 @@ func openShellTerminal(session string) (*shellTerminal, error) {
 
 // early is startError's exit (128+N) when a signal came before the shell started.
 func (tm *shellTerminal) early(session string) error {
-	var early earlySignals
-	if s := pendingSignal(tm.sigs, &early); s != nil {
-		early.signals = append(early.signals, s)
-		return startError(session, early, errBeforeStart)
+	var early execrun.EarlySignals
+	if s := execrun.PendingSignal(tm.sigs, &early); s != nil {
+		early.Signals = append(early.Signals, s)
+		return execrun.StartError(session, early, execrun.ErrBeforeStart)
 	}
 	return nil
 }
@@ -186,10 +187,10 @@ func runShellDaemon(ctx context.Context, d *daemonClient, session string, recrea
 	size, _ := terminalSize(tm.out)
 	res, err := d.shell(ctx, session, recreate, os.Stdin, os.Stdout, size, func() (backend.WindowSize, bool) { return terminalSize(tm.out) }, tm.winch, tm.sigs, tm.raw)
 	if err != nil {
-		return failure(err)
+		return execrun.Failure(err)
 	}
 	if res.ExitCode != 0 {
-		return exitCode(res.ExitCode)
+		return execrun.ExitCode(res.ExitCode)
 	}
 	return nil
 }

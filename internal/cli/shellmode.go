@@ -12,46 +12,48 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/berth-sh/berth/internal/execrun"
 	"github.com/berth-sh/berth/internal/sigstart"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // runShellMode is `berth exec --shell COMMAND`: Registry.Shell, then the capped
 // output (or one JSON object) once the call has ended.
-func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
-	if err := checkEnvFlags(f.env); err != nil {
+func runShellMode(ctx context.Context, g *globals, f *execrun.Flags) error {
+	if err := execrun.CheckEnv(f.Env); err != nil {
 		return err
 	}
 	switch {
-	case f.timeout < 0:
-		return usageError("--timeout %v: must not be negative", f.timeout)
-	case f.tty:
-		return usageError("--shell and -t cannot be combined: shell mode returns captured output; use berth shell for a terminal")
-	case strings.TrimSpace(f.shell) == "":
-		return usageError("--shell: empty command")
-	case f.maxOutput == 0:
-		return usageError("--max-output 0: shell mode needs at least 1 byte per stream")
+	case f.Timeout < 0:
+		return execrun.Usage("--timeout %v: must not be negative", f.Timeout)
+	case f.TTY:
+		return execrun.Usage("--shell and -t cannot be combined: shell mode returns captured output; use berth shell for a terminal")
+	case strings.TrimSpace(f.Shell) == "":
+		return execrun.Usage("--shell: empty command")
+	case f.MaxOutput == 0:
+		return execrun.Usage("--max-output 0: shell mode needs at least 1 byte per stream")
 	}
-	command := f.shell
+	command := f.Shell
 	if command == "-" {
 		// The command text from stdin: a command (a 200 KB heredoc) longer than the
 		// kernel's limit of one argument (128 KiB) cannot come through argv.
-		if f.stdin {
-			return usageError("--shell - reads the command from stdin, so stdin cannot also be the command's (-i); put the input in the command (a heredoc)")
+		if f.Stdin {
+			return execrun.Usage("--shell - reads the command from stdin, so stdin cannot also be the command's (-i); put the input in the command (a heredoc)")
 		}
 		b, err := io.ReadAll(io.LimitReader(os.Stdin, maxShellCommand+1))
 		switch {
 		case err != nil:
-			return failure(fmt.Errorf("--shell -: reading the command from stdin: %v", err))
+			return execrun.Failure(fmt.Errorf("--shell -: reading the command from stdin: %v", err))
 		case len(b) > maxShellCommand:
-			return usageError("--shell -: the command on stdin is longer than %d bytes; run a script file instead (write it with berth cp, then --shell 'sh FILE')", maxShellCommand)
+			return execrun.Usage("--shell -: the command on stdin is longer than %d bytes; run a script file instead (write it with berth cp, then --shell 'sh FILE')", maxShellCommand)
 		case strings.TrimSpace(string(b)) == "":
-			return usageError("--shell -: empty command on stdin")
+			return execrun.Usage("--shell -: empty command on stdin")
 		}
 		command = string(b)
 	}
-	req := registry.ShellRequest{Command: command, Env: f.env, Dir: f.workdir, Timeout: f.timeout, MaxOutput: max(f.maxOutput, 0)}
-	if f.stdin {
+	req := registry.ShellRequest{Command: command, Env: f.Env, Dir: f.Workdir, Timeout: f.Timeout, MaxOutput: max(f.MaxOutput, 0)}
+	if f.Stdin {
 		req.Stdin = os.Stdin
 	}
 	// SIGINT, SIGTERM and SIGHUP end the call: its process tree is killed and berth
@@ -59,25 +61,25 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 	// came before the call starts means that nothing is started.
 	sigs := sigstart.Take()
 	defer signal.Stop(sigs)
-	g.onPull = newPullDisplay(f.json).event
+	g.onPull = newPullDisplay(f.JSON).event
 	reg, err := g.api(ctx)
 	if err != nil {
 		return err
 	}
 	defer reg.Close()
-	var early earlySignals
-	if s := pendingSignal(sigs, &early); s != nil {
-		early.signals = append(early.signals, s)
-		return startError(f.session, early, errBeforeStart)
+	var early execrun.EarlySignals
+	if s := execrun.PendingSignal(sigs, &early); s != nil {
+		early.Signals = append(early.Signals, s)
+		return execrun.StartError(f.Session, early, execrun.ErrBeforeStart)
 	}
-	recreated, err := recreateFirst(ctx, reg, f.session, f.recreate)
+	recreated, err := execrun.RecreateFirst(ctx, reg, f.Session, f.Recreate)
 	if err != nil {
-		return failure(err)
+		return execrun.Failure(err)
 	}
 
 	// A signal while the call is being started (its sandbox created or started) waits
 	// for the start, as plain exec's does: the call is cancelled once it runs (so
-	// its result says it was interrupted), or startGrace later, or at a second
+	// its result says it was interrupted), or execrun.StartGrace later, or at a second
 	// signal.
 	callCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -94,14 +96,14 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 		}
 		select {
 		case <-started:
-		case <-time.After(startGrace):
+		case <-time.After(execrun.StartGrace):
 		case <-sigs:
 		case <-callCtx.Done():
 		}
 		cancel()
 	}()
 
-	res, err := reg.Shell(callCtx, f.session, req)
+	res, err := reg.Shell(callCtx, f.Session, req)
 	var interrupted syscall.Signal // the signal that ended the call, or 0
 	select {
 	case s := <-got:
@@ -110,9 +112,9 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 	}
 	if err != nil {
 		if interrupted != 0 { // interrupted before the call ran (waiting for the session)
-			return &exitError{code: 128 + int(interrupted), err: fmt.Errorf("session %s: interrupted before the command ran", f.session)}
+			return &execrun.ExitError{Code: 128 + int(interrupted), Err: fmt.Errorf("session %s: interrupted before the command ran", f.Session)}
 		}
-		return failure(err)
+		return execrun.Failure(err)
 	}
 	if res.Canceled && interrupted != 0 {
 		// The agent ended the call's tree with SIGTERM (then SIGKILL); what ended the
@@ -120,8 +122,8 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 		// does: 128+N.
 		res.ExitCode, res.Signal = 128+int(interrupted), int(interrupted)
 	}
-	if f.json {
-		out := execJSON{
+	if f.JSON {
+		out := apiv1.ExecResult{
 			ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
 			DurationMS: res.Duration.Milliseconds(), Session: res.Session, Driver: res.Driver, Sandbox: res.Sandbox,
 			Stdout: res.Stdout, Stderr: res.Stderr,
@@ -133,12 +135,12 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 			Moved: res.Moved, MovedReason: res.MovedReason, Pooled: res.Pooled, Canceled: res.Canceled,
 		}
 		if recreated {
-			out.Recreated, out.RecreatedReason = true, recreateReason
+			out.Recreated, out.RecreatedReason = true, execrun.RecreateReason
 		}
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetEscapeHTML(false)
 		if err := enc.Encode(out); err != nil {
-			return failure(err)
+			return execrun.Failure(err)
 		}
 	} else {
 		if res.Recreated {
@@ -147,7 +149,7 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 			fmt.Fprintf(os.Stderr, "berth: session %s: %s\n", res.Session, res.MovedReason)
 		}
 		if _, err := io.WriteString(os.Stdout, res.Stdout); err != nil {
-			return failure(fmt.Errorf("writing the command's stdout: %v", err))
+			return execrun.Failure(fmt.Errorf("writing the command's stdout: %v", err))
 		}
 		io.WriteString(os.Stderr, res.Stderr)
 		for _, s := range []struct {
@@ -166,13 +168,13 @@ func runShellMode(ctx context.Context, g *globals, f *execFlags) error {
 	}
 	switch {
 	case res.TimedOut:
-		return exitCode(exitTimeout)
+		return execrun.ExitCode(execrun.ExitTimeout)
 	case res.Canceled && interrupted != 0:
-		return exitCode(res.ExitCode)
+		return execrun.ExitCode(res.ExitCode)
 	case res.Canceled:
-		return exitCode(128 + int(syscall.SIGINT))
+		return execrun.ExitCode(128 + int(syscall.SIGINT))
 	case res.ExitCode != 0:
-		return exitCode(res.ExitCode)
+		return execrun.ExitCode(res.ExitCode)
 	}
 	return nil
 }

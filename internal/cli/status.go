@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/berth-sh/berth/internal/execrun"
 	"github.com/spf13/cobra"
 )
 
@@ -46,17 +47,17 @@ the same message.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			want, err := g.wantedIdentity()
 			if err != nil {
-				return failure(err)
+				return execrun.Failure(err)
 			}
 			out := statusJSON{Mode: "embedded", StateDir: want.StateDir, Config: want.Config, Version: version}
 			d, err := g.daemon(cmd.Context())
 			switch {
 			case err != nil:
-				return failure(err)
+				return execrun.Failure(err)
 			case d != nil:
 				out.Mode = "daemon"
-				out.StateDir, out.Config = d.status.StateDir, d.status.Config
-				out.Daemon = &daemonJSON{Address: d.where, PID: d.status.PID, Version: d.status.Version, StateDir: d.status.StateDir, Config: d.status.Config}
+				out.StateDir, out.Config = d.Status.StateDir, d.Status.Config
+				out.Daemon = &daemonJSON{Address: d.Where, PID: d.Status.PID, Version: d.Status.Version, StateDir: d.Status.StateDir, Config: d.Status.Config}
 			case g.noDaemon() != "":
 				out.Reason = g.noDaemon() + " asks for it"
 			default:
@@ -68,7 +69,7 @@ the same message.`,
 			w := os.Stdout
 			if d != nil {
 				fmt.Fprintf(w, "mode:      daemon\n")
-				fmt.Fprintf(w, "daemon:    %s (pid %d, berth %s)\n", d.where, d.status.PID, d.status.Version)
+				fmt.Fprintf(w, "daemon:    %s (pid %d, berth %s)\n", d.Where, d.Status.PID, d.Status.Version)
 			} else {
 				fmt.Fprintf(w, "mode:      embedded (%s)\n", out.Reason)
 			}
