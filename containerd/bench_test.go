@@ -279,7 +279,7 @@ func (f *benchFixture) berthCLI(b *testing.B, cfg string) func(args ...string) e
 		b.Fatal(err)
 	}
 	return func(args ...string) error {
-		cmd := exec.Command(berthBin, append([]string{"--state-dir", cliState}, args...)...)
+		cmd := exec.Command(testbin.Front(berthBin), append([]string{"--state-dir", cliState}, args...)...)
 		cmd.Env = benchutil.CLIEnv(xdg)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("berth %s: %v\n%s", strings.Join(args, " "), err, out)

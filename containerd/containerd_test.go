@@ -36,7 +36,7 @@ import (
 var berthBin string
 
 func TestMain(m *testing.M) {
-	code := testbin.Main(m, &berthBin)
+	code := testbin.MainCLI(m, &berthBin)
 	removeTestNamespace()
 	os.Exit(code)
 }

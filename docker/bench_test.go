@@ -89,7 +89,7 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 		b.Fatal(err)
 	}
 	berthCLI := func() error {
-		cmd := exec.Command(berthBin, "--state-dir", cliState, "exec", "-s", "bench", "--", "true")
+		cmd := exec.Command(testbin.Front(berthBin), "--state-dir", cliState, "exec", "-s", "bench", "--", "true")
 		cmd.Env = benchutil.CLIEnv(xdg)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
@@ -101,7 +101,7 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 		b.Fatalf("berth exec: %v", err)
 	}
 	defer func() {
-		cmd := exec.Command(berthBin, "--state-dir", cliState, "rm", "bench")
+		cmd := exec.Command(testbin.Front(berthBin), "--state-dir", cliState, "rm", "bench")
 		cmd.Env = benchutil.CLIEnv(xdg)
 		cmd.Run()
 	}()

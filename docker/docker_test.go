@@ -21,7 +21,7 @@ import (
 
 var berthBin string
 
-func TestMain(m *testing.M) { os.Exit(testbin.Main(m, &berthBin)) }
+func TestMain(m *testing.M) { os.Exit(testbin.MainCLI(m, &berthBin)) }
 
 // engine returns the engine address, or skips (fails under CI=true) when none answers,
 // and makes sure the test image is there (importing it through the driver).

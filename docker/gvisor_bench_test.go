@@ -17,6 +17,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/benchutil"
+	"github.com/berth-sh/berth/internal/testbin"
 	"github.com/berth-sh/berth/internal/testimage"
 )
 
@@ -77,7 +78,7 @@ func BenchmarkGVisorExec(b *testing.B) {
 	}
 	berthCLI := func(session string) func() error {
 		return func() error {
-			cmd := exec.Command(berthBin, "--state-dir", cliState, "exec", "-s", session, "--", "true")
+			cmd := exec.Command(testbin.Front(berthBin), "--state-dir", cliState, "exec", "-s", session, "--", "true")
 			cmd.Env = benchutil.CLIEnv(xdg)
 			out, err := cmd.CombinedOutput()
 			if err != nil {
@@ -91,7 +92,7 @@ func BenchmarkGVisorExec(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer func() {
-			cmd := exec.Command(berthBin, "--state-dir", cliState, "rm", s)
+			cmd := exec.Command(testbin.Front(berthBin), "--state-dir", cliState, "rm", s)
 			cmd.Env = benchutil.CLIEnv(xdg)
 			cmd.Run()
 		}()

@@ -22,6 +22,7 @@ import (
 	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/internal/k8stest"
+	"github.com/berth-sh/berth/internal/testbin"
 	"github.com/berth-sh/berth/kubernetes"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/registry/config"
@@ -73,7 +74,7 @@ func (e benchEnv) berth(args ...string) error {
 func (e benchEnv) berthDaemon(args ...string) error { return e.berthWith(nil, args...) }
 
 func (e benchEnv) berthWith(env []string, args ...string) error {
-	cmd := exec.Command(berthBin, args...)
+	cmd := exec.Command(testbin.Front(berthBin), args...)
 	cmd.Env = append(append(os.Environ(), "BERTH_CONFIG="+e.config, "BERTH_STATE_DIR="+e.state), env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -94,7 +95,7 @@ func (e benchEnv) kubectl(kubeconfig string, args ...string) error {
 
 // serve starts `berth serve` for the env (startServe).
 func (e benchEnv) serve(b *testing.B) {
-	cmd := exec.Command(berthBin, "serve")
+	cmd := exec.Command(testbin.Front(berthBin), "serve")
 	cmd.Env = append(os.Environ(), "BERTH_CONFIG="+e.config, "BERTH_STATE_DIR="+e.state)
 	startServe(b, cmd, e.state)
 }

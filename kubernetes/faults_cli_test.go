@@ -21,6 +21,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/k8stest"
+	"github.com/berth-sh/berth/internal/testbin"
 	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/kubernetes"
 	"github.com/berth-sh/berth/registry"
@@ -64,7 +65,7 @@ func (e *cliEnv) writeConfig(local string) {
 }
 
 func (e *cliEnv) command(args ...string) *exec.Cmd {
-	cmd := exec.Command(berthBin, args...)
+	cmd := exec.Command(testbin.Front(berthBin), args...)
 	cmd.Env = append(append(os.Environ(), "BERTH_CONFIG="+e.config, "BERTH_STATE_DIR="+e.state), e.extra...)
 	return cmd
 }

@@ -26,7 +26,7 @@ var berthBin string
 
 type runner struct{ m *testing.M }
 
-func (r runner) Run() int { return testbin.Main(r.m, &berthBin) }
+func (r runner) Run() int { return testbin.MainCLI(r.m, &berthBin) }
 
 // TestMain enters the test cluster's network namespace (k8stest.Main) and builds
 // the static berth with its driver executables (testbin).

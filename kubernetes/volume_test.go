@@ -13,6 +13,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/internal/k8stest"
+	"github.com/berth-sh/berth/internal/testbin"
 	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/kubernetes"
 )
@@ -35,7 +36,7 @@ func newBerth(t *testing.T, hcl string) berthRunner {
 func (b berthRunner) run(args ...string) (string, string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, berthBin, args...)
+	cmd := exec.CommandContext(ctx, testbin.Front(berthBin), args...)
 	cmd.Env = append(os.Environ(), "BERTH_CONFIG="+b.config, "BERTH_STATE_DIR="+b.state)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -13,6 +13,7 @@ import (
 	"github.com/berth-sh/berth/internal/benchreg"
 	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/internal/shellbench"
+	"github.com/berth-sh/berth/internal/testbin"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
 )
@@ -90,7 +91,7 @@ func BenchmarkWholeCommand(b *testing.B) {
 	state := b.TempDir()
 	xdg := filepath.Join(state, "xdg") // no config file: every session on local
 	run := func(trace bool) (string, error) {
-		cmd := exec.Command(berthBin, "--state-dir", filepath.Join(state, "cli"), "exec", "-s", "bench", "--", "true")
+		cmd := exec.Command(testbin.Front(berthBin), "--state-dir", filepath.Join(state, "cli"), "exec", "-s", "bench", "--", "true")
 		cmd.Env = benchutil.CLIEnv(xdg)
 		if trace {
 			cmd.Env = append(cmd.Env, "BERTH_TRACE=1")
@@ -103,7 +104,9 @@ func BenchmarkWholeCommand(b *testing.B) {
 	if out, err := run(false); err != nil { // creates the session's sandbox
 		b.Fatalf("berth exec: %v\n%s", err, out)
 	}
-	b.Cleanup(func() { exec.Command(berthBin, "--state-dir", filepath.Join(state, "cli"), "rm", "bench").Run() })
+	b.Cleanup(func() {
+		exec.Command(testbin.Front(berthBin), "--state-dir", filepath.Join(state, "cli"), "rm", "bench").Run()
+	})
 	phases := benchutil.NewPhases()
 	benchutil.Interleave(b, []benchutil.Way{
 		{Name: "sh-c-true", Run: func() error { return exec.Command("sh", "-c", "true").Run() }},

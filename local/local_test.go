@@ -17,7 +17,7 @@ import (
 
 var berthBin string
 
-func TestMain(m *testing.M) { os.Exit(testbin.Main(m, &berthBin)) }
+func TestMain(m *testing.M) { os.Exit(testbin.MainCLI(m, &berthBin)) }
 
 func options(t *testing.T, stateDir string) conformance.Options {
 	return conformance.Options{AgentBinary: berthBin, StateDir: stateDir, Owner: conformance.NewOwner()}

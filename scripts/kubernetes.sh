@@ -434,10 +434,10 @@ wait_for containerd ctr --address "$CSOCK" version
 gobuild() { (cd "$ROOT" && CGO_ENABLED=0 go build "$@") >&2; }
 gcc -static -O2 -o "$DIR/images/pause" "$ROOT/scripts/k8s/pause.c" || die "gcc -static of scripts/k8s/pause.c failed"
 gobuild -o "$DIR/images/testimage" ./internal/testimage/cmd/testimage || die "building internal/testimage/cmd/testimage failed"
-gobuild -o "$DIR/images/berth" ./cmd/berth || die "building a static berth failed"
+gobuild -o "$DIR/images/berth-cli" ./cmd/berth-cli || die "building a static berth-cli failed"
 "$DIR/images/testimage" -o "$DIR/images/test.tar" -pause "$DIR/images/pause" -pause-o "$DIR/images/pause.tar" >&2 ||
   die "building the test and pause images failed"
-AGENT_IMAGE=$("$DIR/images/berth" image agent -o "$DIR/images/agent.tar") || die "berth image agent failed"
+AGENT_IMAGE=$("$DIR/images/berth-cli" image agent -o "$DIR/images/agent.tar") || die "berth image agent failed"
 for img in pause test agent; do
   ctr --address "$CSOCK" -n k8s.io images import "$DIR/images/$img.tar" >/dev/null ||
     die "importing $DIR/images/$img.tar into containerd failed"

@@ -120,3 +120,19 @@ func TestOpenAPIRoutes(t *testing.T) {
 		t.Errorf("docs/openapi.yaml's ErrorInfo kinds %v, want server.Kinds %v", got, kinds)
 	}
 }
+
+// TestEmptySessionSegment: a session path whose name is empty, "." or ".." is
+// refused as the registry refuses the name (400, kind invalid, the rule named), not
+// redirected to a cleaned path, which a streamed exec's client cannot follow.
+func TestEmptySessionSegment(t *testing.T) {
+	s := New(nil)
+	for _, seg := range []string{"", ".", ".."} {
+		w := httptest.NewRecorder()
+		s.Handler().ServeHTTP(w, httptest.NewRequest("POST", "http://berth/v1/sessions/"+seg+"/exec", strings.NewReader(`{"argv":["true"]}`)))
+		var eb ErrorBody
+		json.Unmarshal(w.Body.Bytes(), &eb)
+		if w.Code != http.StatusBadRequest || eb.Error.Kind != "invalid" || !strings.Contains(eb.Error.Message, "session name") {
+			t.Errorf("POST /v1/sessions/%s/exec: %d %s, want 400 invalid naming the session name", seg, w.Code, w.Body)
+		}
+	}
+}

@@ -13,6 +13,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/berth-sh/berth/registry/config"
 )
 
 // Route is one operation the server answers: a method and a path in net/http's
@@ -126,8 +128,33 @@ func (s *Server) routes() http.Handler {
 			return
 		}
 		defer s.leave()
+		if err := badSessionSegment(r); err != nil {
+			w.Header().Set("Connection", "close") // the body is not read (see above)
+			s.writeError(sw, r, err, "")
+			return
+		}
 		mux.ServeHTTP(sw, r)
 	})
+}
+
+// badSessionSegment returns the registry's error for a session path whose name is
+// empty, "." or ".." (/v1/sessions//exec), nil for every other path. net/http's mux
+// would answer such a path with a redirect to the cleaned one (307), which no client
+// of a session's call means, and which a streamed exec's client cannot follow (its
+// body is a stream): it hung there, while embedded berth refused the name at once.
+func badSessionSegment(r *http.Request) error {
+	rest, ok := strings.CutPrefix(r.URL.EscapedPath(), "/v1/sessions/")
+	if !ok {
+		return nil
+	}
+	seg, _, _ := strings.Cut(rest, "/")
+	if seg != "" && seg != "." && seg != ".." {
+		return nil
+	}
+	if err := config.ValidateSession(seg); err != nil {
+		return err
+	}
+	return nil
 }
 
 // statusWriter records the status of an answer for the request log. It passes

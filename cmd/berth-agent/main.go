@@ -20,7 +20,8 @@ import (
 	"os"
 
 	"github.com/berth-sh/berth/backends/agent"
-	"github.com/berth-sh/berth/internal/sigstart" // catches SIGINT, SIGTERM, SIGHUP from the start
+	"github.com/berth-sh/berth/internal/sigstart"
+	_ "github.com/berth-sh/berth/internal/sigstart/early" // catches SIGINT, SIGTERM, SIGHUP from the start
 )
 
 func main() {

@@ -5,9 +5,10 @@
 // about a millisecond at start (docs/architecture.md). Every other command works
 // here too, as berth's.
 //
-// The berth binary beside it is what the daemon runs as the local driver's plugin
-// and copies into sandboxes as their agent, as an embedded berth would: the two
-// never disagree on the agent a sandbox should hold.
+// The berth-cli beside it (berth's full command line, cmd/berth-cli) is what the
+// daemon runs as the local driver's plugin and copies into sandboxes as their agent,
+// as an embedded berth would: the two never disagree on the agent a sandbox should
+// hold.
 package main
 
 import (
@@ -17,7 +18,8 @@ import (
 	"path/filepath"
 
 	"github.com/berth-sh/berth/internal/cli"
-	_ "github.com/berth-sh/berth/internal/sigstart" // catches SIGINT, SIGTERM, SIGHUP from the start
+	"github.com/berth-sh/berth/internal/front"
+	_ "github.com/berth-sh/berth/internal/sigstart/early" // catches SIGINT, SIGTERM, SIGHUP from the start
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/server"
 )
@@ -28,9 +30,9 @@ func main() {
 		fmt.Fprintf(os.Stderr, "berth-serve: cannot find its own executable: %v\n", err)
 		os.Exit(125)
 	}
-	berth := filepath.Join(filepath.Dir(self), "berth")
+	berth := filepath.Join(filepath.Dir(self), front.FullCLI)
 	if _, err := os.Stat(berth); err != nil {
-		fmt.Fprintf(os.Stderr, "berth-serve: the berth binary must be beside it: %v; build both (CGO_ENABLED=0 go build -o %s/ ./cmd/...)\n", err, filepath.Dir(self))
+		fmt.Fprintf(os.Stderr, "berth-serve: %s, berth's full command line, must be beside it: %v; build them all (CGO_ENABLED=0 go build -o %s/ ./cmd/...)\n", front.FullCLI, err, filepath.Dir(self))
 		os.Exit(125)
 	}
 	os.Exit(cli.Main(os.Args[1:], cli.WithServer(apiServer{server.NewMetrics()}), cli.WithBerth(berth)))

@@ -1,31 +1,21 @@
-// Command berth gives every terminal session its own execution environment on a runtime
-// chosen per session scope in config: the host (local), Docker, containerd or a
-// third-party driver plugin. Its commands are package internal/cli's.
+// Command berth is berth's command line as its users run it: a thin front that makes
+// a plain `berth exec` through a running berth serve itself, and hands every other
+// command line to berth-cli, berth's full command line, beside it (execve: same
+// arguments, environment and pid). It links only the standard library and berth's
+// light packages, so that such an exec costs the start of a small program, not the
+// initialisation of the registry, gRPC and HCL (package internal/front says when it
+// takes a call; docs/architecture.md). Build it with the rest:
 //
-// The same binary is also re-executed as the local driver's plugin process (`berth
-// driver serve local`, hidden) and, under the name berth-agent or as `berth agent
-// ...` (hidden), as the exec agent inside every sandbox. The docker, containerd and
-// kubernetes drivers are their own executables (cmd/berth-driver-NAME), and so is
-// the HTTP API's server (cmd/berth-serve, which `berth serve` runs), found beside
-// this one, so that berth links no runtime SDK and no Prometheus and starts fast.
+//	CGO_ENABLED=0 go build -o DIR/ ./cmd/...
+//
+// `go run ./cmd/berth` builds the front alone, which then cannot hand over; run
+// berth-cli (`go run ./cmd/berth-cli ...`) for that.
 package main
 
 import (
 	"os"
 
-	"github.com/berth-sh/berth/backends/agent"
-	"github.com/berth-sh/berth/internal/cli"
-	"github.com/berth-sh/berth/internal/sigstart" // catches SIGINT, SIGTERM, SIGHUP from the start
+	"github.com/berth-sh/berth/internal/front"
 )
 
-func main() {
-	// The agent runs as PID 1 in containers: dispatch before anything else is set up.
-	if agent.IsAgent() {
-		// The agent catches and drops these signals itself (it must stay up, as a
-		// container's PID 1 too): one that came before it has set that up is kept
-		// caught here, and so dropped, rather than given its default action.
-		sigstart.Take()
-		os.Exit(agent.Main(os.Args[1:]))
-	}
-	os.Exit(cli.Main(os.Args[1:]))
-}
+func main() { os.Exit(front.Main(os.Args)) }

@@ -21,7 +21,9 @@ import (
 
 // Built by TestMain with CGO_ENABLED=0: berth (the host, and the agent binary the
 // suite installs) and this driver as a plugin executable.
-var berthBin, pluginBin string
+// berthBin is berth as users run it (the thin front); berthCLI is the full command
+// line beside it, which is also the agent binary.
+var berthBin, berthCLI, pluginBin string
 
 func TestMain(m *testing.M) {
 	os.Exit(testMain(m))
@@ -42,16 +44,20 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	berthBin = filepath.Join(dir, "bin", "berth")
+	berthCLI = filepath.Join(dir, "bin", "berth-cli")
 	pluginBin = filepath.Join(dir, "plugin", "berth-driver-bwrap")
-	for _, b := range []struct{ dir, out, pkg string }{
-		{strings.TrimSpace(string(root)), berthBin, "./cmd/berth"},
-		{".", pluginBin, "."},
+	for _, b := range []struct {
+		dir, out string
+		pkgs     []string
+	}{
+		{strings.TrimSpace(string(root)), filepath.Join(dir, "bin") + "/", []string{"./cmd/berth", "./cmd/berth-cli"}},
+		{".", pluginBin, []string{"."}},
 	} {
-		cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
+		cmd := exec.Command("go", append([]string{"build", "-o", b.out}, b.pkgs...)...)
 		cmd.Dir = b.dir
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "go build %s: %v\n%s", b.pkg, err, out)
+			fmt.Fprintf(os.Stderr, "go build %s: %v\n%s", b.pkgs, err, out)
 			return 1
 		}
 	}
@@ -85,7 +91,7 @@ func configured(t *testing.T) (*Driver, string) {
 func TestConformance(t *testing.T) {
 	needBwrap(t)
 	d, owner := configured(t)
-	conformance.Run(t, d, conformance.Options{AgentBinary: berthBin, Owner: owner})
+	conformance.Run(t, d, conformance.Options{AgentBinary: berthCLI, Owner: owner})
 }
 
 // TestConformanceCLI runs `berth conformance --plugin` against the built plugin:
@@ -224,7 +230,7 @@ func TestStopStartRemove(t *testing.T) {
 	d, owner := configured(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	bin, err := agent.Install(t.TempDir(), berthBin)
+	bin, err := agent.Install(t.TempDir(), berthCLI)
 	if err != nil {
 		t.Fatal(err)
 	}

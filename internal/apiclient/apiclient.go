@@ -69,7 +69,8 @@ func Unix(path string) *Client {
 		return dl.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path)))
 	}
 	return &Client{Where: "unix://" + path, Base: "http://berth",
-		HTTP: &http.Client{Transport: &http.Transport{DialContext: Watched(dial), DisableCompression: true, MaxIdleConnsPerHost: 4}}}
+		HTTP: &http.Client{Transport: &http.Transport{DialContext: Watched(dial), DisableCompression: true, MaxIdleConnsPerHost: 4},
+			CheckRedirect: NoRedirect}}
 }
 
 // watchedConn is a connection that tells, once, when the transport closes it: a
@@ -106,6 +107,11 @@ func (c *watchedConn) Close() error {
 	}
 	return c.Conn.Close()
 }
+
+// NoRedirect is the CheckRedirect of berth's clients of the API: they follow no
+// redirect. The API answers none, and a streamed exec's body could not be sent again
+// (following one hung); a 3xx answer is an error answer (AnswerError).
+func NoRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // Watched wraps a dial function so that its connections are watchedConns.
 func Watched(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -519,4 +525,19 @@ func (d *Client) Exec(ctx context.Context, session string, req backend.ExecReque
 	}
 	first := apiv1.ExecRequest{Argv: req.Argv, Env: EnvMap(req.Env), Cwd: req.Dir, User: req.User, Timeout: DurationText(req.Timeout)}
 	return d.Stream(ctx, session, first, req.Stdout, req.Stderr, !req.Stdin)
+}
+
+// Recreate removes session's sandbox (POST /v1/sessions/{name}/recreate) so that its
+// next exec creates a new one from its rule's current config, and reports whether
+// there was one. Errors: Call's.
+func (d *Client) Recreate(ctx context.Context, session string) (bool, error) {
+	var a apiv1.RecreateAnswer
+	err := d.Call(ctx, http.MethodPost, SessionPath(session, "recreate"), nil, &a)
+	return a.Removed, err
+}
+
+// Close drops the client's idle connections; it always returns nil.
+func (d *Client) Close() error {
+	d.HTTP.CloseIdleConnections()
+	return nil
 }

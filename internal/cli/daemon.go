@@ -236,5 +236,5 @@ func dialHost(host string) (*daemonClient, error) {
 		}
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
-	return &daemonClient{&apiclient.Client{Where: u.Scheme + "://" + u.Host, Base: u.Scheme + "://" + u.Host, HTTP: &http.Client{Transport: tr}, Token: tok}}, nil
+	return &daemonClient{&apiclient.Client{Where: u.Scheme + "://" + u.Host, Base: u.Scheme + "://" + u.Host, HTTP: &http.Client{Transport: tr, CheckRedirect: apiclient.NoRedirect}, Token: tok}}, nil
 }

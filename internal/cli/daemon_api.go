@@ -46,12 +46,6 @@ func (d *daemonClient) RemoveSession(ctx context.Context, session string) error 
 	return d.Call(ctx, http.MethodDelete, apiclient.SessionPath(session, ""), nil, nil)
 }
 
-func (d *daemonClient) Recreate(ctx context.Context, session string) (bool, error) {
-	var a apiv1.RecreateAnswer
-	err := d.Call(ctx, http.MethodPost, apiclient.SessionPath(session, "recreate"), nil, &a)
-	return a.Removed, err
-}
-
 func (d *daemonClient) Prune(ctx context.Context, opts registry.PruneOptions) (*registry.PruneReport, error) {
 	var rep registry.PruneReport
 	if err := d.Call(ctx, http.MethodPost, "/v1/prune", apiv1.PruneRequest{DryRun: opts.DryRun, Owner: opts.Owner}, &rep); err != nil {
@@ -140,12 +134,6 @@ func (d *daemonClient) configCheck(ctx context.Context) (apiv1.ConfigCheck, erro
 	var chk apiv1.ConfigCheck
 	err := d.Call(ctx, http.MethodPost, "/v1/config/check", nil, &chk)
 	return chk, err
-}
-
-// Close drops the client's idle connections.
-func (d *daemonClient) Close() error {
-	d.HTTP.CloseIdleConnections()
-	return nil
 }
 
 // Exec runs a plain exec through the daemon as a streamed request and answer

@@ -114,26 +114,62 @@ func copyFile(t *testing.T, src, dst string) {
 	}
 }
 
-// TestNoRuntimeSDK: berth links neither the Docker SDK nor the containerd client nor
+// TestNoRuntimeSDK: berth-cli (the full CLI) links neither the Docker SDK nor the containerd client nor
 // client-go (nor the drivers on them, nor package drivers), nor berth serve's server
 // and Prometheus' client: they cost every berth call its start-up (their package
 // initialisers run whether or not a command needs them). The drivers are their own
-// executables, and so is the server (berth-serve).
+// executables, and so is the server (berth-serve); TestFrontDeps checks the front.
 func TestNoRuntimeSDK(t *testing.T) {
-	cmd := exec.Command("go", "list", "-deps", "./cmd/berth")
-	cmd.Dir = testbin.ModuleRoot()
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go list -deps ./cmd/berth: %v", err)
-	}
-	pkgs := strings.Fields(string(out))
+	pkgs := deps(t, "./cmd/berth-cli")
 	if !slices.Contains(pkgs, "github.com/berth-sh/berth/internal/cli") {
-		t.Fatalf("go list -deps ./cmd/berth does not name internal/cli:\n%s", out)
+		t.Fatalf("go list -deps ./cmd/berth-cli does not name internal/cli:\n%s", strings.Join(pkgs, "\n"))
 	}
 	for _, pkg := range pkgs {
 		if strings.Contains(pkg, "docker") || strings.Contains(pkg, "containerd") || strings.HasPrefix(pkg, "k8s.io/") ||
 			strings.Contains(pkg, "prometheus") || pkg == "github.com/berth-sh/berth/drivers" || pkg == "github.com/berth-sh/berth/server" {
-			t.Errorf("berth links %s", pkg)
+			t.Errorf("berth-cli links %s", pkg)
 		}
 	}
+}
+
+// TestFrontDeps: the berth front (cmd/berth) links only the standard library,
+// golang.org/x/sys and x/term, and berth's light packages: none of the registry,
+// the config's HCL, gRPC, go-plugin, bbolt, cobra, the CLI, and not
+// internal/sigstart/early (whose initialiser would set up signals in every berth
+// that hands over).
+func TestFrontDeps(t *testing.T) {
+	allowed := map[string]bool{
+		"github.com/berth-sh/berth/cmd/berth": true, "github.com/berth-sh/berth/internal/front": true,
+		"github.com/berth-sh/berth/internal/apiclient": true, "github.com/berth-sh/berth/internal/execrun": true,
+		"github.com/berth-sh/berth/internal/output": true, "github.com/berth-sh/berth/internal/phase": true,
+		"github.com/berth-sh/berth/internal/sigstart": true, "github.com/berth-sh/berth/backend": true,
+		"github.com/berth-sh/berth/server/apiv1": true, "github.com/berth-sh/berth/registry/config/paths": true,
+		"github.com/berth-sh/berth/registry/config/units": true,
+		"golang.org/x/sys/unix":                           true, "golang.org/x/term": true,
+	}
+	pkgs := deps(t, "./cmd/berth")
+	if !slices.Contains(pkgs, "github.com/berth-sh/berth/internal/front") {
+		t.Fatalf("go list -deps ./cmd/berth does not name internal/front:\n%s", strings.Join(pkgs, "\n"))
+	}
+	for _, pkg := range pkgs {
+		first, _, _ := strings.Cut(pkg, "/")
+		if !strings.Contains(first, ".") || strings.HasPrefix(pkg, "vendor/") {
+			continue // the standard library
+		}
+		if !allowed[pkg] {
+			t.Errorf("the berth front links %s", pkg)
+		}
+	}
+}
+
+// deps is go list -deps of the main package pkg.
+func deps(t *testing.T, pkg string) []string {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-deps", pkg)
+	cmd.Dir = testbin.ModuleRoot()
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -deps %s: %v", pkg, err)
+	}
+	return strings.Fields(string(out))
 }

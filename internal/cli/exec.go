@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"os"
 	"time"
 
 	"github.com/berth-sh/berth/backend"
@@ -13,8 +12,10 @@ import (
 	"github.com/spf13/cobra"
 )
 
-func newExecCmd(g *globals) *cobra.Command {
-	f := &execrun.Flags{}
+func newExecCmd(g *globals) *cobra.Command { return execCmd(g, &execrun.Flags{}) }
+
+// execCmd is the exec command with its flags parsed into f.
+func execCmd(g *globals, f *execrun.Flags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "exec [flags] -- CMD [ARG...] | exec [flags] --shell 'COMMAND'",
 		Short: "Run a command in a session's sandbox",
@@ -51,7 +52,7 @@ max_output), the full stream kept in a file under the state dir.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVarP(&f.Session, "session", "s", defaultSession(), "session name ($BERTH_SESSION sets the default)")
+	fl.StringVarP(&f.Session, "session", "s", execrun.DefaultSession(), "session name ($BERTH_SESSION sets the default)")
 	fl.StringArrayVarP(&f.Env, "env", "e", nil, "set an environment variable for this command (KEY=VALUE, repeatable)")
 	fl.StringVarP(&f.Workdir, "workdir", "w", "", "working directory in the sandbox")
 	fl.Var(durationValue{&f.Timeout}, "timeout", "kill the command's process tree after this long (e.g. 30s, 5m, 1d) and exit 124")
@@ -63,13 +64,6 @@ max_output), the full stream kept in a file under the state dir.`,
 	fl.BoolVar(&f.JSON, "json", false, "print one JSON object with the result and the output at the end (image pull progress, if any, as JSON lines on stderr)")
 	fl.SetInterspersed(false)
 	return takesSignals(cmd)
-}
-
-func defaultSession() string {
-	if s := os.Getenv("BERTH_SESSION"); s != "" {
-		return s
-	}
-	return "main"
 }
 
 // durationValue is a duration flag that takes what config durations take: Go's units

@@ -11,6 +11,7 @@ import (
 	"github.com/berth-sh/berth/internal/execrun"
 	"github.com/berth-sh/berth/internal/phase"
 	"github.com/berth-sh/berth/internal/sigstart"
+	_ "github.com/berth-sh/berth/internal/sigstart/early" // berth-cli and berth-serve catch the signals from their start
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/registry/config"

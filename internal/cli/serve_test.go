@@ -35,6 +35,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/benchutil"
+	"github.com/berth-sh/berth/internal/front"
 	"github.com/berth-sh/berth/internal/testimage"
 	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/server/apiv1"
@@ -1236,8 +1237,15 @@ func BenchmarkServeExec(b *testing.B) {
 		{Name: "serve-http", Run: post},
 		{Name: "serve-curl", Run: curlExec(sock, "bench")},
 		{Name: "cli-daemon", Run: func() error { return cliRun(environ, "exec", "-s", "bench", "--", "true") }},
+		{Name: "cli-full-daemon", Run: func() error { return cliRun(noFront(environ), "exec", "-s", "bench", "--", "true") }},
 		{Name: "cli-embedded", Run: func() error { return cliRun(environ, "--no-daemon", "exec", "-s", "bench", "--", "true") }},
 	})
+}
+
+// noFront is environ with BERTH_NO_FRONT=1: the berth front hands the command to
+// berth-cli, as before the front took execs itself.
+func noFront(environ []string) []string {
+	return append(slices.Clip(environ), front.EnvNoFront+"=1")
 }
 
 // BenchmarkServeExecDocker is BenchmarkServeExec on a warm docker session, beside
@@ -1268,6 +1276,7 @@ func BenchmarkServeExecDocker(b *testing.B) {
 		{Name: "serve-http", Run: post},
 		{Name: "serve-curl", Run: curlExec(sock, "bench")},
 		{Name: "cli-daemon", Run: func() error { return cliRun(environ, "exec", "-s", "bench", "--", "true") }},
+		{Name: "cli-full-daemon", Run: func() error { return cliRun(noFront(environ), "exec", "-s", "bench", "--", "true") }},
 		{Name: "cli-embedded", Run: func() error { return cliRun(environ, "--no-daemon", "exec", "-s", "bench", "--", "true") }},
 		{Name: "docker-exec", Run: func() error { return exec.Command("docker", "-H", host, "exec", sandbox, "true").Run() }},
 	})

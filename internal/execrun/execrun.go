@@ -60,6 +60,15 @@ type Flags struct {
 	Recreate  bool
 }
 
+// DefaultSession is the session of a command without -s: $BERTH_SESSION, else
+// "main".
+func DefaultSession() string {
+	if s := os.Getenv("BERTH_SESSION"); s != "" {
+		return s
+	}
+	return "main"
+}
+
 // Starter is the way to a session's sandbox that Run starts the command through:
 // the registry embedded, or berth serve. Exec starts req in session and returns its
 // process and where it runs (the started event's fields); Recreate removes the

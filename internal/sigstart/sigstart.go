@@ -3,14 +3,17 @@
 // run, so that a signal sent right after berth was started is not lost and does not
 // kill berth before the command that handles it is ready.
 //
-// Only importing the package does that (its init calls signal.Notify). It has no
-// dependency beyond os/signal, so Go initialises it as soon as os/signal is (the
-// packages of a program are initialised in import-path order among those whose
-// imports are done), some milliseconds before main. The command that runs then
-// decides: one that handles the signals itself (berth exec, shell, job logs) Takes the
-// channel and finds in it whatever came early; every other one Releases it, which
-// gives the signals their default action back and delivers again a signal that came
-// in the meantime, so it has that action now.
+// Start begins the catching. Importing package internal/sigstart/early calls it from
+// that package's initialiser, which depends only on this package and os/signal, so Go
+// initialises it as soon as os/signal is (the packages of a program are initialised
+// in import-path order among those whose imports are done), some milliseconds before
+// main: berth-cli, berth-serve and berth-agent import it. The thin berth front
+// (internal/front) does not: it calls Start once it knows it runs the command itself,
+// and a command it hands to berth-cli costs no signal setup. The command that runs
+// then decides: one that handles the signals itself (berth exec, shell, job logs)
+// Takes the channel and finds in it whatever came early; every other one Releases it,
+// which gives the signals their default action back and delivers again a signal that
+// came in the meantime, so it has that action now.
 //
 // Signals reach a Go program's channels asynchronously: the kernel hands a signal to
 // one of the process's threads, whose handler passes it to a goroutine that sends it
@@ -25,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -47,9 +51,20 @@ const syncSignal = syscall.Signal(40)
 // one never has its default action (termination).
 var synced = make(chan os.Signal, 4)
 
-func init() {
+// started is set by Start.
+var started atomic.Bool
+
+// Start begins catching Caught into the channel that Take returns, and the signal
+// that Sync sends itself. It is idempotent and safe for concurrent use.
+func Start() {
+	mu.Lock()
+	defer mu.Unlock()
+	if started.Load() {
+		return
+	}
 	signal.Notify(ch, Caught...)
 	signal.Notify(synced, syncSignal)
+	started.Store(true)
 }
 
 // Sync returns once every signal that was sent to the process before the call has been
@@ -63,7 +78,11 @@ func init() {
 // all). Only a signal whose handler another thread is in the very middle of running
 // can still come after Sync returns, as any signal sent later does. The wait for
 // syncSignal is bounded by a second too; neither bound is ever reached in practice.
+// Before Start it returns at once.
 func Sync() {
+	if !started.Load() {
+		return // nothing is caught: there is nothing to wait for (and syncSignal would end the process)
+	}
 	for len(synced) > 0 { // left from an earlier call
 		<-synced
 	}

@@ -30,11 +30,12 @@ func ModuleRoot() string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
-// Packages are the main packages Berth builds into one directory: berth, the HTTP
-// API's server berth-serve, the stand-alone agent berth-agent, and the executables
-// of the built-in drivers that have their own (backends.Builtins).
+// Packages are the main packages Berth builds into one directory: berth (the thin
+// front), berth-cli (the full command line, the agent and the local driver's
+// plugin), the HTTP API's server berth-serve, the stand-alone agent berth-agent, and
+// the executables of the built-in drivers that have their own (backends.Builtins).
 func Packages() []string {
-	pkgs := []string{"./cmd/berth", "./cmd/berth-serve", "./cmd/berth-agent"}
+	pkgs := []string{"./cmd/berth", "./cmd/berth-cli", "./cmd/berth-serve", "./cmd/berth-agent"}
 	for _, b := range backends.Builtins {
 		if b.Executable != "" {
 			pkgs = append(pkgs, "./cmd/"+b.Executable)
@@ -43,8 +44,9 @@ func Packages() []string {
 	return pkgs
 }
 
-// Berth returns the path of a static berth binary built from this checkout, with the
-// built-in drivers' executables beside it, building them on first use (one go build).
+// Berth returns the path of a static berth binary (the thin front, as users run it)
+// built from this checkout, with berth-cli, berth-serve and the built-in drivers'
+// executables beside it, building them on first use (one go build).
 // Errors name the failing go build with its output.
 func Berth() (string, error) {
 	once.Do(func() {
@@ -65,7 +67,7 @@ func Berth() (string, error) {
 }
 
 // DriverCommand returns the command that serves the built-in driver name as a
-// plugin, as berth (built by Berth) runs it: backends.BuiltinDriver.Command with no
+// plugin, as berth-cli (built by Berth) runs it: backends.BuiltinDriver.Command with no
 // plugin dirs, for backends.LaunchOptions.Path and Args. It fails t when berth cannot
 // be built or name is no built-in driver.
 func DriverCommand(t testing.TB, name string) (string, []string) {
@@ -78,7 +80,7 @@ func DriverCommand(t testing.TB, name string) (string, []string) {
 	if !ok {
 		t.Fatalf("no built-in driver %q", name)
 	}
-	p, args, err := b.Command(bin, nil)
+	p, args, err := b.Command(CLI(bin), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,16 +95,33 @@ func Cleanup() {
 }
 
 // Main is a TestMain body for packages whose tests need the binaries: it builds berth
-// and the driver executables, stores berth's path in *bin, runs the tests and removes
-// the binaries. It returns the exit code for os.Exit; a failed build prints the go
-// build output and returns 1.
+// and the executables beside it (Packages), stores berth's path (the front, Berth)
+// in *bin, runs the tests and removes the binaries. It returns the exit code for
+// os.Exit; a failed build prints the go build output and returns 1.
 func Main(m *testing.M, bin *string) int {
+	return main(m, bin, func(front string) string { return front })
+}
+
+// MainCLI is Main storing the path of berth-cli instead (CLI): the berth binary of
+// package registry (registry.WithBerthBinary), the agent and the local driver's
+// plugin, for the packages whose tests use berth in those roles.
+func MainCLI(m *testing.M, bin *string) int { return main(m, bin, CLI) }
+
+func main(m *testing.M, bin *string, pick func(front string) string) int {
 	defer Cleanup()
 	path, err := Berth()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	*bin = path
+	*bin = pick(path)
 	return m.Run()
 }
+
+// CLI returns the berth-cli beside path (a berth front or any executable Berth
+// built): berth's full command line, the agent and the local driver's plugin.
+func CLI(path string) string { return filepath.Join(filepath.Dir(path), "berth-cli") }
+
+// Front returns the berth front beside path (berth-cli or any executable Berth
+// built): the berth that users run.
+func Front(path string) string { return filepath.Join(filepath.Dir(path), "berth") }

@@ -79,7 +79,7 @@ def berth_bin(tmp_path_factory) -> str:
         return os.path.join(d, "berth")
     d = str(tmp_path_factory.mktemp("bin"))
     env = dict(os.environ, CGO_ENABLED="0")
-    subprocess.run(["go", "build", "-o", d + "/", "./cmd/berth", "./cmd/berth-serve", "./cmd/berth-driver-docker"],
+    subprocess.run(["go", "build", "-o", d + "/", "./cmd/berth", "./cmd/berth-cli", "./cmd/berth-serve", "./cmd/berth-driver-docker"],
                    cwd=ROOT, env=env, check=True)
     return os.path.join(d, "berth")
 

@@ -50,11 +50,11 @@ def _run(cmd: List[str], env: Optional[Dict[str, str]] = None, **kw) -> subproce
 
 @pytest.fixture(scope="session")
 def bins(tmp_path_factory) -> str:
-    """A directory with static berth, berth-serve, berth-driver-docker and the testimage tool,
-    built from this checkout (CGO_ENABLED=0: berth is also the sandboxes' agent)."""
+    """A directory with static berth, berth-cli, berth-serve, berth-driver-docker and the testimage tool,
+    built from this checkout (CGO_ENABLED=0: berth-cli is also the sandboxes' agent)."""
     d = str(tmp_path_factory.mktemp("bin"))
     env = dict(os.environ, CGO_ENABLED="0")
-    _run(["go", "build", "-o", d + "/", "./cmd/berth", "./cmd/berth-serve", "./cmd/berth-driver-docker"], env)
+    _run(["go", "build", "-o", d + "/", "./cmd/berth", "./cmd/berth-cli", "./cmd/berth-serve", "./cmd/berth-driver-docker"], env)
     _run(["go", "build", "-o", os.path.join(d, "testimage"), "./internal/testimage/cmd/testimage"], env)
     return d
 
