@@ -32,8 +32,8 @@ func TestDriverExecutables(t *testing.T) {
 	e := newEnv(t)
 	var list []apiv1.Driver
 	decodeOne(t, e.must("drivers", "--json"), &list)
-	if r := rowOf(t, list, "local"); r.Path != berthBin || r.Health != "ok" || r.Served != "plugin" {
-		t.Errorf("local: %+v, want served by %s", r, berthBin)
+	if r := rowOf(t, list, "local"); r.Path != testbin.CLI(berthBin) || r.Health != "ok" || r.Served != "plugin" {
+		t.Errorf("local: %+v, want served by %s", r, testbin.CLI(berthBin))
 	}
 	for _, name := range []string{"docker", "containerd"} {
 		// Info needs no daemon: the rows are healthy wherever the runtimes are.
@@ -56,9 +56,10 @@ func TestDriverExecutables(t *testing.T) {
 		t.Errorf("driver serve docker: want 125 naming berth-driver-docker\n%v", r)
 	}
 
-	// berth alone in a directory: local works, docker says what to build and where.
-	alone := filepath.Join(t.TempDir(), "berth")
-	copyFile(t, berthBin, alone)
+	// berth-cli (the full CLI) alone in a directory: local works, docker says what to
+	// build and where.
+	alone := filepath.Join(t.TempDir(), "berth-cli")
+	copyFile(t, testbin.CLI(berthBin), alone)
 	run := func(extra []string, args ...string) result {
 		t.Helper()
 		cmd := exec.Command(alone, args...)

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/berth-sh/berth/internal/execrun"
+	"github.com/berth-sh/berth/internal/testbin"
 )
 
 // readArchive returns the contents of the members of the tar data by name.
@@ -43,7 +44,7 @@ func readArchive(t *testing.T, data []byte) map[string][]byte {
 // DIR`, the entrypoint, copies the binary into DIR.
 func TestImageAgent(t *testing.T) {
 	e := newEnv(t)
-	bin, err := os.ReadFile(berthBin)
+	bin, err := os.ReadFile(testbin.CLI(berthBin))
 	if err != nil {
 		t.Fatal(err)
 	}

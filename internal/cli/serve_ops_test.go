@@ -17,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/berth-sh/berth/internal/execrun"
+	"github.com/berth-sh/berth/internal/testbin"
 	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/server/apiv1"
 )
@@ -167,7 +168,7 @@ func TestServePluginKilled(t *testing.T) {
 	d.exec("p:1", `{"argv":["true"]}`) // creates the sandbox: launches the local plugin
 	plugin := func() []procInfo {
 		return liveProcs(func(p procInfo) bool {
-			return strings.Join(p.cmdline, " ") == berthBin+" driver serve local" && p.ppid == d.cmd.Process.Pid
+			return strings.Join(p.cmdline, " ") == testbin.CLI(berthBin)+" driver serve local" && p.ppid == d.cmd.Process.Pid
 		})
 	}
 	ps := plugin()
@@ -212,7 +213,7 @@ func TestServeDriversExplain(t *testing.T) {
 			i = j
 		}
 	}
-	if i < 0 || drivers[i].Health != "ok" || drivers[i].Served != "plugin" || drivers[i].Path != berthBin || drivers[i].Protocol == 0 {
+	if i < 0 || drivers[i].Health != "ok" || drivers[i].Served != "plugin" || drivers[i].Path != testbin.CLI(berthBin) || drivers[i].Protocol == 0 {
 		t.Errorf("drivers: %s", b)
 	}
 

@@ -36,6 +36,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/internal/front"
+	"github.com/berth-sh/berth/internal/testbin"
 	"github.com/berth-sh/berth/internal/testimage"
 	"github.com/berth-sh/berth/internal/testwait"
 	"github.com/berth-sh/berth/server/apiv1"
@@ -622,8 +623,9 @@ func TestServeExecutable(t *testing.T) {
 		t.Errorf("berth serve's process runs %q, want berth-serve (%v)", b, err)
 	}
 
-	alone := filepath.Join(t.TempDir(), "berth")
-	copyFile(t, berthBin, alone)
+	// berth-cli (what the front hands serve to) without berth-serve beside it.
+	alone := filepath.Join(t.TempDir(), "berth-cli")
+	copyFile(t, testbin.CLI(berthBin), alone)
 	cmd := exec.Command(alone, "serve")
 	cmd.Env = newEnv(t).environ()
 	out, err := cmd.CombinedOutput()

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -31,16 +32,21 @@ func poolBenchRules(body string) string {
 
 // httpPools is GET /v1/pools through client.
 func httpPools(client *http.Client) ([]apiv1.Pool, error) {
-	resp, err := client.Get("http://berth/v1/pools")
+	var ps []apiv1.Pool
+	return ps, httpGet(client, "/v1/pools", &ps)
+}
+
+// httpGet is GET path through client, its JSON answer decoded into out.
+func httpGet(client *http.Client, path string, out any) error {
+	resp, err := client.Get("http://berth" + path)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer resp.Body.Close()
-	var ps []apiv1.Pool
-	if err := json.NewDecoder(resp.Body).Decode(&ps); err != nil || resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /v1/pools: %d %v", resp.StatusCode, err)
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil || resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %d %v", path, resp.StatusCode, err)
 	}
-	return ps, nil
+	return nil
 }
 
 // waitPoolFull waits until the daemon's pool of scope holds its size of ready
@@ -127,7 +133,8 @@ func drainBenchPools(b testing.TB, environ []string, client *http.Client, sock s
 // finished (POST /v1/sessions/NEW/exec {"argv":["true"]} through the daemon's API,
 // from a Go HTTP client over its socket) with a warm pool of 4 (a claim) against
 // without one (a create), on local and, when their runtimes answer, docker and
-// containerd (1.6 and 2.x); on docker also `docker run --rm IMAGE true`. Each round
+// containerd (1.6 and 2.x), and the whole `berth exec -s NEW -- true` command (its
+// claim: cli-claim); on docker also `docker run --rm IMAGE true`. Each round
 // removes its sessions and waits until the pool is full again (GET /v1/pools shows
 // 4 ready) before it goes on, outside the timing; at least 30 interleaved rounds.
 // Issue 16's targets: p50 <= 15 ms with the pool, <= 0.05x docker run.
@@ -194,7 +201,7 @@ func benchPoolAcquireConfig(b *testing.B, config string, setup func(environ []st
 	}
 	waitPoolFull(b, client, "pool:*")
 	rounds := max(b.N, 30)
-	var claims, creates, others []time.Duration
+	var claims, cliClaims, creates, others []time.Duration
 	b.ResetTimer()
 	for i := range rounds {
 		start := time.Now()
@@ -207,6 +214,19 @@ func benchPoolAcquireConfig(b *testing.B, config string, setup func(environ []st
 			b.Fatalf("round %d: the pooled session was not a claim: %+v", i, res)
 		}
 		claims = append(claims, took)
+		// The whole `berth exec -s NEW -- true` command through the daemon: the
+		// front's path (issue 16's done-when: ten new sessions in a row).
+		start = time.Now()
+		err = cliRun(environ, "exec", "-s", fmt.Sprintf("pool:c%d", i), "--", "true")
+		took = time.Since(start)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var got apiv1.Session
+		if err := httpGet(client, "/v1/sessions/"+url.PathEscape(fmt.Sprintf("pool:c%d", i)), &got); err != nil || !got.Pooled {
+			b.Fatalf("round %d: the CLI's session is not a claim: %+v %v", i, got, err)
+		}
+		cliClaims = append(cliClaims, took)
 		start = time.Now()
 		res, err = postTrue(client, fmt.Sprintf("fresh:%d", i))
 		took = time.Since(start)
@@ -222,7 +242,7 @@ func benchPoolAcquireConfig(b *testing.B, config string, setup func(environ []st
 			others = append(others, time.Since(start))
 		}
 		b.StopTimer()
-		for _, s := range []string{fmt.Sprintf("pool:%d", i), fmt.Sprintf("fresh:%d", i)} {
+		for _, s := range []string{fmt.Sprintf("pool:%d", i), fmt.Sprintf("pool:c%d", i), fmt.Sprintf("fresh:%d", i)} {
 			if err := deleteSession(client, s); err != nil {
 				b.Fatal(err)
 			}
@@ -231,7 +251,7 @@ func benchPoolAcquireConfig(b *testing.B, config string, setup func(environ []st
 		b.StartTimer()
 	}
 	b.StopTimer()
-	names, samples := []string{"claim", "create"}, [][]time.Duration{claims, creates}
+	names, samples := []string{"claim", "cli-claim", "create"}, [][]time.Duration{claims, cliClaims, creates}
 	if extra != nil {
 		names, samples = append(names, extraName), append(samples, others)
 		p50c, _ := benchutil.Percentiles(claims)

@@ -97,6 +97,14 @@ func Main(args []string) int {
 			phase.Report(os.Stderr)
 			return code
 		}
+		// berth-cli's exec would find a signal that came by now before it started
+		// anything: say so as it would (exit 128+N), rather than hand over a command
+		// that the signal then ends without a word.
+		sigstart.Sync()
+		if s := sigstart.Pending(); s != nil {
+			early := execrun.EarlySignals{Signals: []os.Signal{s}}
+			return execrun.Report(execrun.StartError(f.Session, early, execrun.ErrBeforeStart))
+		}
 	}
 	return handOver(args)
 }
@@ -116,8 +124,12 @@ func handOver(args []string) int {
 	dir := filepath.Dir(self)
 	full := filepath.Join(dir, FullCLI)
 	err = syscall.Exec(full, args, os.Environ())
-	fmt.Fprintf(os.Stderr, "berth: cannot run %s, berth's full command line, which must be beside berth: %v; build both: CGO_ENABLED=0 go build -o %s/ ./cmd/... (go run ./cmd/berth builds the front alone)\n",
-		full, err, dir)
+	out := dir
+	if strings.Contains(dir, "go-build") {
+		out = "DIR" // go run's temporary directory
+	}
+	fmt.Fprintf(os.Stderr, "berth: cannot run %s, berth's full command line, which must be beside this berth: %v; build them together: CGO_ENABLED=0 go build -o %s/ ./cmd/... (go run ./cmd/berth builds the front alone; go run ./cmd/berth-cli runs the full command line)\n",
+		full, err, out)
 	return execrun.ExitInternal
 }
 

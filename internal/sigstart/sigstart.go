@@ -139,6 +139,23 @@ func Take() chan os.Signal {
 	return ch
 }
 
+// Pending returns a signal of Caught that came since Start and is still in the
+// channel (nil when none), taking it out. Call Sync first to see every signal sent
+// before the call. After Take it returns nil: the channel is the taker's.
+func Pending() os.Signal {
+	mu.Lock()
+	defer mu.Unlock()
+	if decided {
+		return nil
+	}
+	select {
+	case s := <-ch:
+		return s
+	default:
+		return nil
+	}
+}
+
 // Release stops catching Caught for the rest of the program: they get their
 // default action again (they end the process), and one that came since the start is
 // sent again to the process, which then ends by it as it would have without this
