@@ -1284,6 +1284,44 @@ func BenchmarkServeExecDocker(b *testing.B) {
 	})
 }
 
+// BenchmarkServeExecContainerd is BenchmarkServeExecDocker on containerd 1.6 and 2.x
+// (when they answer): the whole `berth exec` through the daemon (the front, and
+// berth-cli) beside `ctr task exec` in the session's own container; issue 12's
+// target for the whole command is at most 0.15x ctr task exec.
+//
+//	go test ./internal/cli -run '^$' -bench ServeExecContainerd -benchtime 40x
+func BenchmarkServeExecContainerd(b *testing.B) {
+	ctrBin, err := exec.LookPath("ctr")
+	if err != nil {
+		b.Skip("no ctr binary: ", err)
+	}
+	for _, env := range testimage.ContainerdEnvs {
+		b.Run(strings.ToLower(strings.TrimSuffix(env, "_ADDRESS")), func(b *testing.B) {
+			addr := testimage.RequireContainerd(b, env)
+			ns := containerdCLINamespace + "-exec"
+			environ, client, _ := benchServe(b, fmt.Sprintf("driver \"containerd\" {\n  address   = %q\n  namespace = %q\n}\nscope \"*\" {\n  driver = \"containerd\"\n  image  = %q\n}\n",
+				addr, ns, testimage.Ref))
+			importBenchImage(b, environ, "containerd")
+			post, sandbox := benchExec(b, client, "bench")
+			b.Cleanup(func() { cli(environ, "rm", "bench").Run() })
+			n := 0
+			benchutil.Interleave(b, []benchutil.Way{
+				{Name: "serve-http", Run: post},
+				{Name: "cli-daemon", Run: func() error { return cliRun(environ, "exec", "-s", "bench", "--", "true") }},
+				{Name: "cli-full-daemon", Run: func() error { return cliRun(noFront(environ), "exec", "-s", "bench", "--", "true") }},
+				{Name: "ctr-task-exec", Run: func() error {
+					n++
+					out, err := exec.Command(ctrBin, "-a", addr, "-n", ns, "task", "exec", "--exec-id", fmt.Sprintf("bench-%d", n), sandbox, "true").CombinedOutput()
+					if err != nil {
+						return fmt.Errorf("ctr task exec: %v: %s", err, out)
+					}
+					return nil
+				}},
+			})
+		})
+	}
+}
+
 // cli returns `berth ARGS...` with environ.
 func cli(environ []string, args ...string) *exec.Cmd {
 	c := exec.Command(berthBin, args...)
