@@ -24,9 +24,9 @@ type BuiltinDriver struct {
 }
 
 // Builtins are the drivers that ship with berth, by name: local is compiled into the
-// berth binary (it links no runtime SDK, and `go run ./cmd/berth` needs nothing
-// else); docker, containerd and kubernetes are their own executables, so that the
-// berth binary links neither the Docker SDK, the containerd client nor client-go
+// berth binary, berth-cli (it links no runtime SDK, and `go run ./cmd/berth-cli`
+// needs nothing else); docker, containerd and kubernetes are their own executables,
+// so that the berth binary links neither the Docker SDK, the containerd client nor client-go
 // and starts in a fraction of the time. The list is what config accepts as built-in driver names
 // (BuiltinNames). Do not modify it.
 var Builtins = []BuiltinDriver{

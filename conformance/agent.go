@@ -19,7 +19,7 @@ func DefaultPrepareAgent(binary string) func(stateDir, sandboxName string) (back
 	installed := map[string]agent.Binary{}
 	return func(stateDir, sandboxName string) (backend.AgentFiles, error) {
 		if binary == "" {
-			return backend.AgentFiles{}, errors.New("conformance: Options.AgentBinary is empty: set it to a static berth binary (CGO_ENABLED=0 go build ./cmd/berth) or set Options.PrepareAgent")
+			return backend.AgentFiles{}, errors.New("conformance: Options.AgentBinary is empty: set it to a static berth-cli, berth's full binary (CGO_ENABLED=0 go build -o DIR/ ./cmd/berth-cli), or set Options.PrepareAgent")
 		}
 		mu.Lock()
 		bin, ok := installed[stateDir]

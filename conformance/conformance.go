@@ -100,7 +100,8 @@ func (h *Harness) applies(c Case) (bool, string) {
 // Options configures a run of the suite. Only AgentBinary (or PrepareAgent) is
 // required; the rest have defaults.
 type Options struct {
-	// AgentBinary is the static berth binary that the default PrepareAgent installs as
+	// AgentBinary is the static berth-cli (berth's full binary, cmd/berth-cli; not the
+	// thin front cmd/berth) or berth-agent that the default PrepareAgent installs as
 	// the sandboxes' agent (built with CGO_ENABLED=0). Required when PrepareAgent is nil.
 	AgentBinary string
 	// StateDir is where agent copies and per-sandbox agent directories go

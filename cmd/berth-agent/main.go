@@ -25,7 +25,7 @@ import (
 )
 
 func main() {
-	// As in cmd/berth: a signal that came before the agent set up its own handling
+	// As in cmd/berth-cli: a signal that came before the agent set up its own handling
 	// stays caught, and so dropped, rather than given its default action.
 	sigstart.Take()
 	os.Exit(agent.Main(os.Args[1:]))

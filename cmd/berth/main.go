@@ -1,8 +1,8 @@
 // Command berth is berth's command line as its users run it: a thin front that makes
 // a plain `berth exec` through a running berth serve itself, and hands every other
 // command line to berth-cli, berth's full command line, beside it (execve: same
-// arguments, environment and pid). It links only the standard library and berth's
-// light packages, so that such an exec costs the start of a small program, not the
+// arguments, environment and pid). It links only the standard library, x/sys and
+// x/term, and berth's light packages, so that such an exec costs the start of a small program, not the
 // initialisation of the registry, gRPC and HCL (package internal/front says when it
 // takes a call; docs/architecture.md). Build it with the rest:
 //

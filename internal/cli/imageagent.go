@@ -50,7 +50,7 @@ your registry's name (see docs/kubernetes.md).`,
 				return execrun.Failure(err)
 			}
 			if !static {
-				return execrun.Usage("%s is dynamically linked and cannot run in a container's own filesystem; build a static berth with `CGO_ENABLED=0 go build -o berth ./cmd/berth` and run that one's image agent", exe)
+				return execrun.Usage("%s is dynamically linked and cannot run in a container's own filesystem; build a static berth with `CGO_ENABLED=0 go build -o DIR/ ./cmd/...` and run DIR/berth image agent", exe)
 			}
 			bin, err := os.ReadFile(exe)
 			if err != nil {

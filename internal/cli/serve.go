@@ -273,7 +273,7 @@ func execServe(g *globals) error {
 	}
 	exe := filepath.Join(filepath.Dir(self), serveExecutable)
 	if _, err := os.Stat(exe); err != nil {
-		return execrun.Failure(fmt.Errorf("berth serve runs %s, the HTTP API's server, from beside berth: %v; build both into one directory (CGO_ENABLED=0 go build -o DIR/ ./cmd/...) and run DIR/berth serve (go run ./cmd/berth builds berth alone)", serveExecutable, err))
+		return execrun.Failure(fmt.Errorf("berth serve runs %s, the HTTP API's server, from beside berth: %v; build both into one directory (CGO_ENABLED=0 go build -o DIR/ ./cmd/...) and run DIR/berth serve (go run builds one executable alone)", serveExecutable, err))
 	}
 	// berth-serve catches SIGINT, SIGTERM and SIGHUP again from its start
 	// (sigstart) and handles them as serve does. Of those caught here until now, a

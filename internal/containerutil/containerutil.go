@@ -51,7 +51,7 @@ func CheckAgent(driver, name string, a backend.AgentFiles) error {
 		return backend.Errorf(backend.ErrInvalid, "%s sandbox %s: agent binary %s must be %s inside the agent dir %s", driver, name, a.Binary, backend.AgentBinaryName, a.Dir)
 	}
 	if !a.Static {
-		return backend.Errorf(backend.ErrInvalid, "%s sandbox %s: the agent binary %s is dynamically linked and cannot run inside a container's own filesystem; build a static berth with `CGO_ENABLED=0 go build -o berth ./cmd/berth` and use that (or point agent_path at a static build)", driver, name, a.Binary)
+		return backend.Errorf(backend.ErrInvalid, "%s sandbox %s: the agent binary %s is dynamically linked and cannot run inside a container's own filesystem; build a static berth-cli with `CGO_ENABLED=0 go build -o DIR/ ./cmd/...` and use that (or point agent_path at a static build of berth-cli or berth-agent)", driver, name, a.Binary)
 	}
 	return nil
 }

@@ -8,9 +8,9 @@
 // runs, and the full CLI links the registry, gRPC, go-plugin, HCL and bbolt (about
 // 190 package initialisers, 8–12 ms of a `berth version` on the machines berth is
 // measured on, docs/performance.md). Through a daemon an exec needs none of them:
-// this package links only the standard library and berth's light packages
-// (internal/apiclient, internal/execrun, server/apiv1, registry/config/paths and
-// units), and TestFrontDeps keeps it that way.
+// this package links only the standard library, golang.org/x/sys and x/term, and
+// berth's light packages (internal/apiclient, internal/execrun, server/apiv1,
+// registry/config/paths and units), and TestFrontDeps keeps it that way.
 //
 // The front takes a call only when it is sure that the full CLI would make the same
 // calls of the same daemon; anything else, before anything is sent, goes to

@@ -48,7 +48,7 @@ func main() {
 	)
 	flag.Parse()
 	if *agentBin == "" {
-		fmt.Fprintln(os.Stderr, "density: -agent is required: build one with CGO_ENABLED=0 go build -o /tmp/berth ./cmd/berth")
+		fmt.Fprintln(os.Stderr, "density: -agent is required: build one with CGO_ENABLED=0 go build -o /tmp/ ./cmd/berth-cli (or ./cmd/berth-agent) and pass /tmp/berth-cli")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
