@@ -25,6 +25,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -518,10 +519,15 @@ func DurationText(d time.Duration) string {
 // Timeout become the request's fields, its output events go to req.Stdout and
 // req.Stderr, and without req.Stdin the command reads EOF at once. Errors: Stream's,
 // and backend.ErrInvalid for req.TTY (berth's CLI runs those over the TTY
-// WebSocket).
+// WebSocket) and for text that is not UTF-8 (backend.CheckExecText, as embedded).
 func (d *Client) Exec(ctx context.Context, session string, req backend.ExecRequest) (*Exec, error) {
 	if req.TTY {
 		return nil, backend.Errorf(backend.ErrInvalid, "a terminal exec goes over the TTY WebSocket, not a streamed exec")
+	}
+	// JSON would carry bytes that are not UTF-8 as U+FFFD: refuse them as the
+	// registry does embedded.
+	if err := backend.CheckExecText(req); err != nil {
+		return nil, fmt.Errorf("session %q: %w", session, err)
 	}
 	first := apiv1.ExecRequest{Argv: req.Argv, Env: EnvMap(req.Env), Cwd: req.Dir, User: req.User, Timeout: DurationText(req.Timeout)}
 	return d.Stream(ctx, session, first, req.Stdout, req.Stderr, !req.Stdin)
@@ -540,4 +546,20 @@ func (d *Client) Recreate(ctx context.Context, session string) (bool, error) {
 func (d *Client) Close() error {
 	d.HTTP.CloseIdleConnections()
 	return nil
+}
+
+// Refused reports whether err, from a call over a unix socket, means that nobody
+// listens there: a socket that a berth serve left behind (connection refused), or one
+// removed meanwhile.
+func Refused(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)
+}
+
+// FixNoStatus is StatusFailed's fix for the daemon of the command's own state dir.
+const FixNoStatus = "stop it, or use --no-daemon to run embedded"
+
+// StatusFailed is the error for a daemon at where that did not answer its status
+// call with err; fix says what to do about it.
+func StatusFailed(where string, err error, fix string) error {
+	return fmt.Errorf("berth serve at %s does not answer its status call: %v; %s", where, err, fix)
 }

@@ -9,7 +9,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -17,7 +16,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/berth-sh/berth/internal/apiclient"
@@ -105,18 +103,14 @@ func (g *globals) daemon(ctx context.Context) (*daemonClient, error) {
 	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
 	if err := d.Get(sctx, "/v1/status", &d.Status); err != nil {
-		var refused bool
-		if host == "" {
-			refused = errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)
-		}
-		if refused {
+		if host == "" && apiclient.Refused(err) {
 			return nil, nil // a socket that a berth serve left behind: nobody listens
 		}
 		fix := fmt.Sprintf("unset %s or use --no-daemon to run embedded", envHost)
 		if host == "" {
-			fix = "stop it, or use --no-daemon to run embedded"
+			fix = apiclient.FixNoStatus
 		}
-		return nil, fmt.Errorf("berth serve at %s does not answer its status call: %v; %s", d.Where, err, fix)
+		return nil, apiclient.StatusFailed(d.Where, err, fix)
 	}
 	if err := d.matches(want, host != ""); err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/berth-sh/berth/internal/execrun"
@@ -133,6 +134,7 @@ func TestFrontParity(t *testing.T) {
 		{[]string{"exec", "-e", "NOEQUALS", "--", "true"}, 125},
 		{[]string{"exec", "-s", "bad\x01name", "--", "true"}, 125},
 		{[]string{"exec", "-s", "", "--", "true"}, 125},
+		{[]string{"exec", "--", "printf", "\xff"}, 125}, // not UTF-8: refused, as embedded, not sent as U+FFFD
 	} {
 		viaFront := e.runFront(alone, c.args...)
 		viaCLI := full.run(c.args...)
@@ -182,4 +184,34 @@ func TestFrontHandsOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	handsOver("a config that mentions state_dir", "exec", "--", "true")
+
+	// A config that can be read once (a FIFO, BERTH_CONFIG=<(...)) is left for
+	// berth-cli to read: the front does not open it (opening a FIFO without a writer
+	// would block it here).
+	fifo := filepath.Join(e.dir, "config.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.config = fifo
+	handsOver("a config that is a FIFO", "exec", "--", "true")
+	e.config = e.writeFile("config.hcl", "# for the cleanup\n")
+}
+
+// TestFrontHungDaemon: a daemon whose socket takes the connection but that does not
+// answer its status call (stopped) is an error from the front itself, worded as
+// berth-cli words it (exit 125), after one status timeout, not handed over to
+// berth-cli to wait as long again: the front alone says it, not "cannot run
+// berth-cli".
+func TestFrontHungDaemon(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d := e.serve()
+	if err := d.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer d.cmd.Process.Signal(syscall.SIGCONT)
+	r := e.runFront(frontAlone(t), "exec", "--", "true")
+	if r.code != 125 || !strings.Contains(r.stderr, "does not answer its status call") || strings.Contains(r.stderr, "berth-cli") {
+		t.Errorf("the front alone, a stopped daemon: %v, want 125 saying the daemon does not answer its status call", r)
+	}
 }

@@ -27,7 +27,11 @@
 //   - STATE/berth.sock answers GET /v1/status, and the daemon's state dir, config
 //     file and clock offset are the command's, and the config file's bytes hash to
 //     what the daemon read (status's config_sha256): a file edited since is read and
-//     checked by berth-cli first, as before.
+//     checked by berth-cli first, as before. The front then goes by the daemon's
+//     check of those bytes: a config whose check depends on the caller's own
+//     environment ($BERTH_PLUGIN_PATH for a third-party driver, $HOME for a "~/"
+//     path) is checked in the daemon's, where berth-cli would check it in the
+//     caller's.
 //
 // The exec itself is package execrun's, as in berth-cli: output, signals, messages
 // and exit codes cannot differ.
@@ -38,7 +42,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -90,7 +96,16 @@ func Main(args []string) int {
 		// after, forwarded); until here it ended the front, as it ends any program
 		// that has not started yet.
 		sigstart.Start()
-		if c := daemon(); c != nil {
+		c, err := daemon()
+		if err != nil {
+			// berth-cli would say the same and end (it does not hand such a
+			// daemon over either); a signal that came meanwhile then ends it.
+			code := execrun.Report(execrun.Failure(err))
+			sigstart.Sync()
+			sigstart.Release()
+			return code
+		}
+		if c != nil {
 			code := execrun.Report(execrun.Run(context.Background(), f, argv, func(context.Context) (execrun.Starter, error) {
 				return starter{c}, nil
 			}))
@@ -124,12 +139,12 @@ func handOver(args []string) int {
 	dir := filepath.Dir(self)
 	full := filepath.Join(dir, FullCLI)
 	err = syscall.Exec(full, args, os.Environ())
-	out := dir
-	if strings.Contains(dir, "go-build") {
-		out = "DIR" // go run's temporary directory
+	if !errors.Is(err, fs.ErrNotExist) {
+		fmt.Fprintf(os.Stderr, "berth: cannot run %s, berth's full command line beside this berth: %v; check that it is an executable file, or build them again together: CGO_ENABLED=0 go build -o DIR/ ./cmd/...\n", full, err)
+		return execrun.ExitInternal
 	}
-	fmt.Fprintf(os.Stderr, "berth: cannot run %s, berth's full command line, which must be beside this berth: %v; build them together: CGO_ENABLED=0 go build -o %s/ ./cmd/... (go run ./cmd/berth builds the front alone; go run ./cmd/berth-cli runs the full command line)\n",
-		full, err, out)
+	fmt.Fprintf(os.Stderr, "berth: cannot run %s, berth's full command line, which must be beside this berth: %v; build them together into one directory DIR: CGO_ENABLED=0 go build -o DIR/ ./cmd/... (go run ./cmd/berth builds the front alone; go run ./cmd/berth-cli runs the full command line)\n",
+		full, err)
 	return execrun.ExitInternal
 }
 
@@ -224,50 +239,65 @@ func flagOf(args []string) (name, value string, n int) {
 }
 
 // daemon returns the client of the berth serve that the full CLI would use for this
-// command, or nil when the front cannot be sure of one (package doc).
-func daemon() *apiclient.Client {
+// command, or nil when the front cannot be sure of one (package doc). A daemon whose
+// socket accepts the connection but that does not answer its status call (within
+// 10 s) is an error, worded as berth-cli words it: handing the call over would only
+// make berth-cli wait as long again for the same answer.
+func daemon() (*apiclient.Client, error) {
 	if os.Getenv(envHost) != "" || os.Getenv(envClockOffset) != "" {
-		return nil
+		return nil, nil
 	}
 	if v := os.Getenv(envNoDaemon); v != "" && v != "0" {
-		return nil
-	}
-	cfgPath, cfgSum, ok := configFile()
-	if !ok {
-		return nil
+		return nil, nil
 	}
 	state, ok := stateDir()
 	if !ok {
-		return nil
+		return nil, nil
 	}
-	phase.Mark("config")
 	sock := filepath.Join(state, serveSocket)
 	if _, err := os.Lstat(sock); err != nil {
-		return nil
+		return nil, nil
 	}
+	cfgPath, cfgSum, ok := configFile()
+	if !ok {
+		return nil, nil
+	}
+	phase.Mark("config")
 	c := apiclient.Unix(sock)
 	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
 	defer cancel()
 	if err := c.Get(ctx, "/v1/status", &c.Status); err != nil {
 		c.Close()
-		return nil
+		if apiclient.Refused(err) {
+			return nil, nil // nobody listens: berth-cli runs it embedded
+		}
+		var ae *apiclient.APIError
+		if errors.As(err, &ae) {
+			return nil, nil // an answer, but not a status: berth-cli says what
+		}
+		return nil, apiclient.StatusFailed(c.Where, err, apiclient.FixNoStatus)
 	}
 	st := c.Status
 	if filepath.Clean(st.StateDir) != state || st.Config != cfgPath || st.ConfigSHA256 != cfgSum || st.ClockOffsetMS != 0 {
 		c.Close()
-		return nil
+		return nil, nil
 	}
 	phase.Mark("daemon")
-	return c
+	return c, nil
 }
 
 // configFile resolves the config file as the full CLI does (config.ResolvePath):
 // "" for none (a missing default file), with its SHA-256. ok is false when the full
-// CLI must decide: the file cannot be read, is named but missing, or mentions
-// state_dir.
+// CLI must decide: the file is not a regular file, cannot be read, is named but
+// missing, or mentions state_dir.
 func configFile() (path, sum string, ok bool) {
 	path, explicit, err := paths.ResolvePath("")
 	if err != nil {
+		return "", "", false
+	}
+	// Only a regular file is read: a pipe or a FIFO (BERTH_CONFIG=<(...)) can be read
+	// once, and berth-cli must find its bytes still there.
+	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
 		return "", "", false
 	}
 	src, err := os.ReadFile(path)

@@ -18,7 +18,7 @@
 // Config grammar (every key optional unless marked):
 //
 //	state_dir   = "/abs/path"            # or "~/..."; default $XDG_STATE_HOME/berth or ~/.local/state/berth
-//	agent_path  = "/abs/path/berth"      # agent binary; default the berth binary itself
+//	agent_path  = "/abs/path/berth-cli"  # agent binary; default berth-cli, berth's full binary (not the front, berth)
 //	plugin_dirs = ["/abs/dir", ...]
 //	log_level   = "trace" | "debug" | "info" | "warn" | "error" | "off"
 //
