@@ -79,7 +79,7 @@ const (
 const serveSocket = "berth.sock"
 
 // statusTimeout bounds the status call, as internal/cli's: a daemon that accepts
-// connections but does not answer is handed to berth-cli, which reports it.
+// connections but does not answer is an error (daemon), never a hang.
 const statusTimeout = 10 * time.Second
 
 // Main runs the command line args (os.Args) and returns the exit code of a `berth
