@@ -485,6 +485,7 @@ func (o *outWriter) Write(b []byte) (int, error) {
 // ProcessWriter adapts a Process's stdin to io.Writer.
 type ProcessWriter struct{ P backend.Process }
 
+// Write sends b to the process's stdin (Process.Write).
 func (w ProcessWriter) Write(b []byte) (int, error) { return w.P.Write(b) }
 
 // headWriter passes the first n bytes through and counts the rest.
