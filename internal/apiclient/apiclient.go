@@ -35,6 +35,33 @@ import (
 	"github.com/berth-sh/berth/server/apiv1"
 )
 
+// What berth's CLI and its front agree on to find the daemon of a command (both
+// read these; docs/cli.md).
+const (
+	// EnvHost names the daemon to use: unix:///PATH, https://HOST:PORT, or
+	// http://LOOPBACK-IP:PORT. When set, the daemon must answer (no fallback).
+	EnvHost = "BERTH_HOST"
+	// EnvNoDaemon set to anything but "" and "0" is --no-daemon (NoDaemonEnv).
+	EnvNoDaemon = "BERTH_NO_DAEMON"
+	// EnvClockOffset shifts berth's clock for retention (a duration; the daemon's
+	// must be the command's).
+	EnvClockOffset = "BERTH_CLOCK_OFFSET"
+	// SocketName is berth serve's default unix socket in the state dir.
+	SocketName = "berth.sock"
+	// StatusTimeout bounds the status call that detection makes: a daemon that
+	// accepts connections but does not answer is an error, never a hang.
+	StatusTimeout = 10 * time.Second
+)
+
+// NoDaemonEnv returns "BERTH_NO_DAEMON=VALUE" when that variable asks to run
+// embedded (set, and not "0"), else "".
+func NoDaemonEnv() string {
+	if v := os.Getenv(EnvNoDaemon); v != "" && v != "0" {
+		return EnvNoDaemon + "=" + v
+	}
+	return ""
+}
+
 // MaxSocketPath is the longest path a unix socket address holds (sun_path less its
 // NUL); Unix dials a longer one through its directory's descriptor.
 const MaxSocketPath = 107

@@ -25,21 +25,16 @@ import (
 
 // The environment that points berth's CLI at a daemon, or away from one.
 const (
-	// envHost names the daemon to use: unix:///PATH, https://HOST:PORT, or
-	// http://LOOPBACK-IP:PORT. When set, the daemon must answer (no fallback).
-	envHost = "BERTH_HOST"
+	// envHost names the daemon to use (apiclient.EnvHost).
+	envHost = apiclient.EnvHost
 	// envTokenFile is the file holding the bearer token of a TCP daemon.
 	envTokenFile = "BERTH_TOKEN_FILE"
 	// envTLSCA is a PEM file of the CA certificates that an https daemon's
 	// certificate is checked against (default: the system's roots).
 	envTLSCA = "BERTH_TLS_CA"
-	// envNoDaemon=1 is --no-daemon.
-	envNoDaemon = "BERTH_NO_DAEMON"
+	// envNoDaemon=1 is --no-daemon (apiclient.NoDaemonEnv).
+	envNoDaemon = apiclient.EnvNoDaemon
 )
-
-// statusTimeout bounds the status call that detection makes: a daemon that accepts
-// connections but does not answer is an error, never a hang.
-const statusTimeout = 10 * time.Second
 
 // daemonClient is the CLI's one client of a running berth serve (an
 // apiclient.Client): the api methods (daemon_api.go), the files routes
@@ -58,8 +53,8 @@ func (g *globals) noDaemon() string {
 	switch {
 	case g.noDaemonFlag:
 		return "--no-daemon"
-	case os.Getenv(envNoDaemon) != "" && os.Getenv(envNoDaemon) != "0":
-		return envNoDaemon + "=" + os.Getenv(envNoDaemon)
+	case apiclient.NoDaemonEnv() != "":
+		return apiclient.NoDaemonEnv()
 	case g.inProcess:
 		return "--in-process"
 	case len(g.plugins) > 0:
@@ -100,7 +95,7 @@ func (g *globals) daemon(ctx context.Context) (*daemonClient, error) {
 		}
 		d = unixClient(sock)
 	}
-	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	sctx, cancel := context.WithTimeout(ctx, apiclient.StatusTimeout)
 	defer cancel()
 	if err := d.Get(sctx, "/v1/status", &d.Status); err != nil {
 		if host == "" && apiclient.Refused(err) {

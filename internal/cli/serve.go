@@ -89,7 +89,7 @@ type Daemon interface {
 // serveSocket is the name of berth serve's default unix socket in the state dir;
 // serveLock the name of the lock file that makes it one per state dir.
 const (
-	serveSocket = "berth.sock"
+	serveSocket = apiclient.SocketName
 	serveLock   = "serve.lock"
 )
 

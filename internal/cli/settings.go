@@ -13,6 +13,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
+	"github.com/berth-sh/berth/internal/apiclient"
 	"github.com/berth-sh/berth/internal/phase"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/registry/config"
@@ -26,7 +27,7 @@ import (
 // `BERTH_CLOCK_OFFSET=7d berth prune --dry-run` shows what will have expired in a
 // week. Tests use it instead of waiting. It shifts only the judgement
 // (registry.WithClockOffset): the times berth records stay real.
-const envClockOffset = "BERTH_CLOCK_OFFSET"
+const envClockOffset = apiclient.EnvClockOffset
 
 // settings are what a command opens its registry with.
 type settings struct {

@@ -49,7 +49,6 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/apiclient"
@@ -64,23 +63,14 @@ import (
 // FullCLI is the name of berth's full command line, found beside the front.
 const FullCLI = "berth-cli"
 
-// The environment that the front reads (internal/cli's, docs/cli.md).
+// The environment that the front reads besides apiclient's (internal/cli's,
+// docs/cli.md).
 const (
-	envHost        = "BERTH_HOST"
-	envNoDaemon    = "BERTH_NO_DAEMON"
-	envClockOffset = "BERTH_CLOCK_OFFSET"
-	envTrace       = "BERTH_TRACE"
+	envTrace = "BERTH_TRACE"
 	// EnvNoFront=1 makes the front hand every command to berth-cli (a developer's
 	// setting, for comparing the two).
 	EnvNoFront = "BERTH_NO_FRONT"
 )
-
-// serveSocket is berth serve's socket in the state dir (internal/cli's serveSocket).
-const serveSocket = "berth.sock"
-
-// statusTimeout bounds the status call, as internal/cli's: a daemon that accepts
-// connections but does not answer is an error (daemon), never a hang.
-const statusTimeout = 10 * time.Second
 
 // Main runs the command line args (os.Args) and returns the exit code of a `berth
 // exec` that it ran itself; every other command line it hands to berth-cli
@@ -244,17 +234,14 @@ func flagOf(args []string) (name, value string, n int) {
 // 10 s) is an error, worded as berth-cli words it: handing the call over would only
 // make berth-cli wait as long again for the same answer.
 func daemon() (*apiclient.Client, error) {
-	if os.Getenv(envHost) != "" || os.Getenv(envClockOffset) != "" {
-		return nil, nil
-	}
-	if v := os.Getenv(envNoDaemon); v != "" && v != "0" {
+	if os.Getenv(apiclient.EnvHost) != "" || os.Getenv(apiclient.EnvClockOffset) != "" || apiclient.NoDaemonEnv() != "" {
 		return nil, nil
 	}
 	state, ok := stateDir()
 	if !ok {
 		return nil, nil
 	}
-	sock := filepath.Join(state, serveSocket)
+	sock := filepath.Join(state, apiclient.SocketName)
 	if _, err := os.Lstat(sock); err != nil {
 		return nil, nil
 	}
@@ -264,7 +251,7 @@ func daemon() (*apiclient.Client, error) {
 	}
 	phase.Mark("config")
 	c := apiclient.Unix(sock)
-	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), apiclient.StatusTimeout)
 	defer cancel()
 	if err := c.Get(ctx, "/v1/status", &c.Status); err != nil {
 		c.Close()
@@ -295,18 +282,20 @@ func configFile() (path, sum string, ok bool) {
 	if err != nil {
 		return "", "", false
 	}
+	st, err := os.Stat(path)
+	if err != nil {
+		if _, lerr := os.Lstat(path); errors.Is(err, fs.ErrNotExist) && !explicit && lerr != nil {
+			return "", "", true // no file (not even a dangling link): the built-in default
+		}
+		return "", "", false
+	}
 	// Only a regular file is read: a pipe or a FIFO (BERTH_CONFIG=<(...)) can be read
 	// once, and berth-cli must find its bytes still there.
-	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
+	if !st.Mode().IsRegular() {
 		return "", "", false
 	}
 	src, err := os.ReadFile(path)
 	if err != nil {
-		if os.IsNotExist(err) && !explicit {
-			if _, lerr := os.Lstat(path); lerr != nil {
-				return "", "", true // the built-in default
-			}
-		}
 		return "", "", false
 	}
 	if bytes.Contains(src, []byte("state_dir")) {
