@@ -144,6 +144,33 @@ func TestIdleStopOnExec(t *testing.T) {
 	}
 }
 
+// TestIdleUseByAnotherRegistry: a long-lived registry that last used a session
+// itself an hour ago does not take the session for idle when another registry (a
+// berth command, another process) used it since. The first registry's own last use
+// only stands in for the last-use file while it proves the session not idle
+// (store.getForCall); past that, the file decides.
+func TestIdleUseByAnotherRegistry(t *testing.T) {
+	e := newEnv(t, retentionRules)
+	clk := newClock()
+	long := e.openClock(clk)
+	run(t, long, "idle-stop:1", "sh", "-c", "echo kept > file")
+	other := e.openClock(clk)
+	clk.Advance(50 * time.Minute)
+	run(t, other, "idle-stop:1", "true")
+	clk.Advance(20 * time.Minute) // 70 minutes after long's use, 20 after other's
+	out, lease := run(t, long, "idle-stop:1", "cat", "file")
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, d := range e.drivers {
+		if n := d.stops.Load(); n != 0 {
+			t.Errorf("driver %d stopped the sandbox %d times; it was used 20 minutes ago (idle_ttl 1h)", i, n)
+		}
+	}
+	if out != "kept\n" || lease.Recreated || lease.Created {
+		t.Errorf("output %q, recreated %v, created %v; want the file intact in the same sandbox", out, lease.Recreated, lease.Created)
+	}
+}
+
 func TestIdleRemoveRecreates(t *testing.T) {
 	e := newEnv(t, retentionRules)
 	clk := newClock()

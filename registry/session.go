@@ -137,7 +137,8 @@ func (r *Registry) open(ctx context.Context, session string, mode openMode) (*se
 
 // ownerAndRecord makes sure of the store and the owner id (ensure) and returns
 // session's record: in one read of the store when the owner id is not known yet and
-// the store exists (the first call of a berth command).
+// the store exists (the first call of a berth command). The record's LastUsed is a
+// lower bound (store.getForCall), enough for direct's idle check.
 func (r *Registry) ownerAndRecord(session string) (record, bool, error) {
 	r.initMu.Lock()
 	known := r.owner != ""
@@ -162,7 +163,7 @@ func (r *Registry) ownerAndRecord(session string) (record, bool, error) {
 	if err := r.ensure(); err != nil {
 		return record{}, false, err
 	}
-	rec, ok, err := r.store.get(session)
+	rec, ok, err := r.store.getForCall(session)
 	if err != nil {
 		return record{}, false, fmt.Errorf("session %q: %w", session, err)
 	}

@@ -386,6 +386,39 @@ func (s *store) ownerAndGet(session string) (owner string, r record, ok bool, er
 // comes from the store's read cache when the store has not changed since it was
 // read (see readCache); else from a read transaction, which fills the cache.
 func (s *store) get(session string) (r record, ok bool, err error) {
+	if r, ok, err = s.record(session); ok {
+		r = s.withLastUse(r)
+	}
+	return r, ok, err
+}
+
+// getForCall is get for a call's first look at its session (Registry.open), whose
+// LastUsed only has to be a lower bound: it decides whether idle_ttl is due, and a
+// due one takes the slow path, which reads everything again under the sandbox's
+// lock. When this store has touched (or read) the session's last use on the
+// record's sandbox, that time stands in for the last-use file, whose read is four
+// system calls per call; the file can only hold a later time. Else it reads the
+// file as get does.
+func (s *store) getForCall(session string) (r record, ok bool, err error) {
+	if r, ok, err = s.record(session); !ok {
+		return r, ok, err
+	}
+	s.touchMu.Lock()
+	m, seen := s.touched[session]
+	s.touchMu.Unlock()
+	if !seen || m.sandbox != r.Sandbox {
+		return s.withLastUse(r), true, nil
+	}
+	if m.t.After(r.LastUsed) {
+		r.LastUsed = m.t
+	}
+	return r, true, nil
+}
+
+// record returns session's record as the store holds it (no last-use file merged
+// in): from the read cache when the store has not changed since it was read (see
+// readCache), else from a read transaction, which fills the cache.
+func (s *store) record(session string) (r record, ok bool, err error) {
 	v, err := checkStore(s.path)
 	if err != nil {
 		return record{}, false, err
@@ -393,9 +426,6 @@ func (s *store) get(session string) (r record, ok bool, err error) {
 	var hit bool
 	if r, ok, hit = s.cache.lookup(v, session); !hit {
 		r, ok, err = s.read(session)
-	}
-	if ok {
-		r = s.withLastUse(r)
 	}
 	return r, ok, err
 }

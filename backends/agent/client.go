@@ -512,32 +512,25 @@ func (c *Client) start(ctx context.Context, open func(context.Context, ...grpc.C
 		scancel()
 		return nil, wireErr(what, err)
 	}
-	type reply struct {
-		m   *agentpb.ExecOutput
-		err error
-	}
-	ch := make(chan reply, 1)
-	go func() {
+	// Until started is in, ctx ending drops the stream (the agent sees it go and
+	// kills what it started), which ends the Send or Recv below. The calls run in
+	// this goroutine: a hand-over to another one and back costs a wake-up each way.
+	stop := context.AfterFunc(ctx, scancel)
+	m, err := func() (*agentpb.ExecOutput, error) {
 		if err := stream.Send(first); err != nil && err != io.EOF {
-			ch <- reply{nil, err}
-			return
+			return nil, err
 		}
-		m, err := stream.Recv()
-		ch <- reply{m, err}
+		return stream.Recv()
 	}()
-	var r reply
-	select {
-	case r = <-ch:
-	case <-ctx.Done():
-		scancel() // the agent sees the stream go and kills what it started
-		<-ch
+	if !stop() {
+		scancel()
 		return nil, ctx.Err()
 	}
-	if r.err != nil {
+	if err != nil {
 		scancel()
-		return nil, wireErr(what, r.err)
+		return nil, wireErr(what, err)
 	}
-	started := r.m.GetStarted()
+	started := m.GetStarted()
 	if started == nil {
 		scancel()
 		return nil, backend.Errorf(backend.ErrUnavailable, "%s: agent protocol error: no started message", what)
@@ -554,7 +547,9 @@ func (c *Client) start(ctx context.Context, open func(context.Context, ...grpc.C
 		done:   make(chan struct{}),
 	}
 	go p.recvLoop()
-	go p.watch(ctx)
+	if ctx.Done() != nil { // a context that can end (not context.Background)
+		go p.watch(ctx)
+	}
 	return p, nil
 }
 
