@@ -82,6 +82,8 @@ type Registry struct {
 
 	// agents are the clients of the agents that calls reached directly.
 	agents agentCache
+	// specs keeps what a call's first look at its session needs of its rule's spec.
+	specs specMemo
 	// viaPlugin holds, for each agent client reached through a driver plugin
 	// (AgentDial), that plugin (dialedThrough).
 	viaPlugin viaPlugins
@@ -116,7 +118,9 @@ type driverEntry struct {
 // /etc/passwd for that, never a setting of this registry). It checks that the
 // state dir (WithStateDir, else cfg.StateDir) can be written, and creates nothing:
 // the state dir, its store (schema version, owner id) and lock dir are made by the
-// first call that needs them. The registry knows the drivers cfg was checked
+// first call that needs them. The registry keeps cfg: do not change it while the
+// registry is open (its calls remember what cfg's rules say of the sessions they
+// saw). The registry knows the drivers cfg was checked
 // against (cfg.KnownDrivers) and those of WithDriver and WithPlugin. ctx is not
 // kept. Errors (each wrapping backend.ErrInvalid and naming the input): an option's
 // own error, no state dir, a state dir that cannot be written, no berth binary

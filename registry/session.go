@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/berth-sh/berth/backend"
@@ -111,7 +112,7 @@ func (r *Registry) open(ctx context.Context, session string, mode openMode) (*se
 	if err != nil {
 		return nil, err
 	}
-	spec := rule.Spec(r.owner, session)
+	spec := r.specs.get(rule, r.owner, session)
 	phase.Mark("store")
 	if !recorded && mode != openCreate {
 		return nil, noSession(session)
@@ -175,7 +176,7 @@ func (r *Registry) ownerAndRecord(session string) (record, bool, error) {
 // on the rule's driver, reached through its socket or its driver's DialAgent, and
 // neither max_age nor idle_ttl is due (due ones take the slow path, which applies
 // them).
-func (r *Registry) direct(rule *config.Rule, spec backend.SandboxSpec, rec record) bool {
+func (r *Registry) direct(rule *config.Rule, spec specSummary, rec record) bool {
 	if (rec.Agent != backend.AgentSocket && rec.Agent != backend.AgentDial) || !rec.Removed.IsZero() || rec.Driver != rule.Driver || (rec.Sandbox != spec.Name && !rec.Pooled) {
 		return false
 	}
@@ -194,7 +195,7 @@ func (r *Registry) direct(rule *config.Rule, spec backend.SandboxSpec, rec recor
 // dialDirect takes the sandbox's busy marker (under its lock) and dials its agent
 // through the socket in its host dir, or its driver's DialAgent (rec.Agent).
 // errNotRunning when nothing answers there.
-func (r *Registry) dialDirect(ctx context.Context, session string, rule *config.Rule, spec backend.SandboxSpec, rec record) (*sessionConn, error) {
+func (r *Registry) dialDirect(ctx context.Context, session string, rule *config.Rule, spec specSummary, rec record) (*sessionConn, error) {
 	lock, err := flock.Lock(ctx, r.lockPath(rec.Sandbox))
 	if err != nil {
 		return nil, fmt.Errorf("session %q: %w", session, err)
@@ -222,7 +223,7 @@ func (r *Registry) dialDirect(ctx context.Context, session string, rule *config.
 		client = r.agents.put(key, client)
 	}
 	phase.Mark("dial")
-	want := spec.Labels[backend.LabelSpecHash]
+	want := spec.Hash
 	if rec.Pooled {
 		want = rule.PoolHash(r.owner)
 	}
@@ -484,3 +485,46 @@ func (r *Registry) dialSandbox(ctx context.Context, b backend.TerminalBackend, d
 
 // agentQueryTimeout bounds prune's question to a sandbox's agent.
 const agentQueryTimeout = 10 * time.Second
+
+// specSummary is what a call's first look at its session needs of the sandbox spec
+// that the session's rule gives (config.Rule.Spec): the sandbox's name and the
+// spec's hash (LabelSpecHash).
+type specSummary struct {
+	Name, Hash string
+}
+
+// specMemo keeps the specSummary of each (rule, owner, session) that a registry's
+// calls looked at: Rule.Spec encodes the spec as JSON and hashes it, 25 µs of CPU a
+// call here, and a config's rules do not change while a registry holds it. It keeps
+// at most specMemoMax entries and starts afresh when full.
+type specMemo struct {
+	mu sync.Mutex
+	m  map[specMemoKey]specSummary
+}
+
+type specMemoKey struct {
+	rule           *config.Rule
+	owner, session string
+}
+
+const specMemoMax = 4096
+
+// get returns the specSummary of session under rule and owner.
+func (m *specMemo) get(rule *config.Rule, owner, session string) specSummary {
+	k := specMemoKey{rule, owner, session}
+	m.mu.Lock()
+	s, ok := m.m[k]
+	m.mu.Unlock()
+	if ok {
+		return s
+	}
+	spec := rule.Spec(owner, session)
+	s = specSummary{Name: spec.Name, Hash: spec.Labels[backend.LabelSpecHash]}
+	m.mu.Lock()
+	if m.m == nil || len(m.m) >= specMemoMax {
+		m.m = make(map[specMemoKey]specSummary)
+	}
+	m.m[k] = s
+	m.mu.Unlock()
+	return s
+}
