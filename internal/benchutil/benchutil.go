@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -228,4 +230,27 @@ func CLIEnv(xdg string, extra ...string) []string {
 		out = append(out, kv)
 	}
 	return append(append(out, "XDG_CONFIG_HOME="+xdg), extra...)
+}
+
+// Floors returns the ways that say what this machine itself costs for a whole
+// command: `sh -c true` (the host shell's fork, exec and exit) and a static Go
+// hello-world, built with CGO_ENABLED=0 into b's temp dir (what any Go program's
+// start and exit cost, before its own work). A build failure fails b.
+func Floors(b *testing.B) []Way {
+	b.Helper()
+	dir := b.TempDir()
+	src := filepath.Join(dir, "main.go")
+	if err := os.WriteFile(src, []byte("package main\n\nimport \"os\"\n\nfunc main() { os.Stdout.WriteString(\"hello\\n\") }\n"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	hello := filepath.Join(dir, "hello")
+	build := exec.Command("go", "build", "-o", hello, src)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
+	if out, err := build.CombinedOutput(); err != nil {
+		b.Fatalf("building a Go hello-world: %v\n%s", err, out)
+	}
+	return []Way{
+		{Name: "sh-c-true", Run: func() error { return exec.Command("sh", "-c", "true").Run() }},
+		{Name: "go-hello", Run: func() error { return exec.Command(hello).Run() }},
+	}
 }

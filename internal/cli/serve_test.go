@@ -1227,21 +1227,22 @@ func benchExec(b *testing.B, client *http.Client, session string) (func() error,
 // BenchmarkServeExec measures `true` on a warm local session through berth serve
 // from a Go HTTP client (one kept connection over the unix socket) and from the
 // whole `curl --unix-socket` command, interleaved with the whole `berth exec` CLI
-// through the daemon and embedded (--no-daemon, beside it) on the same session; p50
-// and p95 in ms.
+// through the daemon and embedded (--no-daemon, beside it) on the same session, and
+// with the machine's floors for a whole command (`sh -c true`, issue 12's yardstick
+// on local, and a static Go hello-world); p50 and p95 in ms.
 //
 //	go test ./internal/cli -run '^$' -bench 'ServeExec$' -benchtime 40x
 func BenchmarkServeExec(b *testing.B) {
 	environ, client, sock := benchServe(b, "")
 	post, _ := benchExec(b, client, "bench")
 	b.Cleanup(func() { cli(environ, "rm", "bench").Run() })
-	benchutil.Interleave(b, []benchutil.Way{
+	benchutil.Interleave(b, append([]benchutil.Way{
 		{Name: "serve-http", Run: post},
 		{Name: "serve-curl", Run: curlExec(sock, "bench")},
 		{Name: "cli-daemon", Run: func() error { return cliRun(environ, "exec", "-s", "bench", "--", "true") }},
 		{Name: "cli-full-daemon", Run: func() error { return cliRun(noFront(environ), "exec", "-s", "bench", "--", "true") }},
 		{Name: "cli-embedded", Run: func() error { return cliRun(environ, "--no-daemon", "exec", "-s", "bench", "--", "true") }},
-	})
+	}, benchutil.Floors(b)...))
 }
 
 // noFront is environ with BERTH_NO_FRONT=1: the berth front hands the command to
