@@ -175,9 +175,15 @@ func NewPhases() *Phases { return &Phases{durs: map[string][]time.Duration{}} }
 // holds its "phase NAME NANOS" lines: spawn→first phase, each phase since the one
 // before, and last phase→reaped. Errors: no phase lines.
 func (p *Phases) Add(start, end time.Time, stderr string) error {
-	prev, prevName := start, "spawn"
+	return p.AddSpan("spawn", "reaped", start, end, stderr)
+}
+
+// AddSpan is Add for a span whose ends are named first (at start) and last (at end),
+// such as a library call's "call" and "returned". Errors: no phase lines.
+func (p *Phases) AddSpan(first, last string, start, end time.Time, lines string) error {
+	prev, prevName := start, first
 	found := false
-	for _, line := range strings.Split(stderr, "\n") {
+	for _, line := range strings.Split(lines, "\n") {
 		f := strings.Fields(line)
 		if len(f) != 3 || f[0] != "phase" {
 			continue
@@ -191,9 +197,9 @@ func (p *Phases) Add(start, end time.Time, stderr string) error {
 		prev, prevName, found = t, f[1], true
 	}
 	if !found {
-		return fmt.Errorf("no phase lines in the traced run's stderr: %q", stderr)
+		return fmt.Errorf("no phase lines in the traced run's output: %q", lines)
 	}
-	p.add(prevName+"→reaped", end.Sub(prev))
+	p.add(prevName+"→"+last, end.Sub(prev))
 	return nil
 }
 
