@@ -19,8 +19,14 @@ type agentCache struct {
 	m  map[sbKey]*agent.Client
 }
 
-// get returns the cached client of k when its connection is usable (ready, idle or
-// connecting), dropping one that failed.
+// get returns the cached client of k when its connection is up (ready) or being
+// made by another call (connecting), dropping any other. One whose connection went
+// idle (gRPC's state after the agent's end closed it: the sandbox stopped or its
+// agent died, or after gRPC's idle timeout) is not reused: a call on it would
+// connect again on its own, and when nothing listens any more, fail, where a call
+// that cannot be made twice (a job's start, a copy) has no way to tell that nothing
+// ran. The caller dials afresh instead, which costs what the reconnection would and
+// fails before any call, sending it down the slow path.
 func (a *agentCache) get(k sbKey) *agent.Client {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -29,7 +35,7 @@ func (a *agentCache) get(k sbKey) *agent.Client {
 		return nil
 	}
 	switch c.State() {
-	case connectivity.Ready, connectivity.Idle, connectivity.Connecting:
+	case connectivity.Ready, connectivity.Connecting:
 		return c
 	}
 	delete(a.m, k)

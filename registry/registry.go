@@ -890,6 +890,7 @@ func (r *Registry) stopSession(ctx context.Context, session, doing string) error
 	if _, err := r.again(ctx, rec.Driver, "stop sandbox "+rec.Sandbox, b, func(b backend.TerminalBackend) error { return b.Stop(ctx, rec.Sandbox, 0) }); err != nil {
 		return fmt.Errorf("%s session %q: stopping sandbox %s: %w", doing, session, rec.Sandbox, err)
 	}
+	r.agents.forget(sbKey{rec.Driver, rec.Sandbox}) // its agent is gone
 	return nil
 }
 
@@ -945,6 +946,7 @@ func (r *Registry) removeSession(ctx context.Context, session, cause string) err
 		return fmt.Errorf("removing session %q: sandbox %s: %w", session, rec.Sandbox, err)
 	}
 	r.event(SandboxEvent{Action: EventRemove, Driver: rec.Driver, Sandbox: rec.Sandbox, Cause: cause})
+	r.agents.forget(sbKey{rec.Driver, rec.Sandbox}) // its agent is gone
 	if _, err := r.store.forgetSandbox(rec.Driver, rec.Sandbox); err != nil {
 		return fmt.Errorf("removing session %q: sandbox %s is removed, but forgetting it failed: %w", session, rec.Sandbox, err)
 	}
