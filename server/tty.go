@@ -162,7 +162,7 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 	}
 	p, lease, err := reg.Exec(ctx, session, backend.ExecRequest{
 		Argv: c.argv, Env: c.env, Dir: c.cwd, User: c.user, Timeout: c.timeout,
-		TTY: true, Size: size, Stdin: true, Stdout: t,
+		TTY: true, Size: size, Stdin: true, Stdout: t, Stderr: t, // stderr: a command that cannot run says why (the agent writes it there)
 	})
 	if err != nil {
 		fail(err, websocket.StatusInternalError)

@@ -58,6 +58,32 @@ func TestExecTTY(t *testing.T) {
 	}
 }
 
+// A command that cannot run on a terminal says why, embedded and through berth
+// serve's TTY WebSocket alike: the agent writes the reason to the exec's stderr, which
+// the daemon's TTY used to drop (exit 127 with nothing on the terminal).
+func TestExecTTYCannotRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, mode := range []string{"embedded", "daemon"} {
+		t.Run(mode, func(t *testing.T) {
+			e := e.with(t)
+			args := []string{"exec", "-t", "-s", "tty-nf:" + mode, "--", "no-such-command-here"}
+			if mode == "embedded" {
+				args = append([]string{"--no-daemon"}, args...)
+			} else {
+				e.serve()
+			}
+			p := startPTY(t, e, 24, 80, args...)
+			if code := p.wait(); code != 127 {
+				t.Errorf("exit %d, want 127; the terminal showed %q", code, p.output())
+			}
+			if out := p.output(); !strings.Contains(out, "no-such-command-here: command not found") {
+				t.Errorf("the terminal showed %q, want the reason: command not found", out)
+			}
+		})
+	}
+}
+
 // Signals sent to berth exec -t (not typed: from kill) are the embedded ones
 // through the daemon too: SIGINT goes to the command's process group, a second one
 // kills its tree (berth exits 143, its result's code); --timeout kills it and berth
