@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 )
 
 // ErrTarTooLarge is wrapped by CheckTar's error when the stream's files together
@@ -85,7 +86,7 @@ func checkEntry(hdr *tar.Header, limit, size int64) (*tar.Header, error) {
 	}
 	out := &tar.Header{
 		Typeflag: hdr.Typeflag, Name: name, Mode: hdr.Mode & 0o7777, Uid: hdr.Uid, Gid: hdr.Gid,
-		ModTime: hdr.ModTime, Linkname: hdr.Linkname,
+		ModTime: hdr.ModTime.Truncate(time.Second), Linkname: hdr.Linkname, // whole seconds, cut (WriteTar)
 	}
 	if hdr.Typeflag == tar.TypeReg {
 		out.Size = hdr.Size

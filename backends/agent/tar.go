@@ -718,6 +718,10 @@ func WriteTar(w io.Writer, path, name string) error {
 		if fi.IsDir() {
 			hdr.Name += "/"
 		}
+		// Whole seconds, cut as tar(1) does: archive/tar would round them (its
+		// default format), which stamps a copy up to half a second after its
+		// source, in the future for a file just written.
+		hdr.ModTime = hdr.ModTime.Truncate(time.Second)
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}

@@ -297,3 +297,29 @@ func TestExtractAllUpload(t *testing.T) {
 		t.Errorf("a hard link to a file the stream did not create: %v", err)
 	}
 }
+
+// WriteTar stamps entries with their mtime cut to whole seconds, never rounded up: a
+// copy is never newer than its source (archive/tar's default format rounds to the
+// nearest second, which put a file written at .6 s one second ahead, in the future).
+func TestWriteTarCutsMtime(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "f")
+	if err := os.WriteFile(src, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mtime := time.Date(2026, 1, 1, 10, 0, 0, 700_000_000, time.UTC)
+	if err := os.Chtimes(src, mtime, mtime); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := WriteTar(&buf, src, "f"); err != nil {
+		t.Fatal(err)
+	}
+	hdr, err := tar.NewReader(&buf).Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := mtime.Truncate(time.Second); !hdr.ModTime.Equal(want) {
+		t.Errorf("mtime in the stream %v, want %v (cut to the second)", hdr.ModTime.UTC(), want)
+	}
+}
