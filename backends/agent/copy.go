@@ -61,9 +61,9 @@ func (s *server) CopyIn(stream agentpb.Agent_CopyInServer) error {
 	for _, d := range s.reserved {
 		switch {
 		case real == d:
-			return backend.Errorf(backend.ErrInvalid, "copy in: %q is berth's agent's own directory (its socket, state or binary), which a copy never writes; copy somewhere else", target)
+			return backend.Errorf(backend.ErrInvalid, "%q is berth's agent's own directory (its socket, state or binary), which a copy never writes; copy somewhere else", target)
 		case inside(real, d):
-			return backend.Errorf(backend.ErrInvalid, "copy in: %q lies in %s, berth's agent's own directory (its socket, state or binary), which a copy never writes; copy somewhere else", target, d)
+			return backend.Errorf(backend.ErrInvalid, "%q lies in %s, berth's agent's own directory (its socket, state or binary), which a copy never writes; copy somewhere else", target, d)
 		case inside(d, real):
 			rel, _ := filepath.Rel(real, d) // both clean and absolute: never an error
 			reserved = append(reserved, rel)

@@ -75,9 +75,10 @@ const DefaultMaxCopyBytes int64 = 1 << 30
 // moved into place only after r has ended without error (r is read to its end: the
 // caller closes it with the copy's own error), so a refused entry, a broken stream
 // or a failed copy leaves dir as it was. Once moved, the copy replaces what is in its
-// way as cp does: a directory merges into an existing directory, anything else
-// replaces the file, link or directory of its name (a link is replaced, never
-// followed). Errors name the entry and why, and say what was written.
+// way as cp does: a directory merges into an existing directory, a file or link
+// replaces the file or link of its name (a link is replaced, never followed) and is
+// refused where a directory has its name. Errors name the entry and why, and say
+// what was written.
 func ExtractTar(r io.Reader, dir string, opts ExtractOptions) error {
 	if opts.Name != "" && (opts.Name == "." || opts.Name == ".." || strings.Contains(opts.Name, "/")) {
 		return fmt.Errorf("destination name %q is not one path component", opts.Name)
@@ -383,21 +384,29 @@ func (x *extractor) mkParents(name string) error {
 	return nil
 }
 
-// removeOld removes whatever is at name, unless both it and the entry are
-// directories (which then merge). It never follows a link.
+// removeOld removes the file or link at name, if any, for the entry of that name;
+// a directory there stays, merging with an entry that is a directory and refusing
+// one that is not (errDirInTheWay). It never follows a link.
 func (x *extractor) removeOld(name string, dir bool) error {
 	delete(x.files, name)
 	fi, err := x.root.Lstat(name)
 	if err != nil {
 		return nil
 	}
-	if fi.IsDir() && dir {
-		return nil
-	}
 	if fi.IsDir() {
-		return x.root.RemoveAll(name)
+		if dir {
+			return nil
+		}
+		return dirInTheWay(name)
 	}
 	return x.root.Remove(name)
+}
+
+// dirInTheWay is the error of a copy whose file or link would replace the directory
+// name: refused, as cp(1) refuses to overwrite a directory with a non-directory,
+// rather than deleting a tree that the copy's author most likely meant to copy into.
+func dirInTheWay(name string) error {
+	return fmt.Errorf("%s is a directory, and a copy never replaces a directory with a file or link; to copy into it, end the destination with / (or name the copy inside it); to replace it, remove it first", shown(name))
 }
 
 // refusedType says why a hostile stream's entry of type t is refused.
@@ -648,8 +657,9 @@ func readDirNames(root *os.Root, name string) ([]string, error) {
 }
 
 // moveInto moves from to to under root, as cp places a copy: a directory merges
-// into an existing directory (entry by entry); anything else replaces what is at to
-// (a link there is replaced, not followed).
+// into an existing directory (entry by entry); a file or link replaces a file or link
+// at to (a link there is replaced, not followed) and never a directory
+// (dirInTheWay).
 func moveInto(root *os.Root, from, to string) error {
 	tfi, err := root.Lstat(to)
 	if err == nil {
@@ -670,7 +680,7 @@ func moveInto(root *os.Root, from, to string) error {
 			}
 			return nil
 		case tfi.IsDir():
-			err = root.RemoveAll(to)
+			return dirInTheWay(to)
 		default:
 			err = root.Remove(to)
 		}

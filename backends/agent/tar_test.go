@@ -323,3 +323,40 @@ func TestWriteTarCutsMtime(t *testing.T) {
 		t.Errorf("mtime in the stream %v, want %v (cut to the second)", hdr.ModTime.UTC(), want)
 	}
 }
+
+// A copy's file or link never replaces a directory of its name, uploading or
+// downloading: the copy fails, naming it, and the tree stays (as cp(1)'s "cannot
+// overwrite directory with non-directory"). `berth cp f :data`, data an existing
+// tree, used to delete the tree.
+func TestCopyNeverReplacesDirWithFile(t *testing.T) {
+	tree := func(t *testing.T) string {
+		dst := t.TempDir()
+		os.MkdirAll(filepath.Join(dst, "data", "sub"), 0o755)
+		os.WriteFile(filepath.Join(dst, "data", "sub", "b.txt"), []byte("kept"), 0o644)
+		return dst
+	}
+	check := func(t *testing.T, dst string, err error) {
+		t.Helper()
+		if err == nil || !strings.Contains(err.Error(), "is a directory") {
+			t.Errorf("a file over the directory data: %v, want the copy refused, naming the directory", err)
+		}
+		if b, rerr := os.ReadFile(filepath.Join(dst, "data", "sub", "b.txt")); rerr != nil || string(b) != "kept" {
+			t.Errorf("the tree under data after the refused copy: %q %v", b, rerr)
+		}
+	}
+	for _, entry := range []hdr{file("data", "new", 0o644), symlink("data", "elsewhere")} {
+		t.Run("upload "+entry.Name, func(t *testing.T) {
+			dst := tree(t)
+			root, err := os.OpenRoot(dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer root.Close()
+			check(t, dst, extractAll(root, bytes.NewReader(crafted(t, entry))))
+		})
+	}
+	t.Run("download", func(t *testing.T) {
+		dst := tree(t)
+		check(t, dst, ExtractTar(bytes.NewReader(crafted(t, file("data", "new", 0o644))), dst, ExtractOptions{Top: "data"}))
+	})
+}

@@ -31,7 +31,9 @@ symlinks, and extraction never follows a link out of the destination. Hard links
 full.
 
 DEST names the copy; when it ends in "/" (or, downloading, is an existing directory)
-the copy goes inside it under SRC's name. A relative sandbox path is relative to the
+the copy goes inside it under SRC's name. A file or symlink in DEST's way is
+replaced; a directory in the way of a file or symlink is not (the copy fails, as cp's
+"cannot overwrite directory with non-directory"): end DEST with "/" to copy into it. A relative sandbox path is relative to the
 sandbox's default directory (local: the sandbox's own directory).
 
 A download trusts nothing the sandbox sends (its root can replace berth's agent): it
