@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -172,6 +173,20 @@ func TestConfigCheckImage(t *testing.T) {
 	}
 	if r := e.run("config", "check", rule(testimage.Ref, "always")); r.code != 0 || r.stderr != "" {
 		t.Errorf("present image: want ok without notes\n%v", r)
+	}
+}
+
+// TestConfigCheckRuntimeDown: a driver that starts but whose runtime does not answer
+// (an engine that is down) is a note, not a failure: the rules on it are checked
+// without it, and their images by the first exec. No engine is needed.
+func TestConfigCheckRuntimeDown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	path := e.writeFile("down.hcl", "driver \"docker\" {\n  host = \"unix://"+filepath.Join(t.TempDir(), "no-engine.sock")+"\"\n}\n"+
+		"scope \"d:*\" {\n  driver = \"docker\"\n  image  = \"berth-test/busybox:1\"\n}\n")
+	if r := e.run("config", "check", path); r.code != 0 || !strings.Contains(r.stderr, "note: "+path+":4:1: scope \"d:*\": driver docker:") ||
+		!strings.Contains(r.stderr, "does not answer") || !strings.Contains(r.stdout, "ok, 1 scope rules") {
+		t.Errorf("a rule on an engine that is down: want ok and a note at the rule\n%v", r)
 	}
 }
 

@@ -233,11 +233,15 @@ func checkDrivers(ctx context.Context, g *globals, c *config.Config, self string
 	validators := map[string]backend.Validator{}
 	pullers := map[string]backend.ImagePuller{}
 	caps := map[string]backend.Capabilities{}
+	silent := map[string]bool{} // drivers whose runtime did not answer
+	var notes []string
 	for _, name := range names {
 		b, err := reg.Backend(ctx, name)
 		if err == nil {
 			var info backend.Info
-			if info, err = b.Info(ctx); err == nil {
+			info, err = b.Info(ctx)
+			switch {
+			case err == nil:
 				caps[name] = info.Capabilities
 				if v, ok := b.(backend.Validator); ok && info.Capabilities.Validate {
 					validators[name] = v
@@ -245,6 +249,16 @@ func checkDrivers(ctx context.Context, g *globals, c *config.Config, self string
 				if p, ok := b.(backend.ImagePuller); ok && info.Capabilities.ImagePull {
 					pullers[name] = p
 				}
+			case errors.Is(err, backend.ErrUnavailable):
+				// The driver runs, its runtime (an engine that is down, on another
+				// machine) does not answer: what only the runtime can say waits for
+				// the first exec, as an image not pulled yet does.
+				where := ""
+				if r := firstRule[name]; r != nil {
+					where = fmt.Sprintf("%s: scope %q: ", r.Pos(), r.Glob)
+				}
+				notes = append(notes, fmt.Sprintf("%sdriver %s: %v; its rules were checked without its runtime (their images, and what only the runtime can say, are checked by the first exec)", where, name, err))
+				silent[name], err = true, nil
 			}
 		}
 		if err != nil {
@@ -254,9 +268,11 @@ func checkDrivers(ctx context.Context, g *globals, c *config.Config, self string
 			return nil, err
 		}
 	}
-	var notes []string
 	for i := range c.Rules {
 		r := &c.Rules[i]
+		if silent[r.Driver] {
+			continue
+		}
 		if _, err := registry.RuntimeCapabilities(caps[r.Driver], r); err != nil {
 			return nil, err
 		}
