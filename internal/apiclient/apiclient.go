@@ -218,14 +218,39 @@ func (d *Client) Request(ctx context.Context, method, path string, body any, con
 	return resp, nil
 }
 
-// Gone wraps a transport error: the daemon stopped or broke the connection.
+// Gone wraps a transport error: nothing takes the connection (the daemon stopped,
+// or the address is wrong), or the daemon broke it. The result is a *GoneError.
 func (d *Client) Gone(err error) error {
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		err = ue.Err
 	}
-	return fmt.Errorf("berth serve at %s went away during the call (%w); it may have stopped: run the command again (embedded when no daemon runs), or with --no-daemon", d.Where, err)
+	var oe *net.OpError
+	return &GoneError{Where: d.Where, Err: err, Dial: errors.As(err, &oe) && oe.Op == "dial"}
 }
+
+// GoneError is a call's transport error (Client.Gone): Dial when no connection was
+// made (nothing listens at Where: connection refused, no such socket), else the
+// daemon broke the connection during the call.
+type GoneError struct {
+	Where string
+	Err   error
+	Dial  bool
+}
+
+func (e *GoneError) Error() string {
+	return fmt.Sprintf("berth serve at %s %s; it may have stopped: run the command again (embedded when no daemon runs), or with --no-daemon", e.Where, e.what())
+}
+
+// what says what happened, without the address.
+func (e *GoneError) what() string {
+	if e.Dial {
+		return fmt.Sprintf("takes no connection (%v)", e.Err)
+	}
+	return fmt.Sprintf("went away during the call (%v)", e.Err)
+}
+
+func (e *GoneError) Unwrap() error { return e.Err }
 
 // Call makes a request with a JSON body (nil for none) and decodes a JSON answer
 // into out (nil: the answer is dropped).
@@ -588,5 +613,9 @@ const FixNoStatus = "stop it, or use --no-daemon to run embedded"
 // StatusFailed is the error for a daemon at where that did not answer its status
 // call with err; fix says what to do about it.
 func StatusFailed(where string, err error, fix string) error {
+	var ge *GoneError
+	if errors.As(err, &ge) && ge.Where == where {
+		return fmt.Errorf("berth serve at %s does not answer its status call: it %s; %s", where, ge.what(), fix)
+	}
 	return fmt.Errorf("berth serve at %s does not answer its status call: %v; %s", where, err, fix)
 }

@@ -292,6 +292,18 @@ func TestDaemonHostTCP(t *testing.T) {
 	if r := c.run("exec", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "plain http only to a loopback IP") {
 		t.Errorf("http off loopback\n%v", r)
 	}
+	// A port where nothing listens: no connection, said so (not "went away").
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + ln.Addr().String()
+	ln.Close()
+	c.extra = []string{"BERTH_HOST=" + closed, "BERTH_TOKEN_FILE=" + tok}
+	if r := c.run("exec", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "berth serve at "+closed+" does not answer its status call: it takes no connection (") ||
+		strings.Contains(r.stderr, "went away") || strings.Count(r.stderr, closed) != 1 {
+		t.Errorf("BERTH_HOST where nothing listens\n%v", r)
+	}
 }
 
 // A daemon that goes away: one killed mid-exec ends berth exec with a clear error
