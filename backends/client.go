@@ -314,6 +314,10 @@ func (c *Client) startError(ctx context.Context, err error, elapsed, timeout tim
 		return backend.Errorf(backend.ErrUnavailable,
 			"driver plugin %s exited before the plugin handshake (%s)%s; check that it is a berth driver built with backends.Serve and that it can start (see the log for its output)",
 			c.path, status, stderrNote)
+	case head == "" && elapsed >= timeout && c.builtin():
+		return backend.Errorf(backend.ErrUnavailable,
+			"built-in driver plugin %s did not complete the plugin handshake within %s and was killed: %s is not a berth binary (berth-cli) that serves built-in drivers%s; a Go program that holds a registry starts its own executable here unless told otherwise: register the driver in the program with registry.WithDriver, or name a berth-cli with registry.WithBerthBinary",
+			c.command(), timeout, c.path, stderrNote)
 	case head == "" && elapsed >= timeout:
 		return backend.Errorf(backend.ErrUnavailable,
 			"driver plugin %s did not complete the plugin handshake within %s and was killed; it must call backends.Serve at start%s",

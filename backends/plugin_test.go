@@ -489,6 +489,21 @@ func TestLaunchHangsPastStartTimeout(t *testing.T) {
 	}
 }
 
+// TestLaunchBuiltinHangs: an executable named as the berth binary (a built-in
+// driver's `BINARY driver serve NAME`) that never completes the handshake is, most
+// likely, a Go program holding a registry that started itself: the error says how
+// to register the driver in the program or name a berth-cli instead.
+func TestLaunchBuiltinHangs(t *testing.T) {
+	_, err := Launch(ctxT(t), LaunchOptions{
+		Path: pluginBin, Args: []string{"driver", "serve", "local"}, StartTimeout: 200 * time.Millisecond,
+		Env: []string{"BERTH_TESTPLUGIN_MODE=hang", "BERTH_TESTPLUGIN_PIDFILE=" + filepath.Join(t.TempDir(), "pids")},
+	})
+	if err == nil || !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "is not a berth binary") ||
+		!strings.Contains(err.Error(), "registry.WithDriver") || !strings.Contains(err.Error(), "registry.WithBerthBinary") {
+		t.Errorf("Launch: %v, want ErrUnavailable saying to register the driver with registry.WithDriver or name a berth-cli", err)
+	}
+}
+
 func TestLaunchContextCancel(t *testing.T) {
 	pidfile := filepath.Join(t.TempDir(), "pids")
 	ctx, cancel := context.WithCancel(ctxT(t))
