@@ -110,6 +110,10 @@ func (g *globals) daemon(ctx context.Context) (*daemonClient, error) {
 	if err := d.matches(want, host != ""); err != nil {
 		return nil, err
 	}
+	if st := d.Status; host == "" && st.Config != "" && st.Config == want.Config && st.ConfigSHA256 != "" && want.ConfigSHA256 != "" && st.ConfigSHA256 != want.ConfigSHA256 {
+		fmt.Fprintf(os.Stderr, "berth: note: berth serve at %s (pid %d) read %s before it last changed, and this command goes through it with the rules it read then: `kill -HUP %d` makes it read the file again (or run with --no-daemon)\n",
+			d.Where, st.PID, st.Config, st.PID)
+	}
 	phase.Mark("daemon")
 	return d, nil
 }
@@ -117,6 +121,7 @@ func (g *globals) daemon(ctx context.Context) (*daemonClient, error) {
 // identity is what a command and a daemon must agree on.
 type identity struct {
 	StateDir, Config    string
+	ConfigSHA256        string // of the config file's bytes as this command read them; "" without one
 	ClockOffset         time.Duration
 	explicitState       bool // --state-dir or BERTH_STATE_DIR
 	explicitConfig      bool // --config or BERTH_CONFIG
@@ -146,7 +151,7 @@ func (g *globals) wantedIdentity() (identity, error) {
 	if err != nil {
 		return identity{}, err
 	}
-	return identity{StateDir: filepath.Clean(dir), Config: cfg.Path, ClockOffset: off,
+	return identity{StateDir: filepath.Clean(dir), Config: cfg.Path, ConfigSHA256: cfg.SHA256, ClockOffset: off,
 		explicitState:       g.stateDir != "" || os.Getenv(config.EnvStateDir) != "",
 		explicitConfig:      g.configPath != "" || os.Getenv(config.EnvConfig) != "",
 		explicitClockOffset: os.Getenv(envClockOffset) != ""}, nil
@@ -162,7 +167,12 @@ func (d *daemonClient) matches(want identity, explicit bool) error {
 		diffs = append(diffs, fmt.Sprintf("state dir %s (this command: %s; --state-dir or %s)", st.StateDir, want.StateDir, config.EnvStateDir))
 	}
 	if (!explicit || want.explicitConfig) && st.Config != want.Config {
-		diffs = append(diffs, fmt.Sprintf("config %s (this command: %s; --config or %s)", orBuiltin(st.Config), orBuiltin(want.Config), config.EnvConfig))
+		knob := fmt.Sprintf("--config or %s", config.EnvConfig)
+		if st.Config == "" && !want.explicitConfig {
+			// The default file was made after the daemon started without one.
+			knob = fmt.Sprintf("the default file, made since the daemon started: `kill -HUP %d` makes the daemon read it", st.PID)
+		}
+		diffs = append(diffs, fmt.Sprintf("config %s (this command: %s; %s)", orBuiltin(st.Config), orBuiltin(want.Config), knob))
 	}
 	if (!explicit || want.explicitClockOffset) && st.ClockOffsetMS != want.ClockOffset.Milliseconds() {
 		diffs = append(diffs, fmt.Sprintf("clock offset %v (this command: %v; %s)", time.Duration(st.ClockOffsetMS)*time.Millisecond, want.ClockOffset, envClockOffset))

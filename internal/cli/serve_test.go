@@ -751,10 +751,20 @@ func TestServeReload(t *testing.T) {
 		t.Errorf("after a bad reload: %q, want the running config's", got)
 	}
 	os.WriteFile(e.config, []byte(rule("two")), 0o644)
+	// Before the reload, a command that goes through the daemon says that the daemon
+	// runs an older read of the file, and how to make it read the file again.
+	stale := "read " + e.config + " before it last changed"
+	if r := e.run("exec", "-s", "s:4", "--", "sh", "-c", "echo $GREETING"); r.code != 0 || r.stdout != "one\n" || !strings.Contains(r.stderr, stale) ||
+		!strings.Contains(r.stderr, fmt.Sprintf("kill -HUP %d", d.cmd.Process.Pid)) {
+		t.Errorf("a command through a daemon that read an older config file: want the daemon's rules and a note\n%v", r)
+	}
 	d.cmd.Process.Signal(syscall.SIGHUP)
 	d.waitLog("config reloaded", 1)
 	if got := greet("s:3"); got != "two\n" {
 		t.Errorf("after a good reload: %q", got)
+	}
+	if r := e.run("exec", "-s", "s:5", "--", "sh", "-c", "echo $GREETING"); r.code != 0 || r.stdout != "two\n" || strings.Contains(r.stderr, stale) {
+		t.Errorf("a command after the reload: want the new rules and no note\n%v", r)
 	}
 	if d.hasExited() {
 		t.Fatalf("berth serve exited on SIGHUP: %s", d.stderr)
