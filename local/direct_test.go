@@ -37,6 +37,29 @@ func newDirectEnv(t *testing.T, cfg string) *directEnv {
 	return e
 }
 
+// localRegistries parses cfg (a config text) for the state dir state and returns an
+// opener of registries on them: the local driver in the test's process, berthBin as
+// the berth binary, and opts. Each registry is closed when t ends, after which every
+// session of state is removed.
+func localRegistries(t *testing.T, state, cfg string, opts ...registry.Option) func() *registry.Registry {
+	t.Helper()
+	c, err := config.Parse([]byte(cfg), filepath.Join(state, "config.hcl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeSessions(t, state, cfg) })
+	return func() *registry.Registry {
+		t.Helper()
+		r, err := registry.Open(context.Background(), c, append([]registry.Option{registry.WithStateDir(state), registry.WithBerthBinary(berthBin),
+			registry.WithDriver(local.Name, func() backend.TerminalBackend { return local.New() })}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		return r
+	}
+}
+
 // removeSessions removes every session recorded in state (their sandboxes and
 // agents) through a registry on cfg.
 func removeSessions(t *testing.T, state, cfg string) {

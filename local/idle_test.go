@@ -3,16 +3,13 @@ package local_test
 import (
 	"bytes"
 	"context"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
-	"github.com/berth-sh/berth/registry/config"
 )
 
 // TestIdleUseByAnotherRegistry: a long-lived registry whose own last use of a
@@ -22,23 +19,9 @@ import (
 // session not idle; past that, the slow path reads the file, which decides.
 func TestIdleUseByAnotherRegistry(t *testing.T) {
 	t.Parallel()
-	state := t.TempDir()
-	c, err := config.Parse([]byte("scope \"*\" {\n  retention {\n    idle_ttl = \"1h\"\n  }\n}\n"), filepath.Join(state, "config.hcl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { removeSessions(t, state, "") })
 	var shift atomic.Int64 // the registries' clock offset, in nanoseconds
-	open := func() *registry.Registry {
-		r, err := registry.Open(context.Background(), c, registry.WithStateDir(state), registry.WithBerthBinary(berthBin),
-			registry.WithClock(func() time.Time { return time.Now().Add(time.Duration(shift.Load())) }),
-			registry.WithDriver(local.Name, func() backend.TerminalBackend { return local.New() }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { r.Close() })
-		return r
-	}
+	open := localRegistries(t, t.TempDir(), "scope \"*\" {\n  retention {\n    idle_ttl = \"1h\"\n  }\n}\n",
+		registry.WithClock(func() time.Time { return time.Now().Add(time.Duration(shift.Load())) }))
 	exec := func(r *registry.Registry, argv ...string) (string, int) {
 		t.Helper()
 		var out bytes.Buffer

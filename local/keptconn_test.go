@@ -5,13 +5,10 @@ import (
 	"context"
 	"errors"
 	"io"
-	"path/filepath"
 	"testing"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
-	"github.com/berth-sh/berth/registry/config"
 )
 
 // TestCallsAfterStop: a long-lived registry (berth serve's, a library user's) whose
@@ -23,23 +20,8 @@ import (
 // order: it is not here.)
 func TestCallsAfterStop(t *testing.T) {
 	t.Parallel()
-	state := t.TempDir()
-	c, err := config.Parse(nil, filepath.Join(state, "config.hcl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { removeSessions(t, state, "") })
-	open := func() *registry.Registry {
-		r, err := registry.Open(context.Background(), c, registry.WithStateDir(state), registry.WithBerthBinary(berthBin),
-			registry.WithDriver(local.Name, func() backend.TerminalBackend { return local.New() }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { r.Close() })
-		return r
-	}
+	long := localRegistries(t, t.TempDir(), "")()
 	ctx := context.Background()
-	long := open()
 	p, _, err := long.Exec(ctx, "kept:1", backend.ExecRequest{Argv: []string{"sh", "-c", "echo x > f"}})
 	if err != nil {
 		t.Fatal(err)

@@ -9,33 +9,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
-	"github.com/berth-sh/berth/registry/config"
 )
 
 // A session's full-output files stay within output_max_total (a call deletes the
 // oldest ones, never its own) and prune deletes those older than output_max_age.
 func TestShellOutputFilesBounded(t *testing.T) {
 	t.Parallel()
-	state := t.TempDir()
-	c, err := config.Parse([]byte("output_max_total = 6000\noutput_max_age = \"1d\"\n"), filepath.Join(state, "config.hcl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { removeSessions(t, state, "") })
 	var shift atomic.Int64 // registry clock offset, in nanoseconds
-	open := func() *registry.Registry {
-		r, err := registry.Open(context.Background(), c, registry.WithStateDir(state), registry.WithBerthBinary(berthBin),
-			registry.WithClock(func() time.Time { return time.Now().Add(time.Duration(shift.Load())) }),
-			registry.WithDriver(local.Name, func() backend.TerminalBackend { return local.New() }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { r.Close() })
-		return r
-	}
+	open := localRegistries(t, t.TempDir(), "output_max_total = 6000\noutput_max_age = \"1d\"\n",
+		registry.WithClock(func() time.Time { return time.Now().Add(time.Duration(shift.Load())) }))
 	r := open()
 	ctx := context.Background()
 	// seq 1 1000 is 3893 bytes: each call leaves one file; two do not fit in 6000.
