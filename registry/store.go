@@ -400,7 +400,7 @@ func (s *store) get(session string) (r record, ok bool, err error) {
 // system calls per call; the file can only hold a later time. Else it reads the
 // file as get does.
 func (s *store) getForCall(session string) (r record, ok bool, err error) {
-	if r, ok, err = s.record(session); !ok {
+	if r, ok, err = s.record(session); !ok || err != nil {
 		return r, ok, err
 	}
 	s.touchMu.Lock()
