@@ -406,11 +406,14 @@ type ExecResult struct {
 	Cwd string `json:"cwd,omitempty"`
 }
 
-// CheckArgv returns ErrInvalid ("exec: empty argv") when req has no argv or an empty
-// program name.
+// CheckArgv returns ErrInvalid when req has no argv ("exec: empty argv") or an empty
+// program name ("argv[0]: empty program name", as berth serve's API says it).
 func CheckArgv(req ExecRequest) error {
-	if len(req.Argv) == 0 || req.Argv[0] == "" {
+	switch {
+	case len(req.Argv) == 0:
 		return Errorf(ErrInvalid, "exec: empty argv")
+	case req.Argv[0] == "":
+		return Errorf(ErrInvalid, "argv[0]: empty program name")
 	}
 	return nil
 }

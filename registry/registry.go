@@ -722,6 +722,9 @@ func (r *Registry) Exec(ctx context.Context, session string, req backend.ExecReq
 	if err := backend.CheckExecText(req); err != nil {
 		return nil, nil, fmt.Errorf("session %q: %w", session, err)
 	}
+	if err := backend.CheckArgv(req); err != nil { // before a sandbox is made for it
+		return nil, nil, fmt.Errorf("session %q: %w", session, err)
+	}
 	for attempt := 0; ; attempt++ {
 		c, err := r.open(ctx, session, openCreate)
 		if err != nil {

@@ -581,6 +581,9 @@ func (d *Client) Exec(ctx context.Context, session string, req backend.ExecReque
 	if err := backend.CheckExecText(req); err != nil {
 		return nil, fmt.Errorf("session %q: %w", session, err)
 	}
+	if err := backend.CheckArgv(req); err != nil {
+		return nil, fmt.Errorf("session %q: %w", session, err)
+	}
 	first := apiv1.ExecRequest{Argv: req.Argv, Env: EnvMap(req.Env), Cwd: req.Dir, User: req.User, Timeout: DurationText(req.Timeout)}
 	return d.Stream(ctx, session, first, req.Stdout, req.Stderr, !req.Stdin)
 }

@@ -115,7 +115,7 @@ func (e *env) runFront(path string, args ...string) result {
 // front without berth-cli beside it), and its output, messages and exit code are
 // berth-cli's (BERTH_NO_FRONT=1) for the same command line: success, the command's
 // code, stderr, -e/-w, a timeout, not found, not executable, a bad -e, a session
-// name the daemon refuses.
+// name the daemon refuses, an empty program name (which embedded says alike).
 func TestFrontParity(t *testing.T) {
 	e := newEnv(t)
 	e.serve()
@@ -135,12 +135,22 @@ func TestFrontParity(t *testing.T) {
 		{[]string{"exec", "-s", "bad\x01name", "--", "true"}, 125},
 		{[]string{"exec", "-s", "", "--", "true"}, 125},
 		{[]string{"exec", "--", "printf", "\xff"}, 125}, // not UTF-8: refused, as embedded, not sent as U+FFFD
+		{[]string{"exec", "--", ""}, 125},               // an empty program name: one message both ways
 	} {
 		viaFront := e.runFront(alone, c.args...)
 		viaCLI := full.run(c.args...)
 		if viaFront.code != c.code || viaFront.code != viaCLI.code || viaFront.stdout != viaCLI.stdout || viaFront.stderr != viaCLI.stderr {
 			t.Errorf("%q: want exit %d, the same from both:\nfront:     %v\nberth-cli: %v", c.args, c.code, viaFront, viaCLI)
 		}
+	}
+	// Embedded says the same of an empty program name, before any sandbox is made.
+	args := []string{"exec", "-s", "empty:1", "--", ""}
+	viaFront, embedded := e.runFront(alone, args...), full.run(append([]string{"--no-daemon"}, args...)...)
+	if embedded.code != 125 || embedded.stderr != viaFront.stderr {
+		t.Errorf("%q embedded: want exit 125 and the front's message:\nfront:    %v\nembedded: %v", args, viaFront, embedded)
+	}
+	if r := full.run("--no-daemon", "sessions"); strings.Contains(r.stdout, "empty:1") {
+		t.Errorf("an exec with an empty program name made a sandbox:\n%v", r)
 	}
 }
 
