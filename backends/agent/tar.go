@@ -386,7 +386,7 @@ func (x *extractor) mkParents(name string) error {
 
 // removeOld removes the file or link at name, if any, for the entry of that name;
 // a directory there stays, merging with an entry that is a directory and refusing
-// one that is not (errDirInTheWay). It never follows a link.
+// one that is not (dirInTheWay). It never follows a link.
 func (x *extractor) removeOld(name string, dir bool) error {
 	delete(x.files, name)
 	fi, err := x.root.Lstat(name)
