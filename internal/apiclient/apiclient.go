@@ -238,6 +238,8 @@ type GoneError struct {
 	Dial  bool
 }
 
+// Error says what happened at Where and what to do: run the command again, or
+// embedded.
 func (e *GoneError) Error() string {
 	return fmt.Sprintf("berth serve at %s %s; it may have stopped: run the command again (embedded when no daemon runs), or with --no-daemon", e.Where, e.what())
 }
@@ -250,6 +252,7 @@ func (e *GoneError) what() string {
 	return fmt.Sprintf("went away during the call (%v)", e.Err)
 }
 
+// Unwrap returns the transport's error.
 func (e *GoneError) Unwrap() error { return e.Err }
 
 // Call makes a request with a JSON body (nil for none) and decodes a JSON answer

@@ -50,11 +50,12 @@ func unixClient(path string) *daemonClient { return &daemonClient{apiclient.Unix
 // BERTH_NO_DAEMON, or a flag that changes how drivers are run in this process
 // (--in-process, conformance's --plugin); "" when none does.
 func (g *globals) noDaemon() string {
+	env := apiclient.NoDaemonEnv()
 	switch {
 	case g.noDaemonFlag:
 		return "--no-daemon"
-	case apiclient.NoDaemonEnv() != "":
-		return apiclient.NoDaemonEnv()
+	case env != "":
+		return env
 	case g.inProcess:
 		return "--in-process"
 	case len(g.plugins) > 0:

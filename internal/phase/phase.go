@@ -48,9 +48,7 @@ func Report(w io.Writer) {
 	Mark("exit")
 	mu.Lock()
 	defer mu.Unlock()
-	for _, m := range marks {
-		fmt.Fprintf(w, "phase %s %d\n", m.name, m.at.UnixNano())
-	}
+	writeMarks(w)
 }
 
 // Drain prints the phases marked since Enable or the last Drain, as Report does but
@@ -59,8 +57,14 @@ func Report(w io.Writer) {
 func Drain(w io.Writer) {
 	mu.Lock()
 	defer mu.Unlock()
+	writeMarks(w)
+	marks = marks[:0]
+}
+
+// writeMarks writes the recorded phases to w, one "phase NAME NANOS" line each; the
+// caller holds mu.
+func writeMarks(w io.Writer) {
 	for _, m := range marks {
 		fmt.Fprintf(w, "phase %s %d\n", m.name, m.at.UnixNano())
 	}
-	marks = marks[:0]
 }
