@@ -188,7 +188,7 @@ command -v ip >/dev/null || missing+=(iproute2)
 command -v gcc >/dev/null || missing+=(gcc)
 [ -f /usr/lib/x86_64-linux-gnu/libc.a ] || [ -f /usr/lib/aarch64-linux-gnu/libc.a ] || missing+=(libc6-dev)
 if command -v dpkg-query >/dev/null; then
-  dpkg-query -W -f '${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || missing+=(busybox-static)
+  [[ $(dpkg-query -W -f '${Status}' busybox-static 2>/dev/null) == *'ok installed'* ]] || missing+=(busybox-static)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   command -v apt-get >/dev/null || die "missing ${missing[*]}: install them"
@@ -442,7 +442,10 @@ for img in pause test agent; do
   ctr --address "$CSOCK" -n k8s.io images import "$DIR/images/$img.tar" >/dev/null ||
     die "importing $DIR/images/$img.tar into containerd failed"
 done
-TEST_IMAGE=$(ctr --address "$CSOCK" -n k8s.io images ls -q | grep -m1 berth-test/busybox) || die "the test image is not in containerd after the import"
+# The list is read whole before grep looks at it: with pipefail, `ctr … | grep -m1` fails
+# whenever grep exits before ctr has written its last line (ctr dies of SIGPIPE).
+IMAGES=$(ctr --address "$CSOCK" -n k8s.io images ls -q) || die "listing containerd's images failed"
+TEST_IMAGE=$(grep -m1 berth-test/busybox <<<"$IMAGES") || die "the test image is not in containerd after the import (it has: ${IMAGES//$'\n'/ })"
 ts "images imported: registry.k8s.io/pause:3.10 $TEST_IMAGE $AGENT_IMAGE"
 
 # --- etcd, API server, controller manager, scheduler --------------------------------

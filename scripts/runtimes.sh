@@ -113,7 +113,7 @@ command -v docker-registry >/dev/null || missing+=(docker-registry)
 # The test images are built from a static busybox; Debian's busybox-static puts it at
 # /bin/busybox (the plain busybox package's is dynamic and will not do).
 if command -v dpkg-query >/dev/null; then
-  dpkg-query -W -f '${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || missing+=(busybox-static)
+  [[ $(dpkg-query -W -f '${Status}' busybox-static 2>/dev/null) == *'ok installed'* ]] || missing+=(busybox-static)
 elif [ ! -x /bin/busybox ]; then
   missing+=(busybox-static)
 fi
@@ -167,7 +167,7 @@ fi
 # --- containerd 2.x, built from its Go module ------------------------------------------
 c2_built() {
   [ -x "$C2BIN/containerd" ] && [ -x "$C2BIN/containerd-shim-runc-v2" ] &&
-    "$C2BIN/containerd" --version 2>/dev/null | grep -qF " ${C2VERSION#v}"
+    [[ $("$C2BIN/containerd" --version 2>/dev/null) == *" ${C2VERSION#v}"* ]]
 }
 if ! c2_built; then
   if ! command -v go >/dev/null; then
