@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -83,6 +84,25 @@ func (g *globals) daemon(ctx context.Context) (*daemonClient, error) {
 		return nil, err
 	}
 	phase.Mark("config")
+	d, err := g.dialDaemon(ctx, want)
+	if want.configErr == nil {
+		return d, err
+	}
+	if err != nil || d == nil || d.Status.Config != want.Config {
+		// No daemon serves this command with an earlier read of the file: the
+		// command stands on the file as it is, and fails as it did before.
+		return nil, want.configErr
+	}
+	first, _, _ := strings.Cut(want.configErr.Error(), "\n")
+	fmt.Fprintf(os.Stderr, "berth: note: %s does not parse now (%s); this command goes through berth serve at %s (pid %d) with the rules it read before: fix the file, then `kill -HUP %d` makes the daemon read it again\n",
+		want.Config, first, d.Where, d.Status.PID, d.Status.PID)
+	return d, nil
+}
+
+// dialDaemon is daemon's work once want is resolved: the daemon that answers and
+// matches want, or nil to run embedded.
+func (g *globals) dialDaemon(ctx context.Context, want identity) (*daemonClient, error) {
+	var err error
 	host := os.Getenv(envHost)
 	var d *daemonClient
 	if host != "" {
@@ -121,8 +141,12 @@ func (g *globals) daemon(ctx context.Context) (*daemonClient, error) {
 
 // identity is what a command and a daemon must agree on.
 type identity struct {
-	StateDir, Config    string
-	ConfigSHA256        string // of the config file's bytes as this command read them; "" without one
+	StateDir, Config string
+	ConfigSHA256     string // of the config file's bytes as this command read them; "" without one
+	// configErr is why the config file at Config does not parse (a *config.Error);
+	// StateDir then leaves out the file's state_dir. A daemon that read the file
+	// before it broke may still serve the command (daemon).
+	configErr           error
 	ClockOffset         time.Duration
 	explicitState       bool // --state-dir or BERTH_STATE_DIR
 	explicitConfig      bool // --config or BERTH_CONFIG
@@ -137,10 +161,19 @@ func (g *globals) wantedIdentity() (identity, error) {
 		return identity{}, err
 	}
 	cfg, err := g.loadConfig(self)
-	if err != nil {
+	var cfgErr *config.Error
+	switch {
+	case errors.As(err, &cfgErr):
+		path, _, perr := config.ResolvePath(g.configPath)
+		if perr != nil {
+			return identity{}, perr
+		}
+		cfg = &config.Config{Path: path}
+	case err != nil:
 		return identity{}, err
+	default:
+		g.detected = cfg // an embedded run opens its registry with it: not read twice
 	}
-	g.detected = cfg // an embedded run opens its registry with it: not read twice
 	dir, err := g.resolveStateDir(cfg)
 	if err != nil {
 		return identity{}, err
@@ -152,7 +185,10 @@ func (g *globals) wantedIdentity() (identity, error) {
 	if err != nil {
 		return identity{}, err
 	}
-	return identity{StateDir: filepath.Clean(dir), Config: cfg.Path, ConfigSHA256: cfg.SHA256, ClockOffset: off,
+	if cfgErr != nil {
+		err = cfgErr
+	}
+	return identity{StateDir: filepath.Clean(dir), Config: cfg.Path, ConfigSHA256: cfg.SHA256, ClockOffset: off, configErr: err,
 		explicitState:       g.stateDir != "" || os.Getenv(config.EnvStateDir) != "",
 		explicitConfig:      g.configPath != "" || os.Getenv(config.EnvConfig) != "",
 		explicitClockOffset: os.Getenv(envClockOffset) != ""}, nil

@@ -742,6 +742,23 @@ func TestServeReload(t *testing.T) {
 		t.Fatalf("first config: %q", got)
 	}
 	os.WriteFile(e.config, []byte("scope \"*\" {\n  driver = \"local\"\n  bogus = 1\n}\n"), 0o644)
+	// Before the reload, the file no longer parses: commands that go through the
+	// daemon go on with the rules it read, and say why on stderr; --no-daemon, which
+	// has only the file, fails on it with its file:line:col.
+	broken := e.config + " does not parse now (" + e.config + ":3:3"
+	hup := fmt.Sprintf("kill -HUP %d", d.cmd.Process.Pid)
+	if r := e.run("exec", "-s", "s:6", "--", "sh", "-c", "echo $GREETING"); r.code != 0 || r.stdout != "one\n" || !strings.Contains(r.stderr, broken) || !strings.Contains(r.stderr, hup) {
+		t.Errorf("exec through a daemon while the config file does not parse: want the daemon's rules and a note\n%v", r)
+	}
+	if r := e.run("status"); r.code != 0 || !strings.Contains(r.stdout, "mode:      daemon") || !strings.Contains(r.stderr, broken) {
+		t.Errorf("status while the config file does not parse: want the daemon and a note\n%v", r)
+	}
+	if r := e.run("sessions"); r.code != 0 || !strings.Contains(r.stdout, "s:6") || !strings.Contains(r.stderr, broken) {
+		t.Errorf("sessions while the config file does not parse: want the daemon's list and a note\n%v", r)
+	}
+	if r := e.run("--no-daemon", "sessions"); r.code != 125 || !strings.Contains(r.stderr, e.config+":3:3") {
+		t.Errorf("sessions --no-daemon while the config file does not parse: want exit 125 naming the file's line\n%v", r)
+	}
 	d.cmd.Process.Signal(syscall.SIGHUP)
 	line := d.waitLog("config reload refused; keeping the running config", 1)
 	if msg, _ := line["error"].(string); !strings.Contains(msg, e.config+":3:3") {
