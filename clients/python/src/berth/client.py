@@ -29,12 +29,36 @@ _SHELL_EXACT = 4 << 20
 _ANSWER_SLACK = 120.0
 
 
-def _duration(seconds: Optional[float], what: str = "timeout") -> Optional[str]:
-    """seconds as a berth duration ("1500ms"); None for none."""
+# The longest timeout taken, in seconds (about 31 years): a socket's timeout and a
+# Go duration both end near 9.2e9 s, and a call waits _ANSWER_SLACK beyond a command's.
+_MAX_TIMEOUT = 1e9
+
+
+def _seconds(value: Any, what: str = "timeout", session: Optional[str] = None) -> Optional[float]:
+    """value checked as a timeout in seconds: None (no bound), or an int or float
+    (not a bool) that is finite, above 0 and at most _MAX_TIMEOUT; else Invalid,
+    naming what, the value and the fix."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise errors.Invalid(
+            "%s=%r (%s): want a number of seconds above 0 (an int or float, e.g. 30 or 1.5), or None for no bound"
+            % (what, value, type(value).__name__),
+            session=session,
+        )
+    if (isinstance(value, float) and not math.isfinite(value)) or not 0 < value <= _MAX_TIMEOUT:
+        raise errors.Invalid(
+            "%s=%r: want a number of seconds above 0 (e.g. 30 or 1.5, at most %g), or None for no bound" % (what, value, _MAX_TIMEOUT),
+            session=session,
+        )
+    return value
+
+
+def _duration(seconds: Optional[float], what: str = "timeout", session: Optional[str] = None) -> Optional[str]:
+    """seconds (checked by _seconds) as a berth duration ("1500ms"); None for none."""
+    seconds = _seconds(seconds, what, session)
     if seconds is None:
         return None
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or math.isnan(seconds) or seconds <= 0:
-        raise errors.Invalid("%s %r: want a number of seconds above 0, or None for none" % (what, seconds))
     return "%dms" % max(1, round(seconds * 1000))
 
 
@@ -52,12 +76,19 @@ def _env(env: Optional[Mapping[str, Any]]) -> Optional[Dict[str, str]]:
     return out
 
 
+# The rule of session names, as the daemon states it (registry/config/names.go).
+_SESSION_RULE = (
+    'a session name is 1 to 128 characters: A-Z a-z 0-9 . _ - : @ / and printable non-ASCII characters '
+    '(no spaces, control or format characters), with no empty, "." or ".." path component and no leading "/", '
+    'e.g. "chat:1"'
+)
+
+
 def _quote(name: str) -> str:
     """A session name as one percent-encoded path segment (docs/api.md)."""
     if not isinstance(name, str) or name == "":
-        raise errors.Invalid(
-            "session name %r: want 1-128 characters (A-Z a-z 0-9 . _ - : @ /), e.g. \"chat:1\"" % (name,), session=str(name)
-        )
+        why = "is empty" if name == "" else "is of type %s, not str" % type(name).__name__
+        raise errors.Invalid("session name %r: %s; %s" % (name, why, _SESSION_RULE), session=str(name))
     q = urllib.parse.quote(name, safe=":@")
     # "." and ".." stay one segment (a path would be cleaned otherwise); the daemon
     # refuses them, naming them.
@@ -81,7 +112,8 @@ class Client:
             that are not a command (status, sessions, files, jobs...); None: no
             bound. Commands are bound by their own ``timeout``.
 
-    Raises :class:`berth.Invalid` for a bad host or token file. Nothing is
+    Raises :class:`berth.Invalid` for a bad host, token file or ``timeout`` (a
+    ``timeout`` is None or an int or float of seconds above 0). Nothing is
     connected until the first call; a daemon that does not answer then is
     :class:`berth.Unavailable`, naming the socket or address and how to start it.
     """
@@ -94,6 +126,7 @@ class Client:
         state_dir: Optional[str] = None,
         timeout: Optional[float] = None,
     ) -> None:
+        timeout = _seconds(timeout)
         self._ep = Endpoint(host, token_file, state_dir, timeout)
         self._pool = Pool(self._ep)
         self.timeout = timeout
@@ -297,7 +330,7 @@ class Session:
             if not isinstance(shell, str):
                 raise errors.Invalid("shell command %r: want a str" % (shell,), session=self.name)
             req["command"] = shell
-        t = _duration(timeout)
+        t = _duration(timeout, session=self.name)
         if t:
             req["timeout"] = t
         e = _env(env)
