@@ -15,8 +15,37 @@ import (
 // stateDirError is the one error for a state dir that cannot be used.
 func stateDirError(dir, why string) error {
 	return backend.Errorf(backend.ErrInvalid,
-		"state dir %s cannot be written: %s; choose a writable directory with --state-dir or %s (or state_dir in the config), or fix its permissions",
+		"state dir %s cannot be written: %s; choose a writable directory (berth's --state-dir or %s, state_dir in the config, or registry.WithStateDir), or fix its permissions",
 		dir, why, config.EnvStateDir)
+}
+
+// noDirsHere names the filesystems of kernel interfaces, where no one (root
+// included) makes a directory however access(2) answers: statfs(2)'s f_type (the
+// kernel's include/uapi/linux/magic.h).
+var noDirsHere = map[int64]string{
+	unix.PROC_SUPER_MAGIC:    "proc",
+	unix.SYSFS_MAGIC:         "sysfs",
+	unix.CGROUP_SUPER_MAGIC:  "cgroup",
+	unix.CGROUP2_SUPER_MAGIC: "cgroup2",
+	unix.DEBUGFS_MAGIC:       "debugfs",
+	unix.TRACEFS_MAGIC:       "tracefs",
+	unix.SECURITYFS_MAGIC:    "securityfs",
+	unix.BPF_FS_MAGIC:        "bpf",
+}
+
+// canMakeDirIn reports why a directory cannot be made in the existing directory p
+// though access(2) allows it (as it does for root): p is on a kernel interface's
+// filesystem (noDirsHere); nil otherwise. (A read-only mount needs no check here:
+// access(2) answers EROFS for it.) A failed statfs is no answer: nil.
+func canMakeDirIn(p string) error {
+	var fs unix.Statfs_t
+	if unix.Statfs(p, &fs) != nil {
+		return nil
+	}
+	if name, ok := noDirsHere[int64(fs.Type)]; ok {
+		return fmt.Errorf("%s is on a %s filesystem, where no directory can be made", p, name)
+	}
+	return nil
 }
 
 // checkStateDir reports whether dir exists as a writable directory or can be created
@@ -31,6 +60,11 @@ func checkStateDir(dir string) error {
 			}
 			if err := unix.Access(p, unix.W_OK|unix.X_OK); err != nil {
 				return stateDirError(dir, fmt.Sprintf("%s: %v", p, err))
+			}
+			if p != dir {
+				if err := canMakeDirIn(p); err != nil {
+					return stateDirError(dir, err.Error())
+				}
 			}
 			break
 		}

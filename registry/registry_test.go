@@ -962,13 +962,13 @@ func TestUnwritableStateDir(t *testing.T) {
 			t.Error("something was created in the read-only dir")
 		}
 	}
-	// A path under /proc cannot be made even by root; Open passes the access check
-	// (root), the first call fails and removes what it made.
-	r, err := Open(context.Background(), nil, e.options(WithStateDir("/proc/berth-test-state/x"))...)
-	if err == nil {
-		_, err = r.Acquire(context.Background(), "main")
-	}
-	if err == nil || !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), "/proc/berth-test-state/x") {
-		t.Errorf("state dir in /proc: %v", err)
+	// A path under /proc or /sys cannot be made even by root, though access(2)
+	// allows it: Open refuses it, naming the filesystem and the option.
+	for _, bad := range []string{"/proc/berth-test-state/x", "/sys/berth-test-state"} {
+		_, err := Open(context.Background(), nil, e.options(WithStateDir(bad))...)
+		if err == nil || !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), bad) ||
+			!strings.Contains(err.Error(), "filesystem, where no directory can be made") || !strings.Contains(err.Error(), "registry.WithStateDir") {
+			t.Errorf("state dir %s: %v", bad, err)
+		}
 	}
 }
