@@ -339,3 +339,30 @@ func TestJoinKeepsRunningCall(t *testing.T) {
 		t.Errorf("the next exec: %+v %v", lease, err)
 	}
 }
+
+// After Close no call runs anything, even on a session whose agent answers (the
+// direct path needs no driver): Exec fails with ErrUnavailable naming the session,
+// before any command runs, as Acquire and a new session's Exec do.
+func TestClosedRegistryRunsNothing(t *testing.T) {
+	e := newDirectEnv(t, "scope \"*\" {\n  driver = \"local\"\n}\n")
+	r, _ := e.open()
+	ctx := context.Background()
+	execIn(t, r, "chat:1", "true")
+	if _, lease, err := execIn(t, r, "chat:1", "true"); err != nil || !lease.Direct {
+		t.Fatalf("the second exec: %v, %+v; want the direct path", err, lease)
+	}
+	r.Close()
+	mark := filepath.Join(t.TempDir(), "ran")
+	for _, session := range []string{"chat:1", "chat:2"} {
+		_, _, err := r.Exec(ctx, session, backend.ExecRequest{Argv: []string{"touch", mark}})
+		if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), fmt.Sprintf("session %q: the registry is closed", session)) {
+			t.Errorf("Exec(%s) after Close: %v; want ErrUnavailable naming the session", session, err)
+		}
+	}
+	if _, err := os.Stat(mark); err == nil {
+		t.Error("a command ran after Close")
+	}
+	if _, err := r.Acquire(ctx, "chat:1"); !errors.Is(err, backend.ErrUnavailable) {
+		t.Errorf("Acquire after Close: %v", err)
+	}
+}

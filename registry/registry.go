@@ -1269,8 +1269,11 @@ func (r *Registry) atBlock(driver string, err error) error {
 
 // Close ends every driver this Registry started (closing in-process ones, killing
 // plugins) and closes its agent connections (execs still running on them lose their
-// client, and their trees are killed). Sandboxes keep running. Later calls that need
-// a driver fail with ErrUnavailable.
+// client, and their trees are killed). Sandboxes keep running. Later calls that run
+// something in a sandbox (Acquire, Exec, Shell, the Job calls, CopyIn, CopyOut), even
+// on a sandbox whose agent answers, and calls that need a driver fail with
+// ErrUnavailable ("the registry is closed"); Config, StateDir, Explain and Sessions'
+// store read still answer.
 func (r *Registry) Close() error {
 	r.endLife()
 	r.makerMu.Lock()

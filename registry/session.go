@@ -98,6 +98,11 @@ func (c *sessionConn) lost(err error) bool {
 // older berth (ErrUnsupported), an agent that accepts but does not answer
 // (ErrTimeout), and those of the lifecycle (acquire).
 func (r *Registry) open(ctx context.Context, session string, mode openMode) (*sessionConn, error) {
+	if r.life.Err() != nil {
+		// Closed: the direct path needs no driver, but a closed Registry runs
+		// nothing, whichever path a call would take (Close's doc).
+		return nil, backend.Errorf(backend.ErrUnavailable, "session %q: the registry is closed; open another with registry.Open", session)
+	}
 	rule, _, err := r.cfg.Match(session)
 	if err != nil {
 		return nil, err
