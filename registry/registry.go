@@ -540,7 +540,10 @@ func (r *Registry) leaseOf(session string, rule *config.Rule, p *pending, sb bac
 	if have == "" {
 		have = want
 	}
-	created := now
+	// A new sandbox's time is LabelCreated's (RFC 3339: whole seconds), which is
+	// what a later adoption (a restart after a stop) reads back: the time stays the
+	// same across a stop and start.
+	created := now.Truncate(time.Second)
 	if t, err := time.Parse(time.RFC3339, sb.Labels[backend.LabelCreated]); sb.Adopted && err == nil {
 		created = t
 	} else if sb.Adopted && !sb.CreatedAt.IsZero() {

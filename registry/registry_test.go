@@ -599,6 +599,35 @@ func TestFailedCallsChangeNothing(t *testing.T) {
 	check("foreign sandbox", err, backend.ErrConflict, "another owner")
 }
 
+// A session's creation time is the same before and after its sandbox is stopped
+// and started again (the start adopts it and reads LabelCreated back).
+func TestCreatedSurvivesStopStart(t *testing.T) {
+	e := newEnv(t, twoRules)
+	r := e.open()
+	ctx := context.Background()
+	created := func() time.Time {
+		t.Helper()
+		infos, err := r.Sessions(ctx)
+		if err != nil || len(infos) != 1 {
+			t.Fatalf("sessions: %v, %+v", err, infos)
+		}
+		return infos[0].Created
+	}
+	if _, err := r.Acquire(ctx, "keep:s"); err != nil {
+		t.Fatal(err)
+	}
+	before := created()
+	if err := r.StopSession(ctx, "keep:s"); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := r.Acquire(ctx, "keep:s"); err != nil || l.Created {
+		t.Fatalf("the second Acquire: %v, %+v; want the stopped sandbox started", err, l)
+	}
+	if after := created(); !after.Equal(before) {
+		t.Errorf("created %v before the stop, %v after the start", before, after)
+	}
+}
+
 func TestNoRuleMatches(t *testing.T) {
 	e := newEnv(t, "scope \"chat:*\" {\n}\n")
 	r := e.open()
