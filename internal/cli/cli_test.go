@@ -903,6 +903,34 @@ func TestExecEnvAndWorkdir(t *testing.T) {
 	}
 }
 
+// Usage mistakes are named, with the fix, before anything runs: a session name left
+// out after -s (pflag takes the "--" as it), a command's missing argument.
+func TestUsageMistakes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, c := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"exec", "-s", "--", "touch", filepath.Join(e.dir, "ran")}, `the session name is missing (-s took the "--" after it)`},
+		{[]string{"exec", "-s", "--", "--shell", "touch " + filepath.Join(e.dir, "ran")}, `the session name is missing`},
+		{[]string{"stop"}, "stop: want 1 argument, got none (usage: berth stop SESSION"},
+		{[]string{"rm", "a", "b"}, `rm: want 1 argument, got 2 (["a" "b"])`},
+		{[]string{"config", "explain"}, "config explain: want 1 argument, got none (usage: berth config explain SESSION"},
+		{[]string{"cp", "x"}, "cp: want 2 arguments, got 1"},
+	} {
+		if r := e.run(c.args...); r.code != 125 || !strings.Contains(r.stderr, c.says) {
+			t.Errorf("berth %q: want exit 125 saying %q\n%v", c.args, c.says, r)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(e.dir, "ran")); err == nil {
+		t.Error("a command ran")
+	}
+	if r := e.must("exec", "--help"); strings.Contains(r.stdout, "(default -1)") {
+		t.Errorf("exec --help shows --max-output's internal default\n%v", r)
+	}
+}
+
 const scopesConfig = `# test config
 scope "chat:*" {
   driver    = "local"

@@ -54,7 +54,7 @@ func newConfigCmd(g *globals) *cobra.Command {
 	explain := &cobra.Command{
 		Use:   "explain SESSION",
 		Short: "Show which rule a session matches, its driver and its final sandbox spec",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			// Through berth serve when one runs: how its config places the session.
 			out, err := query(cmd.Context(), g, func(a api, ctx context.Context) (apiv1.Explanation, error) {
@@ -160,7 +160,7 @@ func newConfigImportCmd() *cobra.Command {
 	h := &cobra.Command{
 		Use:   "hermes FILE",
 		Short: "Print the berth config for the terminal: section of a hermes-agent config.yaml; report keys without an equivalent on stderr",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			src, err := os.ReadFile(config.ExpandHome(args[0]))
 			if err != nil {

@@ -56,7 +56,7 @@ ways, so a sparse file stays sparse (a sparse file counts at its full size).`,
   berth cp -s chat:1 report.txt :/tmp/
   berth cp -s chat:1 :/work/out ./out
   sudo berth cp -a -s chat:1 :/work/rootfs ./rootfs   # keep owners and setuid bits`,
-		Args: cobra.ExactArgs(2),
+		Args: exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			src, dst := args[0], args[1]
 			up, down := strings.HasPrefix(dst, ":"), strings.HasPrefix(src, ":")

@@ -110,7 +110,7 @@ func newDriverCmd(g *globals) *cobra.Command {
 	driver.AddCommand(&cobra.Command{
 		Use:   "serve NAME",
 		Short: "Serve the driver NAME, compiled into berth, over the plugin protocol",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			mk := inProcessDrivers()[args[0]]
 			if mk == nil {

@@ -40,6 +40,9 @@ max_output), the full stream kept in a file under the state dir.`,
 				return execrun.Usage("--max-output %d: must be 0 or more bytes", f.MaxOutput)
 			}
 			if cmd.Flags().Changed("shell") {
+				if err := execrun.CheckSession(f.Session); err != nil {
+					return err
+				}
 				if len(args) > 0 {
 					return execrun.Usage("--shell takes the whole command as its value; drop the arguments after it (%q)", args)
 				}
@@ -59,6 +62,7 @@ max_output), the full stream kept in a file under the state dir.`,
 	fl.BoolVarP(&f.Stdin, "interactive", "i", false, "pass stdin to the command")
 	fl.BoolVarP(&f.TTY, "tty", "t", false, "allocate a terminal for the command")
 	fl.Int64Var(&f.MaxOutput, "max-output", -1, "cap each output stream at BYTES (default: no cap; 1 MiB per stream with --json)")
+	fl.Lookup("max-output").DefValue = "0" // -1 means "not set": the usage says the default, pflag must not add "(default -1)"
 	fl.StringVar(&f.Shell, "shell", "", "run this command string in shell mode (- reads it from stdin, for a command longer than the argument limit): cd and export carry over to the session's next --shell call; output capped at 50 KiB per stream unless --max-output")
 	fl.BoolVar(&f.Recreate, "recreate", false, "remove the session's sandbox first and run in a new one made from its rule's current config (the remedy for drift; files, processes and shell state in the old one are lost)")
 	fl.BoolVar(&f.JSON, "json", false, "print one JSON object with the result and the output at the end (image pull progress, if any, as JSON lines on stderr)")

@@ -23,7 +23,7 @@ the references it holds, one a line. FILE "-" reads the archive from stdin.`,
 		Example: `  berth image import busybox.tar
   docker save alpine:3 | berth image import --driver docker -
   berth image import --driver containerd busybox.tar`,
-		Args: cobra.ExactArgs(1),
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var r io.Reader = os.Stdin
 			if args[0] != "-" {

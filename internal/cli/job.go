@@ -108,7 +108,7 @@ or the sandbox stops. The host reads that output only through the agent.`,
 	logs := &cobra.Command{
 		Use:   "logs [-s SESSION] [--follow] [--offset N] ID",
 		Short: "Print a job's output; with --follow, until it ends (exit with its exit code)",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
@@ -157,7 +157,7 @@ or the sandbox stops. The host reads that output only through the agent.`,
 	kill := &cobra.Command{
 		Use:   "kill [-s SESSION] ID",
 		Short: "End a job's process tree (TERM, then KILL)",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return g.withAPI(cmd.Context(), func(a api) error {
 				return a.JobKill(cmd.Context(), session, args[0])

@@ -165,7 +165,7 @@ rule's image themselves before their sandbox is created (pull = "missing", "alwa
 from the user's Docker config file (docker login).`,
 		Example: `  berth image pull debian:bookworm
   berth image pull --driver docker 127.0.0.1:5000/team/tool:1`,
-		Args: cobra.ExactArgs(1),
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return g.withRegistry(cmd.Context(), func(reg *registry.Registry) error {
 				pl, err := imageDriver[backend.ImagePuller](cmd.Context(), reg, driver, "pull", func(c backend.Capabilities) bool { return c.ImagePull })

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 
 	"github.com/berth-sh/berth/backend"
@@ -271,4 +272,26 @@ func group(c *cobra.Command) *cobra.Command {
 		return execrun.Usage("%s needs a subcommand; see '%s --help'", cmd.CommandPath(), cmd.CommandPath())
 	}
 	return c
+}
+
+// exactArgs is cobra.ExactArgs(n) with a message that says what is missing or too
+// much, and the command's usage line, instead of "accepts 1 arg(s), received 0":
+// e.g. "berth: stop: want 1 argument, got none (usage: berth stop SESSION [flags]; ...)".
+// Exit 125.
+func exactArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) == n {
+			return nil
+		}
+		want := "1 argument"
+		if n != 1 {
+			want = fmt.Sprintf("%d arguments", n)
+		}
+		got := "none"
+		if len(args) > 0 {
+			got = fmt.Sprintf("%d (%q)", len(args), args)
+		}
+		name := strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ")
+		return execrun.Usage("%s: want %s, got %s (usage: %s; see '%s --help')", name, want, got, cmd.UseLine(), cmd.CommandPath())
+	}
 }

@@ -107,7 +107,7 @@ func newCloseCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "close SESSION",
 		Short: "Close a session, applying its rule's on_close (keep, stop or remove)",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return g.withAPI(cmd.Context(), func(a api) error {
 				return a.CloseSession(cmd.Context(), args[0])
@@ -120,7 +120,7 @@ func newRmCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "rm SESSION",
 		Short: "Remove a session's sandbox and its files, whatever on_close says",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return g.withAPI(cmd.Context(), func(a api) error {
 				return a.RemoveSession(cmd.Context(), args[0])
@@ -138,7 +138,7 @@ ends (the agent asks them, then they are killed), its files stay (where the driv
 keeps files across a stop), and the session's next command starts it again, with
 this berth's agent. For a sandbox that several sessions share, all of them are
 stopped. Stopping a stopped sandbox, or a session without one, succeeds.`,
-		Args: cobra.ExactArgs(1),
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return g.withAPI(cmd.Context(), func(a api) error {
 				return a.StopSession(cmd.Context(), args[0])

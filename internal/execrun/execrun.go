@@ -206,6 +206,9 @@ func Run(ctx context.Context, f *Flags, argv []string, open func(context.Context
 
 // Check checks the flags of a plain exec that cobra cannot.
 func Check(f *Flags) error {
+	if err := CheckSession(f.Session); err != nil {
+		return err
+	}
 	if err := CheckEnv(f.Env); err != nil {
 		return err
 	}
@@ -541,6 +544,16 @@ func ReportLease(session string, lease *apiv1.ExecStarted) {
 	case lease.Moved:
 		fmt.Fprintf(os.Stderr, "berth: session %s: %s\n", session, lease.MovedReason)
 	}
+}
+
+// CheckSession refuses the session name "--": pflag takes the argument after -s as
+// its value, so `berth exec -s -- CMD` names a session "--" where the name was left
+// out.
+func CheckSession(session string) error {
+	if session == "--" {
+		return Usage("-s %q: the session name is missing (-s took the \"--\" after it); give it after -s: berth exec -s NAME -- CMD [ARG...]", session)
+	}
+	return nil
 }
 
 // CheckEnv checks -e values: each must be KEY=VALUE with a non-empty KEY.
