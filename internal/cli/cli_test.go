@@ -461,8 +461,8 @@ func TestExecTimeoutKillsTree(t *testing.T) {
 	e.must("exec", "--", "true") // the sandbox exists: time only the timeout
 	mark := newMark()
 	r := e.run("exec", "-e", markEnv(mark), "--timeout", "1s", "--", "sh", "-c", "sleep 300 & sleep 300")
-	if r.code != 124 {
-		t.Fatalf("want exit 124\n%v", r)
+	if r.code != 124 || !strings.Contains(r.stderr, "berth: the command timed out after 1s (--timeout)") {
+		t.Fatalf("want exit 124 and a note on stderr\n%v", r)
 	}
 	// Not before the timeout, and ended by it, not by the sleeps (300 s): how soon
 	// after it depends on the machine's load and is not checked.

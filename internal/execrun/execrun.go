@@ -457,6 +457,9 @@ func (o *execOutput) finish(f *Flags, lease *apiv1.ExecStarted, res backend.Exec
 	}
 	switch {
 	case res.TimedOut:
+		if !f.JSON { // --json says so in timed_out
+			fmt.Fprintf(os.Stderr, "berth: the command timed out after %v (--timeout); its process tree was killed\n", f.Timeout)
+		}
 		return ExitCode(ExitTimeout)
 	case res.Canceled && res.ExitCode == 0:
 		return ExitCode(128 + int(syscall.SIGINT))
