@@ -242,6 +242,8 @@ func dialHost(host string) (*daemonClient, error) {
 		}
 		return unixClient(filepath.Clean(u.Path)), nil
 	case "http", "https":
+	case "tcp":
+		return nil, fmt.Errorf("%s=%q: tcp:// is how berth serve's --listen is written; a client names the same address as http://%s (a listener on loopback without TLS) or https://%s (one with --tls-cert)", envHost, host, u.Host, u.Host)
 	default:
 		return nil, fmt.Errorf("%s=%q: unknown scheme; use unix:///PATH, https://HOST:PORT or http://127.0.0.1:PORT", envHost, host)
 	}
