@@ -55,6 +55,20 @@ func SearchPath(pluginDirs []string, berthBinary string) []string {
 	return out
 }
 
+// SkippedPluginPathEntries returns the entries of $BERTH_PLUGIN_PATH that
+// SearchPath skips because they are relative paths (empty entries are not listed),
+// in order; nil when there are none. Callers tell the user: a skipped entry is
+// otherwise silent.
+func SkippedPluginPathEntries() []string {
+	var skipped []string
+	for _, d := range filepath.SplitList(os.Getenv(EnvPluginPath)) {
+		if d != "" && !filepath.IsAbs(d) {
+			skipped = append(skipped, d)
+		}
+	}
+	return skipped
+}
+
 // Plugin is one third-party driver executable found by Discover or FindPlugin.
 type Plugin struct {
 	// Name is the driver name (the file name without PluginPrefix).

@@ -1289,6 +1289,24 @@ func TestDrivers(t *testing.T) {
 	}
 }
 
+// A driver that fails is "failed [N]" in the table, its message follows the table;
+// a relative BERTH_PLUGIN_PATH entry is noted on stderr, not skipped silently.
+func TestDriversFailed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.config = e.writeFile("config.hcl", "driver \"local\" {\n  bogus = 1\n}\nscope \"*\" {\n}\n")
+	e.extra = []string{"BERTH_PLUGIN_PATH=rel/dir:" + e.dir}
+	r := e.must("drivers")
+	row := regexp.MustCompile(`(?m)^local .* plugin +failed \[(\d)\] `).FindStringSubmatch(r.stdout)
+	note := regexp.MustCompile(`(?m)^\[(\d)\] local: .*bogus`).FindStringSubmatch(r.stdout)
+	if row == nil || note == nil || row[1] != note[1] {
+		t.Errorf("drivers: want local's row saying failed [N] and its message after the table as [N] local: ...\n%v", r)
+	}
+	if !strings.Contains(r.stderr, `BERTH_PLUGIN_PATH entries ["rel/dir"] are skipped: plugin directories must be absolute paths`) {
+		t.Errorf("drivers: want a note on the relative BERTH_PLUGIN_PATH entry\n%v", r)
+	}
+}
+
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

@@ -26,7 +26,8 @@ plugin protocol version negotiated with it, its capabilities and the executable 
 serves it: berth itself for local, berth-driver-docker and berth-driver-containerd
 (beside berth, else in the plugin search path) for docker and containerd. One that
 cannot start, or whose runtime does not answer (docker and containerd ask their engine
-or daemon, waiting at most 5 s), shows why under HEALTH.`,
+or daemon, waiting at most 5 s), shows "failed [N]" under HEALTH, and the table is
+followed by "[N] NAME: why" (--json: the message is its health).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			// Through berth serve when one runs: its drivers, its plugins.
@@ -39,14 +40,31 @@ or daemon, waiting at most 5 s), shows why under HEALTH.`,
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tVERSION\tPROTOCOL\tSERVED\tHEALTH\tCAPABILITIES\tEXECUTABLE")
+			// A failed driver's HEALTH is a whole error message, often hundreds of
+			// characters: the table says "failed [N]" and the messages follow it.
+			var failures []string
 			for _, d := range rows {
 				path := d.Path
 				if path == "" {
 					path = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.Name, d.Version, d.Protocol, d.Served, d.Health, capsSummary(d.Capabilities), path)
+				health, caps := d.Health, capsSummary(d.Capabilities)
+				if health != "ok" {
+					failures = append(failures, fmt.Sprintf("[%d] %s: %s", len(failures)+1, d.Name, d.Health))
+					health = fmt.Sprintf("failed [%d]", len(failures))
+					if d.Version == "" {
+						caps = "-" // it never answered: no capabilities known
+					}
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.Name, d.Version, d.Protocol, d.Served, health, caps, path)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if len(failures) > 0 {
+				fmt.Printf("\n%s\n", strings.Join(failures, "\n"))
+			}
+			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
