@@ -185,7 +185,7 @@ func TestConfigCheckRuntimeDown(t *testing.T) {
 	path := e.writeFile("down.hcl", "driver \"docker\" {\n  host = \"unix://"+filepath.Join(t.TempDir(), "no-engine.sock")+"\"\n}\n"+
 		"scope \"d:*\" {\n  driver = \"docker\"\n  image  = \"berth-test/busybox:1\"\n}\n")
 	if r := e.run("config", "check", path); r.code != 0 || !strings.Contains(r.stderr, "note: "+path+":4:1: scope \"d:*\": driver docker:") ||
-		!strings.Contains(r.stderr, "does not answer") || !strings.Contains(r.stdout, "ok, 1 scope rules") {
+		!strings.Contains(r.stderr, "does not answer") || !strings.Contains(r.stdout, "ok, 1 scope rule\n") {
 		t.Errorf("a rule on an engine that is down: want ok and a note at the rule\n%v", r)
 	}
 }

@@ -134,7 +134,7 @@ func checkConfig(ctx context.Context, g *globals, path string) apiv1.ConfigCheck
 }
 
 // printConfigCheck prints a check's outcome as berth config check does: warnings
-// and notes on stderr, "PATH: ok, N scope rules" on stdout, or the failure (exit
+// and notes on stderr, "PATH: ok, N scope rules" ("1 scope rule") on stdout, or the failure (exit
 // 125).
 func printConfigCheck(chk apiv1.ConfigCheck) error {
 	if chk.Warnings != "" {
@@ -146,7 +146,11 @@ func printConfigCheck(chk apiv1.ConfigCheck) error {
 	for _, n := range chk.Notes {
 		fmt.Fprintf(os.Stderr, "berth: note: %s\n", n)
 	}
-	fmt.Fprintf(os.Stdout, "%s: ok, %d scope rules\n", chk.Path, chk.Rules)
+	rules := "scope rules"
+	if chk.Rules == 1 {
+		rules = "scope rule"
+	}
+	fmt.Fprintf(os.Stdout, "%s: ok, %d %s\n", chk.Path, chk.Rules, rules)
 	return nil
 }
 

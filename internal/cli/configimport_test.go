@@ -30,7 +30,7 @@ terminal:
 		}
 	}
 	e.config = e.writeFile("config.hcl", r.stdout)
-	if c := e.must("config", "check"); !strings.Contains(c.stdout, "ok, 1 scope rules") {
+	if c := e.must("config", "check"); !strings.Contains(c.stdout, "ok, 1 scope rule\n") {
 		t.Errorf("config check of the translation\n%v", c)
 	}
 	if p := e.must("exec", "-s", "hermes:t1", "--", "pwd"); strings.TrimSpace(p.stdout) != work {

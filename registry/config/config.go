@@ -580,6 +580,13 @@ func validNames(schema *hcl.BodySchema, where string) string {
 // or on error.
 func (d *decoder) value(attr *hcl.Attribute, ty cty.Type, want string) (cty.Value, bool) {
 	v, diags := attr.Expr.Value(nil)
+	if trav, ok := attr.Expr.(*hclsyntax.ScopeTraversalExpr); ok && diags.HasErrors() && ty == cty.String && len(trav.Traversal) == 1 {
+		// A bare word where a string goes (driver = local): HCL reads it as a
+		// variable and says only "Variables not allowed".
+		word := trav.Traversal.RootName()
+		d.errf(attr.Expr.Range(), "Unquoted string", "%q must be %s, and a bare word is read as a variable; write %s = %q.", attr.Name, want, attr.Name, word)
+		return cty.NilVal, false
+	}
 	d.diags = append(d.diags, diags...)
 	if diags.HasErrors() || v.IsNull() {
 		return cty.NilVal, false

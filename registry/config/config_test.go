@@ -297,6 +297,8 @@ func TestConfigBadInput(t *testing.T) {
 			[]string{"config.hcl:5:7: error: Conflicting shared sandbox", "config.hcl:1:1"}},
 		{"variables not allowed", "scope \"*\" {\n  image = var.x\n}\n",
 			[]string{"config.hcl:2:11: error: Variables not allowed"}},
+		{"unquoted string", "scope \"*\" {\n  driver = local\n}\n",
+			[]string{`config.hcl:2:12: error: Unquoted string: "driver" must be a string, and a bare word is read as a variable; write driver = "local".`}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
