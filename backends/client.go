@@ -304,16 +304,16 @@ func (c *Client) startError(ctx context.Context, err error, elapsed, timeout tim
 			status = "no exit status"
 		}
 		return backend.Errorf(backend.ErrUnavailable,
-			"built-in driver plugin %s exited before the plugin handshake (%s)%s; see berth's log (STATE/berth.log) for its output",
-			c.command(), status, stderrNote)
+			"built-in driver plugin %s exited before the plugin handshake (%s)%s; %s",
+			c.command(), status, stderrNote, seeLog)
 	case r != nil && head == "" && r.selfExited():
 		status := r.exitText()
 		if status == "" {
 			status = "no exit status"
 		}
 		return backend.Errorf(backend.ErrUnavailable,
-			"driver plugin %s exited before the plugin handshake (%s)%s; check that it is a berth driver built with backends.Serve and that it can start (see the log for its output)",
-			c.path, status, stderrNote)
+			"driver plugin %s exited before the plugin handshake (%s)%s; check that it is a berth driver built with backends.Serve and that it can start: %s",
+			c.path, status, stderrNote, seeLog)
 	case head == "" && elapsed >= timeout && c.builtin():
 		return backend.Errorf(backend.ErrUnavailable,
 			"built-in driver plugin %s did not complete the plugin handshake within %s and was killed: %s is not a berth binary (berth-cli) that serves built-in drivers%s; a Go program that holds a registry starts its own executable here unless told otherwise: register the driver in the program with registry.WithDriver, or name a berth-cli with registry.WithBerthBinary",
@@ -325,6 +325,9 @@ func (c *Client) startError(ctx context.Context, err error, elapsed, timeout tim
 	}
 	return backend.Errorf(backend.ErrUnavailable, "driver plugin %s: %s%s", c.path, oneLine(err.Error()), stderrNote)
 }
+
+// seeLog says where a plugin's stderr went: the log of the process that launched it.
+const seeLog = "its output is in berth's log (the CLI's STATE/berth.log, berth serve's log, or the logger of registry.WithLogger)"
 
 // builtin reports whether the plugin is a built-in driver served by the berth binary
 // (BuiltinCommand: `BERTH driver serve NAME`).
