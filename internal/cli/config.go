@@ -40,7 +40,7 @@ func newConfigCmd(g *globals) *cobra.Command {
 			// The daemon's own file goes through it: its checks are the daemon's
 			// (its environment, its user), what a SIGHUP would meet.
 			var chk apiv1.ConfigCheck
-			if d, derr := g.daemon(cmd.Context()); derr == nil && d != nil && sameConfig(d.Status.Config, path) {
+			if d, derr := g.daemonFor(cmd.Context(), false); derr == nil && d != nil && sameConfig(d.Status.Config, path) {
 				if chk, err = d.configCheck(cmd.Context()); err != nil {
 					return execrun.Failure(err)
 				}

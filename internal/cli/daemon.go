@@ -7,8 +7,10 @@ package cli
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -76,6 +78,14 @@ func (g *globals) noDaemon() string {
 // This is the one place that picks embedded or daemon: a command that can run
 // through the daemon calls g.api (which calls this), or this directly.
 func (g *globals) daemon(ctx context.Context) (*daemonClient, error) {
+	return g.daemonFor(ctx, true)
+}
+
+// daemonFor is daemon; noteBroken says whether a config file that does not parse
+// now, while the daemon serves the command with its earlier read, gets a note on
+// stderr (config check, which asks the daemon to check the file as it is now, says
+// so itself).
+func (g *globals) daemonFor(ctx context.Context, noteBroken bool) (*daemonClient, error) {
 	if g.noDaemon() != "" {
 		return nil, nil
 	}
@@ -88,14 +98,23 @@ func (g *globals) daemon(ctx context.Context) (*daemonClient, error) {
 	if want.configErr == nil {
 		return d, err
 	}
-	if err != nil || d == nil || d.Status.Config != want.Config {
-		// No daemon serves this command with an earlier read of the file: the
-		// command stands on the file as it is, and fails as it did before.
+	if os.Getenv(envHost) != "" || err != nil || d == nil || d.Status.Config != want.Config {
+		// No local daemon serves this command with an earlier read of the file
+		// (BERTH_HOST's daemon reads its own machine's files): the command stands on
+		// the file as it is, and fails as it did before.
 		return nil, want.configErr
 	}
-	first, _, _ := strings.Cut(want.configErr.Error(), "\n")
-	fmt.Fprintf(os.Stderr, "berth: note: %s does not parse now (%s); this command goes through berth serve at %s (pid %d) with the rules it read before: fix the file, then `kill -HUP %d` makes the daemon read it again\n",
-		want.Config, first, d.Where, d.Status.PID, d.Status.PID)
+	if want.brokenSHA256 != "" && want.brokenSHA256 == d.Status.ConfigSHA256 {
+		// The daemon took these very bytes: what fails here is this command's
+		// environment ($BERTH_PLUGIN_PATH naming a plugin, $HOME for "~/"), and the
+		// daemon's check is the one that counts, as in the front (docs/cli.md).
+		return d, nil
+	}
+	if noteBroken {
+		first, _, _ := strings.Cut(want.configErr.Error(), "\n")
+		fmt.Fprintf(os.Stderr, "berth: note: %s does not parse now (%s); this command goes through berth serve at %s (pid %d) with the rules it read before: fix the file, then `kill -HUP %d` makes the daemon read it again\n",
+			want.Config, first, d.Where, d.Status.PID, d.Status.PID)
+	}
 	return d, nil
 }
 
@@ -122,6 +141,15 @@ func (g *globals) dialDaemon(ctx context.Context, want identity) (*daemonClient,
 		if host == "" && apiclient.Refused(err) {
 			return nil, nil // a socket that a berth serve left behind: nobody listens
 		}
+		var ae *apiclient.APIError
+		if errors.As(err, &ae) && ae.StatusCode == http.StatusUnauthorized {
+			why := ""
+			if ae.Info.Message != "" {
+				why = ": " + ae.Info.Message
+			}
+			return nil, fmt.Errorf("berth serve at %s refused the token of %s=%s (401 unauthorized%s); point %s at the file that berth serve's --token-file reads",
+				d.Where, envTokenFile, os.Getenv(envTokenFile), why, envTokenFile)
+		}
 		fix := fmt.Sprintf("unset %s or use --no-daemon to run embedded", envHost)
 		if host == "" {
 			fix = apiclient.FixNoStatus
@@ -145,8 +173,10 @@ type identity struct {
 	ConfigSHA256     string // of the config file's bytes as this command read them; "" without one
 	// configErr is why the config file at Config does not parse (a *config.Error);
 	// StateDir then leaves out the file's state_dir. A daemon that read the file
-	// before it broke may still serve the command (daemon).
+	// before it broke may still serve the command (daemon). brokenSHA256 is the
+	// SHA-256 of that file's bytes ("" when they cannot be read again).
 	configErr           error
+	brokenSHA256        string
 	ClockOffset         time.Duration
 	explicitState       bool // --state-dir or BERTH_STATE_DIR
 	explicitConfig      bool // --config or BERTH_CONFIG
@@ -162,6 +192,7 @@ func (g *globals) wantedIdentity() (identity, error) {
 	}
 	cfg, err := g.loadConfig(self)
 	var cfgErr *config.Error
+	var broken string
 	switch {
 	case errors.As(err, &cfgErr):
 		path, _, perr := config.ResolvePath(g.configPath)
@@ -169,6 +200,10 @@ func (g *globals) wantedIdentity() (identity, error) {
 			return identity{}, perr
 		}
 		cfg = &config.Config{Path: path}
+		if src, rerr := os.ReadFile(path); rerr == nil {
+			sum := sha256.Sum256(src)
+			broken = hex.EncodeToString(sum[:])
+		}
 	case err != nil:
 		return identity{}, err
 	default:
@@ -188,7 +223,7 @@ func (g *globals) wantedIdentity() (identity, error) {
 	if cfgErr != nil {
 		err = cfgErr
 	}
-	return identity{StateDir: filepath.Clean(dir), Config: cfg.Path, ConfigSHA256: cfg.SHA256, ClockOffset: off, configErr: err,
+	return identity{StateDir: filepath.Clean(dir), Config: cfg.Path, ConfigSHA256: cfg.SHA256, ClockOffset: off, configErr: err, brokenSHA256: broken,
 		explicitState:       g.stateDir != "" || os.Getenv(config.EnvStateDir) != "",
 		explicitConfig:      g.configPath != "" || os.Getenv(config.EnvConfig) != "",
 		explicitClockOffset: os.Getenv(envClockOffset) != ""}, nil
@@ -243,7 +278,11 @@ func dialHost(host string) (*daemonClient, error) {
 		return unixClient(filepath.Clean(u.Path)), nil
 	case "http", "https":
 	case "tcp":
-		return nil, fmt.Errorf("%s=%q: tcp:// is how berth serve's --listen is written; a client names the same address as http://%s (a listener on loopback without TLS) or https://%s (one with --tls-cert)", envHost, host, u.Host, u.Host)
+		addr := u.Host
+		if h, port, err := net.SplitHostPort(u.Host); err == nil && (h == "" || net.ParseIP(h).IsUnspecified()) {
+			addr = net.JoinHostPort("127.0.0.1", port) // a listener on every address: name one of them
+		}
+		return nil, fmt.Errorf("%s=%q: tcp:// is how berth serve's --listen is written; a client names the address as http://%s (a listener on loopback without TLS) or https://%s (one with --tls-cert; the name its certificate holds)", envHost, host, addr, addr)
 	default:
 		return nil, fmt.Errorf("%s=%q: unknown scheme; use unix:///PATH, https://HOST:PORT or http://127.0.0.1:PORT", envHost, host)
 	}

@@ -226,3 +226,26 @@ func TestConformancePlugin(t *testing.T) {
 		t.Errorf("--plugin and --driver disagreeing: want 125\n%v", r)
 	}
 }
+
+// A config that names a plugin found only through the daemon's $BERTH_PLUGIN_PATH
+// fails this command's own check ("Unknown driver") though its bytes are the ones the
+// daemon took: commands go through the daemon without a note (the daemon's check
+// counts, as in the front); --no-daemon still fails on it.
+func TestDaemonPluginOfItsEnvironment(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	dir, _ := tlocalPlugin(t)
+	e.config = e.writeFile("config.hcl", "scope \"*\" {\n  driver = \"tlocal\"\n}\n")
+	e.extra = []string{"BERTH_PLUGIN_PATH=" + dir}
+	e.serve()
+	e.extra = nil
+	for _, args := range [][]string{{"status"}, {"sessions"}} {
+		if r := e.run(args...); r.code != 0 || strings.Contains(r.stderr, "does not parse now") {
+			t.Errorf("berth %q beside a daemon that found the plugin: want exit 0 and no note\n%v", args, r)
+		}
+	}
+	if r := e.run("--no-daemon", "sessions"); r.code != 125 || !strings.Contains(r.stderr, `driver "tlocal" is not known`) {
+		t.Errorf("--no-daemon without the plugin: want exit 125, Unknown driver\n%v", r)
+	}
+	e.extra = []string{"BERTH_PLUGIN_PATH=" + dir} // for the cleanup's commands
+}
