@@ -5,6 +5,7 @@ import (
 
 	"google.golang.org/grpc/connectivity"
 
+	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/agent"
 )
 
@@ -15,9 +16,13 @@ import (
 // longer ready), or when a call's start fails for a lost connection (the call is
 // then made once more on a new one); Close closes every client.
 type agentCache struct {
-	mu sync.Mutex
-	m  map[sbKey]*agent.Client
+	mu     sync.Mutex
+	m      map[sbKey]*agent.Client
+	closed bool // closeAll was called: put refuses
 }
+
+// errClosed is the error of a call that meets a closed Registry.
+var errClosed = backend.Errorf(backend.ErrUnavailable, "the registry is closed; open another with registry.Open")
 
 // get returns the cached client of k when its connection is up (ready) or being
 // made by another call (connecting), dropping any other. One whose connection went
@@ -44,19 +49,24 @@ func (a *agentCache) get(k sbKey) *agent.Client {
 }
 
 // put caches c for k and returns the client to use: c, or the one another call
-// cached meanwhile (c is then closed).
-func (a *agentCache) put(k sbKey, c *agent.Client) *agent.Client {
+// cached meanwhile (c is then closed). After closeAll it closes c and returns
+// errClosed: a call that raced Close runs nothing and leaks no connection.
+func (a *agentCache) put(k sbKey, c *agent.Client) (*agent.Client, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.closed {
+		c.Close()
+		return nil, errClosed
+	}
 	if a.m == nil {
 		a.m = map[sbKey]*agent.Client{}
 	}
 	if old := a.m[k]; old != nil {
 		c.Close()
-		return old
+		return old, nil
 	}
 	a.m[k] = c
-	return c
+	return c, nil
 }
 
 // drop forgets and closes c when it is still k's client.
@@ -100,6 +110,7 @@ func (a *agentCache) closeAll() {
 	a.mu.Lock()
 	m := a.m
 	a.m = nil
+	a.closed = true
 	a.mu.Unlock()
 	for _, c := range m {
 		c.Close()

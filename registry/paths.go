@@ -19,9 +19,11 @@ func stateDirError(dir, why string) error {
 		dir, why, config.EnvStateDir)
 }
 
-// noDirsHere names the filesystems of kernel interfaces, where no one (root
-// included) makes a directory however access(2) answers: statfs(2)'s f_type (the
-// kernel's include/uapi/linux/magic.h).
+// noDirsHere names the filesystems of kernel interfaces, where berth cannot keep its
+// files however access(2) answers (root passes it): no one makes a directory in
+// proc or sysfs, and a directory made in cgroup, bpf or tracefs is the kernel's
+// object, which holds no files of ours. Keyed by statfs(2)'s f_type (the kernel's
+// include/uapi/linux/magic.h).
 var noDirsHere = map[int64]string{
 	unix.PROC_SUPER_MAGIC:    "proc",
 	unix.SYSFS_MAGIC:         "sysfs",
@@ -33,17 +35,17 @@ var noDirsHere = map[int64]string{
 	unix.BPF_FS_MAGIC:        "bpf",
 }
 
-// canMakeDirIn reports why a directory cannot be made in the existing directory p
-// though access(2) allows it (as it does for root): p is on a kernel interface's
-// filesystem (noDirsHere); nil otherwise. (A read-only mount needs no check here:
-// access(2) answers EROFS for it.) A failed statfs is no answer: nil.
-func canMakeDirIn(p string) error {
+// kernelFS reports why the existing directory p cannot hold the state dir though
+// access(2) allows it (as it does for root): p is on a kernel interface's filesystem
+// (noDirsHere); nil otherwise. (A read-only mount needs no check here: access(2)
+// answers EROFS for it.) A failed statfs is no answer: nil.
+func kernelFS(p string) error {
 	var fs unix.Statfs_t
 	if unix.Statfs(p, &fs) != nil {
 		return nil
 	}
 	if name, ok := noDirsHere[int64(fs.Type)]; ok {
-		return fmt.Errorf("%s is on a %s filesystem, where no directory can be made", p, name)
+		return fmt.Errorf("%s is on a %s filesystem, a kernel interface where berth cannot keep its files", p, name)
 	}
 	return nil
 }
@@ -61,10 +63,8 @@ func checkStateDir(dir string) error {
 			if err := unix.Access(p, unix.W_OK|unix.X_OK); err != nil {
 				return stateDirError(dir, fmt.Sprintf("%s: %v", p, err))
 			}
-			if p != dir {
-				if err := canMakeDirIn(p); err != nil {
-					return stateDirError(dir, err.Error())
-				}
+			if err := kernelFS(p); err != nil {
+				return stateDirError(dir, err.Error())
 			}
 			break
 		}

@@ -583,7 +583,9 @@ func (r *Registry) createMember(ctx context.Context, rule *config.Rule, spec bac
 	if err != nil {
 		return "", fmt.Errorf("its agent does not answer: %w", err)
 	}
-	r.agents.put(sbKey{rule.Driver, spec.Name}, c)
+	if _, err := r.agents.put(sbKey{rule.Driver, spec.Name}, c); err != nil {
+		return "", err
+	}
 	return caps.Agent, nil
 }
 
@@ -723,7 +725,7 @@ func (r *Registry) memberAgent(ctx context.Context, b backend.TerminalBackend, c
 	if err != nil {
 		return nil, err
 	}
-	return r.agents.put(key, c), nil
+	return r.agents.put(key, c)
 }
 
 // adoptMember makes the member that session claimed earlier (old) ready again,

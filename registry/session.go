@@ -101,7 +101,7 @@ func (r *Registry) open(ctx context.Context, session string, mode openMode) (*se
 	if r.life.Err() != nil {
 		// Closed: the direct path needs no driver, but a closed Registry runs
 		// nothing, whichever path a call would take (Close's doc).
-		return nil, backend.Errorf(backend.ErrUnavailable, "session %q: the registry is closed; open another with registry.Open", session)
+		return nil, fmt.Errorf("session %q: %w", session, errClosed)
 	}
 	rule, _, err := r.cfg.Match(session)
 	if err != nil {
@@ -225,7 +225,10 @@ func (r *Registry) dialDirect(ctx context.Context, session string, rule *config.
 			busy.unlock(false)
 			return nil, r.agentError(session, rec.Driver, rec.Sandbox, err)
 		}
-		client = r.agents.put(key, client)
+		if client, err = r.agents.put(key, client); err != nil {
+			busy.unlock(false)
+			return nil, fmt.Errorf("session %q: %w", session, err)
+		}
 	}
 	phase.Mark("dial")
 	want := spec.Hash
