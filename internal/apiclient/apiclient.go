@@ -619,10 +619,6 @@ const FixNoStatus = "stop it, or use --no-daemon to run embedded"
 // StatusFailed is the error for a daemon at where that did not answer its status
 // call with err; fix says what to do about it.
 func StatusFailed(where string, err error, fix string) error {
-	var ae *APIError
-	if errors.As(err, &ae) && ae.StatusCode == http.StatusUnauthorized {
-		return fmt.Errorf("berth serve at %s refused this command's token (401 unauthorized: %s); point BERTH_TOKEN_FILE at the file of berth serve's --token-file", where, ae.Info.Message)
-	}
 	var ge *GoneError
 	if errors.As(err, &ge) && ge.Where == where {
 		return fmt.Errorf("berth serve at %s does not answer its status call: it %s; %s", where, ge.what(), fix)

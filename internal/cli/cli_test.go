@@ -914,6 +914,10 @@ func TestUsageMistakes(t *testing.T) {
 	}{
 		{[]string{"exec", "-s", "--", "touch", filepath.Join(e.dir, "ran")}, `the session name is missing (-s took the "--" after it)`},
 		{[]string{"exec", "-s", "--", "--shell", "touch " + filepath.Join(e.dir, "ran")}, `the session name is missing`},
+		{[]string{"exec", "-s", "--"}, `the session name is missing`},
+		{[]string{"job", "start", "-s", "--", "touch", filepath.Join(e.dir, "ran")}, `the session name is missing`},
+		{[]string{"cp", "-s", "--", e.dir, ":/tmp/x"}, `the session name is missing`},
+		{[]string{"shell", "-s", "--"}, `the session name is missing`},
 		{[]string{"stop"}, "stop: want 1 argument, got none (usage: berth stop SESSION"},
 		{[]string{"rm", "a", "b"}, `rm: want 1 argument, got 2 (["a" "b"])`},
 		{[]string{"config", "explain"}, "config explain: want 1 argument, got none (usage: berth config explain SESSION"},
@@ -1652,6 +1656,9 @@ func TestExecShellMode(t *testing.T) {
 	}
 	if r := e.run("exec", "-s", "sh:1", "--shell", "exit 7"); r.code != 7 {
 		t.Errorf("exit 7: want exit code 7\n%v", r)
+	}
+	if r := e.run("exec", "-s", "sh:1", "--timeout", "1s", "--shell", "sleep 300"); r.code != 124 || !strings.Contains(r.stderr, "berth: the command timed out after 1s (--timeout)") {
+		t.Errorf("--shell with --timeout: want exit 124 and a note\n%v", r)
 	}
 	if r := e.must("exec", "-s", "sh:2", "--shell", `echo "[$A]" "$PAGER" "$GIT_TERMINAL_PROMPT"`); r.stdout != "[] cat 0\n" {
 		t.Errorf("another session, or defaults: want \"[] cat 0\"\n%v", r)

@@ -87,7 +87,7 @@ ways, so a sparse file stays sparse (a sparse file counts at its full size).`,
 			return download(cmd, g, session, src[1:], dst, archive, limit)
 		},
 	}
-	cmd.Flags().StringVarP(&session, "session", "s", execrun.DefaultSession(), "session name ($BERTH_SESSION sets the default)")
+	sessionFlag(cmd.Flags(), &session)
 	cmd.Flags().StringVar(&maxSize, "max-size", "1g", "downloads: the most file data one copy may write (a size such as 512m or 4g, or unlimited)")
 	cmd.Flags().BoolVarP(&archive, "archive", "a", false, "downloads: keep the owners (uid/gid) and setuid/setgid bits the sandbox names, instead of giving every file to you and dropping setuid/setgid")
 	return cmd

@@ -285,12 +285,16 @@ func TestDaemonHostTCP(t *testing.T) {
 	bad := filepath.Join(e.dir, "bad")
 	os.WriteFile(bad, []byte("wrongwrongwrongwrong\n"), 0o600)
 	c.extra = []string{host, "BERTH_TOKEN_FILE=" + bad}
-	if r := c.run("exec", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "Authorization: Bearer") || !strings.Contains(r.stderr, "refused this command's token (401") {
+	if r := c.run("exec", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "Authorization: Bearer") || !strings.Contains(r.stderr, "refused the token of BERTH_TOKEN_FILE="+bad+" (401 unauthorized") {
 		t.Errorf("wrong token\n%v", r)
 	}
 	c.extra = []string{"BERTH_HOST=" + d.listen, "BERTH_TOKEN_FILE=" + tok}
-	if r := c.run("exec", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "a client names the same address as http://"+strings.TrimPrefix(d.listen, "tcp://")) {
+	if r := c.run("exec", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "a client names the address as http://"+strings.TrimPrefix(d.listen, "tcp://")) {
 		t.Errorf("BERTH_HOST in --listen's tcp:// form: want the http:// form named\n%v", r)
+	}
+	c.extra = []string{"BERTH_HOST=tcp://0.0.0.0:8080", "BERTH_TOKEN_FILE=" + tok}
+	if r := c.run("exec", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "a client names the address as http://127.0.0.1:8080") {
+		t.Errorf("BERTH_HOST=tcp://0.0.0.0:8080: want a loopback address named\n%v", r)
 	}
 	c.extra = []string{"BERTH_HOST=http://10.1.2.3:80", "BERTH_TOKEN_FILE=" + tok}
 	if r := c.run("exec", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "plain http only to a loopback IP") {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -48,15 +49,15 @@ followed by "[N] NAME: why" (--json: the message is its health).`,
 				if path == "" {
 					path = "-"
 				}
-				health, caps := d.Health, capsSummary(d.Capabilities)
+				version, protocol, health, caps := d.Version, strconv.Itoa(d.Protocol), d.Health, capsSummary(d.Capabilities)
 				if health != "ok" {
 					failures = append(failures, fmt.Sprintf("[%d] %s: %s", len(failures)+1, d.Name, d.Health))
 					health = fmt.Sprintf("failed [%d]", len(failures))
 					if d.Version == "" {
-						caps = "-" // it never answered: no capabilities known
+						version, protocol, caps = "-", "-", "-" // it never answered: none of them known
 					}
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.Name, d.Version, d.Protocol, d.Served, health, caps, path)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, version, protocol, d.Served, health, caps, path)
 			}
 			if err := tw.Flush(); err != nil {
 				return err

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/berth-sh/berth/backend"
@@ -10,6 +11,7 @@ import (
 	"github.com/berth-sh/berth/registry/config"
 	"github.com/berth-sh/berth/server/apiv1"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 func newExecCmd(g *globals) *cobra.Command { return execCmd(g, &execrun.Flags{}) }
@@ -40,9 +42,6 @@ max_output), the full stream kept in a file under the state dir.`,
 				return execrun.Usage("--max-output %d: must be 0 or more bytes", f.MaxOutput)
 			}
 			if cmd.Flags().Changed("shell") {
-				if err := execrun.CheckSession(f.Session); err != nil {
-					return err
-				}
 				if len(args) > 0 {
 					return execrun.Usage("--shell takes the whole command as its value; drop the arguments after it (%q)", args)
 				}
@@ -55,7 +54,7 @@ max_output), the full stream kept in a file under the state dir.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVarP(&f.Session, "session", "s", execrun.DefaultSession(), "session name ($BERTH_SESSION sets the default)")
+	sessionFlag(fl, &f.Session)
 	fl.StringArrayVarP(&f.Env, "env", "e", nil, "set an environment variable for this command (KEY=VALUE, repeatable)")
 	fl.StringVarP(&f.Workdir, "workdir", "w", "", "working directory in the sandbox")
 	fl.Var(durationValue{&f.Timeout}, "timeout", "kill the command's process tree after this long (e.g. 30s, 5m, 1d) and exit 124")
@@ -69,6 +68,34 @@ max_output), the full stream kept in a file under the state dir.`,
 	fl.SetInterspersed(false)
 	return takesSignals(cmd)
 }
+
+// sessionFlag defines -s/--session on fl into p, defaulting to $BERTH_SESSION, else
+// main. A value of "--" is a flag error (execrun.CheckSession): `-s -- CMD` left the
+// name out.
+func sessionFlag(fl *pflag.FlagSet, p *string) {
+	*p = execrun.DefaultSession()
+	fl.VarP(sessionValue{p}, "session", "s", "session name ($BERTH_SESSION sets the default)")
+}
+
+// sessionValue is the value of sessionFlag.
+type sessionValue struct{ p *string }
+
+func (v sessionValue) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return *v.p
+}
+
+func (v sessionValue) Set(s string) error {
+	if execrun.CheckSession(s) != nil {
+		return errors.New(execrun.MissingSession) // pflag names the flag and the value
+	}
+	*v.p = s
+	return nil
+}
+
+func (v sessionValue) Type() string { return "string" }
 
 // durationValue is a duration flag that takes what config durations take: Go's units
 // and d for 24 hours ("90s", "36h", "7d"; config.ParseDuration).

@@ -37,7 +37,8 @@ func TestFrontParsesAsCobra(t *testing.T) {
 		{"exec|--timeout|30s|--|true", true},
 		{"exec|--timeout=1d|--|true", true},
 		{"exec|-s|a|-s|b|--|true", true},
-		{"exec|-s|--|true", true}, // -s takes "--" as its value, as pflag does
+		{"exec|-s|--|true", false}, // -s took "--" (pflag): berth-cli's -s refuses it, naming the missing name
+		{"exec|--session|--|true", false},
 		{"exec|--|--|true", true},
 		{"exec|-|x", true},
 		{"exec|--|-s|x", true},

@@ -27,7 +27,7 @@ func newJobCmd(g *globals) *cobra.Command {
 them, with their output (stdout and stderr together, the newest 1 MiB), until they end
 or the sandbox stops. The host reads that output only through the agent.`,
 	})
-	job.PersistentFlags().StringVarP(&session, "session", "s", execrun.DefaultSession(), "session name ($BERTH_SESSION sets the default)")
+	sessionFlag(job.PersistentFlags(), &session)
 
 	var env []string
 	var workdir, shellCmd string

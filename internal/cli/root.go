@@ -85,9 +85,9 @@ type globals struct {
 	// exe is the berth binary: WithBerth's, else this process's own once self
 	// has looked it up; "" before.
 	exe string
-	// pluginPathNoted is set once the skipped entries of BERTH_PLUGIN_PATH have
-	// been noted on stderr (configOptions).
-	pluginPathNoted bool
+	// pluginPathNote notes the skipped entries of BERTH_PLUGIN_PATH on stderr once
+	// (configOptions; berth serve checks configs from its handlers too).
+	pluginPathNote sync.Once
 }
 
 // self returns the berth binary: WithBerth's, else this process's executable

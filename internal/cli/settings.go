@@ -118,10 +118,11 @@ func (g *globals) configOptions(self string) []config.Option {
 		}
 	}
 	sort.Strings(known)
-	if skipped := backends.SkippedPluginPathEntries(); len(skipped) > 0 && !g.pluginPathNoted {
-		g.pluginPathNoted = true
-		fmt.Fprintf(os.Stderr, "berth: note: %s entries %q are skipped: plugin directories must be absolute paths (a relative one would depend on the working directory)\n",
-			backends.EnvPluginPath, skipped)
+	if skipped := backends.SkippedPluginPathEntries(); len(skipped) > 0 {
+		g.pluginPathNote.Do(func() {
+			fmt.Fprintf(os.Stderr, "berth: note: %s entries %q are skipped: plugin directories must be absolute paths (a relative one would depend on the working directory)\n",
+				backends.EnvPluginPath, skipped)
+		})
 	}
 	return []config.Option{config.WithKnownDrivers(known...), config.WithPluginFinder(config.DiscoverPlugins(self))}
 }

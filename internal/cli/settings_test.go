@@ -78,16 +78,16 @@ func TestSettingsPrecedence(t *testing.T) {
 	// A named config file must exist; a bad level is refused, naming its source.
 	for _, c := range []struct {
 		what, env, level, want string
-		g                      globals
+		g                      *globals
 	}{
-		{"missing --config", "", "", dir + "/missing.hcl does not exist", globals{configPath: dir + "/missing.hcl"}},
-		{"missing BERTH_CONFIG", dir + "/missing-env.hcl", "", "missing-env.hcl", globals{}},
-		{"bad BERTH_LOG", "", "loud", `BERTH_LOG "loud" is not a log level`, globals{}},
-		{"bad --log-level", "", "", `--log-level "loud" is not a log level`, globals{logLevel: "loud"}},
+		{"missing --config", "", "", dir + "/missing.hcl does not exist", &globals{configPath: dir + "/missing.hcl"}},
+		{"missing BERTH_CONFIG", dir + "/missing-env.hcl", "", "missing-env.hcl", &globals{}},
+		{"bad BERTH_LOG", "", "loud", `BERTH_LOG "loud" is not a log level`, &globals{}},
+		{"bad --log-level", "", "", `--log-level "loud" is not a log level`, &globals{logLevel: "loud"}},
 	} {
 		t.Setenv(config.EnvConfig, c.env)
 		t.Setenv(config.EnvLog, c.level)
-		if _, err := open(&c.g); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+		if _, err := open(c.g); !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want ErrInvalid containing %q", c.what, err, c.want)
 		}
 	}

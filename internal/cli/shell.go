@@ -33,7 +33,7 @@ exit code.`,
 			return runShell(cmd.Context(), g, session, recreate)
 		},
 	}
-	cmd.Flags().StringVarP(&session, "session", "s", execrun.DefaultSession(), "session name ($BERTH_SESSION sets the default)")
+	sessionFlag(cmd.Flags(), &session)
 	cmd.Flags().BoolVar(&recreate, "recreate", false, "remove the session's sandbox first and open the shell in a new one made from its rule's current config")
 	return takesSignals(cmd)
 }

@@ -168,7 +168,7 @@ func runShellMode(ctx context.Context, g *globals, f *execrun.Flags) error {
 	}
 	switch {
 	case res.TimedOut:
-		return execrun.ExitCode(execrun.ExitTimeout)
+		return execrun.TimedOut(f)
 	case res.Canceled && interrupted != 0:
 		return execrun.ExitCode(res.ExitCode)
 	case res.Canceled:

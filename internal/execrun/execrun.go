@@ -457,10 +457,7 @@ func (o *execOutput) finish(f *Flags, lease *apiv1.ExecStarted, res backend.Exec
 	}
 	switch {
 	case res.TimedOut:
-		if !f.JSON { // --json says so in timed_out
-			fmt.Fprintf(os.Stderr, "berth: the command timed out after %v (--timeout); its process tree was killed\n", f.Timeout)
-		}
-		return ExitCode(ExitTimeout)
+		return TimedOut(f)
 	case res.Canceled && res.ExitCode == 0:
 		return ExitCode(128 + int(syscall.SIGINT))
 	case res.ExitCode != 0:
@@ -549,15 +546,28 @@ func ReportLease(session string, lease *apiv1.ExecStarted) {
 	}
 }
 
+// TimedOut is the end of an exec whose --timeout passed (plain or shell mode): a
+// note on stderr (none with --json, whose timed_out says it) and exit 124.
+func TimedOut(f *Flags) error {
+	if !f.JSON {
+		fmt.Fprintf(os.Stderr, "berth: the command timed out after %v (--timeout); its process tree was killed\n", f.Timeout)
+	}
+	return ExitCode(ExitTimeout)
+}
+
 // CheckSession refuses the session name "--": pflag takes the argument after -s as
 // its value, so `berth exec -s -- CMD` names a session "--" where the name was left
-// out.
+// out. berth-cli's -s flags refuse it as they parse (a flag error, exit 125); the
+// front hands such a command line over.
 func CheckSession(session string) error {
 	if session == "--" {
-		return Usage("-s %q: the session name is missing (-s took the \"--\" after it); give it after -s: berth exec -s NAME -- CMD [ARG...]", session)
+		return Usage("-s %q: %s", session, MissingSession)
 	}
 	return nil
 }
+
+// MissingSession is CheckSession's message without the value.
+const MissingSession = `the session name is missing (-s took the "--" after it); give the name after -s: -s NAME -- CMD [ARG...]`
 
 // CheckEnv checks -e values: each must be KEY=VALUE with a non-empty KEY.
 func CheckEnv(env []string) error {

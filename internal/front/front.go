@@ -172,6 +172,9 @@ func Takes(args []string) (f *execrun.Flags, argv []string, ok bool) {
 		rest = rest[n:]
 		switch name {
 		case "s", "session":
+			if execrun.CheckSession(value) != nil {
+				return nil, nil, false // berth-cli's -s refuses it as it parses
+			}
 			f.Session = value
 		case "e", "env":
 			f.Env = append(f.Env, value)
