@@ -94,14 +94,16 @@ func (g *globals) daemonFor(ctx context.Context, noteBroken bool) (*daemonClient
 		return nil, err
 	}
 	phase.Mark("config")
+	if want.configErr != nil && os.Getenv(envHost) != "" {
+		return nil, want.configErr // BERTH_HOST's daemon reads its own machine's files
+	}
 	d, err := g.dialDaemon(ctx, want)
 	if want.configErr == nil {
 		return d, err
 	}
-	if os.Getenv(envHost) != "" || err != nil || d == nil || d.Status.Config != want.Config {
-		// No local daemon serves this command with an earlier read of the file
-		// (BERTH_HOST's daemon reads its own machine's files): the command stands on
-		// the file as it is, and fails as it did before.
+	if err != nil || d == nil || d.Status.Config != want.Config {
+		// No daemon serves this command with an earlier read of the file: the
+		// command stands on the file as it is, and fails as it did before.
 		return nil, want.configErr
 	}
 	if want.brokenSHA256 != "" && want.brokenSHA256 == d.Status.ConfigSHA256 {
