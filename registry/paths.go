@@ -19,12 +19,12 @@ func stateDirError(dir, why string) error {
 		dir, why, config.EnvStateDir)
 }
 
-// noDirsHere names the filesystems of kernel interfaces, where berth cannot keep its
+// kernelFilesystems names the filesystems of kernel interfaces, where berth cannot keep its
 // files however access(2) answers (root passes it): no one makes a directory in
 // proc or sysfs, and a directory made in cgroup, bpf or tracefs is the kernel's
 // object, which holds no files of ours. Keyed by statfs(2)'s f_type (the kernel's
 // include/uapi/linux/magic.h).
-var noDirsHere = map[int64]string{
+var kernelFilesystems = map[int64]string{
 	unix.PROC_SUPER_MAGIC:    "proc",
 	unix.SYSFS_MAGIC:         "sysfs",
 	unix.CGROUP_SUPER_MAGIC:  "cgroup",
@@ -37,14 +37,14 @@ var noDirsHere = map[int64]string{
 
 // kernelFS reports why the existing directory p cannot hold the state dir though
 // access(2) allows it (as it does for root): p is on a kernel interface's filesystem
-// (noDirsHere); nil otherwise. (A read-only mount needs no check here: access(2)
+// (kernelFilesystems); nil otherwise. (A read-only mount needs no check here: access(2)
 // answers EROFS for it.) A failed statfs is no answer: nil.
 func kernelFS(p string) error {
 	var fs unix.Statfs_t
 	if unix.Statfs(p, &fs) != nil {
 		return nil
 	}
-	if name, ok := noDirsHere[int64(fs.Type)]; ok {
+	if name, ok := kernelFilesystems[int64(fs.Type)]; ok {
 		return fmt.Errorf("%s is on a %s filesystem, a kernel interface where berth cannot keep its files", p, name)
 	}
 	return nil
