@@ -7,10 +7,8 @@ package cli
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -106,7 +104,7 @@ func (g *globals) daemonFor(ctx context.Context, noteBroken bool) (*daemonClient
 		// command stands on the file as it is, and fails as it did before.
 		return nil, want.configErr
 	}
-	if want.brokenSHA256 != "" && want.brokenSHA256 == d.Status.ConfigSHA256 {
+	if want.configErr.SHA256 == d.Status.ConfigSHA256 {
 		// The daemon took these very bytes: what fails here is this command's
 		// environment ($BERTH_PLUGIN_PATH naming a plugin, $HOME for "~/"), and the
 		// daemon's check is the one that counts, as in the front (docs/cli.md).
@@ -173,12 +171,11 @@ func (g *globals) dialDaemon(ctx context.Context, want identity) (*daemonClient,
 type identity struct {
 	StateDir, Config string
 	ConfigSHA256     string // of the config file's bytes as this command read them; "" without one
-	// configErr is why the config file at Config does not parse (a *config.Error);
-	// StateDir then leaves out the file's state_dir. A daemon that read the file
-	// before it broke may still serve the command (daemon). brokenSHA256 is the
-	// SHA-256 of that file's bytes ("" when they cannot be read again).
-	configErr           error
-	brokenSHA256        string
+	// configErr is why the config file at Config does not parse (a *config.Error,
+	// which holds the SHA-256 of those bytes); StateDir then leaves out the file's
+	// state_dir. A daemon that read the file before it broke may still serve the
+	// command (daemon).
+	configErr           *config.Error
 	ClockOffset         time.Duration
 	explicitState       bool // --state-dir or BERTH_STATE_DIR
 	explicitConfig      bool // --config or BERTH_CONFIG
@@ -194,18 +191,9 @@ func (g *globals) wantedIdentity() (identity, error) {
 	}
 	cfg, err := g.loadConfig(self)
 	var cfgErr *config.Error
-	var broken string
 	switch {
 	case errors.As(err, &cfgErr):
-		path, _, perr := config.ResolvePath(g.configPath)
-		if perr != nil {
-			return identity{}, perr
-		}
-		cfg = &config.Config{Path: path}
-		if src, rerr := os.ReadFile(path); rerr == nil {
-			sum := sha256.Sum256(src)
-			broken = hex.EncodeToString(sum[:])
-		}
+		cfg = &config.Config{Path: cfgErr.Path}
 	case err != nil:
 		return identity{}, err
 	default:
@@ -222,10 +210,7 @@ func (g *globals) wantedIdentity() (identity, error) {
 	if err != nil {
 		return identity{}, err
 	}
-	if cfgErr != nil {
-		err = cfgErr
-	}
-	return identity{StateDir: filepath.Clean(dir), Config: cfg.Path, ConfigSHA256: cfg.SHA256, ClockOffset: off, configErr: err, brokenSHA256: broken,
+	return identity{StateDir: filepath.Clean(dir), Config: cfg.Path, ConfigSHA256: cfg.SHA256, ClockOffset: off, configErr: cfgErr,
 		explicitState:       g.stateDir != "" || os.Getenv(config.EnvStateDir) != "",
 		explicitConfig:      g.configPath != "" || os.Getenv(config.EnvConfig) != "",
 		explicitClockOffset: os.Getenv(envClockOffset) != ""}, nil

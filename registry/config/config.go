@@ -391,6 +391,9 @@ func (c *Config) Match(session string) (*Rule, int, error) {
 type Error struct {
 	// Diagnostics are the errors (and warnings) found, in no guaranteed order.
 	Diagnostics hcl.Diagnostics
+	// Path and SHA256 name the source that failed, as Config.Path and
+	// Config.SHA256 would have (Load and Parse); "" for a driver block's errors.
+	Path, SHA256 string
 }
 
 // Error formats every diagnostic, one per line, sorted by position.
@@ -509,18 +512,19 @@ func Load(path string, opts ...Option) (*Config, error) {
 // an *Error, as Load's.
 func Parse(src []byte, filename string, opts ...Option) (*Config, error) {
 	o := newOptions(opts)
+	sum := sha256.Sum256(src)
+	hash := hex.EncodeToString(sum[:])
 	file, diags := hclsyntax.ParseConfig(src, filename, hcl.InitialPos)
 	if diags.HasErrors() {
-		return nil, &Error{Diagnostics: diags}
+		return nil, &Error{Diagnostics: diags, Path: filename, SHA256: hash}
 	}
 	d := &decoder{known: slices.Clone(o.known), finder: o.finder, dir: filepath.Dir(filename)}
 	cfg := d.config(file.Body)
 	if d.diags.HasErrors() {
-		return nil, &Error{Diagnostics: d.diags}
+		return nil, &Error{Diagnostics: d.diags, Path: filename, SHA256: hash}
 	}
 	cfg.Path = filename
-	sum := sha256.Sum256(src)
-	cfg.SHA256 = hex.EncodeToString(sum[:])
+	cfg.SHA256 = hash
 	cfg.KnownDrivers = slices.Sorted(slices.Values(d.known))
 	return cfg, nil
 }

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -310,8 +312,11 @@ func TestConfigBadInput(t *testing.T) {
 				t.Errorf("error does not wrap ErrInvalid: %v", err)
 			}
 			var ce *Error
+			sum := sha256.Sum256([]byte(c.src))
 			if !errors.As(err, &ce) {
 				t.Errorf("error is not a *Error: %T", err)
+			} else if ce.Path != "/etc/berth/config.hcl" || ce.SHA256 != hex.EncodeToString(sum[:]) {
+				t.Errorf("error names %q, sha256 %q; want the file and its bytes' sum", ce.Path, ce.SHA256)
 			}
 			msg := err.Error()
 			for _, w := range c.want {
