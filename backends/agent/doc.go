@@ -10,11 +10,17 @@
 //     before the pid is registered is never lost, and orphans reparented to the agent
 //     are reaped too (no zombies);
 //   - every exec runs in its own session (setsid; a TTY exec gets the terminal as its
-//     controlling terminal), and "the exec's process tree" is every process whose
-//     session id is the exec's;
-//   - timeout, cancel and a client that disappears kill that tree: SIGTERM to all of
-//     it, SIGKILL after at most one second of grace, repeated until none remains; the
-//     result is sent only after the tree is gone;
+//     controlling terminal) with a marker in its environment (BERTH_EXEC; a job's is
+//     BERTH_JOB), and "the exec's process tree" is every process of that session, every
+//     process that still carries the marker in the environment it was started with
+//     (whatever session or process group it moved to), and the descendants of all of
+//     these; a process that left the session, dropped its marker (env -i) and lost its
+//     parent before the kill saw it is not (tree.go says exactly what is);
+//   - timeout, cancel and a client that disappears kill that tree, and nothing of
+//     another exec or job: SIGTERM to all of it, SIGKILL after at most one second of
+//     grace, repeated until none remains; the result is sent only after the tree is
+//     gone. An exec whose leader exits by itself kills nothing: its background
+//     processes live on;
 //   - an exec returns when its leader exits, after the output already in the pipes
 //     has been sent; output that background children write later is read and
 //     discarded, so they never get SIGPIPE;

@@ -36,6 +36,7 @@ var past = time.Unix(1, 0)
 type execRun struct {
 	id        uint64
 	pid       int
+	marker    string // execMarkerVar=INSTANCE.ID in the exec's environment (tree.go)
 	tty       bool
 	wantStdin bool
 	master    *os.File // TTY master: all output and all input; nil without TTY
@@ -317,7 +318,7 @@ func (s *server) runExec(stream agentpb.Agent_ExecServer, st *agentpb.ExecStart,
 	}
 	oomBefore := s.oom.count()
 	startTime := time.Now()
-	run, exitCh, fail, err := s.spawn(plan, st, snd)
+	run, exitCh, fail, err := s.spawn(plan, st, snd, s.treeMarker(execMarkerVar, id))
 	if err != nil {
 		return err
 	}
@@ -405,7 +406,7 @@ const (
 // tree first; it returns the leader's exit and how the wait ended.
 func (s *server) awaitLeader(ctx context.Context, run *execRun, exitCh <-chan exitInfo, gone bool, timeout time.Duration) (exitInfo, execEnd) {
 	if gone {
-		s.killTree(inSession(run.pid), s.grace)
+		s.killTree(s.treeOf(run.pid, run.marker), s.grace)
 		return <-exitCh, endGone
 	}
 	var timeoutC <-chan time.Time
@@ -425,7 +426,7 @@ func (s *server) awaitLeader(ctx context.Context, run *execRun, exitCh <-chan ex
 	case <-ctx.Done():
 		end = endGone
 	}
-	s.killTree(inSession(run.pid), s.grace)
+	s.killTree(s.treeOf(run.pid, run.marker), s.grace)
 	return <-exitCh, end
 }
 
@@ -619,10 +620,11 @@ func (s *server) prepare(st *agentpb.ExecStart) (*execPlan, error) {
 	return plan, nil
 }
 
-// spawn starts the process of plan in a new session with its stdio set up. A command
-// that the kernel refuses to execute is returned as an execFailure.
-func (s *server) spawn(plan *execPlan, st *agentpb.ExecStart, snd *execSender) (run *execRun, exitCh <-chan exitInfo, fail *execFailure, err error) {
-	run = &execRun{tty: st.Tty, wantStdin: st.Stdin, cancelCh: make(chan struct{})}
+// spawn starts the process of plan in a new session with its stdio set up and
+// marker in its environment. A command that the kernel refuses to execute is
+// returned as an execFailure.
+func (s *server) spawn(plan *execPlan, st *agentpb.ExecStart, snd *execSender, marker string) (run *execRun, exitCh <-chan exitInfo, fail *execFailure, err error) {
+	run = &execRun{tty: st.Tty, wantStdin: st.Stdin, marker: marker, cancelCh: make(chan struct{})}
 	var childFDs []int // closed in the parent after the fork
 	var parentFiles []*os.File
 	defer func() {
@@ -684,7 +686,7 @@ func (s *server) spawn(plan *execPlan, st *agentpb.ExecStart, snd *execSender) (
 	files := []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])}
 	attr := &syscall.ProcAttr{
 		Dir:   plan.dir,
-		Env:   plan.env,
+		Env:   withMarker(plan.env, marker),
 		Files: files,
 		Sys: &syscall.SysProcAttr{
 			Setsid:     true,

@@ -1,10 +1,8 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"strconv"
 	"sync"
@@ -24,7 +22,7 @@ type job struct {
 	session string
 	argv    []string
 	pid     int
-	marker  string // jobMarkerVar=AGENTPID.SEQ in the job's environment
+	marker  string // jobMarkerVar=INSTANCE.N in the job's environment (tree.go)
 	started time.Time
 
 	mu      sync.Mutex
@@ -82,32 +80,6 @@ func (j *job) info() *agentpb.Job {
 		out.EndedNs = j.ended.UnixNano()
 	}
 	return out
-}
-
-// jobMarkerVar is set in every job's environment (AGENTPID.N, N unique in the agent),
-// so that kill also
-// finds the job's descendants that left its session (setsid) while keeping its
-// environment.
-const jobMarkerVar = "BERTH_JOB"
-
-// jobTree selects the processes of job j: its session, and every process whose
-// environment carries j's marker.
-func jobTree(j *job) func([]procInfo) []procInfo {
-	want := append([]byte(j.marker), 0)
-	return func(all []procInfo) []procInfo {
-		var out []procInfo
-		for _, p := range all {
-			if p.sid == j.pid {
-				out = append(out, p)
-				continue
-			}
-			env, err := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/environ")
-			if err == nil && bytes.Contains(append([]byte{0}, env...), append([]byte{0}, want...)) {
-				out = append(out, p)
-			}
-		}
-		return out
-	}
 }
 
 // jobTable holds the agent's jobs.
@@ -263,7 +235,7 @@ func (s *server) KillJob(ctx context.Context, req *agentpb.KillJobRequest) (*age
 	if err != nil {
 		return nil, err
 	}
-	s.killTree(jobTree(j), s.grace)
+	s.killTree(s.treeOf(j.pid, j.marker), s.grace)
 	// The tree is gone; the job's end is recorded by its own goroutines (the exit from
 	// the reaper, the output once drained), which a loaded machine may run a while
 	// later: answer once they have, so that a listing right after says it ended.
@@ -294,10 +266,10 @@ func (s *server) startJob(plan *execPlan, session string) (*job, *execFailure, e
 	if err != nil {
 		return nil, nil, backend.Errorf(backend.ErrUnavailable, "job output pipe: %v", err)
 	}
-	marker := fmt.Sprintf("%s=%d.%d", jobMarkerVar, os.Getpid(), s.nextID.Add(1))
+	marker := s.treeMarker(jobMarkerVar, s.nextID.Add(1))
 	attr := &syscall.ProcAttr{
 		Dir:   plan.dir,
-		Env:   append(append([]string(nil), plan.env...), marker),
+		Env:   withMarker(plan.env, marker),
 		Files: []uintptr{uintptr(devnull), uintptr(w), uintptr(w)},
 		Sys:   &syscall.SysProcAttr{Setsid: true, Credential: plan.cred},
 	}

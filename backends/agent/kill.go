@@ -15,6 +15,9 @@ import (
 type procInfo struct {
 	pid, ppid, pgrp, sid int
 	state                byte
+	// start is the process's start time (clock ticks after boot): with pid, it
+	// names one process even after its pid is reused.
+	start uint64
 }
 
 // readStat parses /proc/PID/stat; ok is false when the process is gone.
@@ -32,16 +35,18 @@ func parseStat(pid int, b []byte) (procInfo, bool) {
 	if i < 0 || i+2 >= len(b) {
 		return procInfo{}, false
 	}
+	// Field 22 of the line (starttime) is the 20th after the closing parenthesis.
 	f := bytes.Fields(b[i+2:])
-	if len(f) < 4 || len(f[0]) != 1 {
+	if len(f) < 20 || len(f[0]) != 1 {
 		return procInfo{}, false
 	}
 	p := procInfo{pid: pid, state: f[0][0]}
-	var err1, err2, err3 error
+	var err1, err2, err3, err4 error
 	p.ppid, err1 = strconv.Atoi(string(f[1]))
 	p.pgrp, err2 = strconv.Atoi(string(f[2]))
 	p.sid, err3 = strconv.Atoi(string(f[3]))
-	if err1 != nil || err2 != nil || err3 != nil {
+	p.start, err4 = strconv.ParseUint(string(f[19]), 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
 		return procInfo{}, false
 	}
 	return p, true
@@ -75,35 +80,27 @@ func (s *server) scanProcs(zombies bool) []procInfo {
 	return out
 }
 
-// inSession selects the processes of session sid.
-func inSession(sid int) func([]procInfo) []procInfo {
-	return func(all []procInfo) []procInfo {
-		var out []procInfo
-		for _, p := range all {
-			if p.sid == sid {
-				out = append(out, p)
-			}
-		}
-		return out
-	}
-}
-
-// signalProc sends sig to p if the pid still names a process of p's session (a pidfd
-// pins the process between the check and the signal, so a reused pid is never hit).
+// signalProc sends sig to p if the pid still names the process p (same start time)
+// in p's session (a pidfd pins the process between the check and the signal, so a
+// reused pid is never hit).
 func signalProc(p procInfo, sig syscall.Signal) {
+	same := func() bool {
+		q, ok := readStat(p.pid)
+		return ok && q.sid == p.sid && q.start == p.start
+	}
 	fd, err := unix.PidfdOpen(p.pid, 0)
 	if err != nil {
 		if errors.Is(err, unix.ESRCH) {
 			return
 		}
 		// No pidfd support: plain kill after a fresh check.
-		if q, ok := readStat(p.pid); ok && q.sid == p.sid {
+		if same() {
 			unix.Kill(p.pid, sig)
 		}
 		return
 	}
 	defer unix.Close(fd)
-	if q, ok := readStat(p.pid); ok && q.sid == p.sid {
+	if same() {
 		unix.PidfdSendSignal(fd, sig, nil, 0)
 	}
 }
@@ -174,7 +171,7 @@ func (s *server) killTree(selectFn func([]procInfo) []procInfo, grace time.Durat
 }
 
 // killEverything kills every descendant of the agent and every process in a session
-// that one of its execs created.
+// that one of its execs created, with their descendants.
 func (s *server) killEverything(grace time.Duration) {
 	self := os.Getpid()
 	s.killTree(func(all []procInfo) []procInfo {
@@ -184,30 +181,7 @@ func (s *server) killEverything(grace time.Duration) {
 			sids[sid] = true
 		}
 		s.mu.Unlock()
-		children := map[int][]procInfo{}
-		for _, p := range all {
-			children[p.ppid] = append(children[p.ppid], p)
-		}
-		picked := map[int]bool{}
-		var out []procInfo
-		for stack := []int{self}; len(stack) > 0; {
-			pid := stack[len(stack)-1]
-			stack = stack[:len(stack)-1]
-			for _, c := range children[pid] {
-				if !picked[c.pid] {
-					picked[c.pid] = true
-					out = append(out, c)
-					stack = append(stack, c.pid)
-				}
-			}
-		}
-		for _, p := range all {
-			if sids[p.sid] && !picked[p.pid] {
-				picked[p.pid] = true
-				out = append(out, p)
-			}
-		}
-		return out
+		return withDescendants(all, func(p procInfo) bool { return p.ppid == self || sids[p.sid] })
 	}, grace)
 }
 

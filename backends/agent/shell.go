@@ -32,7 +32,9 @@ import (
 // the call's own variables. REPORTFILE is empty. The process starts in the directory
 // that call left. The wrapper sources STATEFILE, sets an EXIT trap that appends the
 // new state to REPORTFILE, and evaluates COMMAND; the agent reads REPORTFILE once the
-// shell has exited and deletes both. (Appending to an empty file, rather than
+// shell has exited and deletes both. The report leaves out the call's kill marker
+// (execMarkerVar, tree.go): the next call has its own, which a restored old one would
+// hide from its descendants. (Appending to an empty file, rather than
 // truncating the restore script and writing over it: on ext4, a file truncated to
 // zero and written again is flushed to disk at close (auto_da_alloc), which cost a
 // shell call 0.3 ms on this project's machines.) So `exit N`, `set -e`
@@ -65,6 +67,7 @@ shift 3
 __berth_save() {
   __berth_rc=$?
   trap - EXIT
+  unset BERTH_EXEC BERTH_JOB 2>/dev/null
   { printf 'berth-shell-state 1\n%s\n' "${PWD:-$(pwd)}"; export -p; printf '\n#berth-shell-end\n'; } >>"$__berth_report" 2>/dev/null
   exit "$__berth_rc"
 }
