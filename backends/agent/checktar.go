@@ -25,7 +25,9 @@ var ErrTarTooLarge = errors.New("the copy is larger than its limit")
 // setgid and sticky included), owner numbers, mtime, link target and size; other
 // header fields (PAX records, user and group names) are dropped. Errors name the
 // entry and say why; w then holds a partial stream that the caller must discard.
-// It returns the number of entries and of file bytes copied.
+// It returns the number of entries and of file bytes copied; a directory entry
+// named "." (the destination itself) is neither copied nor counted, and a file or
+// link of that name is refused.
 //
 // The agent's CopyIn extracts what it reads at once (the host's stream is trusted),
 // so berth serve checks a whole upload with CheckTar before the agent sees any of
@@ -48,6 +50,9 @@ func CheckTar(r io.Reader, w io.Writer, limit int64) (entries int, size int64, e
 		if err != nil {
 			return entries, size, fmt.Errorf("%s: %w", shown(hdr.Name), err)
 		}
+		if out == nil {
+			continue // the destination itself: nothing to write or count
+		}
 		if err := tw.WriteHeader(out); err != nil {
 			return entries, size, fmt.Errorf("%s: %v", shown(hdr.Name), err)
 		}
@@ -64,7 +69,9 @@ func CheckTar(r io.Reader, w io.Writer, limit int64) (entries int, size int64, e
 }
 
 // checkEntry checks one header of CheckTar's stream, given the files' bytes so far,
-// and returns the header to write.
+// and returns the header to write, or nil for a directory entry named "." (the
+// destination directory itself, whose attributes an upload never changes: it is
+// dropped, so that the count is of what is written).
 func checkEntry(hdr *tar.Header, limit, size int64) (*tar.Header, error) {
 	switch hdr.Typeflag {
 	case tar.TypeDir, tar.TypeReg, tar.TypeSymlink:
@@ -77,6 +84,12 @@ func checkEntry(hdr *tar.Header, limit, size int64) (*tar.Header, error) {
 	name, err := cleanName(hdr.Name)
 	if err != nil {
 		return nil, err
+	}
+	if name == "." {
+		if hdr.Typeflag != tar.TypeDir {
+			return nil, errors.New(dotNotDir)
+		}
+		return nil, nil
 	}
 	if hdr.Typeflag == tar.TypeSymlink && hdr.Linkname == "" {
 		return nil, fmt.Errorf("refused: a symlink with an empty target")

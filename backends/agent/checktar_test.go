@@ -60,6 +60,8 @@ func TestCheckTar(t *testing.T) {
 		{"empty-link", []hdr{symlink("l", "")}, 0, "l: refused: a symlink with an empty target"},
 		{"over-limit", []hdr{file("a", "12345", 0o644), file("b", "123456", 0o644)}, 10, "b: refused: 6 bytes, which would take the copy past its limit of 10 bytes"},
 		{"terminal", []hdr{{tar.Header{Name: "\x1b[2J", Typeflag: tar.TypeFifo}, ""}}, 0, `"\x1b[2J": refused`},
+		{"dot-file", []hdr{file("a", "a", 0o644), file(".", "x", 0o644)}, 0, ".: " + dotNotDir},
+		{"dot-link", []hdr{symlink("./", "/etc")}, 0, "./: " + dotNotDir},
 	} {
 		_, _, err := CheckTar(bytes.NewReader(crafted(t, c.entries...)), io.Discard, c.limit)
 		if err == nil || !strings.Contains(err.Error(), c.msg) {
@@ -67,6 +69,16 @@ func TestCheckTar(t *testing.T) {
 		}
 		if c.name == "over-limit" && !errors.Is(err, ErrTarTooLarge) {
 			t.Errorf("over-limit: %v does not wrap ErrTarTooLarge", err)
+		}
+	}
+	// A directory entry named "." (tar -C dir -c . starts with one) names the
+	// destination, which an upload never changes: it is neither passed on nor counted.
+	var dot bytes.Buffer
+	if n, size, err := CheckTar(bytes.NewReader(crafted(t, dir(".", 0o700), file("./a", "a", 0o644))), &dot, 0); err != nil || n != 1 || size != 1 {
+		t.Errorf("./ and ./a: %d entries, %d bytes, %v; want 1 and 1", n, size, err)
+	} else if tr := tar.NewReader(&dot); true {
+		if h, err := tr.Next(); err != nil || h.Name != "a" {
+			t.Errorf("./ and ./a: first entry written %+v %v, want a", h, err)
 		}
 	}
 	if _, _, err := CheckTar(strings.NewReader("not a tar stream at all"), io.Discard, 0); err == nil || !strings.Contains(err.Error(), "reading the tar stream after 0 entries") {

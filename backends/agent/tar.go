@@ -26,7 +26,10 @@ import (
 // modes (setuid, setgid and sticky included), mtimes and, when the agent runs as root,
 // owners are kept; symlinks are created as they are; a hard link may join a regular
 // file that the same stream created earlier (berth's own WriteTar never writes one: it
-// stores every file in full); devices, FIFOs and other types are skipped.
+// stores every file in full); devices, FIFOs and other types are skipped. An upload
+// that fails (a refused entry, a write through a link that leads out of the
+// destination, a broken stream) is undone: what it created is removed and what it
+// replaced is put back (extractAll), so it leaves nothing behind, links included.
 //
 // Download (ExtractTar, on the host) treats the stream as hostile: it comes from a
 // sandbox, whose root can replace the agent. See ExtractTar.
@@ -180,14 +183,75 @@ func (e *ExtractError) Unwrap() error { return e.Err }
 
 // extractAll extracts the tar stream r under root as the agent's CopyIn does (see the
 // comment at the top of this file): the stream is trusted. No entry may be, lie
-// under or (as a non-directory) replace a name in reserved (relative to root).
+// under or (as a non-directory) replace a name in reserved (relative to root). When
+// it fails, it undoes what it did (extractor.rollback) before it returns the error.
 func extractAll(root *os.Root, r io.Reader, reserved ...string) error {
-	x := &extractor{root: root, top: ".", owners: os.Geteuid() == 0, ownersBestEffort: true, setid: true, files: map[string]bool{}, reserved: reserved}
-	if err := x.extract(r); err != nil {
-		return err
+	x := &extractor{root: root, top: ".", owners: os.Geteuid() == 0, ownersBestEffort: true, setid: true, files: map[string]bool{}, reserved: reserved, undo: &journal{made: map[string]bool{}}}
+	err := x.extract(r)
+	if err == nil {
+		err = x.finishDirs(root)
 	}
-	return x.finishDirs(root)
+	if err != nil {
+		if left := x.rollback(); left != nil {
+			return fmt.Errorf("%v; undoing the upload failed, so some of it is left: %v", err, left)
+		}
+		return fmt.Errorf("%v; nothing of the upload was kept", err)
+	}
+	x.commit()
+	return nil
 }
+
+// journal is what an upload did, so that a failed one can be undone.
+type journal struct {
+	// created are the names the upload created (files, links, directories), in
+	// order; made holds them as a set.
+	created []string
+	made    map[string]bool
+	// saved are the files and links the upload replaced, moved aside until it ends.
+	saved []savedEntry
+}
+
+// savedEntry is a file or link that an upload replaced: moved from name to backup.
+type savedEntry struct{ name, backup string }
+
+// created records that the upload made name (when it is undoable).
+func (x *extractor) created(name string) {
+	if x.undo != nil {
+		x.undo.created = append(x.undo.created, name)
+		x.undo.made[name] = true
+	}
+}
+
+// rollback undoes a failed upload: it removes what it created, newest first (so a
+// directory is empty by the time its turn comes, and a link is removed after what
+// was made through it), then moves back what it replaced. It returns the first error
+// of something that could not be undone (a directory that another process filled
+// meanwhile stays), nil when all was.
+func (x *extractor) rollback() error {
+	var first error
+	for i := len(x.undo.created) - 1; i >= 0; i-- {
+		if err := x.root.Remove(x.undo.created[i]); err != nil && !errors.Is(err, fs.ErrNotExist) && first == nil {
+			first = err
+		}
+	}
+	for i := len(x.undo.saved) - 1; i >= 0; i-- {
+		e := x.undo.saved[i]
+		if err := x.root.Rename(e.backup, e.name); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// commit ends a successful upload: what it replaced goes.
+func (x *extractor) commit() {
+	for _, e := range x.undo.saved {
+		x.root.Remove(e.backup)
+	}
+}
+
+// dotNotDir is the error of an entry named "." that is not a directory.
+const dotNotDir = "refused: a file or link named . would be the destination directory itself"
 
 // extractor extracts the entries of one tar stream under root.
 type extractor struct {
@@ -217,12 +281,19 @@ type extractor struct {
 	// reserved are names under root that no entry may be, lie under, or replace as
 	// a non-directory (the agent's own directories: CopyIn's refusal).
 	reserved []string
+	// undo, when set, records what the extraction does so that rollback can undo it
+	// (upload); a download is staged instead (ExtractTar).
+	undo *journal
 }
 
 type dirAttrs struct {
 	name  string
 	mode  fs.FileMode
 	mtime time.Time
+	// owner: chown to uid and gid at the end (a directory that was there before the
+	// upload, which a failed one leaves as it was).
+	owner    bool
+	uid, gid int
 }
 
 // extract extracts every entry of r, stopping at the first error, which names the
@@ -355,14 +426,33 @@ func linkInside(target string, depth int) string {
 
 // mkParents makes the missing parent directories of name (0755). Hostile: every
 // existing parent must be a directory, not a symlink, so that no entry is created
-// through a link.
+// through a link. Upload: a link that stays inside the root is followed, and the
+// directories made are recorded for rollback.
 func (x *extractor) mkParents(name string) error {
 	d := path.Dir(name)
 	if d == "." {
 		return nil
 	}
 	if !x.hostile {
-		return x.root.MkdirAll(d, 0o755)
+		// Upload: links inside the destination are followed (os.Root refuses one that
+		// leads out of it); each directory made is recorded.
+		p := ""
+		for _, c := range strings.Split(d, "/") {
+			p = path.Join(p, c)
+			fi, err := x.root.Stat(p)
+			switch {
+			case errors.Is(err, fs.ErrNotExist):
+				if err := x.root.Mkdir(p, 0o755); err != nil {
+					return err
+				}
+				x.created(p)
+			case err != nil:
+				return err
+			case !fi.IsDir():
+				return fmt.Errorf("%s is not a directory", shown(p))
+			}
+		}
+		return nil
 	}
 	p := ""
 	for _, c := range strings.Split(d, "/") {
@@ -387,6 +477,9 @@ func (x *extractor) mkParents(name string) error {
 // removeOld removes the file or link at name, if any, for the entry of that name;
 // a directory there stays, merging with an entry that is a directory and refusing
 // one that is not (dirInTheWay). It never follows a link.
+//
+// In an upload, a file or link that was there before it is moved aside instead (to
+// .berth-old-RANDOM in its directory), to be put back if the upload fails.
 func (x *extractor) removeOld(name string, dir bool) error {
 	delete(x.files, name)
 	fi, err := x.root.Lstat(name)
@@ -399,7 +492,22 @@ func (x *extractor) removeOld(name string, dir bool) error {
 		}
 		return dirInTheWay(name)
 	}
-	return x.root.Remove(name)
+	if x.undo == nil || x.undo.made[name] {
+		return x.root.Remove(name)
+	}
+	for {
+		var rnd [6]byte
+		rand.Read(rnd[:])
+		backup := path.Join(path.Dir(name), ".berth-old-"+hex.EncodeToString(rnd[:]))
+		if _, err := x.root.Lstat(backup); !errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err := x.root.Rename(name, backup); err != nil {
+			return err
+		}
+		x.undo.saved = append(x.undo.saved, savedEntry{name: name, backup: backup})
+		return nil
+	}
 }
 
 // dirInTheWay is the error of a copy whose file or link would replace the directory
@@ -481,6 +589,9 @@ func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
 		}
 	}
 	if name == "." {
+		if hdr.Typeflag != tar.TypeDir {
+			return errors.New(dotNotDir)
+		}
 		return nil // the destination itself: its attributes are not changed
 	}
 	if err := x.mkParents(name); err != nil {
@@ -492,15 +603,28 @@ func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
 	mode := tarMode(hdr.Mode, x.setid)
 	switch hdr.Typeflag {
 	case tar.TypeDir:
-		if err := x.root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		err := x.root.Mkdir(name, 0o700)
+		if err != nil && !errors.Is(err, fs.ErrExist) {
 			return err
 		}
-		x.dirs = append(x.dirs, dirAttrs{name: name, mode: mode, mtime: hdr.ModTime})
+		d := dirAttrs{name: name, mode: mode, mtime: hdr.ModTime}
+		if err != nil && x.undo != nil && !x.undo.made[name] {
+			// There before the upload: its owner changes only once the upload has
+			// succeeded, as its mode and mtime do.
+			d.owner, d.uid, d.gid = x.owners, hdr.Uid, hdr.Gid
+			x.dirs = append(x.dirs, d)
+			return nil
+		}
+		if err == nil {
+			x.created(name)
+		}
+		x.dirs = append(x.dirs, d)
 		return x.chown(name, hdr)
 	case tar.TypeSymlink:
 		if err := x.root.Symlink(hdr.Linkname, name); err != nil {
 			return err
 		}
+		x.created(name)
 		return x.chown(name, hdr)
 	case tar.TypeLink:
 		old, err := cleanName(hdr.Linkname)
@@ -513,6 +637,7 @@ func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
 		if err := x.root.Link(old, name); err != nil {
 			return err
 		}
+		x.created(name)
 		x.files[name] = true
 		return nil
 	}
@@ -520,6 +645,7 @@ func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
 	if err != nil {
 		return err
 	}
+	x.created(name)
 	err = writeSparse(f, tr)
 	if err == nil && x.owners {
 		if cerr := f.Chown(hdr.Uid, hdr.Gid); cerr != nil && !x.ownersBestEffort {
@@ -635,6 +761,11 @@ func (x *extractor) finishDirs(root *os.Root) error {
 	for _, d := range dirs {
 		if fi, err := root.Lstat(d.name); err != nil || !fi.IsDir() {
 			continue
+		}
+		if d.owner {
+			if err := x.chown(d.name, &tar.Header{Uid: d.uid, Gid: d.gid}); err != nil {
+				return fmt.Errorf("%s: %v", d.name, err)
+			}
 		}
 		if err := root.Chmod(d.name, d.mode); err != nil {
 			return fmt.Errorf("%s: %v", d.name, err)

@@ -307,7 +307,7 @@ func FuzzExtractUpload(f *testing.F) {
 			}
 		}
 		base, outside, dest := fuzzTree(t)
-		beforeOut := snapshot(t, outside)
+		beforeOut, beforeDest := snapshot(t, outside), snapshot(t, dest)
 		root, err := os.OpenRoot(dest)
 		if err != nil {
 			t.Fatal(err)
@@ -319,6 +319,10 @@ func FuzzExtractUpload(f *testing.F) {
 		}
 		if ents, _ := os.ReadDir(base); len(ents) != 2 {
 			t.Fatalf("extractAll (error %v) wrote beside the destination: %v", err, ents)
+		}
+		// A failed upload is undone: the destination is as it was.
+		if d := sameTree(beforeDest, snapshot(t, dest)); err != nil && d != "" {
+			t.Fatalf("extractAll failed (%v) and left the destination changed: %s", err, d)
 		}
 		links := map[uint64]int{}
 		after := snapshot(t, dest)

@@ -360,3 +360,73 @@ func TestCopyNeverReplacesDirWithFile(t *testing.T) {
 		check(t, dst, ExtractTar(bytes.NewReader(crafted(t, file("data", "new", 0o644))), dst, ExtractOptions{Top: "data"}))
 	})
 }
+
+// A failed upload is undone: what it created goes (a symlink that a later entry
+// wrote through included), what it replaced comes back, what was there stays as it
+// was; a successful one keeps no backup of what it replaced.
+func TestExtractAllUndoesFailedUpload(t *testing.T) {
+	dst := t.TempDir()
+	write := func(name, body string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dst, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("keep", "old")
+	if err := os.Mkdir(filepath.Join(dst, "d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write("d/x", "old x")
+	if err := os.Symlink("keep", filepath.Join(dst, "ln")); err != nil {
+		t.Fatal(err)
+	}
+	root, err := os.OpenRoot(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	before := listing(t, dst)
+	for _, c := range []struct {
+		name    string
+		entries []hdr
+		msg     string
+	}{
+		{"write through a link out", []hdr{
+			file("new", "n", 0o644), dir("nd", 0o755), file("nd/deep/f", "f", 0o644), file("keep", "new", 0o600),
+			symlink("ln", "new"), file("d/x", "new x", 0o644), dir("d", 0o700), file("d/y", "y", 0o644),
+			symlink("esc", "/etc"), file("esc/passwd", "x", 0o644),
+		}, "esc/passwd"},
+		{"a file named .", []hdr{file("a", "a", 0o644), file(".", "x", 0o644)}, dotNotDir},
+		{"a link named .", []hdr{symlink("l", "keep"), symlink("./", "keep")}, dotNotDir},
+		{"a file over a directory", []hdr{file("b", "b", 0o644), file("d", "x", 0o644)}, "d is a directory"},
+	} {
+		err := extractAll(root, bytes.NewReader(crafted(t, c.entries...)))
+		if err == nil || !strings.Contains(err.Error(), c.msg) || !strings.Contains(err.Error(), "nothing of the upload was kept") {
+			t.Errorf("%s: %v, want an error naming %q that says nothing was kept", c.name, err, c.msg)
+		}
+		if got := listing(t, dst); strings.Join(got, "\n") != strings.Join(before, "\n") {
+			t.Errorf("%s: the failed upload left\n%s\nwant\n%s", c.name, strings.Join(got, "\n"), strings.Join(before, "\n"))
+		}
+		for name, want := range map[string]string{"keep": "old", "d/x": "old x"} {
+			if b, err := os.ReadFile(filepath.Join(dst, name)); err != nil || string(b) != want {
+				t.Errorf("%s: %s holds %q (%v), want %q", c.name, name, b, err, want)
+			}
+		}
+		if l, err := os.Readlink(filepath.Join(dst, "ln")); err != nil || l != "keep" {
+			t.Errorf("%s: ln -> %q (%v), want keep", c.name, l, err)
+		}
+		if fi, err := os.Stat(filepath.Join(dst, "d")); err != nil || fi.Mode().Perm() != 0o755 {
+			t.Errorf("%s: d's mode changed: %v %v", c.name, fi.Mode(), err)
+		}
+	}
+	if err := extractAll(root, bytes.NewReader(crafted(t, file("keep", "new", 0o600), symlink("ln", "new"), file("new", "n", 0o644)))); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{". d---------", "d d---------", "d/x ----------", "keep ----------", "ln L---------", "new ----------"}
+	if got := listing(t, dst); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("after a good upload:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if b, _ := os.ReadFile(filepath.Join(dst, "keep")); string(b) != "new" {
+		t.Errorf("keep holds %q after the upload that replaced it", b)
+	}
+}
