@@ -337,12 +337,13 @@ func TestClientGoneKillsTree(t *testing.T) {
 		t.Fatal(err)
 	}
 	buf := &testwait.Buffer{}
-	p, err := c.Exec(testCtx(t), backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 302 & echo ready; sleep 302"}, Stdout: buf})
+	// One of them in a session of its own (setsid): it goes with the tree too.
+	p, err := c.Exec(testCtx(t), backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 302 & setsid sleep 302 & echo ready; sleep 302"}, Stdout: buf})
 	if err != nil {
 		t.Fatal(err)
 	}
 	buf.WaitFor(t, "ready")
-	testwait.Until(t, "both sleeps to run", func() bool { return len(procsWithArgs("sleep", "302")) == 2 })
+	testwait.Until(t, "the three sleeps to run", func() bool { return len(procsWithArgs("sleep", "302")) == 3 })
 	c.Close()
 	if _, err := p.Wait(); !errors.Is(err, backend.ErrUnavailable) {
 		t.Errorf("Wait after Close: %v, want ErrUnavailable", err)

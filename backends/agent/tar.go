@@ -433,36 +433,22 @@ func (x *extractor) mkParents(name string) error {
 	if d == "." {
 		return nil
 	}
-	if !x.hostile {
-		// Upload: links inside the destination are followed (os.Root refuses one that
-		// leads out of it); each directory made is recorded.
-		p := ""
-		for _, c := range strings.Split(d, "/") {
-			p = path.Join(p, c)
-			fi, err := x.root.Stat(p)
-			switch {
-			case errors.Is(err, fs.ErrNotExist):
-				if err := x.root.Mkdir(p, 0o755); err != nil {
-					return err
-				}
-				x.created(p)
-			case err != nil:
-				return err
-			case !fi.IsDir():
-				return fmt.Errorf("%s is not a directory", shown(p))
-			}
-		}
-		return nil
+	// Upload: a link inside the destination is followed (os.Root refuses one that
+	// leads out of it). Hostile: none is.
+	stat := x.root.Stat
+	if x.hostile {
+		stat = x.root.Lstat
 	}
 	p := ""
 	for _, c := range strings.Split(d, "/") {
 		p = path.Join(p, c)
-		fi, err := x.root.Lstat(p)
+		fi, err := stat(p)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 			if err := x.root.Mkdir(p, 0o755); err != nil {
 				return err
 			}
+			x.created(p)
 		case err != nil:
 			return err
 		case fi.Mode()&fs.ModeSymlink != 0:

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"os"
 	"os/exec"
 	"strconv"
@@ -104,27 +103,6 @@ func TestCancelKillsSetsidDescendantsOnly(t *testing.T) {
 	if pids := procsWithArgs("sleep", "7784"); len(pids) != 0 {
 		t.Errorf("sleep 7784 outlived its exec's cancel: %v", pids)
 	}
-}
-
-// A client that goes away takes its exec's setsid descendants with it.
-func TestClientGoneKillsSetsidDescendants(t *testing.T) {
-	a := startAgent(t)
-	c, err := NewClient(testCtx(t), DialSocketDir(a.sockDir))
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf := &testwait.Buffer{}
-	p, err := c.Exec(testCtx(t), backend.ExecRequest{Argv: []string{"sh", "-c", "setsid sleep 7787 & echo ready; sleep 96"}, Stdout: buf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf.WaitFor(t, "ready")
-	testwait.Until(t, "the setsid sleep to run", func() bool { return len(procsWithArgs("sleep", "7787")) == 1 })
-	c.Close()
-	if _, err := p.Wait(); !errors.Is(err, backend.ErrUnavailable) {
-		t.Errorf("Wait after Close: %v, want ErrUnavailable", err)
-	}
-	testwait.Until(t, "the dropped client's setsid sleep to be killed", func() bool { return len(procsWithArgs("sleep", "7787")) == 0 })
 }
 
 // A shell-mode call does not pass its marker on to the session's next call (the
