@@ -118,6 +118,9 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		}
 		if err != nil {
 			s.writeError(w, r, err, name)
+			if br != nil {
+				discardInput(br, s.maxBody).finish(w, r)
+			}
 			return
 		}
 		rest = br
@@ -131,6 +134,9 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		s.writeError(w, r, err, name)
+		if rest != nil {
+			discardInput(rest, s.maxBody).finish(w, r)
+		}
 		return
 	}
 	auditCommand(r, c)
@@ -142,7 +148,8 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	var in *input
 	if rest != nil {
 		in = newInput(rest, s.maxBody, reg.StateDir(), cancel)
-		defer in.close()
+		// Last, once the answer is written (every return below).
+		defer in.finish(w, r)
 	}
 	c.in = in
 	recreated := false
@@ -183,13 +190,6 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	}
 	auditResult(r, res, err)
 	s.metrics.exec(res.Driver, c.shell, st != nil, res, err, start)
-	if in != nil {
-		// The answer goes out now (an error's or a plain one's is still in the
-		// buffer): its client ends the request body once it has read it, which
-		// finish waits for.
-		http.NewResponseController(w).Flush()
-		in.finish()
-	}
 	s.log.Info("exec", "session", name, "shell", c.shell, "exit_code", res.ExitCode, "timed_out", res.TimedOut, "duration_ms", res.DurationMS, "error", err)
 }
 

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"mime"
 	"net"
@@ -31,7 +30,10 @@ import (
 // control, and one that reads and writes at once gets its stdin to the command as
 // it sends it.
 
-// input is the input side of a streamed exec request.
+// input is the input side of a streamed exec request. Its reader owns the rest of
+// the request body: it reads it to its end, dropping what the call no longer takes
+// (after a bad event, after the answer), so that the body's end is read while the
+// handler runs; finish waits for that before the handler returns.
 type input struct {
 	br      *bufio.Reader
 	limit   int64 // the longest event line
@@ -41,6 +43,10 @@ type input struct {
 	done    chan struct{} // closed when the reader has stopped
 	mu      sync.Mutex
 	bad     error // the first bad event: the call is cancelled and answers it
+	eofAt   int   // the eof event's number (0: none yet); read's goroutine only
+	// bodyErr is why the body did not end cleanly (nil: it did); set before done
+	// is closed.
+	bodyErr error
 }
 
 // isNDJSON reports whether r's body is declared as NDJSON.
@@ -76,6 +82,9 @@ func (s *Server) readFirstLine(w http.ResponseWriter, r *http.Request) ([]byte, 
 	case errors.Is(err, io.EOF):
 		return nil, nil, errorf("invalid", "request body: empty; send the exec request as the first line")
 	}
+	// A body that broke off (a malformed chunk, an early end): what follows on the
+	// connection is not a request.
+	w.Header().Set("Connection", "close")
 	return nil, nil, errorf("invalid", "reading the request body: %v", err)
 }
 
@@ -104,63 +113,107 @@ func readLine(br *bufio.Reader, limit int64) ([]byte, error) {
 // newInput starts reading the input events of br into a spool in stateDir; cancel
 // ends the call (a cancel event, a bad event).
 func newInput(br *bufio.Reader, limit int64, stateDir string, cancel context.CancelFunc) *input {
-	in := &input{br: br, limit: limit, sp: newSpool(stateDir, MaxStdinBuffered), signals: make(chan int, 16), cancel: cancel, done: make(chan struct{})}
+	return startInput(br, limit, newSpool(stateDir, MaxStdinBuffered), cancel)
+}
+
+// discardInput starts reading the rest of a refused streamed request's body (br)
+// and dropping it, so that finish can keep its connection for the next request.
+func discardInput(br *bufio.Reader, limit int64) *input {
+	sp := newSpool("", 0)
+	sp.Close() // makes no file: every write is dropped
+	return startInput(br, limit, sp, func() {})
+}
+
+func startInput(br *bufio.Reader, limit int64, sp *spool, cancel context.CancelFunc) *input {
+	in := &input{br: br, limit: limit, sp: sp, signals: make(chan int, 16), cancel: cancel, done: make(chan struct{})}
 	go in.read()
 	return in
 }
 
-// read reads input events until the body ends or breaks; either ends the stdin.
+// read reads input events until the body ends or breaks. The clean end of the
+// body ends the stdin (as eof does); a stdin that cannot be delivered whole (a
+// line past the limit, a body that breaks off, stdin after eof) fails the call
+// instead, and the command, which never sees the end of its stdin then, is
+// cancelled.
 func (in *input) read() {
 	defer close(in.done)
-	defer in.sp.CloseWrite()
 	for n := 1; ; n++ {
 		line, err := readLine(in.br, in.limit)
-		if len(bytes.TrimSpace(line)) == 0 && err != nil {
-			return // the end of the body (or the client went away: the call's context says so)
-		}
-		if errors.Is(err, errLineTooLong) {
-			in.fail(fmt.Errorf("input event %d is longer than %d bytes; send stdin in smaller events", n, in.limit))
+		switch {
+		case errors.Is(err, errLineTooLong):
+			in.fail(errorf(KindTooLarge, "input event %d is longer than the limit of %d bytes (berth serve --max-request-body); the command's stdin could not be delivered whole, so the call was cancelled: send stdin in smaller events (32 KiB is a good size)", n, in.limit))
+			in.drain()
+			return
+		case err != nil && !errors.Is(err, io.EOF):
+			in.bodyErr = err
+			in.fail(errorf("invalid", "the request body broke off at input event %d (%v); the command's stdin could not be delivered whole, so the call was cancelled", n, err))
+			return
+		case len(bytes.TrimSpace(line)) == 0 && err != nil:
+			in.sp.CloseWrite() // the clean end of the body
 			return
 		}
-		var ev Event
-		if derr := decodeStrict(line, &ev); derr != nil {
-			in.fail(fmt.Errorf("input event %d: %v", n, derr))
+		if !in.event(n, line) {
+			in.drain()
 			return
 		}
-		switch ev.Event {
-		case InputStdin:
-			if _, werr := in.sp.Write(ev.Data); werr != nil {
-				in.fail(werr)
-				return
-			}
-		case InputEOF:
+		if err != nil { // the last line, without its newline
 			in.sp.CloseWrite()
-		case InputSignal:
-			if ev.Signal < 1 || ev.Signal > 64 {
-				in.fail(fmt.Errorf("input event %d: signal %d: want a Linux signal number, 1 to 64", n, ev.Signal))
-				return
-			}
-			select {
-			case in.signals <- ev.Signal:
-			default: // 16 signals the command has not been sent yet: drop this one
-			}
-		case InputCancel:
-			in.cancel()
-		default:
-			in.fail(fmt.Errorf("input event %d: unknown event %q; want stdin, eof, signal or cancel", n, ev.Event))
-			return
-		}
-		if err != nil {
 			return
 		}
 	}
 }
 
-// fail records the first bad input event and cancels the call.
+// event applies input event n (line); false when it is bad (the call is failed).
+func (in *input) event(n int, line []byte) bool {
+	var ev Event
+	if derr := decodeStrict(line, &ev); derr != nil {
+		in.fail(errorf("invalid", "input event %d: %v", n, derr))
+		return false
+	}
+	switch ev.Event {
+	case InputStdin:
+		if in.eofAt > 0 {
+			in.fail(errorf("invalid", "input event %d: stdin after the eof of input event %d; the stdin had ended, so the call was cancelled: send eof last", n, in.eofAt))
+			return false
+		}
+		if _, werr := in.sp.Write(ev.Data); werr != nil {
+			in.fail(errorf(KindInternal, "input event %d: %v", n, werr))
+			return false
+		}
+	case InputEOF:
+		if in.eofAt == 0 {
+			in.eofAt = n
+		}
+		in.sp.CloseWrite()
+	case InputSignal:
+		if ev.Signal < 1 || ev.Signal > 64 {
+			in.fail(errorf("invalid", "input event %d: signal %d: want a Linux signal number, 1 to 64", n, ev.Signal))
+			return false
+		}
+		select {
+		case in.signals <- ev.Signal:
+		default: // 16 signals the command has not been sent yet: drop this one
+		}
+	case InputCancel:
+		in.cancel()
+	default:
+		in.fail(errorf("invalid", "input event %d: unknown event %q; want stdin, eof, signal or cancel", n, ev.Event))
+		return false
+	}
+	return true
+}
+
+// drain reads the rest of the body and drops it (after a bad event: nothing more
+// reaches the command); bodyErr is why it did not end cleanly.
+func (in *input) drain() {
+	_, in.bodyErr = io.Copy(io.Discard, in.br)
+}
+
+// fail records the first bad input event (an *httpError) and cancels the call.
 func (in *input) fail(err error) {
 	in.mu.Lock()
 	if in.bad == nil {
-		in.bad = errorf("invalid", "%v", err)
+		in.bad = err
 	}
 	in.mu.Unlock()
 	in.cancel()
@@ -173,10 +226,6 @@ func (in *input) badEvent() error {
 	return in.bad
 }
 
-// close ends the spool (a reader still waiting for the body stops when the handler
-// returns and net/http closes it).
-func (in *input) close() { in.sp.Close() }
-
 // bodyEndWait bounds how long a streamed request's answer, once its last event is
 // written, waits for the request body to end before it ends too.
 const bodyEndWait = time.Second
@@ -188,12 +237,54 @@ const bodyEndWait = time.Second
 // would make Go's HTTP/1 transport hold the result's bytes for 50 ms
 // (maxWriteWaitBeforeConnReuse, when the body is still being written at the
 // answer's end).
-func (in *input) finish() {
+//
+// The handler must not return while the reader may still read the body: net/http
+// then reads the body's end itself after it stopped watching the connection, and
+// its next read panics ("invalid concurrent Body.Read call", golang.org/issue/68560)
+// and drops the connection. So a body still open after bodyEndWait is cut (a read
+// deadline in the past stops the reader), and a body that did not end cleanly
+// closes the connection after the answer: what follows on it is not a request.
+func (in *input) finish(w http.ResponseWriter, r *http.Request) {
 	in.sp.Close()
+	rc := http.NewResponseController(w)
+	rc.Flush()
 	t := time.NewTimer(bodyEndWait)
 	defer t.Stop()
 	select {
 	case <-in.done:
 	case <-t.C:
+		if rc.SetReadDeadline(time.Unix(1, 0)) != nil {
+			return // HTTP/2: the stream's body is the handler's own, no race
+		}
+		<-in.done
 	}
+	if in.bodyErr != nil {
+		closeConn(w, r)
+	}
+}
+
+// closeConn ends an HTTP/1 answer whose request body is cut and closes its
+// connection. The answer's header is out, so "Connection: close" can no longer
+// say so: the connection is taken over (Hijack), the chunked answer's last chunk
+// written, and the connection half-closed, then closed once the client has had
+// bodyEndWait to read the answer (as net/http's own closeWriteAndWait does, so that
+// the close's reset does not destroy the answer in the client's buffers).
+func closeConn(w http.ResponseWriter, r *http.Request) {
+	chunked := r.ProtoAtLeast(1, 1) && w.Header().Get("Content-Length") == ""
+	conn, bw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	if chunked {
+		bw.WriteString("0\r\n\r\n")
+	}
+	if bw.Flush() != nil {
+		return
+	}
+	if hc, ok := conn.(interface{ CloseWrite() error }); ok {
+		hc.CloseWrite()
+	}
+	conn.SetReadDeadline(time.Now().Add(bodyEndWait))
+	io.Copy(io.Discard, conn)
 }

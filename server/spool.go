@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -83,10 +84,18 @@ func (s *spool) open() error {
 }
 
 // Write appends b, waiting while max bytes are unread. After Close it drops b (the
-// command no longer reads) and reports success, so that the body is still drained.
+// command no longer reads) and reports success, so that the body is still drained;
+// after CloseWrite it refuses b (errWriteAfterEnd): nothing after the end of the
+// stdin reaches the command.
 func (s *spool) Write(b []byte) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
+	}
+	s.mu.Lock()
+	ended := s.eof && !s.done
+	s.mu.Unlock()
+	if ended {
+		return 0, errWriteAfterEnd
 	}
 	if err := s.open(); err != nil {
 		return 0, err
@@ -112,6 +121,9 @@ func (s *spool) Write(b []byte) (int, error) {
 	}
 	return n, nil
 }
+
+// errWriteAfterEnd is Write's error after CloseWrite.
+var errWriteAfterEnd = errors.New("stdin spool: write after the end of the stdin")
 
 // CloseWrite marks the end of the stdin: Read returns io.EOF once it has read the rest.
 func (s *spool) CloseWrite() {
