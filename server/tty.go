@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -273,7 +272,11 @@ const sendTimeout = 5 * time.Second
 
 // readLoop applies the client's messages to p in order until the connection ends:
 // errClientGone then, or an invalid error for a message that breaks the protocol.
+// A binary message is read whole (within the read limit) before any of it is
+// written: no byte of a message past the limit reaches the command, which is
+// killed when the connection closes (1009).
 func (t *ttyConn) readLoop(p backend.Process) error {
+	var buf bytes.Buffer
 	for {
 		typ, rd, err := t.conn.Reader(t.ctx)
 		if err != nil {
@@ -282,52 +285,31 @@ func (t *ttyConn) readLoop(p backend.Process) error {
 			}
 			return errClientGone
 		}
-		if typ == websocket.MessageBinary {
-			_, err := io.Copy(stdinWriter{p}, rd)
-			var sg stdinGone
-			if errors.As(err, &sg) {
-				// The command no longer reads (it exited, or closed its stdin): the
-				// rest of the message is dropped.
-				_, err = io.Copy(io.Discard, rd)
-			}
-			if err != nil {
-				return errClientGone
-			}
-			continue
-		}
-		b, err := io.ReadAll(rd)
-		if err != nil {
+		buf.Reset()
+		if _, err := buf.ReadFrom(rd); err != nil {
 			return errClientGone
 		}
-		if err := applyControl(p, b, t.cancel); err != nil {
+		if typ == websocket.MessageBinary {
+			if buf.Len() > 0 {
+				// An error is the command's: it exited or closed its stdin, and
+				// no longer reads. The message is dropped.
+				p.Write(buf.Bytes())
+			}
+		} else if err := applyControl(p, buf.Bytes(), t.cancel); err != nil {
 			return err
+		}
+		if buf.Cap() > ttyChunk {
+			buf = bytes.Buffer{} // an idle TTY keeps no large message's buffer
 		}
 	}
 }
-
-// stdinWriter writes to a process's stdin; its errors are stdinGone.
-type stdinWriter struct{ p backend.Process }
-
-func (w stdinWriter) Write(b []byte) (int, error) {
-	n, err := w.p.Write(b)
-	if err != nil {
-		return n, stdinGone{err}
-	}
-	return n, nil
-}
-
-// stdinGone is a stdin write that failed on the process's side (it has exited or
-// closed its stdin), as opposed to the client's connection failing.
-type stdinGone struct{ error }
 
 // applyControl applies one client text message to p; cancel is the exec's (a
 // "cancel" message).
 func applyControl(p backend.Process, b []byte, cancel context.CancelFunc) error {
 	var m TTYMessage
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&m); err != nil {
-		return errorf("invalid", "TTY message %s: %s", shownMessage(b), jsonProblem(err))
+	if err := decodeStrict(b, &m); err != nil {
+		return errorf("invalid", "TTY message %s: %v", shownMessage(b), err)
 	}
 	switch m.Type {
 	case "resize":
