@@ -146,6 +146,13 @@ func (in *input) read() {
 			return
 		case err != nil && !errors.Is(err, io.EOF):
 			in.bodyErr = err
+			var ne net.Error
+			if errors.As(err, &ne) {
+				// The connection failed (the client went away, or finish cut the
+				// body): net/http has cancelled the call, which says so.
+				in.cancel()
+				return
+			}
 			in.fail(errorf("invalid", "the request body broke off at input event %d (%v); the command's stdin could not be delivered whole, so the call was cancelled", n, err))
 			return
 		case len(bytes.TrimSpace(line)) == 0 && err != nil:
