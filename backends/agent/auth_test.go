@@ -104,7 +104,7 @@ func TestLegacyTokenMigrated(t *testing.T) {
 }
 
 // The agent takes its token from $BERTH_AGENT_TOKEN and removes it from the
-// environment of everything it starts.
+// environment of everything it starts, and from its own /proc/PID/environ.
 func TestTokenFromEnvNotInherited(t *testing.T) {
 	tok := bytes.Repeat([]byte{0x5a}, tokenLen)
 	a := &testAgent{sockDir: deepDir(t), logPath: filepath.Join(t.TempDir(), "agent.log"), exited: make(chan struct{}),
@@ -121,6 +121,14 @@ func TestTokenFromEnvNotInherited(t *testing.T) {
 	defer c.Close()
 	if out, _, _ := run(t, c, sh("env; echo end")); strings.Contains(out, TokenEnv) || strings.Contains(out, hex.EncodeToString(tok)) || !strings.HasSuffix(out, "end\n") {
 		t.Errorf("an exec's environment holds the token: %q", out)
+	}
+	// Nor does the kernel's copy of the agent's own environment, which it had
+	// started with: it started again (the same process) without it.
+	if env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", a.pid)); err != nil || bytes.Contains(env, []byte(hex.EncodeToString(tok))) || bytes.Contains(env, []byte(TokenEnv+"=")) {
+		t.Errorf("the agent's /proc/PID/environ: %v, holds the token: %q", err, env)
+	}
+	if argv, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", a.pid)); err != nil || !bytes.Contains(argv, []byte(tokenFDFlag)) {
+		t.Errorf("the agent's command line %q (%v) has no %s: it did not start again", argv, err, tokenFDFlag)
 	}
 	// A damaged token in the environment keeps the agent from starting.
 	cmd := exec.Command(agentBin, "serve", "--socket-dir", deepDir(t))

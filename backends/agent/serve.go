@@ -246,7 +246,7 @@ func serve(opts ServeOptions, logger *log.Logger) error {
 //
 //	[agent] serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper]
 //	        [--token-file FILE] [--exec-user USER] [--oom-counter auto|FILE] [--listen-tcp ADDR]
-//	        [--own-dir DIR]
+//	        [--own-dir DIR] [--token-fd N]
 //	[agent] install DIR
 //	[agent] net-none
 //	[agent] probe [--token-stdin] [--user USER] [--socket-dir DIR] [--tcp ADDR] -- COMMAND [ARG...]
@@ -260,15 +260,19 @@ func serve(opts ServeOptions, logger *log.Logger) error {
 //
 // Without --token-file the agent takes its token from the environment variable
 // TokenEnv (how container drivers hand it over: a file in the sandbox would be
-// readable by the sandbox's users), and else, run as backend.AgentBinaryName (the
+// readable by the sandbox's root), then starts itself again without it, the token
+// on a pipe named by --token-fd, so that its /proc/PID/environ never shows it; with
+// the token in its environment, or as PID 1, it makes itself non-dumpable first
+// (see reexecWithoutToken and hideSelf). Else, run as backend.AgentBinaryName (the
 // hard link that PrepareSandbox makes), from its sandbox's token file (ReadToken of
 // the directory it is in; found on the host, as by the local driver's agents). See
 // serveToken.
 func Main(args []string) int {
+	given := args
 	if len(args) > 0 && args[0] == "agent" {
 		args = args[1:]
 	}
-	const synopsis = "usage: berth agent serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper] [--token-file FILE] [--exec-user USER] [--oom-counter auto|FILE] [--listen-tcp ADDR] [--own-dir DIR]\n       berth agent install DIR\n       berth agent net-none\n       berth agent probe [--token-stdin] [--user USER] [--socket-dir DIR] [--tcp ADDR] -- COMMAND [ARG...]"
+	const synopsis = "usage: berth agent serve --socket-dir DIR [--state-dir DIR] [--ready-fd N] [--log FILE] [--subreaper] [--token-file FILE] [--exec-user USER] [--oom-counter auto|FILE] [--listen-tcp ADDR] [--own-dir DIR] [--token-fd N]\n       berth agent install DIR\n       berth agent net-none\n       berth agent probe [--token-stdin] [--user USER] [--socket-dir DIR] [--tcp ADDR] -- COMMAND [ARG...]"
 	if len(args) == 2 && args[0] == "install" {
 		if err := InstallSelf(args[1]); err != nil {
 			fmt.Fprintf(os.Stderr, "berth agent: %v\n", err)
@@ -302,6 +306,7 @@ func Main(args []string) int {
 	oomCounter := fs.String("oom-counter", "", "OOM-kill counter to report OOM kills from: auto (the agent's memory cgroup) or a file")
 	listenTCPAddr := fs.String("listen-tcp", "", "loopback TCP address to serve on too (127.0.0.1:PORT; needs a token)")
 	ownDirFlag := fs.String("own-dir", "", "directory to give to the exec user before serving (a volume's mount point)")
+	tokenFD := fs.Int(tokenFDFlag[2:], -1, "file descriptor to read the token from (how the agent hands $"+TokenEnv+" to itself when it starts again without it)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
@@ -309,10 +314,25 @@ func Main(args []string) int {
 		fmt.Fprintln(os.Stderr, synopsis)
 		return 2
 	}
-	token, err := serveToken(*tokenFile)
+	_, inEnv := os.LookupEnv(TokenEnv)
+	// In a container (the token in the environment, or PID 1), before anything
+	// else: nothing of the sandbox may read the agent's memory.
+	if *tokenFD >= 0 || inEnv || os.Getpid() == 1 {
+		if err := hideSelf(); err != nil {
+			fmt.Fprintf(os.Stderr, "berth agent: %v\n", err)
+			return 1
+		}
+	}
+	token, err := serveToken(*tokenFile, *tokenFD)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "berth agent: %v\n", err)
 		return 1
+	}
+	if inEnv && *tokenFD < 0 {
+		// Returns only when it could not; the agent then serves as it is (its
+		// environment block unreadable in the sandbox all the same: hideSelf).
+		err := reexecWithoutToken(append([]string{os.Args[0]}, given...), token)
+		fmt.Fprintf(os.Stderr, "berth agent: %v; serving with the token still in /proc/%d/environ (readable only with CAP_SYS_PTRACE)\n", err, os.Getpid())
 	}
 	err = Serve(ServeOptions{
 		SocketDir: *socketDir, StateDir: *stateDir, ReadyFD: *readyFD, LogPath: *logPath, Subreaper: *subreaper,
@@ -326,14 +346,23 @@ func Main(args []string) int {
 }
 
 // serveToken returns the token the agent checks, from the first of: --token-file
-// (file); the environment variable TokenEnv, which it removes from the process's
-// environment so that no exec inherits it; and, when the executable is
+// (file); --token-fd (fd >= 0: the pipe reexecWithoutToken made, read and closed
+// whatever else is given); the environment variable TokenEnv, which it removes from
+// the process's environment so that no exec inherits it (Main then starts the agent
+// again without it: see reexecWithoutToken); and, when the executable is
 // backend.AgentBinaryName in an agent directory, that sandbox's token file
 // (ReadToken: TokenPath, or the token an earlier berth left beside the executable).
 // nil for none. Errors: a token that is given but damaged (ErrInvalid).
-func serveToken(file string) ([]byte, error) {
+func serveToken(file string, fd int) ([]byte, error) {
 	env, inEnv := os.LookupEnv(TokenEnv)
 	os.Unsetenv(TokenEnv)
+	if fd >= 0 {
+		// Read (and closed, so that no exec inherits it) even when a file is given.
+		tok, err := readTokenFD(fd)
+		if err != nil || file == "" {
+			return tok, err
+		}
+	}
 	if file != "" {
 		return readTokenFile(file)
 	}
