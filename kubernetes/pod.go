@@ -28,11 +28,10 @@ const (
 	NetNoneContainerName = "berth-net-none"
 	// AgentImageBinary is the agent's path in the agent image.
 	AgentImageBinary = "/" + backend.AgentBinaryName
-	// TokenMountDir holds the token file, the Secret's one key mounted read-only,
-	// root only, by subPath: a Secret volume's files are symbolic links (..data/KEY),
-	// which the agent, opening its token without following links, refuses.
-	TokenMountDir = backend.AgentRoot + "/token"
-	// tokenKey is the token's key in the Secret.
+	// tokenKey is the token's key in the Secret. The sandbox container has it in
+	// its environment (agent.TokenEnv, from the Secret), never in a file: the agent
+	// starts itself again without it, and root in the sandbox could read any file
+	// the agent can.
 	tokenKey = agent.TokenName
 	// DefaultWorkdir is where a sandbox's volume is mounted, and so the working
 	// directory of its execs, when the config has a storage_class and the rule sets
@@ -212,7 +211,9 @@ func (d *Driver) podSpec(spec backend.SandboxSpec, set settings, ns string, toke
 		nn.SecurityContext.ReadOnlyRootFilesystem = ptr.To(true)
 		inits = append(inits, nn)
 	}
-	extra := []string{"--listen-tcp", "127.0.0.1:" + strconv.Itoa(AgentPort), "--token-file", TokenMountDir + "/" + tokenKey}
+	extra := []string{"--listen-tcp", "127.0.0.1:" + strconv.Itoa(AgentPort)}
+	env = append(env, corev1.EnvVar{Name: agent.TokenEnv, ValueFrom: &corev1.EnvVarSource{
+		SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: secret}, Key: tokenKey}}})
 	if volumes && user != "" {
 		// The provisioner may make the volume root-owned (the host-path one: 0750),
 		// and fsGroup does not apply to every volume type: the agent, root with
@@ -241,7 +242,6 @@ func (d *Driver) podSpec(spec backend.SandboxSpec, set settings, ns string, toke
 				WorkingDir: workdir,
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: "agent", MountPath: backend.AgentMountDir, ReadOnly: true},
-					{Name: "token", MountPath: TokenMountDir + "/" + tokenKey, SubPath: tokenKey, ReadOnly: true},
 					{Name: "run", MountPath: backend.SocketMountDir},
 				},
 				SecurityContext:          harden(keep...),
@@ -251,7 +251,6 @@ func (d *Driver) podSpec(spec backend.SandboxSpec, set settings, ns string, toke
 			Volumes: []corev1.Volume{
 				{Name: "agent", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("256Mi"))}}},
 				{Name: "run", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("1Mi"))}}},
-				{Name: "token", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: secret, DefaultMode: ptr.To[int32](0o400)}}},
 			},
 		},
 	}

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/agent"
 )
 
 func testSettings(t *testing.T, c Config) settings {
@@ -26,8 +27,8 @@ func testSettings(t *testing.T, c Config) settings {
 
 // The Pod spec carries the hardening docs/kubernetes.md promises: every container
 // drops all capabilities (the sandbox keeps berth's set, the net-none init container
-// NET_ADMIN alone), no privilege escalation, seccomp RuntimeDefault, read-only agent
-// and token mounts, no service account token; limits from the spec with small
+// NET_ADMIN alone), no privilege escalation, seccomp RuntimeDefault, a read-only agent
+// mount, the token from its Secret in the environment (no file), no service account token; limits from the spec with small
 // requests; network none adds the init container that deletes the interfaces.
 func TestPodSpecHardening(t *testing.T) {
 	d := New()
@@ -69,9 +70,14 @@ func TestPodSpecHardening(t *testing.T) {
 		t.Errorf("sandbox keeps %v, want %v", keep, DefaultCapabilities)
 	}
 	for _, m := range sb.VolumeMounts {
-		if (m.Name == "agent" || m.Name == "token") != m.ReadOnly {
+		if (m.Name == "agent") != m.ReadOnly || m.Name == "token" {
 			t.Errorf("mount %s at %s read-only %v", m.Name, m.MountPath, m.ReadOnly)
 		}
+	}
+	// The token comes from the Secret in the environment, never in a file.
+	if last := sb.Env[len(sb.Env)-1]; last.Name != agent.TokenEnv || last.ValueFrom == nil || last.ValueFrom.SecretKeyRef == nil ||
+		last.ValueFrom.SecretKeyRef.Name != sec.Name || last.ValueFrom.SecretKeyRef.Key != tokenKey || slices.Contains(sb.Args, "--token-file") {
+		t.Errorf("the agent's token: env %+v, args %v", sb.Env, sb.Args)
 	}
 	if sb.Resources.Limits.Cpu().MilliValue() != 500 || sb.Resources.Limits.Memory().Value() != 64<<20 {
 		t.Errorf("limits %v", sb.Resources.Limits)
@@ -209,7 +215,7 @@ func TestPodSpecVolume(t *testing.T) {
 	// Without a storage class there is no volume and the workdir is the rule's.
 	spec.Pull = ""
 	p, _, _, err = d.podSpec(spec, testSettings(t, Config{}), "ns", nil)
-	if err != nil || p.Spec.Containers[0].WorkingDir != "" || slices.Contains(p.Spec.Containers[0].Args, "--own-dir") || len(p.Spec.Volumes) != 3 {
+	if err != nil || p.Spec.Containers[0].WorkingDir != "" || slices.Contains(p.Spec.Containers[0].Args, "--own-dir") || len(p.Spec.Volumes) != 2 {
 		t.Errorf("no storage class: %v, %+v", err, p.Spec)
 	}
 }
