@@ -84,6 +84,7 @@ func hardeningIsolationCases() []Case {
 		{Group: g, Name: "signals-to-pid1-ignored", Requires: "Capabilities.PIDIsolation", Needs: needPIDIsolation, Run: caseSignalsToPID1},
 		{Group: g, Name: "bind-mount-owner", Requires: "Capabilities.FSIsolation image and ExecUser", Needs: needMountsUser, Run: caseBindMountOwner},
 		{Group: g, Name: "agent-out-of-users-reach", Requires: "Capabilities.Agent, ExecUser and FSIsolation image or private", Needs: needAgentUser, Run: caseAgentOutOfUsersReach},
+		{Group: g, Name: "agent-token-hidden-from-root", Requires: "Capabilities.Agent, FSIsolation image or private and DropCapabilities", Needs: needAgentHidden, Run: caseAgentTokenHiddenFromRoot},
 	}
 }
 
