@@ -18,8 +18,9 @@ func needAgentHidden(c backend.Capabilities) (bool, string) {
 
 // tokenSearch, run as the sandbox's root with the token on its stdin, prints one line
 // per place that gives the token away: "file PATH" for a file holding it (every
-// regular file outside /proc, /sys and /dev, /.berth's mounts included: the list is
-// made before grep runs, so grep's own command line, which holds the token, is not
+// regular file under /.berth, its mounts included, and on the root filesystem, not
+// on the others mounted there, which may be the host's /usr: the list is made
+// before grep runs, so grep's own command line, which holds the token, is not
 // searched), "environ PROC" and "cmdline PROC" for a process whose environment or
 // command line holds it, "agent PID" for each of the sandbox's agents (found by
 // their command line) and "mem PID" for an agent whose /proc/PID/mem opens, and
@@ -27,13 +28,13 @@ func needAgentHidden(c backend.Capabilities) (bool, string) {
 // environ and cmdline separate their strings with NULs, which grep (busybox's) does
 // not search past: tr makes them lines.
 const tokenSearch = `read -r tok
-set -- $(find / \( -path /proc -o -path /sys -o -path /dev \) -prune -o -type f -print 2>/dev/null)
+set -- $(find /.berth -type f 2>/dev/null; find / -xdev -type f 2>/dev/null)
 procs=$(echo /proc/[0-9]*)
 for f in "$@"; do grep -qF -e "$tok" "$f" 2>/dev/null && echo "file $f"; done
 for p in $procs; do
 	for x in environ cmdline; do tr '\000' '\n' < "$p/$x" 2>/dev/null | grep -qF -e "$tok" && echo "$x $p"; done
 	case "$(tr '\000' ' ' < "$p/cmdline" 2>/dev/null)" in
-	*berth-agent\ serve\ *) echo "agent ${p#/proc/}"; (exec 3< "$p/mem") 2>/dev/null && echo "mem ${p#/proc/}";;
+	*berth-agent\ serve\ *|*berth-agent\ agent\ serve\ *) echo "agent ${p#/proc/}"; (exec 3< "$p/mem") 2>/dev/null && echo "mem ${p#/proc/}";;
 	esac
 done
 (exec 3< /proc/self/mem) 2>/dev/null && echo selfmem
@@ -89,7 +90,7 @@ func caseAgentTokenHiddenFromRoot(t T, h *Harness) {
 			}
 		}
 		if agents == 0 {
-			t.Errorf("%s: the search found no agent process (a command line with berth-agent serve), so it proves nothing about the agent's memory: %s", when, out.describe())
+			t.Errorf("%s: the search found no agent process (a command line of berth-agent [agent] serve), so it proves nothing about the agent's memory: %s", when, out.describe())
 		}
 		if !selfmem {
 			t.Logf("%s: the sandbox's shell cannot open its own /proc/self/mem either", when)
