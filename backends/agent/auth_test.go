@@ -130,6 +130,10 @@ func TestTokenFromEnvNotInherited(t *testing.T) {
 	if argv, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", a.pid)); err != nil || !bytes.Contains(argv, []byte(tokenFDFlag)) {
 		t.Errorf("the agent's command line %q (%v) has no %s: it did not start again", argv, err, tokenFDFlag)
 	}
+	// Started again by its path, it keeps its name (what ps shows).
+	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", a.pid)); err != nil || !strings.HasPrefix(filepath.Base(agentBin), strings.TrimSpace(string(comm))) {
+		t.Errorf("the agent's name %q (%v), want that of %s", comm, err, agentBin)
+	}
 	// A damaged token in the environment keeps the agent from starting.
 	cmd := exec.Command(agentBin, "serve", "--socket-dir", deepDir(t))
 	cmd.Env = append(os.Environ(), TokenEnv+"=xyz")

@@ -31,8 +31,8 @@ import (
 // tokenFDFlag is the flag through which the agent started again reads its token.
 const tokenFDFlag = "--token-fd"
 
-// reexecWithoutToken starts the running executable (/proc/self/exe) again in this
-// process with argv, the environment less TokenEnv, and argv's flags followed by
+// reexecWithoutToken starts the running executable (os.Executable, else
+// /proc/self/exe) again in this process with argv, the environment less TokenEnv, and argv's flags followed by
 // tokenFDFlag naming a pipe that holds tok (hex and a newline). It returns only when
 // it could not (the caller then serves as it is, its environment block still
 // holding the token: see hideSelf).
@@ -58,6 +58,11 @@ func reexecWithoutToken(argv []string, tok []byte) error {
 		}
 	}
 	args := append(append([]string(nil), argv...), tokenFDFlag, strconv.Itoa(p[0]))
+	// By its path, so that the process's name (/proc/PID/comm, what ps shows) stays
+	// the executable's, not "exe"; /proc/self/exe when that path is gone.
+	if self, err := os.Executable(); err == nil {
+		unix.Exec(self, args, env)
+	}
 	err = unix.Exec("/proc/self/exe", args, env)
 	return fmt.Errorf("starting %s again without $%s: %w", argv[0], TokenEnv, err)
 }
