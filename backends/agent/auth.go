@@ -47,11 +47,11 @@ const TokenName = "token"
 const TokenFileName = "agent-token"
 
 // TokenEnv is the environment variable through which a driver hands its sandbox's
-// agent the token (TokenEnvEntry): the agent reads it and removes it from its
-// environment before it starts any process, so no exec inherits it. In a container
-// the only other place it can be read is the agent's /proc/PID/environ, which Linux
-// (and gVisor) show only to processes that may ptrace the agent: the sandbox's root
-// (or the agent's own user), not its other users. Drivers refuse it in a rule's env.
+// agent the token (TokenEnvEntry): the agent reads it, makes itself non-dumpable and
+// starts itself again without it before it starts any process (see
+// reexecWithoutToken), so that no exec inherits it and neither the agent's
+// /proc/PID/environ nor its /proc/PID/mem shows it to any process of the sandbox
+// without CAP_SYS_PTRACE, root included. Drivers refuse it in a rule's env.
 const TokenEnv = "BERTH_AGENT_TOKEN"
 
 // tokenLen is the token's length in bytes (hex: twice as many digits).
