@@ -28,7 +28,7 @@ func needAgentHidden(c backend.Capabilities) (bool, string) {
 // environ and cmdline separate their strings with NULs, which grep (busybox's) does
 // not search past: tr makes them lines.
 const tokenSearch = `read -r tok
-set -- $(find /.berth -type f 2>/dev/null; find / -xdev -type f 2>/dev/null)
+set -- $({ find /.berth -type f; find / -xdev -type f; } 2>/dev/null | sort -u)
 procs=$(echo /proc/[0-9]*)
 for f in "$@"; do grep -qF -e "$tok" "$f" 2>/dev/null && echo "file $f"; done
 for p in $procs; do
