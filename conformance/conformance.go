@@ -410,6 +410,7 @@ func Cases() []Case {
 	all = append(all, retentionCases()...)
 	all = append(all, poolCases()...)
 	all = append(all, recoveryCases()...)
+	all = append(all, abandonCases()...)
 	all = append(all, dialVariants(all)...)
 	return all
 }

@@ -10,8 +10,8 @@ type SandboxEvent struct {
 	Driver  string
 	Sandbox string
 	// Cause says why: for a create CreateNew, CreateRecreated or CreateMoved; for a
-	// remove asked for by a call RemoveAsked, RemoveRecreate, RemoveClose or
-	// RemoveFailedCreate; for retention's actions their Cause (CauseIdle, CauseAge,
+	// remove asked for by a call RemoveAsked, RemoveRecreate, RemoveClose,
+	// RemoveFailedCreate or RemoveStranded; for retention's actions their Cause (CauseIdle, CauseAge,
 	// CauseOrphan, CauseAdopt, CauseDrift, ...).
 	Cause string
 	// Retention is set for the actions of retention and reconcile (Prune, and the
@@ -45,6 +45,10 @@ const (
 	// RemoveFailedCreate: a sandbox this call created, removed again because the call
 	// failed after the create (nothing half-created is left).
 	RemoveFailedCreate = "failed_create"
+	// RemoveStranded: a sandbox of ours whose host-side files (its agent's token and
+	// socket dir) were gone, or whose agent would not take them, so that no call could
+	// reach it: removed so that the call makes a new one.
+	RemoveStranded = "stranded"
 )
 
 // WithSandboxEvents makes the registry report every sandbox it creates, stops,

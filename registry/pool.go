@@ -772,10 +772,7 @@ func (r *Registry) adoptMember(ctx context.Context, p *pending, session string, 
 	spec := rule.MemberSpec(r.owner, sb.Labels[backend.LabelPool])
 	spec.Name = old.Sandbox
 	spec.Labels[backend.LabelCreated] = sb.Labels[backend.LabelCreated]
-	b, err = r.again(ctx, rule.Driver, "start sandbox "+old.Sandbox, b, func(b backend.TerminalBackend) (err error) {
-		sb, err = b.Create(ctx, backend.CreateRequest{Spec: spec, Agent: p.files})
-		return err
-	})
+	sb, b, err = r.createDetached(ctx, rule.Driver, b, backend.CreateRequest{Spec: spec, Agent: p.files})
 	if err != nil {
 		return fail(fmt.Errorf("session %q: starting its sandbox %s on driver %s: %w", session, old.Sandbox, rule.Driver, err))
 	}

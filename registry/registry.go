@@ -460,26 +460,65 @@ func (r *Registry) createIn(ctx context.Context, p *pending, session string, rul
 	if p.files, err = r.prepare(p.dir); err != nil {
 		return r.dropDir(p, fmt.Errorf("session %q: preparing the agent for sandbox %s: %w", session, name, err))
 	}
-	if err := r.pull(ctx, b, rule, session, name); err != nil {
-		return r.dropDir(p, err)
+	// What the driver holds of the name before the create: whether an image must be
+	// pulled, whether a sandbox there after a failed create is this call's, and
+	// whether one is there whose host-side files are gone (stranded).
+	pre, preErr := b.Inspect(ctx, name)
+	if err := ctx.Err(); err != nil {
+		return r.dropDir(p, fmt.Errorf("session %q: %w", session, err))
+	}
+	existed := !errors.Is(preErr, backend.ErrNotFound) // or the driver could not say
+	stranded := ""
+	if preErr == nil && p.madeDir && p.caps.HasAgent() && pre.Labels[backend.LabelOwner] == r.owner {
+		// Its agent holds a token that went with its host dir: nothing can reach it
+		// (a create abandoned by an earlier berth, a host dir deleted by hand).
+		if err := r.removeStranded(ctx, p, "its host-side files (agent token and socket dir) were gone"); err != nil {
+			return r.dropDir(p, fmt.Errorf("session %q: %w", session, err))
+		}
+		existed = false
+		stranded = fmt.Sprintf("its sandbox %s on driver %s could not be reached (its host-side files, the agent's token and socket dir, were gone); it was removed and this one is new and empty", name, rule.Driver)
+	}
+	if errors.Is(preErr, backend.ErrNotFound) || stranded != "" {
+		if err := r.pullImage(ctx, b, rule, session, name); err != nil {
+			return r.dropDir(p, err)
+		}
 	}
 	now := r.stamp()
 	p.spec.Labels[backend.LabelCreated] = now.Format(time.RFC3339)
 	var sb backend.Sandbox
-	b, err = r.again(ctx, rule.Driver, "create sandbox "+name, b, func(b backend.TerminalBackend) (err error) {
-		sb, err = b.Create(ctx, backend.CreateRequest{Spec: p.spec, Agent: p.files})
-		return err
-	})
-	p.b = b
-	if err != nil {
-		doing := r.createDoing(ctx, b, name, hadOld && old.Removed.IsZero(), err)
-		return r.dropDir(p, fmt.Errorf("session %q: %s on driver %s: %w", session, doing, rule.Driver, err))
+	for attempt := 0; ; attempt++ {
+		sb, b, err = r.createDetached(ctx, rule.Driver, b, backend.CreateRequest{Spec: p.spec, Agent: p.files})
+		p.b = b
+		if err == nil {
+			break
+		}
+		cctx, cancel := detached(ctx, cleanupBound)
+		doing := r.createDoing(cctx, b, name, hadOld && old.Removed.IsZero(), err)
+		cancel()
+		err = fmt.Errorf("session %q: %s on driver %s: %w", session, doing, rule.Driver, err)
+		cleared, removedOld := r.clearFailedCreate(ctx, p, existed)
+		if removedOld && attempt == 0 && ctx.Err() == nil {
+			// An unrecorded sandbox of ours that could not be adopted (its agent
+			// holds a token that is not its host dir's, or does not answer): no
+			// session had used it, and it is gone now; make it anew.
+			r.log.Warn("an unused sandbox of the session's name could not be adopted; removed it to make a new one", "session", session, "sandbox", name, "error", err)
+			existed = false
+			stranded = fmt.Sprintf("its sandbox %s on driver %s, which no call had used, could not be adopted (%v); it was removed and this one is new and empty", name, rule.Driver, err)
+			continue
+		}
+		if !cleared {
+			return err // a sandbox that may use the host dir may be there: the dir stays
+		}
+		return r.dropDir(p, err)
 	}
 	if o := sb.Labels[backend.LabelOwner]; o != "" && o != r.owner {
 		return backend.Errorf(backend.ErrConflict, "session %q: driver %s returned sandbox %s of owner %s, not ours (%s); refusing to use it", session, rule.Driver, name, o, r.owner)
 	}
 	p.lease, p.rec = r.leaseOf(session, rule, p, sb, now)
 	switch {
+	case stranded != "" && !sb.Adopted:
+		p.lease.Recreated, p.lease.RecreatedReason = true, stranded
+		r.log.Warn("session's sandbox could not be reached; created a new one", "session", session, "sandbox", name, "reason", stranded)
 	case (hadOld || wasMember) && !sb.Adopted:
 		p.lease.Recreated, p.lease.RecreatedReason = true, recreatedReason(old, rule.Driver, sb)
 		r.log.Warn("session's sandbox was gone; created a new one", "session", session, "sandbox", name, "reason", p.lease.RecreatedReason)
@@ -495,7 +534,7 @@ func (r *Registry) createIn(ctx context.Context, p *pending, session string, rul
 		switch {
 		case moved:
 			cause = CreateMoved
-		case hadOld || wasMember:
+		case hadOld || wasMember || stranded != "":
 			cause = CreateRecreated
 		}
 		r.event(SandboxEvent{Action: EventCreate, Driver: rule.Driver, Sandbox: name, Cause: cause})
@@ -568,12 +607,20 @@ func (r *Registry) leaseOf(session string, rule *config.Rule, p *pending, sb bac
 // as it is, whatever its image. A driver without ImagePuller (or whose plugin
 // reports ErrUnsupported) is left to Create, which reports a missing image itself.
 func (r *Registry) pull(ctx context.Context, b backend.TerminalBackend, rule *config.Rule, session, sandbox string) error {
-	puller, ok := b.(backend.ImagePuller)
-	if rule.Image == "" || !ok {
+	if _, ok := b.(backend.ImagePuller); rule.Image == "" || !ok {
 		return nil
 	}
 	if _, err := b.Inspect(ctx, sandbox); !errors.Is(err, backend.ErrNotFound) {
 		return nil // there (Create adopts it) or an error that Create reports
+	}
+	return r.pullImage(ctx, b, rule, session, sandbox)
+}
+
+// pullImage is pull for a sandbox that the caller knows is not there.
+func (r *Registry) pullImage(ctx context.Context, b backend.TerminalBackend, rule *config.Rule, session, sandbox string) error {
+	puller, ok := b.(backend.ImagePuller)
+	if rule.Image == "" || !ok {
+		return nil
 	}
 	var progress func(backend.PullProgress)
 	if r.onPull != nil {
@@ -751,6 +798,9 @@ func (r *Registry) Exec(ctx context.Context, session string, req backend.ExecReq
 			}
 			return nil, nil, c.callErr("exec", err)
 		}
+		if c.p != nil {
+			callTrace(ctx).started(c.lease.Driver, c.lease.Sandbox)
+		}
 		if err := c.commit(); err != nil {
 			proc.Signal(9)
 			proc.Wait()
@@ -905,10 +955,14 @@ func (r *Registry) stopSession(ctx context.Context, session, doing string) error
 // STATE/sandboxes/DRIVER/SANDBOX. A sandbox made by an earlier version has its dir at
 // STATE/sandboxes/SANDBOX, which every driver's sandbox of that name used: that dir is
 // deleted only when no other driver has a sandbox of the name that may still use it,
-// and left to Prune otherwise. Like backend Remove it is idempotent: a session without
-// a record succeeds (nil) and changes nothing, and nothing is created when there is no
-// store yet. Errors: a bad session name (ErrInvalid); the driver's Remove error (the
-// store is then unchanged).
+// and left to Prune otherwise. A session without a record may still have a sandbox: a
+// call that was abandoned before it wrote the record (a killed berth process) leaves
+// the sandbox its rule maps the session to; when no record names that name and the
+// rule's driver holds a sandbox of ours there, it is removed with its host dir (the
+// rule's driver is started for this). Like backend Remove it is idempotent: a session
+// with nothing to remove succeeds (nil), and nothing is created when there is no store
+// yet. Errors: a bad session name (ErrInvalid); a driver that cannot be started; the
+// driver's Remove error (the store is then unchanged).
 func (r *Registry) RemoveSession(ctx context.Context, session string) error {
 	session, err := config.NormalizeSession(session)
 	if err != nil {
@@ -920,7 +974,12 @@ func (r *Registry) RemoveSession(ctx context.Context, session string) error {
 	if err := r.ensure(); err != nil {
 		return err
 	}
-	return nothingToDo(r.removeSession(ctx, session, RemoveAsked))
+	err = r.removeSession(ctx, session, RemoveAsked)
+	if !errors.Is(err, errNoSession) {
+		return err
+	}
+	_, err = r.removeUnrecorded(ctx, session, "removing", RemoveAsked)
+	return err
 }
 
 // nothingToDo turns removeSession's "no record" (errNoSession) into success.
@@ -987,25 +1046,57 @@ func (r *Registry) Recreate(ctx context.Context, session string) (bool, error) {
 	if !errors.Is(err, backend.ErrNotFound) {
 		return false, err
 	}
+	return r.removeUnrecorded(ctx, session, "recreating", RemoveRecreate)
+}
+
+// removeUnrecorded removes the sandbox that session's rule maps it to when no
+// record names it and it is ours (its owner label): what a call that was abandoned
+// before its record was written may have left (a killed berth process, a create an
+// earlier berth let go of half-way), and deletes its host files when no record names
+// a sandbox of that name on the driver. doing says what for in errors, cause is the
+// SandboxEvent's. It reports whether there was a sandbox to remove. A session that
+// no rule matches has nothing to remove. Errors: the driver cannot be started, or
+// its Inspect or Remove error.
+func (r *Registry) removeUnrecorded(ctx context.Context, session, doing, cause string) (bool, error) {
 	rule, _, err := r.cfg.Match(session)
 	if err != nil {
-		return false, err
+		return false, nil
 	}
 	name := rule.Spec(r.owner, session).Name
+	lock, err := flock.Lock(ctx, r.lockPath(name))
+	if err != nil {
+		return false, fmt.Errorf("%s session %q: %w", doing, session, err)
+	}
+	unrecorded := false
+	defer func() { lock.Unlock(unrecorded) }()
+	if _, anyDriver := r.recorded(rule.Driver, name); anyDriver {
+		// A shared sandbox that other sessions use, one recorded meanwhile, or one
+		// of that name on another driver: not this call's to clear.
+		return false, nil
+	}
+	unrecorded = true
 	b, err := r.driver(ctx, rule.Driver)
 	if err != nil {
-		return false, fmt.Errorf("recreating session %q: %w", session, err)
+		return false, fmt.Errorf("%s session %q: %w", doing, session, err)
 	}
-	if _, err := b.Inspect(ctx, name); errors.Is(err, backend.ErrNotFound) {
-		return false, nil
-	} else if err != nil {
-		return false, fmt.Errorf("recreating session %q: sandbox %s: %w", session, name, err)
+	sb, err := b.Inspect(ctx, name)
+	switch {
+	case errors.Is(err, backend.ErrNotFound):
+	case err != nil:
+		return false, fmt.Errorf("%s session %q: sandbox %s: %w", doing, session, name, err)
+	case sb.Labels[backend.LabelOwner] != r.owner:
+		return false, nil // not ours: never touched
+	default:
+		if err := b.Remove(ctx, name); err != nil {
+			return false, fmt.Errorf("%s session %q: sandbox %s: %w", doing, session, name, err)
+		}
+		r.event(SandboxEvent{Action: EventRemove, Driver: rule.Driver, Sandbox: name, Cause: cause})
+		r.agents.forget(sbKey{rule.Driver, name})
+		r.removeHostFiles(rule.Driver, name)
+		return true, nil
 	}
-	if err := b.Remove(ctx, name); err != nil {
-		return false, fmt.Errorf("recreating session %q: sandbox %s: %w", session, name, err)
-	}
-	r.event(SandboxEvent{Action: EventRemove, Driver: rule.Driver, Sandbox: name, Cause: RemoveRecreate})
-	return true, nil
+	r.removeHostFiles(rule.Driver, name)
+	return false, nil
 }
 
 // SessionInfo is one row of Sessions.

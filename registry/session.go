@@ -290,6 +290,27 @@ func (r *Registry) agentError(session, driver, sandbox string, err error) error 
 // sandbox, under its lock), takes the busy marker, and connects to the agent the way
 // the driver says. The lock stays held until commit or fail.
 func (r *Registry) openSlow(ctx context.Context, session string) (*sessionConn, error) {
+	stranded := ""
+	for attempt := 0; ; attempt++ {
+		c, err := r.openSlowOnce(ctx, session, attempt == 0, &stranded)
+		if err == nil && stranded != "" && c.lease.Created && !c.lease.Recreated {
+			c.lease.Recreated, c.lease.RecreatedReason = true, stranded
+		}
+		if !errors.Is(err, errStranded) {
+			return c, err
+		}
+	}
+}
+
+// errStranded is openSlowOnce's "the adopted sandbox could not be reached and is
+// removed now: run the lifecycle once more".
+var errStranded = errors.New("stranded sandbox removed")
+
+// openSlowOnce is one try of openSlow. When mayRetry, a sandbox that the driver
+// adopted but whose agent refuses its host dir's token or does not answer, and that
+// no record names (no call has used it: a create that an earlier berth let go of
+// half-way), is removed, *stranded says why, and errStranded asks for one more try.
+func (r *Registry) openSlowOnce(ctx context.Context, session string, mayRetry bool, stranded *string) (*sessionConn, error) {
 	p, err := r.acquire(ctx, session)
 	if err != nil {
 		return nil, err
@@ -308,6 +329,11 @@ func (r *Registry) openSlow(ctx context.Context, session string) (*sessionConn, 
 	}
 	c.client, err = r.connectAgent(ctx, p.b, p.caps.Agent, p.lease.Sandbox, p.files)
 	if err != nil {
+		if mayRetry && r.unreachableUnused(ctx, p, err) {
+			*stranded = fmt.Sprintf("its sandbox %s on driver %s, which no call had used, could not be reached (%v); it was removed and this one is new and empty", p.lease.Sandbox, p.lease.Driver, err)
+			c.fail()
+			return nil, errStranded
+		}
 		c.fail()
 		err = r.agentError(session, p.lease.Driver, p.lease.Sandbox, err)
 		if errors.Is(err, errNotRunning) {
@@ -321,7 +347,27 @@ func (r *Registry) openSlow(ctx context.Context, session string) (*sessionConn, 
 	// session of a shared sandbox, a concurrent call that found the record first):
 	// it stays.
 	r.agents.dropStale(c.key(), c.client.Instance())
+	callTrace(ctx).agentReady(p.lease.Driver, p.lease.Sandbox)
 	return c, nil
+}
+
+// unreachableUnused reports whether p's sandbox, which the driver adopted and whose
+// agent the call could not reach (err: the agent refuses the token of the sandbox's
+// host dir, ErrConflict, or does not answer, ErrUnavailable), is one that no record
+// names, and if so removes it (on a fresh bounded context, with p's lock held).
+func (r *Registry) unreachableUnused(ctx context.Context, p *pending, err error) bool {
+	if p.lease.Created || p.member != nil || ctx.Err() != nil ||
+		!(errors.Is(err, backend.ErrConflict) || errors.Is(err, backend.ErrUnavailable)) {
+		return false
+	}
+	if onDriver, _ := r.recorded(p.lease.Driver, p.lease.Sandbox); onDriver {
+		return false
+	}
+	if rerr := r.removeStranded(ctx, p, err.Error()); rerr != nil {
+		r.log.Error("an unused sandbox whose agent cannot be reached could not be removed", "sandbox", p.lease.Sandbox, "error", rerr)
+		return false
+	}
+	return true
 }
 
 // connectAgent dials the agent of sandbox on driver b as reach says: the socket of

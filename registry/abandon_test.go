@@ -1,0 +1,113 @@
+package registry_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/local"
+	"github.com/berth-sh/berth/registry"
+)
+
+// runtimeFinishes is a driver whose runtime finishes a create that its client gave
+// up on, as dockerd does with a container whose API request was cancelled: Create
+// runs the local driver's Create to its end whatever ctx says, and then returns
+// ctx's error when ctx ended meanwhile. onCreate, when set, runs as Create begins.
+type runtimeFinishes struct {
+	*local.Driver
+	onCreate atomic.Pointer[func()]
+}
+
+func (d *runtimeFinishes) Create(ctx context.Context, req backend.CreateRequest) (backend.Sandbox, error) {
+	if f := d.onCreate.Load(); f != nil {
+		(*f)()
+	}
+	sb, err := d.Driver.Create(context.WithoutCancel(ctx), req)
+	if err == nil && ctx.Err() != nil {
+		return backend.Sandbox{}, ctx.Err()
+	}
+	return sb, err
+}
+
+// A new session's first exec that its caller abandons at any phase of the create
+// (as Create begins, when it has returned, once the agent answers, once the command
+// started) leaves no sandbox without its host dir; the next exec works, in the same
+// sandbox name, and RemoveSession leaves neither sandbox nor host dir. Before creates
+// ran detached, the abandon at Create's start left the local sandbox's agent running
+// with its host dir (token, socket) deleted, and every later exec failed.
+func TestAbandonedFirstExecFinishesOrUndoes(t *testing.T) {
+	state := t.TempDir()
+	drv := &runtimeFinishes{Driver: local.New(local.WithStateDir(filepath.Join(state, "drivers", "local")))}
+	t.Cleanup(func() { drv.Driver.Close() })
+	ctx := t.Context()
+	r, err := registry.Open(ctx, nil, registry.WithStateDir(state),
+		registry.WithDriver(local.Name, func() backend.TerminalBackend { return drv }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+
+	for _, point := range []string{"create-start", "create-done", "agent-ready", "started"} {
+		t.Run(point, func(t *testing.T) {
+			session := "abandon:" + point
+			ex, err := r.Explain(session)
+			if err != nil {
+				t.Fatal(err)
+			}
+			name, dir := ex.Sandbox, filepath.Join(state, "sandboxes", local.Name, ex.Sandbox)
+			t.Cleanup(func() { r.RemoveSession(context.Background(), session) })
+
+			callCtx, abandon := context.WithCancel(ctx)
+			defer abandon()
+			tr := &registry.CallTrace{}
+			switch point {
+			case "create-start":
+				f := func() { abandon() }
+				drv.onCreate.Store(&f)
+				defer drv.onCreate.Store(nil)
+			case "create-done":
+				tr.CreateDone = func(string, string, error) { abandon() }
+			case "agent-ready":
+				tr.AgentReady = func(string, string) { abandon() }
+			case "started":
+				tr.Started = func(string, string) { abandon() }
+			}
+			var out testwait.Buffer
+			p, _, err := r.Exec(registry.WithCallTrace(callCtx, tr), session, backend.ExecRequest{Argv: []string{"sh", "-c", "echo first; exec sleep 600"}, Stdout: &out})
+			if err == nil {
+				abandon()
+				p.Wait()
+			}
+			drv.onCreate.Store(nil)
+
+			_, ierr := drv.Inspect(ctx, name)
+			_, derr := os.Stat(dir)
+			if ierr == nil && derr != nil {
+				t.Fatalf("abandoned at %s: sandbox %s is there but its host dir %s is gone (%v)", point, name, dir, derr)
+			}
+
+			var second testwait.Buffer
+			p, lease, err := r.Exec(ctx, session, backend.ExecRequest{Argv: []string{"echo", "second"}, Stdout: &second})
+			if err != nil {
+				t.Fatalf("abandoned at %s: the next exec: %v", point, err)
+			}
+			if res, err := p.Wait(); err != nil || res.ExitCode != 0 || second.String() != "second\n" || lease.Sandbox != name {
+				t.Fatalf("abandoned at %s: the next exec: %+v %v %q in %s", point, res, err, second.String(), lease.Sandbox)
+			}
+			if err := r.RemoveSession(ctx, session); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := drv.Inspect(ctx, name); !errors.Is(err, backend.ErrNotFound) {
+				t.Errorf("after RemoveSession the sandbox is there: %v", err)
+			}
+			if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("after RemoveSession the host dir is there: %v", err)
+			}
+		})
+	}
+}
