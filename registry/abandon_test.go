@@ -111,3 +111,76 @@ func TestAbandonedFirstExecFinishesOrUndoes(t *testing.T) {
 		})
 	}
 }
+
+// failsAfter is a driver whose Create makes the sandbox (the local driver's Create)
+// and then fails all the same, as a plugin that crashes before it answers, or a
+// runtime that answers with an error after it made the container: with failCreate
+// set every Create does; with failAdopt set only a Create that adopts does (as the
+// docker driver's Create fails when the running container's agent refuses the host
+// dir's token).
+type failsAfter struct {
+	*local.Driver
+	failCreate, failAdopt atomic.Bool
+}
+
+func (d *failsAfter) Create(ctx context.Context, req backend.CreateRequest) (backend.Sandbox, error) {
+	sb, err := d.Driver.Create(ctx, req)
+	if err == nil && (d.failCreate.Load() || d.failAdopt.Load() && sb.Adopted) {
+		return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "the answer to the create of %s was lost", req.Spec.Name)
+	}
+	return sb, err
+}
+
+// A Create that fails after the driver made the sandbox leaves nothing: the sandbox
+// is removed before its host dir goes (before, the dir went and the sandbox stayed,
+// unreachable). An unrecorded sandbox that a Create fails to adopt is removed and
+// made anew in the same call, which says so.
+func TestFailedCreateClearsWhatItMade(t *testing.T) {
+	state := t.TempDir()
+	drv := &failsAfter{Driver: local.New(local.WithStateDir(filepath.Join(state, "drivers", "local")))}
+	ctx := t.Context()
+	r, err := registry.Open(ctx, nil, registry.WithStateDir(state),
+		registry.WithDriver(local.Name, func() backend.TerminalBackend { return drv }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	ex, err := r.Explain("lost:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(state, "sandboxes", local.Name, ex.Sandbox)
+	t.Cleanup(func() { drv.Driver.Remove(context.Background(), ex.Sandbox) })
+
+	drv.failCreate.Store(true)
+	if _, err := r.Acquire(ctx, "lost:1"); err == nil || !errors.Is(err, backend.ErrUnavailable) {
+		t.Fatalf("Acquire with a Create that fails after making the sandbox: %v, want ErrUnavailable", err)
+	}
+	drv.failCreate.Store(false)
+	if _, err := drv.Inspect(ctx, ex.Sandbox); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("the failed create left sandbox %s: %v", ex.Sandbox, err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the failed create left its host dir: %v", err)
+	}
+
+	// An unrecorded sandbox of ours that cannot be adopted.
+	files, err := r.PrepareAgent(local.Name, ex.Sandbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := drv.Driver.Create(ctx, backend.CreateRequest{Spec: ex.Spec, Agent: files}); err != nil {
+		t.Fatal(err)
+	}
+	drv.failAdopt.Store(true)
+	lease, err := r.Acquire(ctx, "lost:1")
+	if err != nil {
+		t.Fatalf("Acquire of a session whose unrecorded sandbox cannot be adopted: %v", err)
+	}
+	if !lease.Created || !lease.Recreated || lease.RecreatedReason == "" {
+		t.Errorf("lease %+v, want a new sandbox with a Recreated notice", lease)
+	}
+	if err := r.RemoveSession(ctx, "lost:1"); err != nil {
+		t.Fatal(err)
+	}
+}
