@@ -60,6 +60,13 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 			return backend.Sandbox{}, err
 		}
 		resp, err := api.ContainerCreate(ctx, cfg, hcfg, nil, nil, spec.Name)
+		if err != nil && ctx.Err() != nil {
+			// The request was cancelled, but the engine may have made the container
+			// all the same: nothing of this name was there before (the inspect
+			// above, under the name's lock), so one of ours now is this call's.
+			d.removeAbandoned(ctx, spec)
+			return backend.Sandbox{}, d.wrap("create container "+spec.Name, err)
+		}
 		if err != nil {
 			werr := d.wrap("create container "+spec.Name, err)
 			if errors.Is(werr, backend.ErrConflict) && attempt < 3 {
@@ -146,6 +153,23 @@ func remoteEngine(name, host string, a backend.AgentFiles, err error) error {
 		}
 	}
 	return nil
+}
+
+// removeAbandoned removes the container of spec's name, on a fresh bounded context,
+// when it carries spec's owner label: what the engine made for a create request whose
+// client went away before the answer.
+func (d *Driver) removeAbandoned(ctx context.Context, spec backend.SandboxSpec) {
+	api, err := d.api()
+	if err != nil {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
+	defer cancel()
+	info, err := api.ContainerInspect(rctx, spec.Name)
+	if err != nil || info.Config == nil || info.Config.Labels[backend.LabelOwner] != spec.Labels[backend.LabelOwner] {
+		return
+	}
+	api.ContainerRemove(rctx, info.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
 }
 
 // adopt takes over an existing container of the spec's name when it is ours.
