@@ -978,6 +978,9 @@ func (r *Registry) RemoveSession(ctx context.Context, session string) error {
 	if !errors.Is(err, errNoSession) {
 		return err
 	}
+	if _, _, err := r.cfg.Match(session); err != nil {
+		return nil // no rule maps it to a sandbox: nothing to remove
+	}
 	_, err = r.removeUnrecorded(ctx, session, "removing", RemoveAsked)
 	return err
 }
@@ -1025,12 +1028,13 @@ func (r *Registry) removeSession(ctx context.Context, session, cause string) err
 // session creates a new one from its rule's current spec: the remedy for drift (the
 // config changed since the sandbox was made), and the way to start over. The
 // recorded sandbox is removed from the driver that holds it, even when the rule now
-// names another driver; with no record, a sandbox of the rule's name that the rule's
-// driver holds is removed. Files, processes, jobs and shell-mode state in it are gone;
-// for a sandbox that several sessions share (isolation "shared"), every session on it
-// starts over. It reports whether there was a sandbox to remove. Errors: a bad session
-// name or no matching rule (ErrInvalid); a driver that cannot be started, or its
-// Remove error (nothing is forgotten then).
+// names another driver; with no record, a sandbox of ours of the rule's name that the
+// rule's driver holds is removed when no record names it (one that is not ours, or
+// that other sessions of a shared rule use, is left alone). Files, processes, jobs and
+// shell-mode state in it are gone; for a sandbox that several sessions share
+// (isolation "shared"), every session on it starts over. It reports whether there was
+// a sandbox to remove. Errors: a bad session name or no matching rule (ErrInvalid); a
+// driver that cannot be started, or its Remove error (nothing is forgotten then).
 func (r *Registry) Recreate(ctx context.Context, session string) (bool, error) {
 	session, err := config.NormalizeSession(session)
 	if err != nil {
@@ -1054,13 +1058,13 @@ func (r *Registry) Recreate(ctx context.Context, session string) (bool, error) {
 // before its record was written may have left (a killed berth process, a create an
 // earlier berth let go of half-way), and deletes its host files when no record names
 // a sandbox of that name on the driver. doing says what for in errors, cause is the
-// SandboxEvent's. It reports whether there was a sandbox to remove. A session that
-// no rule matches has nothing to remove. Errors: the driver cannot be started, or
-// its Inspect or Remove error.
+// SandboxEvent's. It reports whether there was a sandbox to remove. Errors: no rule
+// matches the session (ErrInvalid); the driver cannot be started, or its Inspect or
+// Remove error.
 func (r *Registry) removeUnrecorded(ctx context.Context, session, doing, cause string) (bool, error) {
 	rule, _, err := r.cfg.Match(session)
 	if err != nil {
-		return false, nil
+		return false, err
 	}
 	name := rule.Spec(r.owner, session).Name
 	lock, err := flock.Lock(ctx, r.lockPath(name))
