@@ -52,12 +52,16 @@
 # the overlay snapshotter / storage driver, if it is not already), cgroups for the
 # containers, runc's state under /run/containerd/runc, and on a host with AppArmor
 # dockerd's loading of its docker-default profile. A second run reuses daemons that
-# answer. When a daemon does not come up within BERTH_RUNTIMES_TIMEOUT seconds (default
+# answer. BERTH_BUILD_NICE (default 0) is the niceness of the two builds, never of the
+# daemons. When a daemon does not come up within BERTH_RUNTIMES_TIMEOUT seconds (default
 # 60) its log is printed to stderr and the script exits 1. Only the export lines go to
 # stdout; progress goes to stderr.
 set -euo pipefail
 
 DIR=${BERTH_RUNTIMES_DIR:-/tmp/berth-runtimes}
+# The niceness of the go install builds only (not of the daemons): .ci/run gives 10 so
+# that they yield to the Kubernetes build beside them.
+BUILD_NICE=${BERTH_BUILD_NICE:-0}
 TIMEOUT=${BERTH_RUNTIMES_TIMEOUT:-60}
 CSOCK=$DIR/containerd.sock
 C2SOCK=$DIR/containerd2.sock
@@ -176,7 +180,7 @@ if ! c2_built; then
   command -v go >/dev/null || die "building containerd $C2VERSION needs Go (https://go.dev/dl/) on PATH"
   say "building containerd $C2VERSION into $C2BIN (go install, about 3 minutes)"
   mkdir -p "$C2BIN"
-  (cd "$DIR" && GOBIN=$C2BIN CGO_ENABLED=0 GOFLAGS= go install -tags "no_btrfs no_devmapper no_zfs" \
+  (cd "$DIR" && GOBIN=$C2BIN CGO_ENABLED=0 GOFLAGS= nice -n "$BUILD_NICE" go install -tags "no_btrfs no_devmapper no_zfs" \
     "github.com/containerd/containerd/v2/cmd/containerd@$C2VERSION" \
     "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$C2VERSION") >&2 ||
     die "go install of containerd $C2VERSION failed (output above)"
@@ -208,7 +212,7 @@ if [ "$RUNSC_VERSION" != none ]; then
     say "building gVisor's runsc $RUNSC_VERSION into $RUNSC_BIN (go install, about 2 minutes)"
     mkdir -p "$RUNSC_BIN"
     rm -f "$RUNSC_BIN/VERSION"
-    (cd "$DIR" && GOBIN=$RUNSC_BIN CGO_ENABLED=0 GOFLAGS= go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION") >&2 ||
+    (cd "$DIR" && GOBIN=$RUNSC_BIN CGO_ENABLED=0 GOFLAGS= nice -n "$BUILD_NICE" go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION") >&2 ||
       die "go install of runsc $RUNSC_VERSION failed (output above)"
     echo "$RUNSC_VERSION" >"$RUNSC_BIN/VERSION"
   fi
