@@ -34,6 +34,7 @@ func execCases() []Case {
 		{Group: g, Name: "stdin-stream-1mib", Run: caseStdinStream},
 		{Group: g, Name: "timeout-kills-tree", Serial: true, Run: caseTimeoutKillsTree},
 		{Group: g, Name: "cancel-kills-tree", Serial: true, Run: caseCancelKillsTree},
+		{Group: g, Name: "cancel-kills-setsid", Serial: true, Run: caseCancelKillsSetsid},
 		{Group: g, Name: "no-zombies", Run: caseNoZombies},
 		{Group: g, Name: "background-survives", Serial: true, Run: caseBackgroundSurvives},
 		{Group: g, Name: "background-no-sigpipe", Run: caseBackgroundNoSigpipe},

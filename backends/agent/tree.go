@@ -2,10 +2,15 @@ package agent
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // An exec's or a job's process tree, as a kill takes it.
@@ -25,10 +30,15 @@ import (
 //   - was taken at an earlier scan of the same kill (by pid and start time), even
 //     when it has been reparented to the agent since.
 //
+// The agent reads another user's environment as that user (openEnviron): in a
+// container it is root without CAP_SYS_PTRACE, which Linux requires to read the
+// environment of a process of another user, and execs may run as any user.
+//
 // The limits: a process that left the session, dropped or overwrote its marker
 // (`env -i`, a new environment at execve, its own memory rewritten) and whose parent
-// had gone before a scan saw it, or whose environment the agent may not read (another
-// user's setuid program, with an agent that lacks CAP_SYS_PTRACE), is not the tree's;
+// had gone before a scan saw it, or whose environment the agent may not read (a
+// setuid program, whose real and effective users differ, with an agent that lacks
+// CAP_SYS_PTRACE), is not the tree's;
 // it lives until the sandbox stops (Shutdown takes every descendant of the agent). A
 // process that fakes another tree's marker only gets itself killed with that tree.
 // Nothing else is taken: the marker names one exec or job, and the other rules start
@@ -138,7 +148,7 @@ func withDescendants(all []procInfo, root func(procInfo) bool) []procInfo {
 // environment hold want, a NUL-framed "\x00NAME=VALUE\x00" (the first entry is
 // matched as if a NUL came before it).
 func environHas(pid int, want []byte) bool {
-	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/environ")
+	f, err := openEnviron(pid)
 	if err != nil {
 		return false
 	}
@@ -161,4 +171,45 @@ func environHas(pid int, want []byte) bool {
 		copy(buf, buf[end-have:end])
 	}
 	return false
+}
+
+// openEnviron opens /proc/PID/environ: as the agent, and when Linux refuses that
+// (EACCES: the process is another user's and the agent lacks CAP_SYS_PTRACE, as in a
+// container), again with this thread's filesystem user and group (setfsuid,
+// setfsgid) set to the owner of /proc/PID, which is the process's effective user and
+// group while it is dumpable: the ptrace access check of the open then sees the
+// process's own user. The ids are set back before the thread is unlocked (setting
+// them back cannot fail: the agent keeps CAP_SETUID and CAP_SETGID, which a
+// filesystem id does not drop); were they ever left changed, the thread would stay
+// locked to the calling goroutine, so that no other goroutine runs with them. Only
+// the thread that opens changes ids: no thread is made (pids may be exhausted when a
+// kill runs).
+func openEnviron(pid int) (*os.File, error) {
+	dir := "/proc/" + strconv.Itoa(pid)
+	f, err := os.Open(dir + "/environ")
+	if !errors.Is(err, syscall.EACCES) {
+		return f, err
+	}
+	fi, serr := os.Stat(dir)
+	if serr != nil {
+		return nil, err
+	}
+	sys, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || (sys.Uid == uint32(os.Geteuid()) && sys.Gid == uint32(os.Getegid())) {
+		return nil, err
+	}
+	runtime.LockOSThread()
+	prevG, _ := unix.SetfsgidRetGid(int(sys.Gid))
+	prevU, _ := unix.SetfsuidRetUid(int(sys.Uid))
+	f, err = os.Open(dir + "/environ")
+	unix.SetfsuidRetUid(prevU)
+	unix.SetfsgidRetGid(prevG)
+	// The calls return the id before them whether or not they changed it; an id
+	// that is not valid (-1) asks for the current one without a change.
+	if u, _ := unix.SetfsuidRetUid(-1); u == prevU {
+		if g, _ := unix.SetfsgidRetGid(-1); g == prevG {
+			runtime.UnlockOSThread()
+		}
+	}
+	return f, err
 }
