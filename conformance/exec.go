@@ -413,7 +413,7 @@ func caseTimeoutKillsTree(t T, h *Harness) {
 	if ps := liveOnly(h.marked(t, sb, mark)); len(ps) > 0 {
 		t.Errorf("processes of the timed-out exec still run after its result: %v", ps)
 	}
-	if len(liveOnly(h.marked(t, sb, other))) == 0 {
+	if len(h.markedAlive(t, sb, other)) == 0 {
 		t.Errorf("the timeout also killed a background process of an earlier exec")
 	}
 }
@@ -513,7 +513,7 @@ func caseBackgroundSurvives(t T, h *Harness) {
 	if out.TimedOut || out.Elapsed >= 300*time.Second {
 		t.Errorf("the exec returned after %s (%s), want when its leader exits although its background child holds stdout", out.Elapsed, out.describe())
 	}
-	ps := liveOnly(h.marked(t, sb, mark))
+	ps := h.markedAlive(t, sb, mark)
 	if len(ps) == 0 {
 		t.Fatalf("the background sleep is not running during the next exec")
 	}

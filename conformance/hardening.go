@@ -365,7 +365,7 @@ func caseSignalsToPID1(t T, h *Harness) {
 	if out := h.run(t, sb, "sh", "-c", "echo alive"); out.ExitCode != 0 || out.Stdout != "alive\n" {
 		t.Fatalf("exec after kill -TERM 1: %s", out.describe())
 	}
-	if len(liveOnly(h.marked(t, sb, mark))) == 0 {
+	if len(h.markedAlive(t, sb, mark)) == 0 {
 		t.Errorf("a background process died after kill -TERM/-HUP/-INT 1")
 	}
 }

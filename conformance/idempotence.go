@@ -37,7 +37,7 @@ func caseCreateTwiceAdopts(t T, h *Harness) {
 	if !second.Adopted || second.ID != first.ID || second.Name != spec.Name || second.State != backend.StateRunning {
 		t.Errorf("second Create: adopted %v id %q name %q state %q, want true %q %q running", second.Adopted, second.ID, second.Name, second.State, first.ID, spec.Name)
 	}
-	if ps := liveOnly(h.marked(t, spec.Name, mark)); len(ps) == 0 {
+	if ps := h.markedAlive(t, spec.Name, mark); len(ps) == 0 {
 		t.Errorf("the background sleep started before the second Create is gone: adopting restarted the sandbox")
 	}
 	if sbs := h.list(t, map[string]string{RunLabel: h.RunID, backend.LabelSpecHash: spec.Labels[backend.LabelSpecHash]}); len(sbs) != 1 {

@@ -416,7 +416,7 @@ func caseOtherOwnerConflict(t T, h *Harness) {
 	if after.ID != first.ID || after.State != backend.StateRunning || after.Labels[backend.LabelOwner] != h.Owner {
 		t.Errorf("after the conflicting Create: id %q state %q owner %q, want %q running %q", after.ID, after.State, after.Labels[backend.LabelOwner], first.ID, h.Owner)
 	}
-	if len(liveOnly(h.marked(t, spec.Name, mark))) == 0 {
+	if len(h.markedAlive(t, spec.Name, mark)) == 0 {
 		t.Errorf("the conflicting Create ended the sandbox's background process")
 	}
 }

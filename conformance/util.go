@@ -175,6 +175,22 @@ func (h *Harness) marked(t T, sb, marker string) []procInfo {
 	return parseStat(h.sh(t, sb, markedScript, marker).Stdout)
 }
 
+// markedAlive returns the live processes in sandbox sb whose environment holds
+// marker, reading again until there is one or testwait.Limit has passed (then it
+// returns none). One read is not enough to say a process is gone: while a process is
+// in execve, between the kernel's swap to the new memory and its setting the new
+// environment, /proc/PID/environ reads empty, and on a loaded machine a background
+// process can sit in that window when the next exec looks.
+func (h *Harness) markedAlive(t T, sb, marker string) []procInfo {
+	t.Helper()
+	var ps []procInfo
+	testwait.For(t.Context(), 0, func() bool {
+		ps = liveOnly(h.marked(t, sb, marker))
+		return len(ps) > 0
+	})
+	return ps
+}
+
 // liveOnly returns the processes of ps that are not zombies.
 func liveOnly(ps []procInfo) []procInfo {
 	var out []procInfo
