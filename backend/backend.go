@@ -89,7 +89,7 @@ type Validator interface {
 }
 
 // Dialer opens a connection to a sandbox's agent: the host dials the unix socket in
-// the sandbox's socket directory (package backends/agent's DialSocketDir), or a
+// the sandbox's socket directory (package agent's DialSocketDir), or a
 // driver's AgentDialer supplies the stream.
 type Dialer func(ctx context.Context) (net.Conn, error)
 
@@ -105,7 +105,7 @@ type AgentFiles struct {
 	// Binary is the agent executable: a hard link inside Dir to the content-hashed copy
 	// of the agent binary (the berth binary, or the config's agent_path) in the state
 	// dir. Start it as "Binary agent serve --socket-dir DIR" (the flags are package
-	// backends/agent's Main; agent.SandboxCommand and agent.HostCommand build the
+	// agent's Main; agent.SandboxCommand and agent.HostCommand build the
 	// argv). Any Go program can serve as the agent binary by calling agent.Main when
 	// agent.IsAgent says it was started as one.
 	Binary string `json:"binary"`

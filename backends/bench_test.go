@@ -10,7 +10,8 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/internal/benchutil"
+	"github.com/berth-sh/berth/backends/catalog"
+	"github.com/berth-sh/berth/internal/testsupport/benchutil"
 )
 
 // BenchmarkExecTrueOSExec is the baseline: `true` with os/exec in this process.
@@ -76,13 +77,13 @@ func BenchmarkPluginStartToFirstCall(b *testing.B) {
 	if p := os.Getenv("BERTH_BENCH_PLUGIN"); p != "" {
 		path = p
 	}
-	sum, err := FileSHA256(path)
+	sum, err := catalog.FileSHA256(path)
 	if err != nil {
 		b.Fatal(err)
 	}
 	dirs := []string{b.TempDir(), filepath.Dir(path)}
 	cacheDir := b.TempDir()
-	name := strings.TrimPrefix(filepath.Base(path), PluginPrefix)
+	name := strings.TrimPrefix(filepath.Base(path), catalog.PluginPrefix)
 	plugin := ""
 	if name == filepath.Base(path) {
 		plugin = path // not named berth-driver-NAME: found by its path
@@ -93,14 +94,14 @@ func BenchmarkPluginStartToFirstCall(b *testing.B) {
 	}{
 		{"launch", func() (*Client, error) { return Launch(ctx, LaunchOptions{Path: path}) }},
 		{"discover-pin-launch", func() (*Client, error) {
-			p, err := FindPlugin(name, plugin, dirs)
+			p, err := catalog.FindPlugin(name, plugin, dirs)
 			if err != nil {
 				return nil, err
 			}
 			return Launch(ctx, LaunchOptions{Path: p, SHA256: sum})
 		}},
 		{"discover-pin-cached-launch", func() (*Client, error) {
-			p, err := FindPlugin(name, plugin, dirs)
+			p, err := catalog.FindPlugin(name, plugin, dirs)
 			if err != nil {
 				return nil, err
 			}

@@ -22,7 +22,8 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/berth-sh/berth/backend"
-	pb "github.com/berth-sh/berth/backends/driverpb"
+	"github.com/berth-sh/berth/backends/catalog"
+	pb "github.com/berth-sh/berth/backends/internal/driverpb"
 	"github.com/berth-sh/berth/internal/rpcerr"
 )
 
@@ -42,7 +43,7 @@ const crashGrace = 5 * time.Second
 // LaunchOptions says which plugin to start and how.
 type LaunchOptions struct {
 	// Path is the plugin executable (for a built-in driver what
-	// BuiltinDriver.Command returns: the berth binary for local, berth-driver-NAME
+	// catalog.BuiltinDriver.Command returns: the berth binary for local, berth-driver-NAME
 	// for docker and containerd). It is run as it is, not looked up in PATH.
 	Path string
 	// Args are the arguments after the program name.
@@ -59,12 +60,12 @@ type LaunchOptions struct {
 	StartTimeout time.Duration
 	// SHA256, when set, is the pinned hex SHA-256 of the file at Path (the
 	// driver block's sha256 key): Launch hashes the file first and refuses to
-	// start it when the sums differ (VerifySHA256).
+	// start it when the sums differ (catalog.VerifySHA256).
 	SHA256 string
 	// HashCacheDir, when set with SHA256, is a directory (created if missing)
 	// where the file's sum is cached under its device, inode, size, mtime and
 	// ctime, so an unchanged plugin is hashed once instead of at every start
-	// (see CachedFileSHA256).
+	// (see catalog.CachedFileSHA256).
 	HashCacheDir string
 }
 
@@ -126,7 +127,7 @@ func Launch(ctx context.Context, opts LaunchOptions) (*Client, error) {
 		return nil, err
 	}
 	if opts.SHA256 != "" {
-		if err := verifySHA256(opts.Path, opts.SHA256, opts.HashCacheDir); err != nil {
+		if err := catalog.VerifySHA256(opts.Path, opts.SHA256, opts.HashCacheDir); err != nil {
 			return nil, err
 		}
 	}

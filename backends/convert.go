@@ -6,7 +6,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/berth-sh/berth/backend"
-	pb "github.com/berth-sh/berth/backends/driverpb"
+	pb "github.com/berth-sh/berth/backends/internal/driverpb"
 )
 
 // Conversions between package backend's types and the wire messages. Every

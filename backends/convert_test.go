@@ -9,7 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/berth-sh/berth/backend"
-	pb "github.com/berth-sh/berth/backends/driverpb"
+	pb "github.com/berth-sh/berth/backends/internal/driverpb"
 )
 
 // wire marshals and unmarshals m, as the connection does.

@@ -10,7 +10,8 @@ import (
 	"testing"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/backends/catalog"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 )
 
 func writeExec(t *testing.T, path, content string, mode os.FileMode) string {
@@ -26,15 +27,15 @@ func writeExec(t *testing.T, path, content string, mode os.FileMode) string {
 
 func TestSearchPathOrder(t *testing.T) {
 	a, b := t.TempDir(), t.TempDir()
-	t.Setenv(EnvPluginPath, a+"::relative/dir:"+b)
+	t.Setenv(catalog.EnvPluginPath, a+"::relative/dir:"+b)
 	bin := filepath.Join(t.TempDir(), "berth")
-	got := SearchPath([]string{"/etc/berth/plugins", a}, bin)
+	got := catalog.SearchPath([]string{"/etc/berth/plugins", a}, bin)
 	want := []string{a, b, "/etc/berth/plugins", filepath.Dir(bin)}
 	if !slices.Equal(got, want) {
 		t.Errorf("SearchPath = %v, want %v (env first, relative and empty entries dropped, no duplicates, berth's dir last)", got, want)
 	}
-	t.Setenv(EnvPluginPath, "")
-	if got := SearchPath(nil, ""); len(got) != 0 {
+	t.Setenv(catalog.EnvPluginPath, "")
+	if got := catalog.SearchPath(nil, ""); len(got) != 0 {
 		t.Errorf("SearchPath with nothing = %v", got)
 	}
 }
@@ -50,41 +51,41 @@ func TestDiscoverAndFind(t *testing.T) {
 		t.Fatal(err)
 	}
 	dirs := []string{filepath.Join(t.TempDir(), "missing"), first, second}
-	got := Discover(dirs)
-	want := []Plugin{{"alpha", filepath.Join(first, "berth-driver-alpha")}, {"beta", filepath.Join(second, "berth-driver-beta")}}
+	got := catalog.Discover(dirs)
+	want := []catalog.Plugin{{Name: "alpha", Path: filepath.Join(first, "berth-driver-alpha")}, {Name: "beta", Path: filepath.Join(second, "berth-driver-beta")}}
 	if !slices.Equal(got, want) {
 		t.Errorf("Discover = %v, want %v", got, want)
 	}
 
-	if p, err := FindPlugin("alpha", "", dirs); err != nil || p != want[0].Path {
-		t.Errorf("FindPlugin(alpha) = %q, %v; want the first directory's", p, err)
+	if p, err := catalog.FindPlugin("alpha", "", dirs); err != nil || p != want[0].Path {
+		t.Errorf("catalog.FindPlugin(alpha) = %q, %v; want the first directory's", p, err)
 	}
-	if p, err := FindPlugin("x", "berth-driver-beta", dirs); err != nil || p != want[1].Path {
+	if p, err := catalog.FindPlugin("x", "berth-driver-beta", dirs); err != nil || p != want[1].Path {
 		t.Errorf("FindPlugin by file name = %q, %v", p, err)
 	}
 	abs := writeExec(t, filepath.Join(t.TempDir(), "custom"), "#!/bin/sh\n", 0o755)
-	if p, err := FindPlugin("x", abs, nil); err != nil || p != abs {
+	if p, err := catalog.FindPlugin("x", abs, nil); err != nil || p != abs {
 		t.Errorf("FindPlugin by path = %q, %v", p, err)
 	}
-	_, err := FindPlugin("gamma", "", dirs)
+	_, err := catalog.FindPlugin("gamma", "", dirs)
 	if !errors.Is(err, backend.ErrNotFound) || !strings.Contains(err.Error(), "berth-driver-gamma") ||
-		!strings.Contains(err.Error(), first) || !strings.Contains(err.Error(), EnvPluginPath) || !strings.Contains(err.Error(), "plugin_dirs") {
-		t.Errorf("FindPlugin(gamma): %v", err)
+		!strings.Contains(err.Error(), first) || !strings.Contains(err.Error(), catalog.EnvPluginPath) || !strings.Contains(err.Error(), "plugin_dirs") {
+		t.Errorf("catalog.FindPlugin(gamma): %v", err)
 	}
-	_, err = FindPlugin("x", filepath.Join(first, "nope"), nil)
+	_, err = catalog.FindPlugin("x", filepath.Join(first, "nope"), nil)
 	if !errors.Is(err, backend.ErrNotFound) || !strings.Contains(err.Error(), filepath.Join(first, "nope")) {
-		t.Errorf("FindPlugin(missing path): %v", err)
+		t.Errorf("catalog.FindPlugin(missing path): %v", err)
 	}
 }
 
 func TestChecksumPin(t *testing.T) {
 	marker := filepath.Join(t.TempDir(), "ran")
 	p := writeExec(t, filepath.Join(t.TempDir(), "berth-driver-pinned"), "#!/bin/sh\ntouch "+marker+"\nsleep 300\n", 0o755)
-	sum, err := FileSHA256(p)
-	if err != nil || !ValidSHA256(sum) {
+	sum, err := catalog.FileSHA256(p)
+	if err != nil || !catalog.ValidSHA256(sum) {
 		t.Fatalf("FileSHA256: %q %v", sum, err)
 	}
-	if err := VerifySHA256(p, strings.ToUpper(sum)); err != nil {
+	if err := catalog.VerifySHA256(p, strings.ToUpper(sum), ""); err != nil {
 		t.Errorf("VerifySHA256 with the right sum (upper case): %v", err)
 	}
 	wrong := strings.Repeat("0", 64)
@@ -101,7 +102,7 @@ func TestChecksumPin(t *testing.T) {
 	if _, err := os.Stat(marker); err == nil {
 		t.Error("the plugin ran although its checksum did not match")
 	}
-	if ValidSHA256("abc") || ValidSHA256(strings.Repeat("g", 64)) {
+	if catalog.ValidSHA256("abc") || catalog.ValidSHA256(strings.Repeat("g", 64)) {
 		t.Error("ValidSHA256 accepts junk")
 	}
 }
@@ -220,14 +221,14 @@ func TestCachedFileSHA256(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first, err := CachedFileSHA256(p, cache)
-	if want, _ := FileSHA256(p); err != nil || first != want {
+	first, err := catalog.CachedFileSHA256(p, cache)
+	if want, _ := catalog.FileSHA256(p); err != nil || first != want {
 		t.Fatalf("CachedFileSHA256 = %q %v, want %q", first, err, want)
 	}
 	if ents, _ := os.ReadDir(cache); len(ents) != 1 {
 		t.Fatalf("cache holds %d entries, want 1", len(ents))
 	}
-	if again, err := CachedFileSHA256(p, cache); err != nil || again != first {
+	if again, err := catalog.CachedFileSHA256(p, cache); err != nil || again != first {
 		t.Errorf("second call: %q %v", again, err)
 	}
 	// Same size, mtime restored: only the ctime tells.
@@ -237,11 +238,11 @@ func TestCachedFileSHA256(t *testing.T) {
 	if err := os.Chtimes(p, fi.ModTime(), fi.ModTime()); err != nil {
 		t.Fatal(err)
 	}
-	changed, err := CachedFileSHA256(p, cache)
-	if want, _ := FileSHA256(p); err != nil || changed != want || changed == first {
+	changed, err := catalog.CachedFileSHA256(p, cache)
+	if want, _ := catalog.FileSHA256(p); err != nil || changed != want || changed == first {
 		t.Errorf("after an in-place rewrite: %q %v, want the new sum %q", changed, err, want)
 	}
-	if err := VerifySHA256(p, first); !errors.Is(err, backend.ErrInvalid) {
+	if err := catalog.VerifySHA256(p, first, ""); !errors.Is(err, backend.ErrInvalid) {
 		t.Errorf("VerifySHA256 with the old pin after the rewrite: %v", err)
 	}
 }

@@ -1,9 +1,11 @@
 // Package backends is how berth reaches drivers out of process: the
 // hashicorp/go-plugin (v1.8) handshake, protocol version 2 (ProtocolVersion)
-// negotiated with VersionedPlugins over gRPC only (wire code in backends/driverpb), Serve for
-// driver plugin processes, Launch and Client for hosts, the catalog of built-in
-// drivers (Builtins: local served by the berth binary, docker and containerd by their
-// own executables). Error kinds cross the wire as gRPC status codes through the one mapping
+// negotiated with VersionedPlugins over gRPC only (wire code in
+// backends/internal/driverpb, generated from driver.proto there), Serve for driver
+// plugin processes, Launch and Client for hosts. The catalog of built-in drivers
+// (local served by the berth binary, docker, containerd and kubernetes by their own
+// executables) and the discovery of berth-driver-NAME executables are package
+// catalog (backends/catalog), which links no plugin code. Error kinds cross the wire as gRPC status codes through the one mapping
 // in internal/rpcerr, shared with the agent protocol.
 //
 // A plugin process calls Serve with its backend.TerminalBackend. Serve never

@@ -24,15 +24,15 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/berth-sh/berth/backend"
-	pb "github.com/berth-sh/berth/backends/driverpb"
-	"github.com/berth-sh/berth/internal/fakewire"
+	pb "github.com/berth-sh/berth/backends/internal/driverpb"
 	"github.com/berth-sh/berth/internal/rpcerr"
+	"github.com/berth-sh/berth/internal/testsupport/fakewire"
 )
 
 // Fuzz targets of what the host reads from a driver plugin (docs/fuzzing.md):
 // FuzzPluginMessages decodes fuzzed bytes as each message the host receives and
 // converts them (convert.go); FuzzPluginCalls makes the Client's calls over a real
-// gRPC connection to a fake plugin (internal/fakewire) that answers with fuzzed
+// gRPC connection to a fake plugin (internal/testsupport/fakewire) that answers with fuzzed
 // frames and a fuzzed status. A hostile or broken plugin must get a clear error,
 // never a panic, a hang or unbounded allocation.
 

@@ -7,7 +7,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/driverpb"
+	"github.com/berth-sh/berth/backends/internal/driverpb"
 )
 
 // ProtocolVersion is the plugin protocol version this package serves and speaks:

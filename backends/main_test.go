@@ -17,7 +17,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 )
 
 // raceEnabled is set by race_test.go; the plugin is then built with -race too,

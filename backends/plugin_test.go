@@ -24,8 +24,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/internal/testproc"
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/testproc"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 )
 
 // ctxT is a test's context; its deadline is only a safety net.

@@ -239,3 +239,8 @@ func killGroup(cmd *exec.Cmd) error {
 	}
 	return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 }
+
+// describeError formats an error of Describe.
+func describeError(path, format string, args ...any) error {
+	return backend.Errorf(backend.ErrUnavailable, "driver plugin %s: describe: %s", path, fmt.Sprintf(format, args...))
+}

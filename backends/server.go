@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/berth-sh/berth/backend"
-	pb "github.com/berth-sh/berth/backends/driverpb"
+	pb "github.com/berth-sh/berth/backends/internal/driverpb"
 	"github.com/berth-sh/berth/internal/rpcerr"
 )
 

@@ -5,8 +5,8 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 )
 
 // DefaultPrepareAgent returns the PrepareAgent that Options uses when it has none: it

@@ -12,7 +12,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 )
 
 func execCases() []Case {

@@ -16,10 +16,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 )
 
 // Cases for drivers that isolate: own filesystem, PID namespace, network none,

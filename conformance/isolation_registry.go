@@ -10,8 +10,8 @@ import (
 	"strings"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/config"
 	"github.com/berth-sh/berth/registry"
-	"github.com/berth-sh/berth/registry/config"
 )
 
 // needsRegistry is the skip reason of the registry cases when Options.OpenRegistry is

@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 )
 
 // needStopStart is Case.Needs for cases that stop a sandbox and start it again.

@@ -4,8 +4,8 @@ import (
 	"context"
 	"net"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 )
 
 // Reach is how a run's cases reach a sandbox's processes, as berth's host does.

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/config"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 	"github.com/berth-sh/berth/registry"
-	"github.com/berth-sh/berth/registry/config"
 )
 
 func retentionCases() []Case {

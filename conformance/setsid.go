@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 )
 
 // setsidScript starts `sleep 300` in a Unix session of its own (setsid) from a

@@ -13,11 +13,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/registry"
 
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 )
 
 // markerRE finds the truncation marker line of capped output and its count.

@@ -4,8 +4,8 @@ import (
 	"encoding/hex"
 	"strings"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 )
 
 func needAgentHidden(c backend.Capabilities) (bool, string) {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 )
 
 // needTTY is Case.Needs for TTY cases.

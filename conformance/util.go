@@ -19,8 +19,8 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 
-	"github.com/berth-sh/berth/internal/testproc"
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/testproc"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 )
 
 // execTimeout bounds one exec made by a case helper (context deadline).

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 )
 
 // The /proc scans run here with the host's sh and grep on real processes, as they run

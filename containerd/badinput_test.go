@@ -20,13 +20,13 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	cerrdefs "github.com/containerd/errdefs"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/containerd"
 	"github.com/berth-sh/berth/internal/containerutil"
-	"github.com/berth-sh/berth/internal/testimage"
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/testimage"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 )
 
 func TestConfigRefused(t *testing.T) {

@@ -19,14 +19,14 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
-	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/containerd"
-	"github.com/berth-sh/berth/internal/benchreg"
-	"github.com/berth-sh/berth/internal/benchutil"
-	"github.com/berth-sh/berth/internal/testbin"
-	"github.com/berth-sh/berth/internal/testimage"
+	"github.com/berth-sh/berth/internal/testsupport/benchreg"
+	"github.com/berth-sh/berth/internal/testsupport/benchutil"
+	"github.com/berth-sh/berth/internal/testsupport/testbin"
+	"github.com/berth-sh/berth/internal/testsupport/testimage"
 	"github.com/berth-sh/berth/registry"
 )
 

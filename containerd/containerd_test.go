@@ -27,9 +27,9 @@ import (
 	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/containerd"
-	"github.com/berth-sh/berth/internal/testbin"
-	"github.com/berth-sh/berth/internal/testimage"
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/testbin"
+	"github.com/berth-sh/berth/internal/testsupport/testimage"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 	"github.com/berth-sh/berth/registry"
 )
 

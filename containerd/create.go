@@ -22,8 +22,8 @@ import (
 	"github.com/distribution/reference"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/containerutil"
 	"github.com/berth-sh/berth/internal/flock"
 	"github.com/berth-sh/berth/internal/hostpaths"

@@ -22,7 +22,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/containerd"
-	"github.com/berth-sh/berth/internal/testimage"
+	"github.com/berth-sh/berth/internal/testsupport/testimage"
 )
 
 // A berth killed between the steps of a clean-up leaves states that the next Create

@@ -13,8 +13,8 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 )
 
 // DefaultStopGrace is Stop's grace when the caller passes 0.

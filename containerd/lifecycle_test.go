@@ -22,7 +22,7 @@ import (
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/containerd"
 	"github.com/berth-sh/berth/internal/containerutil"
-	"github.com/berth-sh/berth/internal/testimage"
+	"github.com/berth-sh/berth/internal/testsupport/testimage"
 )
 
 // run runs argv in sandbox name and returns its stdout; it must exit 0.

@@ -25,8 +25,8 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/internal/testimage"
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/testimage"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 )
 
 // Basic-auth credentials of startRegistry with auth.

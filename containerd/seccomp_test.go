@@ -16,8 +16,8 @@ import (
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/containerd"
 )

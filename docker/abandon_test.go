@@ -14,7 +14,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/docker"
-	"github.com/berth-sh/berth/internal/testimage"
+	"github.com/berth-sh/berth/internal/testsupport/testimage"
 )
 
 // A Create whose context is cancelled while the engine makes the container (the

@@ -15,12 +15,12 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/client"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/docker"
 	"github.com/berth-sh/berth/internal/containerutil"
-	"github.com/berth-sh/berth/internal/testimage"
+	"github.com/berth-sh/berth/internal/testsupport/testimage"
 )
 
 func TestRemoteHostRefused(t *testing.T) {

@@ -14,15 +14,15 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/client"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
-	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/docker"
-	"github.com/berth-sh/berth/internal/benchreg"
-	"github.com/berth-sh/berth/internal/benchutil"
-	"github.com/berth-sh/berth/internal/shellbench"
-	"github.com/berth-sh/berth/internal/testbin"
-	"github.com/berth-sh/berth/internal/testimage"
+	"github.com/berth-sh/berth/internal/testsupport/benchreg"
+	"github.com/berth-sh/berth/internal/testsupport/benchutil"
+	"github.com/berth-sh/berth/internal/testsupport/shellbench"
+	"github.com/berth-sh/berth/internal/testsupport/testbin"
+	"github.com/berth-sh/berth/internal/testsupport/testimage"
 	"github.com/berth-sh/berth/registry"
 )
 

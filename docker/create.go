@@ -15,8 +15,8 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/mount"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/containerutil"
 )
 

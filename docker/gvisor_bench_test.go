@@ -14,11 +14,11 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/client"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
-	"github.com/berth-sh/berth/internal/benchutil"
-	"github.com/berth-sh/berth/internal/testbin"
-	"github.com/berth-sh/berth/internal/testimage"
+	"github.com/berth-sh/berth/internal/testsupport/benchutil"
+	"github.com/berth-sh/berth/internal/testsupport/testbin"
+	"github.com/berth-sh/berth/internal/testsupport/testimage"
 )
 
 // runscBench returns the engine's address and skips the benchmark when the engine

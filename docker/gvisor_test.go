@@ -11,8 +11,8 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/docker"
-	"github.com/berth-sh/berth/internal/testimage"
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/testimage"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 	"github.com/berth-sh/berth/registry"
 )
 

@@ -6,8 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/berth-sh/berth/internal/benchreg"
-	"github.com/berth-sh/berth/internal/testimage"
+	"github.com/berth-sh/berth/internal/testsupport/benchreg"
+	"github.com/berth-sh/berth/internal/testsupport/testimage"
 	"github.com/berth-sh/berth/registry"
 )
 

@@ -14,7 +14,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/docker"
-	"github.com/berth-sh/berth/internal/testregistry"
+	"github.com/berth-sh/berth/internal/testsupport/testregistry"
 )
 
 // holds reports whether the engine at host holds ref.

@@ -13,7 +13,7 @@
 // Importing this package links every driver's runtime SDK (the Docker Engine client,
 // containerd's client, client-go). The berth CLI therefore does not import it: it has only local
 // in process, and runs docker and containerd as their own executables, which
-// package backends' catalog (backends.Builtins) says how to find. Imports go one way:
+// package catalog (backends/catalog) (catalog.Builtins) says how to find. Imports go one way:
 // this package imports the drivers; no driver, and nothing of the CLI, imports it.
 package drivers
 
@@ -27,7 +27,7 @@ import (
 
 // Driver is one built-in driver.
 type Driver struct {
-	// Name is the driver's config name; it is also an entry of backends.Builtins
+	// Name is the driver's config name; it is also an entry of catalog.Builtins
 	// and the Name its Info reports.
 	Name string
 	// New returns a new, unconfigured driver with its defaults (configure it with
@@ -35,7 +35,7 @@ type Driver struct {
 	New func() backend.TerminalBackend
 }
 
-// Catalog lists the built-in drivers in the order of backends.Builtins. Do not modify
+// Catalog lists the built-in drivers in the order of catalog.Builtins. Do not modify
 // it.
 var Catalog = []Driver{
 	{Name: local.Name, New: func() backend.TerminalBackend { return local.New() }},

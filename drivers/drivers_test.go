@@ -4,20 +4,20 @@ import (
 	"context"
 	"testing"
 
-	"github.com/berth-sh/berth/backends"
+	"github.com/berth-sh/berth/backends/catalog"
 	"github.com/berth-sh/berth/drivers"
 )
 
-// The in-process catalog and package backends' catalog name the same drivers in the
+// The in-process catalog and package catalog (backends/catalog) name the same drivers in the
 // same order, and each constructor makes the driver its entry names.
 func TestCatalogMatchesBuiltins(t *testing.T) {
-	names := backends.BuiltinNames()
+	names := catalog.BuiltinNames()
 	if len(drivers.Catalog) != len(names) {
-		t.Fatalf("Catalog has %d drivers, backends.Builtins %d (%v)", len(drivers.Catalog), len(names), names)
+		t.Fatalf("Catalog has %d drivers, catalog.Builtins %d (%v)", len(drivers.Catalog), len(names), names)
 	}
 	for i, d := range drivers.Catalog {
 		if d.Name != names[i] {
-			t.Errorf("Catalog[%d] = %s, backends.Builtins[%d] = %s", i, d.Name, i, names[i])
+			t.Errorf("Catalog[%d] = %s, catalog.Builtins[%d] = %s", i, d.Name, i, names[i])
 		}
 		b := d.New()
 		info, err := b.Info(context.Background())

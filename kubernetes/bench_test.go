@@ -18,14 +18,14 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/remotecommand"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
-	"github.com/berth-sh/berth/internal/benchutil"
-	"github.com/berth-sh/berth/internal/k8stest"
-	"github.com/berth-sh/berth/internal/testbin"
+	"github.com/berth-sh/berth/config"
+	"github.com/berth-sh/berth/internal/testsupport/benchutil"
+	"github.com/berth-sh/berth/internal/testsupport/k8stest"
+	"github.com/berth-sh/berth/internal/testsupport/testbin"
 	"github.com/berth-sh/berth/kubernetes"
 	"github.com/berth-sh/berth/registry"
-	"github.com/berth-sh/berth/registry/config"
 )
 
 // benchEnv is a berth config and state dir whose "bench:*" sessions run on the

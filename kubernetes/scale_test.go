@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-sh/berth/internal/benchutil"
+	"github.com/berth-sh/berth/internal/testsupport/benchutil"
 	"github.com/berth-sh/berth/kubernetes"
 )
 

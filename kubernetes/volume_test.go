@@ -12,9 +12,9 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/conformance"
-	"github.com/berth-sh/berth/internal/k8stest"
-	"github.com/berth-sh/berth/internal/testbin"
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/k8stest"
+	"github.com/berth-sh/berth/internal/testsupport/testbin"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 	"github.com/berth-sh/berth/kubernetes"
 )
 

@@ -8,13 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
-	"github.com/berth-sh/berth/internal/benchreg"
-	"github.com/berth-sh/berth/internal/benchutil"
 	"github.com/berth-sh/berth/internal/phase"
-	"github.com/berth-sh/berth/internal/shellbench"
-	"github.com/berth-sh/berth/internal/testbin"
+	"github.com/berth-sh/berth/internal/testsupport/benchreg"
+	"github.com/berth-sh/berth/internal/testsupport/benchutil"
+	"github.com/berth-sh/berth/internal/testsupport/shellbench"
+	"github.com/berth-sh/berth/internal/testsupport/testbin"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
 )

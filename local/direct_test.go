@@ -12,13 +12,11 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"google.golang.org/grpc"
-
+	"github.com/berth-sh/berth/agent/agenttest"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent/agentpb"
+	"github.com/berth-sh/berth/config"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
-	"github.com/berth-sh/berth/registry/config"
 )
 
 // directEnv is a state dir and config whose sessions run on the local driver in
@@ -230,10 +228,7 @@ func TestDirectPathBadSockets(t *testing.T) {
 		}, backend.ErrConflict, []string{"symbolic link", "--recreate", "berth rm s:1"}},
 		{"old-agent", func(t *testing.T, sock string) {
 			lis := listenAt(t, sock)
-			gs := grpc.NewServer()
-			agentpb.RegisterAgentServer(gs, agentpb.UnimplementedAgentServer{})
-			go gs.Serve(lis)
-			t.Cleanup(gs.Stop)
+			t.Cleanup(agenttest.Serve(lis, nil))
 		}, backend.ErrUnsupported, []string{"older berth", "berth stop s:1"}},
 		{"silent", func(t *testing.T, sock string) {
 			lis := listenAt(t, sock)

@@ -9,8 +9,8 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/conformance"
-	"github.com/berth-sh/berth/internal/testbin"
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/testbin"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
 )

@@ -12,8 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 	"golang.org/x/sys/unix"
 )
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
 )

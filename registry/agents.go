@@ -5,8 +5,8 @@ import (
 
 	"google.golang.org/grpc/connectivity"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 )
 
 // agentCache keeps one agent client per sandbox that a call reached directly, for

@@ -4,7 +4,7 @@ import (
 	"context"
 	"io"
 
-	"github.com/berth-sh/berth/registry/config"
+	"github.com/berth-sh/berth/config"
 )
 
 const noCopy = "cannot copy files (its sandboxes run no berth agent)"

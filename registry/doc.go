@@ -1,5 +1,5 @@
 // Package registry is berth's policy layer: given a parsed config (package
-// registry/config), it resolves a session name to its scope rule, driver and
+// config), it resolves a session name to its scope rule, driver and
 // sandbox, keeps the state store that
 // records which session uses which sandbox, and applies retention: on_close when a
 // session closes, idle_ttl and max_age on each exec (to that session only) and in
@@ -12,7 +12,7 @@
 //     empty, "." or ".." path component, no leading "/". Every call normalises the
 //     name to Unicode NFC first, so an NFD and an NFC spelling are one session. They
 //     are never used raw as paths or sandbox names; config.SandboxName hashes them.
-//   - Config (package registry/config: Load, Parse, Default): top-level attributes
+//   - Config (package config: Load, Parse, Default): top-level attributes
 //     state_dir, agent_path, plugin_dirs, log_level; driver "NAME" {} blocks, decoded
 //     against the driver's declared schema by config.DecodeDriverConfig; and ordered
 //     scope "GLOB" {} rules. Errors carry file:line:col (see config.Error and
@@ -47,5 +47,5 @@
 // options (WithStateDir, WithLogger, WithDriver, ...) and reads no environment
 // variable and no config file. berth's CLI applies the precedence flags >
 // BERTH_* environment > config file > defaults before it calls config.Load and Open
-// (internal/cli/settings.go).
+// (cli/settings.go).
 package registry

@@ -8,8 +8,8 @@ import (
 	"os"
 	"testing"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
 )

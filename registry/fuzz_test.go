@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-sh/berth/registry/config"
+	"github.com/berth-sh/berth/config"
 )
 
 // FuzzFormatDuration checks that what FormatDuration shows reads back with

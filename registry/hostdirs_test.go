@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/registry/config"
+	"github.com/berth-sh/berth/config"
 )
 
 // Prune's file phase: files nothing references go once old enough (a stray

@@ -234,7 +234,7 @@ func (p *hostProc) Wait() (backend.ExecResult, error) {
 }
 
 // prepareFixture is the test's WithAgentPreparer: it makes the sandbox's agent and
-// run dirs as backends/agent.PrepareSandbox would, with /bin/true as the binary.
+// run dirs as agent.PrepareSandbox would, with /bin/true as the binary.
 func prepareFixture(sandboxDir string) (backend.AgentFiles, error) {
 	f := backend.AgentFiles{Binary: filepath.Join(sandboxDir, "agent", backend.AgentBinaryName),
 		Dir: filepath.Join(sandboxDir, "agent"), SocketDir: filepath.Join(sandboxDir, "run")}

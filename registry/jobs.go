@@ -5,9 +5,9 @@ import (
 	"errors"
 	"io"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
-	"github.com/berth-sh/berth/registry/config"
+	"github.com/berth-sh/berth/config"
 )
 
 // JobStartRequest is a background job to start (Registry.JobStart).

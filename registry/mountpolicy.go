@@ -6,8 +6,8 @@ import (
 
 	"github.com/hashicorp/hcl/v2"
 
+	"github.com/berth-sh/berth/config"
 	"github.com/berth-sh/berth/internal/hostpaths"
-	"github.com/berth-sh/berth/registry/config"
 )
 
 // CheckMounts applies berth's own part of the mount policy to every rule of c, as

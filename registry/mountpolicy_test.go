@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/config"
 	"github.com/berth-sh/berth/internal/hostpaths"
-	"github.com/berth-sh/berth/registry/config"
 )
 
 // A rule that mounts a directory holding berth's state dir is refused before any

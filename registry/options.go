@@ -63,7 +63,7 @@ func WithLogger(l hclog.Logger) Option {
 // WithBerthBinary sets the berth executable (a path): it serves the local driver as
 // a plugin (`BINARY driver serve local`), its directory is searched first for the
 // executables of docker and containerd (berth-driver-docker, berth-driver-containerd;
-// backends.BuiltinDriver.Command) and last for third-party driver executables, and it
+// catalog.BuiltinDriver.Command) and last for third-party driver executables, and it
 // is the agent binary unless the config sets agent_path. Default: the running
 // executable (os.Executable). Error: an empty path.
 func WithBerthBinary(path string) Option {
@@ -114,7 +114,7 @@ func WithPlugin(name, path string) Option {
 }
 
 // WithLauncher sets how out-of-process drivers are started. Default (and nil): the
-// go-plugin launcher of package backends: built-in drivers as backends.Builtins says
+// go-plugin launcher of package backends: built-in drivers as catalog.Builtins says
 // (local from the berth binary, docker and containerd from their own executables
 // beside it or in the plugin search path), third-party drivers from WithPlugin, the
 // driver block's plugin key, or discovery (berth-driver-NAME in $BERTH_PLUGIN_PATH,
@@ -127,7 +127,7 @@ func WithLauncher(launch LaunchFunc) Option {
 }
 
 // WithAgentPreparer sets how a sandbox's agent files are prepared. Default (and
-// nil): package backends/agent's Install (once per Registry, of the config's
+// nil): package agent's Install (once per Registry, of the config's
 // agent_path or the berth binary) and PrepareSandbox.
 func WithAgentPreparer(prepare PrepareAgentFunc) Option {
 	return func(o *options) error {

@@ -9,7 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/registry/config"
+	"github.com/berth-sh/berth/config"
 )
 
 // stateDirError is the one error for a state dir that cannot be used.

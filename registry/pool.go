@@ -10,10 +10,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/config"
 	"github.com/berth-sh/berth/internal/flock"
-	"github.com/berth-sh/berth/registry/config"
 )
 
 // Warm pools (a rule's pool block; docs/pools.md).

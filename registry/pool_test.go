@@ -16,9 +16,9 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/config"
 	"github.com/berth-sh/berth/internal/flock"
-	"github.com/berth-sh/berth/internal/testwait"
-	"github.com/berth-sh/berth/registry/config"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 )
 
 const poolRules = `

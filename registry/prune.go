@@ -14,8 +14,8 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
+	"github.com/berth-sh/berth/config"
 	"github.com/berth-sh/berth/internal/flock"
-	"github.com/berth-sh/berth/registry/config"
 )
 
 // Prune actions (PruneAction.Action).

@@ -14,11 +14,11 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/config"
 	"github.com/berth-sh/berth/internal/flock"
 	"github.com/berth-sh/berth/internal/phase"
-	"github.com/berth-sh/berth/registry/config"
 )
 
 // LaunchFunc starts the driver named driver out of process and returns a client for

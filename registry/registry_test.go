@@ -21,7 +21,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/registry/config"
+	"github.com/berth-sh/berth/config"
 )
 
 // env holds one test's state dir, config file and the drivers its registries made.
@@ -49,7 +49,7 @@ func (e *env) writeConfig(src string) {
 }
 
 // load loads the env's config file, checked against the known drivers; none means
-// only "local", the fixture driver (the built-in list, backends.Builtins, grows).
+// only "local", the fixture driver (the built-in list, catalog.Builtins, grows).
 func (e *env) load(known ...string) (*config.Config, error) {
 	if len(known) == 0 {
 		known = []string{"local"}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
-	"github.com/berth-sh/berth/registry/config"
+	"github.com/berth-sh/berth/config"
 )
 
 // DefaultOrphanGrace is how old an unrecorded sandbox of ours, or an unreferenced

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/registry/config"
+	"github.com/berth-sh/berth/config"
 )
 
 // fakeClock is a WithClock clock that moves only when told.

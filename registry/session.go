@@ -9,11 +9,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/config"
 	"github.com/berth-sh/berth/internal/flock"
 	"github.com/berth-sh/berth/internal/phase"
-	"github.com/berth-sh/berth/registry/config"
 )
 
 // One call on a session's sandbox (an exec, a shell call, a job operation, a copy)

@@ -14,10 +14,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/config"
 	"github.com/berth-sh/berth/internal/output"
-	"github.com/berth-sh/berth/registry/config"
 )
 
 // DefaultShellMaxOutput is the per-stream cap of a shell-mode call's output, in bytes

@@ -5,8 +5,8 @@ import (
 	"sync"
 	"weak"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 )
 
 // viaPlugins maps each agent client whose connection runs through a driver plugin

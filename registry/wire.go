@@ -7,25 +7,26 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends"
-	"github.com/berth-sh/berth/backends/agent"
-	"github.com/berth-sh/berth/registry/config"
+	"github.com/berth-sh/berth/backends/catalog"
+	"github.com/berth-sh/berth/config"
 )
 
-// This file is the only one that reaches packages backends and backends/agent, so
+// This file is the only one that reaches packages backends and agent, so
 // that the rest of the registry (and its tests, through WithLauncher and
 // WithAgentPreparer) does not depend on them.
 
 // defaultLaunch starts the drivers named in plugins from those executables,
-// built-in drivers as package backends' catalog says (local as `berthBinary
+// built-in drivers as package catalog (backends/catalog) says (local as `berthBinary
 // driver serve local`, docker and containerd from their own executables beside
 // berthBinary or in the search path), and other third-party drivers from the
 // executable that discovery finds for them (the driver block's plugin key, or
 // berth-driver-NAME in the search path); each checked against its block's sha256
 // pin and started within its start_timeout.
 //
-// The search path (backends.SearchPath) starts with $BERTH_PLUGIN_PATH, which
+// The search path (catalog.SearchPath) starts with $BERTH_PLUGIN_PATH, which
 // package backends reads: it is where plugins are installed, like $PATH for
 // commands, not a setting of this registry, so Open leaves it there rather than
 // take it as an option. A program that wants no search uses WithPlugin, plugin
@@ -43,7 +44,7 @@ func defaultLaunch(berthBinary, stateDir string, cfg *config.Config, plugins map
 			if blk != nil {
 				opts.SHA256 = blk.SHA256
 			}
-		} else if b, ok := backends.LookupBuiltin(driver); ok {
+		} else if b, ok := catalog.LookupBuiltin(driver); ok {
 			var err error
 			if opts.Path, opts.Args, err = b.Command(berthBinary, cfg.PluginDirs); err != nil {
 				return nil, err
@@ -53,7 +54,7 @@ func defaultLaunch(berthBinary, stateDir string, cfg *config.Config, plugins map
 			if blk != nil {
 				plugin, opts.SHA256 = blk.Plugin, blk.SHA256
 			}
-			path, err := backends.FindPlugin(driver, plugin, backends.SearchPath(cfg.PluginDirs, berthBinary))
+			path, err := catalog.FindPlugin(driver, plugin, catalog.SearchPath(cfg.PluginDirs, berthBinary))
 			if err != nil {
 				return nil, err
 			}

@@ -30,7 +30,7 @@ func buildTestPlugin(t *testing.T) string {
 }
 
 // TestDefaultWiring runs the registry with its default Launch (go-plugin, package
-// backends) and PrepareAgent (package backends/agent).
+// backends) and PrepareAgent (package agent).
 func TestDefaultWiring(t *testing.T) {
 	plugin := buildTestPlugin(t)
 	e := newEnv(t, "driver \"local\" {\n  root = \"/unused\"\n}\n")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Measure what idle sandboxes cost on this machine (docs/performance.md, "Density"):
-# builds the static berth-cli (the agent) and internal/density/cmd/density, then
+# builds the static berth-cli (the agent) and internal/testsupport/density/cmd/density, then
 # creates N idle sandboxes through DRIVER beside a probe sandbox, prints per-sandbox
 # agent/shim/cgroup figures and the probe's warm exec p50/p95 with 0 and N beside it,
 # and removes everything it made (also on Ctrl-C). Run as root on the runtime's host.
@@ -25,5 +25,5 @@ case $agent in
   *) echo "AGENT must be berth-cli or berth-agent" >&2; exit 2 ;;
 esac
 CGO_ENABLED=0 go build -o "$bin/$agent" "./cmd/$agent"
-go build -o "$bin/density" ./internal/density/cmd/density
+go build -o "$bin/density" ./internal/testsupport/density/cmd/density
 "$bin/density" -driver "$driver" -n "$n" -agent "$bin/$agent" "$@"

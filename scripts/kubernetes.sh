@@ -23,7 +23,7 @@
 # the node IP and the kubelet's 10250) joins the Pods, with no gateway, NAT or forwarding:
 # Pods reach each other and the node, nothing else. Processes are started with
 # `nsenter --net=/run/netns/NAME` (not `ip netns exec`, which remounts /sys so that the
-# kubelet finds no cgroup mounts); so must every client be: see internal/k8stest.
+# kubelet finds no cgroup mounts); so must every client be: see internal/testsupport/k8stest.
 #
 # Nothing host-wide changes: no sysctl, no iptables rule (kubelet makeIPTablesUtilChains
 # off, no kube-proxy, CNI without ipMasq/portmap), no address in the host's network. The
@@ -45,7 +45,7 @@
 #
 # Images (containerd's k8s.io namespace, for imagePullPolicy Never; no registry): the
 # pause image registry.k8s.io/pause:3.10 (scripts/k8s/pause.c, built static with gcc),
-# berth's busybox test image (internal/testimage, from Debian's busybox-static) and the
+# berth's busybox test image (internal/testsupport/testimage, from Debian's busybox-static) and the
 # agent image that `berth image agent` builds from a static berth of this checkout.
 #
 # In the namespace $BERTH_K8S_NAMESPACE (default berth-test) it creates the ServiceAccount
@@ -438,7 +438,7 @@ wait_for containerd ctr --address "$CSOCK" version
 # docker-save archives imported into the k8s.io namespace (Pods use imagePullPolicy Never).
 gobuild() { (cd "$ROOT" && CGO_ENABLED=0 go build "$@") >&2; }
 gcc -static -O2 -o "$DIR/images/pause" "$ROOT/scripts/k8s/pause.c" || die "gcc -static of scripts/k8s/pause.c failed"
-gobuild -o "$DIR/images/testimage" ./internal/testimage/cmd/testimage || die "building internal/testimage/cmd/testimage failed"
+gobuild -o "$DIR/images/testimage" ./internal/testsupport/testimage/cmd/testimage || die "building internal/testsupport/testimage/cmd/testimage failed"
 gobuild -o "$DIR/images/berth-cli" ./cmd/berth-cli || die "building a static berth-cli failed"
 "$DIR/images/testimage" -o "$DIR/images/test.tar" -pause "$DIR/images/pause" -pause-o "$DIR/images/pause.tar" >&2 ||
   die "building the test and pause images failed"

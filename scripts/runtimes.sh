@@ -112,7 +112,7 @@ missing=()
 command -v dockerd >/dev/null || missing+=(docker.io)
 command -v containerd >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
-# Pull tests run their own registry processes on 127.0.0.1 (internal/testregistry).
+# Pull tests run their own registry processes on 127.0.0.1 (internal/testsupport/testregistry).
 command -v docker-registry >/dev/null || missing+=(docker-registry)
 # The test images are built from a static busybox; Debian's busybox-static puts it at
 # /bin/busybox (the plain busybox package's is dynamic and will not do).

@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/config"
 	"github.com/berth-sh/berth/internal/output"
 	"github.com/berth-sh/berth/registry"
-	"github.com/berth-sh/berth/registry/config"
 )
 
 // execCall is an ExecRequest checked and turned into what the registry takes.

@@ -16,8 +16,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/berth-sh/berth/backends/agent"
-	"github.com/berth-sh/berth/registry/config"
+	"github.com/berth-sh/berth/agent"
+	"github.com/berth-sh/berth/config"
 )
 
 // Files over the API: a tar stream of a path each way (/archive), and one small

@@ -25,7 +25,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
 )

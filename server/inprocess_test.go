@@ -2,7 +2,7 @@ package server
 
 // The files routes and the TTY through the server in this process, over a registry
 // on the local driver (this test binary is the sandboxes' agent), so that go test
-// -race sees the handlers; internal/cli's tests run the same routes in a real berth
+// -race sees the handlers; cli's tests run the same routes in a real berth
 // serve.
 
 import (
@@ -19,8 +19,8 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
 )

@@ -18,10 +18,10 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/config"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
-	"github.com/berth-sh/berth/registry/config"
 )
 
 const poolConfig = `

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/berth-sh/berth/registry/config"
+	"github.com/berth-sh/berth/config"
 )
 
 // Route is one operation the server answers: a method and a path in net/http's

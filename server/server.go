@@ -7,7 +7,7 @@
 // two against each other.
 //
 // The server takes a *registry.Registry and never opens one itself: the caller
-// (berth serve, in internal/cli) resolves the settings, opens the registry, listens,
+// (berth serve, in cli) resolves the settings, opens the registry, listens,
 // and hands a new registry to Reload when the config changes. Sandboxes and
 // background jobs are never stopped by the server, not even by Shutdown.
 package server

@@ -6,8 +6,8 @@ import (
 	"os"
 	"sort"
 
+	"github.com/berth-sh/berth/config"
 	"github.com/berth-sh/berth/registry"
-	"github.com/berth-sh/berth/registry/config"
 	"github.com/berth-sh/berth/server/apiconv"
 )
 

@@ -1,5 +1,5 @@
 // Command berth-agent is berth's exec agent alone: the same agent as `berth agent`
-// (package backends/agent), without the CLI, the registry and the drivers' SDKs
+// (package agent), without the CLI, the registry and the drivers' SDKs
 // linked in. Point config's agent_path at a static build of it to run it in every
 // sandbox instead of the berth binary:
 //
@@ -19,7 +19,7 @@ package main
 import (
 	"os"
 
-	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/internal/sigstart"
 	_ "github.com/berth-sh/berth/internal/sigstart/early" // catches SIGINT, SIGTERM, SIGHUP from the start
 )

@@ -1,4 +1,4 @@
-// Command berth-cli is berth's full command line (package internal/cli's commands):
+// Command berth-cli is berth's full command line (package cli's commands):
 // the berth executable is a thin front (cmd/berth) that runs a plain `berth exec`
 // through a running berth serve itself and hands every other command line to this
 // one, found beside it, in its own place (execve).
@@ -16,8 +16,8 @@ package main
 import (
 	"os"
 
-	"github.com/berth-sh/berth/backends/agent"
-	"github.com/berth-sh/berth/internal/cli"
+	"github.com/berth-sh/berth/agent"
+	"github.com/berth-sh/berth/cli"
 	"github.com/berth-sh/berth/internal/sigstart"
 	_ "github.com/berth-sh/berth/internal/sigstart/early" // catches SIGINT, SIGTERM, SIGHUP from the start
 )

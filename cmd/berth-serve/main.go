@@ -17,8 +17,8 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/berth-sh/berth/internal/cli"
-	"github.com/berth-sh/berth/internal/front"
+	"github.com/berth-sh/berth/cli"
+	"github.com/berth-sh/berth/cli/front"
 	_ "github.com/berth-sh/berth/internal/sigstart/early" // catches SIGINT, SIGTERM, SIGHUP from the start
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/server"

@@ -3,7 +3,7 @@
 // command line to berth-cli, berth's full command line, beside it (execve: same
 // arguments, environment and pid). It links only the standard library, x/sys and
 // x/term, and berth's light packages, so that such an exec costs the start of a small program, not the
-// initialisation of the registry, gRPC and HCL (package internal/front says when it
+// initialisation of the registry, gRPC and HCL (package cli/front says when it
 // takes a call; docs/architecture.md). Build it with the rest:
 //
 //	CGO_ENABLED=0 go build -o DIR/ ./cmd/...
@@ -15,7 +15,7 @@ package main
 import (
 	"os"
 
-	"github.com/berth-sh/berth/internal/front"
+	"github.com/berth-sh/berth/cli/front"
 )
 
 func main() { os.Exit(front.Main(os.Args)) }

@@ -15,8 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 )
 
 // Name is the driver's name in config (driver = "bwrap").

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/conformance"
 )
 

@@ -1,5 +1,5 @@
 // Package apiclient is the client side of berth serve's HTTP API (docs/api.md) that
-// berth's CLI and its thin front (internal/front) share: a client over the daemon's
+// berth's CLI and its thin front (cli/front) share: a client over the daemon's
 // unix socket or a URL, its calls with their error answers (APIError), and the
 // streamed exec (Exec): the request's input events, the answer's output events and
 // result.

@@ -16,8 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 	"github.com/berth-sh/berth/internal/hostpaths"
 )
 

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/backends/agent"
 )
 
 func TestResolveUser(t *testing.T) {

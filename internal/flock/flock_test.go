@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/berth-sh/berth/internal/testwait"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 )
 
 // waitBlocked returns once some process waits in flock for the file path names now

@@ -1,6 +1,6 @@
 // Package rpcerr is the one mapping between berth's error kinds (package backend) and
 // gRPC status codes, used by both of berth's wire protocols: the driver plugin
-// protocol (package backends) and the agent protocol (package backends/agent).
+// protocol (package backends) and the agent protocol (package agent).
 // Servers return backend errors from their handlers and install the interceptors
 // (ServerOptions), which turn them into statuses; clients turn a status back into a
 // backend error with FromStatus. Nothing else in the project builds a status code.

@@ -8,7 +8,7 @@
 // initialises it as soon as os/signal is (the packages of a program are initialised
 // in import-path order among those whose imports are done), some milliseconds before
 // main: berth-cli, berth-serve and berth-agent import it. The thin berth front
-// (internal/front) does not: it calls Start once it knows it runs the command itself,
+// (cli/front) does not: it calls Start once it knows it runs the command itself,
 // and a command it hands to berth-cli costs no signal setup. The command that runs
 // then decides: one that handles the signals itself (berth exec, shell, job logs)
 // Takes the channel and finds in it whatever came early; every other one Releases it,

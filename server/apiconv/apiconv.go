@@ -3,13 +3,13 @@
 // that the server answers and that berth's CLI prints in --json.
 //
 // It is apart from apiv1 so that apiv1 links no registry: the thin berth front
-// (internal/front) speaks the API with apiv1's types and must start fast.
+// (cli/front) speaks the API with apiv1's types and must start fast.
 package apiconv
 
 import (
 	"context"
 
-	"github.com/berth-sh/berth/backends/agent"
+	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/server/apiv1"
 )

@@ -6,7 +6,7 @@
 // can use the types without linking the server or the registry: package server,
 // which serves them, also links Prometheus' client, whose initialisers cost every
 // process that links it about a millisecond at start, and the thin berth front
-// (internal/front) must start faster still. The conversions from the registry's
+// (cli/front) must start faster still. The conversions from the registry's
 // values into these types are package server/apiconv's. server names the types and
 // constants as its own (type aliases).
 package apiv1

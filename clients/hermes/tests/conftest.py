@@ -22,7 +22,7 @@ import hermes_ref  # noqa: E402  (loads hermes-agent's modules before berth_herm
 
 HERMES = hermes_ref.load()
 
-TEST_IMAGE = "berth-test/busybox:1"  # internal/testimage.Ref
+TEST_IMAGE = "berth-test/busybox:1"  # internal/testsupport/testimage.Ref
 
 CONFIG = """
 scope "local:*" {

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(SDK, "src"))
 
 import berth  # noqa: E402
 
-# berth's busybox test image (internal/testimage.Ref).
+# berth's busybox test image (internal/testsupport/testimage.Ref).
 TEST_IMAGE = "berth-test/busybox:1"
 
 WAIT = float(os.environ.get("BERTH_TEST_WAIT", "120").rstrip("s"))
@@ -55,7 +55,7 @@ def bins(tmp_path_factory) -> str:
     d = str(tmp_path_factory.mktemp("bin"))
     env = dict(os.environ, CGO_ENABLED="0")
     _run(["go", "build", "-o", d + "/", "./cmd/berth", "./cmd/berth-cli", "./cmd/berth-serve", "./cmd/berth-driver-docker"], env)
-    _run(["go", "build", "-o", os.path.join(d, "testimage"), "./internal/testimage/cmd/testimage"], env)
+    _run(["go", "build", "-o", os.path.join(d, "testimage"), "./internal/testsupport/testimage/cmd/testimage"], env)
     return d
 
 

@@ -52,5 +52,5 @@ def test_session_name_checked(client, name):
     m = e.value.message
     assert m.startswith("session name %r: " % (name,)), m
     assert ("is empty" if name == "" else "not str") in m, m
-    # the daemon's rule (registry/config/names.go), with an example
+    # the daemon's rule (config/names.go), with an example
     assert "1 to 128 characters" in m and "non-ASCII" in m and '"chat:1"' in m, m

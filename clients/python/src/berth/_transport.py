@@ -37,7 +37,7 @@ def default_state_dir() -> str:
     """berth's default state dir, as its CLI resolves it without flags or config.
 
     ``$BERTH_STATE_DIR`` (with ``~/`` expanded), else ``$XDG_STATE_HOME/berth`` when
-    that is absolute, else ``~/.local/state/berth`` (registry/config.DefaultStateDir).
+    that is absolute, else ``~/.local/state/berth`` (config.DefaultStateDir).
     A config file's ``state_dir`` is not read (this package parses no HCL): set
     ``BERTH_STATE_DIR`` or pass ``state_dir`` when your config moves it.
     """

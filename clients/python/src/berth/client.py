@@ -76,7 +76,7 @@ def _env(env: Optional[Mapping[str, Any]]) -> Optional[Dict[str, str]]:
     return out
 
 
-# The rule of session names, as the daemon states it (registry/config/names.go).
+# The rule of session names, as the daemon states it (config/names.go).
 _SESSION_RULE = (
     'a session name is 1 to 128 characters: A-Z a-z 0-9 . _ - : @ / and printable non-ASCII characters '
     '(no spaces, control or format characters), with no empty, "." or ".." path component and no leading "/", '

@@ -1,6 +1,0 @@
-// Package driverpb is the generated gRPC code of berth's driver plugin protocol
-// (driver.proto, package berth.driver.v1, protocol version 2). Package backends is
-// its only user; drivers and hosts use backends.Serve and backends.Launch instead.
-package driverpb
-
-//go:generate protoc --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative driver.proto

@@ -1,0 +1,200 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/berth-sh/berth/agent"
+	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/cli/internal/execrun"
+	"github.com/berth-sh/berth/internal/apiclient"
+	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server/apiv1"
+)
+
+// The api of a daemon: each method is one call of the HTTP API (docs/api.md).
+
+func (d *daemonClient) Sessions(ctx context.Context) ([]apiv1.Session, error) {
+	var rows []apiv1.Session
+	err := d.Get(ctx, "/v1/sessions", &rows)
+	return rows, err
+}
+
+// Pools is GET /v1/pools: the daemon's warm pools.
+func (d *daemonClient) Pools(ctx context.Context) ([]apiv1.Pool, error) {
+	var rows []apiv1.Pool
+	err := d.Get(ctx, "/v1/pools", &rows)
+	return rows, err
+}
+
+func (d *daemonClient) CloseSession(ctx context.Context, session string) error {
+	return d.Call(ctx, http.MethodPost, apiclient.SessionPath(session, "close"), nil, nil)
+}
+
+func (d *daemonClient) StopSession(ctx context.Context, session string) error {
+	return d.Call(ctx, http.MethodPost, apiclient.SessionPath(session, "stop"), nil, nil)
+}
+
+func (d *daemonClient) RemoveSession(ctx context.Context, session string) error {
+	return d.Call(ctx, http.MethodDelete, apiclient.SessionPath(session, ""), nil, nil)
+}
+
+func (d *daemonClient) Prune(ctx context.Context, opts registry.PruneOptions) (*registry.PruneReport, error) {
+	var rep registry.PruneReport
+	if err := d.Call(ctx, http.MethodPost, "/v1/prune", apiv1.PruneRequest{DryRun: opts.DryRun, Owner: opts.Owner}, &rep); err != nil {
+		return nil, err
+	}
+	return &rep, nil
+}
+
+func (d *daemonClient) JobStart(ctx context.Context, session string, req registry.JobStartRequest) (apiv1.Job, error) {
+	var j apiv1.Job
+	err := d.Call(ctx, http.MethodPost, apiclient.SessionPath(session, "jobs"), apiv1.JobStartRequest{Argv: req.Argv, Env: apiclient.EnvMap(req.Env), Cwd: req.Dir}, &j)
+	return j, err
+}
+
+func (d *daemonClient) Jobs(ctx context.Context, session string) ([]apiv1.Job, error) {
+	var jobs []apiv1.Job
+	err := d.Get(ctx, apiclient.SessionPath(session, "jobs"), &jobs)
+	return jobs, err
+}
+
+func (d *daemonClient) JobKill(ctx context.Context, session, id string) error {
+	return d.Call(ctx, http.MethodPost, apiclient.SessionPath(session, "jobs/"+url.PathEscape(id)+"/kill"), nil, nil)
+}
+
+// JobLogs reads GET .../jobs/{id}/logs: output events go to w, a gap is reported as
+// the agent client reports it (req.OnGap, else a line in w).
+func (d *daemonClient) JobLogs(ctx context.Context, session string, req registry.JobLogsRequest, w io.Writer) (agent.JobLogsEnd, error) {
+	q := url.Values{"offset": {strconv.FormatInt(req.Offset, 10)}}
+	if req.Follow {
+		q.Set("follow", "true")
+	}
+	resp, err := d.Request(ctx, http.MethodGet, apiclient.SessionPath(session, "jobs/"+url.PathEscape(req.ID)+"/logs")+"?"+q.Encode(), nil, "", apiv1.NDJSON)
+	if err != nil {
+		return agent.JobLogsEnd{}, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var ev apiv1.LogEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return agent.JobLogsEnd{}, d.Gone(fmt.Errorf("a log event: %w", err))
+		}
+		switch ev.Event {
+		case "gap":
+			if req.OnGap != nil {
+				req.OnGap(ev.Dropped)
+			} else if _, err := fmt.Fprintf(w, "[... %d bytes dropped ...]\n", ev.Dropped); err != nil {
+				return agent.JobLogsEnd{}, fmt.Errorf("job logs: %w", err)
+			}
+		case "output":
+			if _, err := w.Write(ev.Data); err != nil {
+				return agent.JobLogsEnd{}, fmt.Errorf("job logs: %w", err)
+			}
+		case "end":
+			return agent.JobLogsEnd{Offset: ev.Offset, Ended: ev.Ended, ExitCode: ev.ExitCode, Signal: ev.Signal}, nil
+		case "error":
+			if ev.Error != nil {
+				return agent.JobLogsEnd{}, &apiclient.APIError{StatusCode: http.StatusOK, Info: *ev.Error}
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return agent.JobLogsEnd{}, ctx.Err()
+	}
+	return agent.JobLogsEnd{}, d.Gone(fmt.Errorf("the log ended without its end event: %v", sc.Err()))
+}
+
+// DriverRows is GET /v1/drivers: the daemon's drivers (its running plugins).
+func (d *daemonClient) DriverRows(ctx context.Context) ([]apiv1.Driver, error) {
+	var rows []apiv1.Driver
+	err := d.Get(ctx, "/v1/drivers", &rows)
+	return rows, err
+}
+
+// Explanation is GET /v1/config/explain: how the daemon's config places session.
+func (d *daemonClient) Explanation(ctx context.Context, session string) (apiv1.Explanation, error) {
+	var ex apiv1.Explanation
+	err := d.Get(ctx, "/v1/config/explain?"+url.Values{"session": {session}}.Encode(), &ex)
+	return ex, err
+}
+
+// configCheck is POST /v1/config/check: the daemon checks its own config file as
+// berth config check does (checkConfig).
+func (d *daemonClient) configCheck(ctx context.Context) (apiv1.ConfigCheck, error) {
+	var chk apiv1.ConfigCheck
+	err := d.Call(ctx, http.MethodPost, "/v1/config/check", nil, &chk)
+	return chk, err
+}
+
+// Exec runs a plain exec through the daemon as a streamed request and answer
+// (docs/api.md), or one with a terminal (req.TTY) over the TTY WebSocket
+// (execTTY): the returned Process sends stdin, signals and, when ctx is
+// cancelled, a cancel event; its output events go to req.Stdout and req.Stderr.
+func (d *daemonClient) Exec(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *registry.Lease, error) {
+	if req.TTY {
+		return d.execTTY(ctx, session, req)
+	}
+	p, err := d.Client.Exec(ctx, session, req)
+	if err != nil {
+		return nil, nil, err
+	}
+	st := p.Started()
+	return p, &registry.Lease{Session: st.Session, Driver: st.Driver, Sandbox: st.Sandbox,
+		Recreated: st.Recreated, RecreatedReason: st.RecreatedReason, Moved: st.Moved, MovedReason: st.MovedReason, Pooled: st.Pooled}, nil
+}
+
+// Shell makes a shell-mode call through the daemon: req.Stdin is sent as stdin
+// events, req.Started is called at the "started" event, and a cancelled ctx sends a
+// cancel event (the answer then says canceled).
+func (d *daemonClient) Shell(ctx context.Context, session string, req registry.ShellRequest) (registry.ShellResult, error) {
+	first := apiv1.ExecRequest{Command: req.Command, Env: apiclient.EnvMap(req.Env), Cwd: req.Dir, Timeout: apiclient.DurationText(req.Timeout)}
+	if req.MaxOutput > 0 {
+		first.MaxOutput = &req.MaxOutput
+	}
+	// The result carries the capped text; the output events are not needed.
+	stdout, stderr := orDiscard(req.Stdout), orDiscard(req.Stderr)
+	p, err := d.Stream(ctx, session, first, stdout, stderr, req.Stdin == nil)
+	if err != nil {
+		return registry.ShellResult{}, err
+	}
+	if req.Started != nil {
+		req.Started()
+	}
+	if req.Stdin != nil {
+		go func() {
+			io.Copy(execrun.ProcessWriter{P: p}, req.Stdin)
+			p.CloseStdin()
+		}()
+	}
+	r, err := p.Result()
+	if err != nil {
+		return registry.ShellResult{}, err
+	}
+	return registry.ShellResult{
+		ExecResult: backend.ExecResult{ExitCode: r.ExitCode, Signal: r.Signal, TimedOut: r.TimedOut, Canceled: r.Canceled, OOMKilled: r.OOMKilled,
+			Duration: time.Duration(r.DurationMS) * time.Millisecond, Cwd: r.Cwd},
+		Session: r.Session, Driver: r.Driver, Sandbox: r.Sandbox,
+		Recreated: r.Recreated, RecreatedReason: r.RecreatedReason, Moved: r.Moved, MovedReason: r.MovedReason, Pooled: r.Pooled,
+		Stdout: r.Stdout, Stderr: r.Stderr, StdoutTruncatedBytes: r.StdoutTruncatedBytes, StderrTruncatedBytes: r.StderrTruncatedBytes,
+		StdoutFile: r.StdoutFile, StderrFile: r.StderrFile,
+		StdoutFileTruncatedBytes: r.StdoutFileTruncatedBytes, StderrFileTruncatedBytes: r.StderrFileTruncatedBytes,
+		OutputFilesRemoved: r.OutputFilesRemoved,
+	}, nil
+}
+
+func orDiscard(w io.Writer) io.Writer {
+	if w == nil {
+		return io.Discard
+	}
+	return w
+}

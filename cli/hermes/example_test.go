@@ -1,0 +1,46 @@
+package hermes_test
+
+import (
+	"fmt"
+
+	"github.com/berth-sh/berth/cli/hermes"
+)
+
+func ExampleImport() {
+	src := []byte(`terminal:
+  backend: docker
+  docker_image: "python:3.12-slim"
+  docker_container_scope: session
+  docker_session_container_retention: stop_on_session_end
+  container_disk: 51200
+`)
+	res, err := hermes.Import(src, "config.yaml", hermes.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Print(string(res.HCL))
+	for _, n := range res.Notes {
+		fmt.Println("note:", n.Pos, n.Key)
+	}
+	// Output:
+	// # Translated from the terminal: section of config.yaml by `berth config import hermes`.
+	// # The rule covers the sessions of the berth hermes plugin (hermes:*); add rules for
+	// # other sessions before or after it (docs/hermes.md, docs/configuration.md).
+	// scope "hermes:*" {
+	//   driver    = "docker"
+	//   image     = "python:3.12-slim"
+	//   isolation = "session"
+	//   network   = "bridge"
+	//
+	//   resources {
+	//     cpus   = 1
+	//     memory = "5120m"
+	//   }
+	//
+	//   retention {
+	//     on_close = "stop"
+	//   }
+	// }
+	// note: config.yaml:6:3 terminal.container_disk
+}
