@@ -323,7 +323,8 @@ func TestConformanceInProcess(t *testing.T) {
 // TestConformancePlugin runs the shared suite against the containerd driver served by
 // its own executable, berth-driver-containerd, through go-plugin, as berth itself uses it, on
 // containerd 2.x (and on 1.6 with $BERTH_CONFORMANCE_FULL=1: 1.6 gets its whole suite in
-// process), and checks that nothing of it is left.
+// process), and checks that nothing of it is left. The registry groups
+// (testbin.RegistryGroups) run in process only (on 1.6), unless the whole matrix runs.
 func TestConformancePlugin(t *testing.T) {
 	forEachDaemon(t, func(t *testing.T, addr string) {
 		fullMatrixOnly(t, "containerd-1.6", "TestConformanceInProcess runs the whole suite on containerd 1.6")
@@ -338,6 +339,7 @@ func TestConformancePlugin(t *testing.T) {
 		}
 		defer c.Kill()
 		opts := options(state, addr, registry.WithBerthBinary(berthBin))
+		opts.Groups = testbin.SuiteGroupsExcept(testbin.RegistryGroups...)
 		cfg, _ := json.Marshal(map[string]string{"address": addr, "namespace": testNamespace})
 		if err := c.Configure(ctx, backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "containerd"), Owner: opts.Owner, Config: cfg}); err != nil {
 			t.Fatal(err)

@@ -23,7 +23,9 @@ import (
 // skipped naming the runtime, and nothing of it is left. containerd 1.6 is not run:
 // the project registers runsc with 2.x only (scripts/runtimes.sh). The tty and
 // terminal groups, which test the agent's shells rather than the sandbox, run under
-// runsc in docker's TestConformanceGVisor (and here with $BERTH_CONFORMANCE_FULL=1).
+// runsc in docker's TestConformanceGVisor; the registry groups and idempotence,
+// berth's bookkeeping rather than the runtime's, in process on runc (all of them here
+// too with $BERTH_CONFORMANCE_FULL=1).
 func TestConformanceGVisor(t *testing.T) {
 	runsc := testimage.RequireRunsc(t)
 	addr := requireDaemon(t, daemons[1])
@@ -39,7 +41,7 @@ func TestConformanceGVisor(t *testing.T) {
 	block := fmt.Sprintf("driver \"containerd\" {\n  address   = %s\n  namespace = %s\n  runtimes  = { runsc = %s }\n}\n\n", strconv.Quote(addr), strconv.Quote(testNamespace), strconv.Quote(runsc))
 	opts.OpenRegistry = func(t conformance.T, cfg string) (*registry.Registry, error) { return opener(t, block+cfg) }
 	opts.Runtime = "runsc"
-	opts.Groups = testbin.SuiteGroups("lifecycle", "idempotence", "exec", "isolation", "resources", "retention", "recovery", "exec-dial")
+	opts.Groups = testbin.SuiteGroups("lifecycle", "exec", "isolation", "resources", "exec-dial")
 	if err := d.Configure(context.Background(), backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "containerd"), Owner: opts.Owner}); err != nil {
 		t.Fatal(err)
 	}

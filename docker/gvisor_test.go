@@ -11,6 +11,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/conformance"
 	"github.com/berth-sh/berth/docker"
+	"github.com/berth-sh/berth/internal/testsupport/testbin"
 	"github.com/berth-sh/berth/internal/testsupport/testimage"
 	"github.com/berth-sh/berth/internal/testsupport/testwait"
 	"github.com/berth-sh/berth/registry"
@@ -52,14 +53,16 @@ func fmtNames(names []string) string {
 	return strings.Join(names, ", ")
 }
 
-// TestConformanceGVisor runs the shared suite against the docker driver with every
-// sandbox under runtime runsc (gVisor): every case its capabilities claim passes,
-// and those it lacks are skipped naming the runtime.
+// TestConformanceGVisor runs the shared suite's runtime groups (testbin.RuntimeGroups;
+// the whole suite with $BERTH_CONFORMANCE_FULL=1) against the docker driver with
+// every sandbox under runtime runsc (gVisor): every case its capabilities claim
+// passes, and those it lacks are skipped naming the runtime.
 func TestConformanceGVisor(t *testing.T) {
 	host := engine(t)
 	state := t.TempDir()
 	opts := options(state)
 	opts.Runtime = "runsc"
+	opts.Groups = testbin.SuiteGroups(testbin.RuntimeGroups...)
 	d := requireRunsc(t, host, state, opts.Owner)
 	opts.OpenRegistry = conformance.RegistryOpener(nil, registry.WithBerthBinary(berthBin),
 		registry.WithDriver(docker.Name, func() backend.TerminalBackend { return docker.New(docker.WithHost(host)) }))

@@ -120,8 +120,10 @@ func noneLeft(t *testing.T, c k8stest.Cluster, owner string) {
 // the suite's owner label is left. Every call of this driver crosses the plugin
 // protocol in TestConformancePlugin, which runs the whole suite; here (under the
 // race detector, which the plugin executable lacks) run the groups that drive the
-// Pod, Secret and port-forward code: lifecycle, idempotence, tty (dialled) and
-// retention; all of them with $BERTH_CONFORMANCE_FULL=1.
+// Pod, Secret and port-forward code: lifecycle, idempotence and tty (dialled); all
+// of them with $BERTH_CONFORMANCE_FULL=1. The registry groups (retention, pool,
+// recovery) run once, in TestConformancePlugin, whose registry runs this driver in
+// process (under the race detector too).
 func TestConformanceInProcess(t *testing.T) {
 	// The two suites run side by side (each has its own owner and state dir): the
 	// time goes into waiting for the node to start Pods, and one after the other
@@ -133,7 +135,7 @@ func TestConformanceInProcess(t *testing.T) {
 	d := kubernetes.New(kubernetes.WithConfig(cfg))
 	t.Cleanup(func() { d.Close() })
 	opts := options(c, cfg, state)
-	opts.Groups = testbin.SuiteGroups("lifecycle", "idempotence", "tty", "retention")
+	opts.Groups = testbin.SuiteGroups("lifecycle", "idempotence", "tty")
 	if err := d.Configure(context.Background(), backend.DriverSetup{StateDir: filepath.Join(state, "drivers", kubernetes.Name), Owner: opts.Owner}); err != nil {
 		t.Fatal(err)
 	}

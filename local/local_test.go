@@ -35,7 +35,9 @@ func TestConformanceInProcess(t *testing.T) {
 }
 
 // TestConformancePlugin runs the shared suite against the local driver served by
-// `berth driver serve local` through go-plugin, as berth itself uses it.
+// `berth driver serve local` through go-plugin, as berth itself uses it: the groups
+// whose calls cross the plugin (testbin.PluginGroups; all of them with
+// $BERTH_CONFORMANCE_FULL=1).
 func TestConformancePlugin(t *testing.T) {
 	state := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), testwait.Limit)
@@ -48,6 +50,7 @@ func TestConformancePlugin(t *testing.T) {
 	t.Cleanup(c.Kill)
 	opts := options(t, state)
 	opts.OpenRegistry = conformance.RegistryOpener(nil, registry.WithBerthBinary(berthBin))
+	opts.Groups = testbin.SuiteGroups(testbin.PluginGroups...)
 	if err := c.Configure(ctx, backend.DriverSetup{StateDir: filepath.Join(state, "drivers", "local"), Owner: opts.Owner}); err != nil {
 		t.Fatal(err)
 	}
