@@ -16,9 +16,11 @@ package k8stest
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -115,7 +117,27 @@ func Main(m interface{ Run() int }) {
 			}
 		}
 	}
+	raiseParallel()
 	os.Exit(m.Run())
+}
+
+// Parallel is how many parallel tests (t.Parallel) Main lets run at once unless
+// -test.parallel is given. Tests against the cluster spend their time waiting for
+// its node to start Pods and attach volumes, not on this machine's CPUs, which go
+// test's default (GOMAXPROCS) counts: with it, the conformance suites' cases waited
+// for each other through most of the kubernetes package's 17 minutes.
+const Parallel = 6
+
+// raiseParallel sets -test.parallel to Parallel when the command line did not set it.
+func raiseParallel() {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given && flag.Lookup("test.parallel") != nil {
+		flag.Set("test.parallel", strconv.Itoa(Parallel))
+	}
 }
 
 // reexec replaces this process with itself run by nsenter in the namespace name;
