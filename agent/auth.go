@@ -269,7 +269,7 @@ func decodeHello(s string) (*agentpb.HelloResponse, error) {
 		err = proto.Unmarshal(b, &h)
 	}
 	if err != nil {
-		return nil, backend.Errorf(backend.ErrUnsupported, "the agent's answer to berth's handshake does not hold a Hello answer (%v): not a berth agent of this protocol; recreate the sandbox (berth exec --recreate) to give it this berth's agent", err)
+		return nil, backend.Errorf(backend.ErrUnsupported, "the agent's answer to berth's handshake does not hold a Hello answer (%w): not a berth agent of this protocol; recreate the sandbox (berth exec --recreate) to give it this berth's agent", err)
 	}
 	return &h, nil
 }
@@ -299,7 +299,7 @@ func handshakeErr(ctx context.Context, err error) error {
 	case errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
 		return backend.Errorf(backend.ErrUnsupported, "the agent closed the connection at berth's handshake: it is an agent of an older berth (agent protocol 2 or less)")
 	}
-	return backend.Errorf(backend.ErrUnavailable, "agent handshake: %v", err)
+	return backend.Errorf(backend.ErrUnavailable, "agent handshake: %w", err)
 }
 
 // readClientLine reads the client's handshake line in as few reads as it arrives

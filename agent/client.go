@@ -37,17 +37,17 @@ func DialSocketDir(dir string) backend.Dialer {
 	return func(ctx context.Context) (net.Conn, error) {
 		dfd, err := unix.Open(dir, unix.O_PATH|unix.O_NOFOLLOW|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return nil, backend.Errorf(backend.ErrUnavailable, "agent socket directory %s: %v", dir, err)
+			return nil, backend.Errorf(backend.ErrUnavailable, "agent socket directory %s: %w", dir, err)
 		}
 		defer unix.Close(dfd)
 		sfd, err := unix.Openat(dfd, backend.AgentSocketName, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return nil, backend.Errorf(backend.ErrUnavailable, "agent socket %s/%s: %v", dir, backend.AgentSocketName, err)
+			return nil, backend.Errorf(backend.ErrUnavailable, "agent socket %s/%s: %w", dir, backend.AgentSocketName, err)
 		}
 		defer unix.Close(sfd)
 		var st unix.Stat_t
 		if err := unix.Fstat(sfd, &st); err != nil {
-			return nil, backend.Errorf(backend.ErrUnavailable, "agent socket %s/%s: %v", dir, backend.AgentSocketName, err)
+			return nil, backend.Errorf(backend.ErrUnavailable, "agent socket %s/%s: %w", dir, backend.AgentSocketName, err)
 		}
 		if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
 			what := "a file"
@@ -62,7 +62,7 @@ func DialSocketDir(dir string) backend.Dialer {
 		var d net.Dialer
 		c, err := d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d", sfd))
 		if err != nil {
-			return nil, backend.Errorf(backend.ErrUnavailable, "connecting to agent socket %s/%s: %v", dir, backend.AgentSocketName, err)
+			return nil, backend.Errorf(backend.ErrUnavailable, "connecting to agent socket %s/%s: %w", dir, backend.AgentSocketName, err)
 		}
 		return c, nil
 	}
@@ -146,7 +146,7 @@ func NewClient(ctx context.Context, dial backend.Dialer, opts ...ClientOption) (
 	if o.tokenFile != "" && token == nil {
 		t, err := ReadToken(o.tokenFile)
 		if err != nil {
-			return nil, backend.Errorf(backend.ErrUnavailable, "%v", err)
+			return nil, backend.Errorf(backend.ErrUnavailable, "%w", err)
 		}
 		token = t
 	}
@@ -175,7 +175,7 @@ func NewClient(ctx context.Context, dial backend.Dialer, opts ...ClientOption) (
 	)
 	if err != nil {
 		first.Close()
-		return nil, backend.Errorf(backend.ErrInvalid, "agent client: %v", err)
+		return nil, backend.Errorf(backend.ErrInvalid, "agent client: %w", err)
 	}
 	// HTTP/2 starts on the connection now, in the background, rather than at the
 	// first call: the agent's gRPC server holds a connection that has passed berth's
@@ -198,7 +198,7 @@ func NewClient(ctx context.Context, dial backend.Dialer, opts ...ClientOption) (
 				agentVersions[i] = int(v)
 			}
 			_, err := pickProtocol(o.versions, agentVersions)
-			return nil, backend.Errorf(backend.ErrUnsupported, "agent protocol: %v", err)
+			return nil, backend.Errorf(backend.ErrUnsupported, "agent protocol: %w", err)
 		}
 		return nil, backend.Errorf(backend.ErrUnsupported, "agent protocol: the agent chose version %d, which this client (versions %v) does not speak", p, o.versions)
 	}
@@ -249,7 +249,7 @@ func (c *Client) callHello(ctx, hctx context.Context, o clientOptions) (*agentpb
 	err = wireErr("agent hello", err)
 	if backend.KindOf(err) == nil {
 		// An answer no berth agent gives: not protobuf, a status of no kind.
-		err = backend.Errorf(backend.ErrUnsupported, "%v: that is not an answer of a berth agent of protocol %v; recreate the sandbox (berth exec --recreate) to give it this berth's agent", err, o.versions)
+		err = backend.Errorf(backend.ErrUnsupported, "%w: that is not an answer of a berth agent of protocol %v; recreate the sandbox (berth exec --recreate) to give it this berth's agent", err, o.versions)
 	}
 	return nil, err
 }
@@ -315,7 +315,7 @@ func WaitReady(ctx context.Context, dial backend.Dialer, opts ...ClientOption) (
 		case <-ctx.Done():
 			t.Stop()
 			if !errors.Is(err, backend.ErrUnavailable) {
-				err = backend.Errorf(backend.ErrUnavailable, "%v", err)
+				err = backend.Errorf(backend.ErrUnavailable, "%w", err)
 			}
 			return nil, fmt.Errorf("agent did not become ready: %w (%w)", err, ctx.Err())
 		case <-t.C:

@@ -55,7 +55,7 @@ func (s *server) CopyIn(stream agentpb.Agent_CopyInServer) error {
 		if errors.Is(err, fs.ErrNotExist) {
 			return backend.Errorf(backend.ErrNotFound, "directory %q does not exist", target)
 		}
-		return backend.Errorf(backend.ErrInvalid, "directory %q: %v", target, err)
+		return backend.Errorf(backend.ErrInvalid, "directory %q: %w", target, err)
 	}
 	var reserved []string
 	for _, d := range s.reserved {
@@ -74,12 +74,12 @@ func (s *server) CopyIn(stream agentpb.Agent_CopyInServer) error {
 		if errors.Is(err, fs.ErrNotExist) {
 			return backend.Errorf(backend.ErrNotFound, "directory %q does not exist", target)
 		}
-		return backend.Errorf(backend.ErrInvalid, "directory %q: %v", target, err)
+		return backend.Errorf(backend.ErrInvalid, "directory %q: %w", target, err)
 	}
 	defer root.Close()
 	r := &copyInReader{stream: stream}
 	if err := extractAll(root, r, reserved...); err != nil {
-		return backend.Errorf(backend.ErrInvalid, "%v", err)
+		return backend.Errorf(backend.ErrInvalid, "%w", err)
 	}
 	// Swallow the tar padding and wait for the client's end of stream.
 	if _, err := io.Copy(io.Discard, r); err != nil && err != io.EOF {
@@ -158,7 +158,7 @@ func (s *server) CopyOut(req *agentpb.CopyOutRequest, stream agentpb.Agent_CopyO
 		if errors.Is(err, fs.ErrNotExist) {
 			return backend.Errorf(backend.ErrNotFound, "%q does not exist", p)
 		}
-		return backend.Errorf(backend.ErrInvalid, "%v", err)
+		return backend.Errorf(backend.ErrInvalid, "%w", err)
 	}
 	err := WriteTar(copyOutWriter{stream}, p, "")
 	if err != nil {

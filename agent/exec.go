@@ -306,7 +306,7 @@ func (s *server) runExec(stream agentpb.Agent_ExecServer, st *agentpb.ExecStart,
 	}
 	if sh != nil && plan.fail == nil {
 		if err := sh.file.create(plan.cred); err != nil {
-			return backend.Errorf(backend.ErrUnavailable, "shell mode: state file: %v", err)
+			return backend.Errorf(backend.ErrUnavailable, "shell mode: state file: %w", err)
 		}
 		defer sh.file.remove() // on every other way out too
 	}
@@ -595,13 +595,13 @@ func (s *server) prepare(st *agentpb.ExecStart) (*execPlan, error) {
 	case errors.Is(err, fs.ErrNotExist):
 		return nil, backend.Errorf(backend.ErrInvalid, "working directory %q does not exist", dir)
 	case err != nil:
-		return nil, backend.Errorf(backend.ErrInvalid, "working directory %q: %v", dir, err)
+		return nil, backend.Errorf(backend.ErrInvalid, "working directory %q: %w", dir, err)
 	case !fi.IsDir():
 		return nil, backend.Errorf(backend.ErrInvalid, "working directory %q is not a directory", dir)
 	}
 	cred, home, err := lookupCredential(st.User)
 	if err != nil {
-		return nil, backend.Errorf(backend.ErrInvalid, "user %q: %v", st.User, err)
+		return nil, backend.Errorf(backend.ErrInvalid, "user %q: %w", st.User, err)
 	}
 	keepOwnGroups(cred)
 	if _, own := envGet(st.Env, "HOME"); cred != nil && !own {
@@ -647,7 +647,7 @@ func (s *server) spawn(plan *execPlan, st *agentpb.ExecStart, snd *execSender, m
 		master, slave, perr := openPTY(rows, cols)
 		s.blk.leave()
 		if perr != nil {
-			return nil, nil, nil, backend.Errorf(backend.ErrUnavailable, "allocating a terminal: %v", perr)
+			return nil, nil, nil, backend.Errorf(backend.ErrUnavailable, "allocating a terminal: %w", perr)
 		}
 		parentFiles = append(parentFiles, master)
 		childFDs = append(childFDs, slave)
@@ -658,7 +658,7 @@ func (s *server) spawn(plan *execPlan, st *agentpb.ExecStart, snd *execSender, m
 		if st.Stdin {
 			w, r, perr := pipe(false, "stdin")
 			if perr != nil {
-				return nil, nil, nil, backend.Errorf(backend.ErrUnavailable, "stdin pipe: %v", perr)
+				return nil, nil, nil, backend.Errorf(backend.ErrUnavailable, "stdin pipe: %w", perr)
 			}
 			parentFiles = append(parentFiles, w)
 			childFDs = append(childFDs, r)
@@ -667,7 +667,7 @@ func (s *server) spawn(plan *execPlan, st *agentpb.ExecStart, snd *execSender, m
 		} else {
 			fd, oerr := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 			if oerr != nil {
-				return nil, nil, nil, backend.Errorf(backend.ErrUnavailable, "opening /dev/null: %v", oerr)
+				return nil, nil, nil, backend.Errorf(backend.ErrUnavailable, "opening /dev/null: %w", oerr)
 			}
 			childFDs = append(childFDs, fd)
 			stdio[0] = fd
@@ -675,7 +675,7 @@ func (s *server) spawn(plan *execPlan, st *agentpb.ExecStart, snd *execSender, m
 		for i, name := range []string{"stdout", "stderr"} {
 			r, w, perr := pipe(true, name)
 			if perr != nil {
-				return nil, nil, nil, backend.Errorf(backend.ErrUnavailable, "%s pipe: %v", name, perr)
+				return nil, nil, nil, backend.Errorf(backend.ErrUnavailable, "%s pipe: %w", name, perr)
 			}
 			parentFiles = append(parentFiles, r)
 			childFDs = append(childFDs, w)
@@ -1002,7 +1002,7 @@ func (s *server) Hello(ctx context.Context, req *agentpb.HelloRequest) (*agentpb
 		client[i] = int(v)
 	}
 	if _, err := pickProtocol(client, serverVersions); err != nil {
-		return nil, backend.Errorf(backend.ErrUnsupported, "%v", err)
+		return nil, backend.Errorf(backend.ErrUnsupported, "%w", err)
 	}
 	return s.hello(client), nil
 }

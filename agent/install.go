@@ -46,7 +46,7 @@ func Install(stateDir, src string) (Binary, error) {
 	}
 	fi, err := os.Stat(src)
 	if err != nil {
-		return Binary{}, backend.Errorf(backend.ErrInvalid, "agent binary %s: %v", src, err)
+		return Binary{}, backend.Errorf(backend.ErrInvalid, "agent binary %s: %w", src, err)
 	}
 	if !fi.Mode().IsRegular() {
 		return Binary{}, backend.Errorf(backend.ErrInvalid, "agent binary %s: not a regular file", src)
@@ -155,7 +155,7 @@ func PrepareSandbox(sandboxDir string, bin Binary) (backend.AgentFiles, error) {
 	}
 	binFi, err := os.Stat(bin.Path)
 	if err != nil {
-		return backend.AgentFiles{}, backend.Errorf(backend.ErrInvalid, "agent prepare: binary %s: %v", bin.Path, err)
+		return backend.AgentFiles{}, backend.Errorf(backend.ErrInvalid, "agent prepare: binary %s: %w", bin.Path, err)
 	}
 	if err := os.MkdirAll(sandboxDir, 0o755); err != nil {
 		return backend.AgentFiles{}, fmt.Errorf("agent prepare: %w", err)
@@ -215,7 +215,7 @@ func ensureDir(d string) error {
 func IsStatic(path string) (bool, error) {
 	f, err := elf.Open(path)
 	if err != nil {
-		return false, backend.Errorf(backend.ErrInvalid, "%s: not an ELF executable: %v", path, err)
+		return false, backend.Errorf(backend.ErrInvalid, "%s: not an ELF executable: %w", path, err)
 	}
 	defer f.Close()
 	for _, p := range f.Progs {

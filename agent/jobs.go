@@ -259,12 +259,12 @@ func (s *server) KillJob(ctx context.Context, req *agentpb.KillJobRequest) (*age
 func (s *server) startJob(plan *execPlan, session string) (*job, *execFailure, error) {
 	devnull, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, nil, backend.Errorf(backend.ErrUnavailable, "opening /dev/null: %v", err)
+		return nil, nil, backend.Errorf(backend.ErrUnavailable, "opening /dev/null: %w", err)
 	}
 	defer unix.Close(devnull)
 	r, w, err := pipe(true, "job output")
 	if err != nil {
-		return nil, nil, backend.Errorf(backend.ErrUnavailable, "job output pipe: %v", err)
+		return nil, nil, backend.Errorf(backend.ErrUnavailable, "job output pipe: %w", err)
 	}
 	marker := s.treeMarker(jobMarkerVar, s.nextID.Add(1))
 	attr := &syscall.ProcAttr{

@@ -17,10 +17,10 @@ import (
 func forkFailed(what string, err error) error {
 	if errors.Is(err, syscall.EAGAIN) {
 		if u := pidsUsage(); u != "" {
-			return backend.Errorf(backend.ErrUnavailable, "starting %s: %v: %s; end the processes that fill it or raise pids in the rule's resources block", what, err, u)
+			return backend.Errorf(backend.ErrUnavailable, "starting %s: %w: %s; end the processes that fill it or raise pids in the rule's resources block", what, err, u)
 		}
 	}
-	return backend.Errorf(backend.ErrUnavailable, "starting %s: %v", what, err)
+	return backend.Errorf(backend.ErrUnavailable, "starting %s: %w", what, err)
 }
 
 // pidsUsage describes the agent's own pids cgroup as "N of M processes and threads

@@ -25,7 +25,7 @@ import (
 func listenTCP(addr string, token []byte) (net.Listener, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, backend.Errorf(backend.ErrInvalid, "agent: --listen-tcp %q: want a loopback address with a port, e.g. 127.0.0.1:7070: %v", addr, err)
+		return nil, backend.Errorf(backend.ErrInvalid, "agent: --listen-tcp %q: want a loopback address with a port, e.g. 127.0.0.1:7070: %w", addr, err)
 	}
 	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
 		return nil, backend.Errorf(backend.ErrInvalid, "agent: --listen-tcp %q: only a loopback address (127.0.0.1, ::1) is accepted; the agent is reached from outside its network namespace through the runtime (a port-forward), never over the network", addr)

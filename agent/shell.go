@@ -367,7 +367,7 @@ func (s *server) shellStart(sh *agentpb.ShellStart, state shellState) (*agentpb.
 	out := &agentpb.ExecStart{Env: sh.Env, Dir: sh.Dir, User: sh.User, Stdin: sh.Stdin, TimeoutNs: sh.TimeoutNs}
 	env, err := mergeEnv(os.Environ(), sh.Env)
 	if err != nil {
-		return nil, nil, backend.Errorf(backend.ErrInvalid, "%v", err)
+		return nil, nil, backend.Errorf(backend.ErrInvalid, "%w", err)
 	}
 	pathEnv, ok := envGet(env, "PATH")
 	if !ok {
@@ -405,7 +405,7 @@ func (s *server) shellStart(sh *agentpb.ShellStart, state shellState) (*agentpb.
 	// framing.
 	dir, err := s.shells.runDir(int64(restore.Len()) + maxShellState + 64<<10)
 	if err != nil {
-		return nil, nil, backend.Errorf(backend.ErrUnavailable, "shell mode: %v", err)
+		return nil, nil, backend.Errorf(backend.ErrUnavailable, "shell mode: %w", err)
 	}
 	var rnd [12]byte
 	rand.Read(rnd[:])

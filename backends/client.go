@@ -148,7 +148,7 @@ func Launch(ctx context.Context, opts LaunchOptions) (*Client, error) {
 
 	base, err := PluginSocketBase()
 	if err != nil {
-		return nil, backend.Errorf(backend.ErrUnavailable, "driver plugin %s: %v", opts.Path, err)
+		return nil, backend.Errorf(backend.ErrUnavailable, "driver plugin %s: %w", opts.Path, err)
 	}
 
 	c := &Client{path: opts.Path, args: opts.Args, env: opts.Env, logger: logger, stderr: &tailRecorder{max: 2048}}
@@ -227,7 +227,7 @@ func Launch(ctx context.Context, opts LaunchOptions) (*Client, error) {
 		}
 		c.killProcess()
 		if runnerErr != nil {
-			return nil, backend.Errorf(backend.ErrUnavailable, "driver plugin %s: cannot start it: %v", opts.Path, runnerErr)
+			return nil, backend.Errorf(backend.ErrUnavailable, "driver plugin %s: cannot start it: %w", opts.Path, runnerErr)
 		}
 		return nil, c.startError(ctx, res.err, time.Since(began), timeout)
 	}
@@ -247,7 +247,7 @@ func checkExecutable(path string) error {
 	case errors.Is(err, os.ErrNotExist):
 		return backend.Errorf(backend.ErrNotFound, "driver plugin %s: no such file; check the path (plugin_dirs, $BERTH_PLUGIN_PATH) or install the driver", path)
 	case err != nil:
-		return backend.Errorf(backend.ErrInvalid, "driver plugin %s: %v", path, err)
+		return backend.Errorf(backend.ErrInvalid, "driver plugin %s: %w", path, err)
 	case fi.IsDir():
 		return backend.Errorf(backend.ErrInvalid, "driver plugin %s: is a directory, not an executable", path)
 	case fi.Mode().Perm()&0o111 == 0:
@@ -275,7 +275,7 @@ func (c *Client) startError(ctx context.Context, err error, elapsed, timeout tim
 	switch {
 	case r != nil && r.pid == 0:
 		return backend.Errorf(backend.ErrUnavailable,
-			"driver plugin %s: cannot run it: %v; check that it is an executable for this machine", c.path, err)
+			"driver plugin %s: cannot run it: %w; check that it is an executable for this machine", c.path, err)
 	case head != "" && handshakeLine.MatchString(firstLine) && strings.Contains(err.Error(), "incompatible API version"):
 		// The plugin answered with a version we do not speak; go-plugin names
 		// only the one it picked, describe lists them all.

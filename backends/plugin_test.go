@@ -846,8 +846,10 @@ func TestOptionalCallsForwarded(t *testing.T) {
 	if !bytes.Equal(back.Bytes(), data) {
 		t.Errorf("CopyOut returned %d bytes, want %d", back.Len(), len(data))
 	}
-	if err := c.CopyOut(ctx, "sb", "/nope", io.Discard); !errors.Is(err, backend.ErrNotFound) {
-		t.Errorf("CopyOut missing: %v", err)
+	// The driver wraps a *fs.PathError (%w) into ErrNotFound: across the plugin the
+	// kind survives and the text names the cause.
+	if err := c.CopyOut(ctx, "sb", "/nope", io.Discard); !errors.Is(err, backend.ErrNotFound) || !strings.Contains(err.Error(), "copy out of sandbox sb: open /nope: no such file or directory") {
+		t.Errorf("CopyOut missing: %v, want ErrNotFound naming the cause", err)
 	}
 	readErr := errors.New("tape jammed")
 	if err := c.CopyIn(ctx, "sb", "/x", io.MultiReader(strings.NewReader("abc"), &failReader{readErr})); !errors.Is(err, readErr) {

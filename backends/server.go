@@ -622,7 +622,7 @@ func (s *server) DialAgent(stream pb.Driver_DialAgentServer) error {
 			if errors.Is(err, io.EOF) || ctx.Err() != nil {
 				return nil
 			}
-			return backend.Errorf(backend.ErrUnavailable, "dial agent of sandbox %s: %v", first.GetName(), err)
+			return backend.Errorf(backend.ErrUnavailable, "dial agent of sandbox %s: %w", first.GetName(), err)
 		}
 	}
 }

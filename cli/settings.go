@@ -205,7 +205,7 @@ func clockOffset() (time.Duration, error) {
 	}
 	off, err := config.ParseDuration(strings.TrimPrefix(v, "-"))
 	if err != nil {
-		return 0, backend.Errorf(backend.ErrInvalid, "%s=%q: %v; use a duration such as 7d or 36h (a leading - goes back)", envClockOffset, v, err)
+		return 0, backend.Errorf(backend.ErrInvalid, "%s=%q: %w; use a duration such as 7d or 36h (a leading - goes back)", envClockOffset, v, err)
 	}
 	if strings.HasPrefix(v, "-") {
 		off = -off

@@ -500,7 +500,7 @@ func Load(path string, opts ...Option) (*Config, error) {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, backend.Errorf(backend.ErrInvalid, "config file %s does not exist; create it, or point --config / BERTH_CONFIG at an existing file", path)
 		}
-		return nil, backend.Errorf(backend.ErrInvalid, "reading config file %s: %v; point --config / BERTH_CONFIG at a readable file", path, err)
+		return nil, backend.Errorf(backend.ErrInvalid, "reading config file %s: %w; point --config / BERTH_CONFIG at a readable file", path, err)
 	}
 	return Parse(src, path, opts...)
 }

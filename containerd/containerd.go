@@ -257,7 +257,7 @@ func (d *Driver) Configure(ctx context.Context, setup backend.DriverSetup) error
 	var cfg config
 	if len(setup.Config) > 0 {
 		if err := json.Unmarshal(setup.Config, &cfg); err != nil {
-			return backend.Errorf(backend.ErrInvalid, "driver \"containerd\" config: %v", err)
+			return backend.Errorf(backend.ErrInvalid, "driver \"containerd\" config: %w", err)
 		}
 	}
 	if cfg.Address != "" {
@@ -442,7 +442,7 @@ func (d *Driver) api(ctx context.Context) (*client.Client, context.Context, erro
 	}
 	c, err := client.New(path, client.WithDefaultNamespace(s.namespace), client.WithDefaultRuntime(s.runtime))
 	if err != nil {
-		return nil, ctx, backend.Errorf(backend.ErrInvalid, "driver \"containerd\": address %q: %v", s.address, err)
+		return nil, ctx, backend.Errorf(backend.ErrInvalid, "driver \"containerd\": address %q: %w", s.address, err)
 	}
 	d.cli = c
 	return c, ctx, nil
@@ -475,18 +475,18 @@ func (d *Driver) wrap(op string, err error) error {
 	case cerrdefs.IsUnavailable(err), status.Code(err) == codes.Unavailable:
 		return d.unavailable(op, d.settings().address, err)
 	case cerrdefs.IsNotFound(err):
-		return backend.Errorf(backend.ErrNotFound, "containerd: %s: %v", op, err)
+		return backend.Errorf(backend.ErrNotFound, "containerd: %s: %w", op, err)
 	case cerrdefs.IsConflict(err), cerrdefs.IsAlreadyExists(err), cerrdefs.IsFailedPrecondition(err):
-		return backend.Errorf(backend.ErrConflict, "containerd: %s: %v", op, err)
+		return backend.Errorf(backend.ErrConflict, "containerd: %s: %w", op, err)
 	case cerrdefs.IsInvalidArgument(err):
-		return backend.Errorf(backend.ErrInvalid, "containerd: %s: %v", op, err)
+		return backend.Errorf(backend.ErrInvalid, "containerd: %s: %w", op, err)
 	case cerrdefs.IsNotImplemented(err):
-		return backend.Errorf(backend.ErrUnsupported, "containerd: %s: %v", op, err)
+		return backend.Errorf(backend.ErrUnsupported, "containerd: %s: %w", op, err)
 	}
 	return fmt.Errorf("containerd: %s: %w", op, err)
 }
 
 // unavailable is the ErrUnavailable of a daemon at address that does not answer.
 func (d *Driver) unavailable(op, address string, err error) error {
-	return backend.Errorf(backend.ErrUnavailable, "containerd: %s: containerd at %s does not answer (%v); start it (systemctl start containerd, or sudo scripts/runtimes.sh and export the CONTAINERD_ADDRESS it prints) or set address in driver \"containerd\" {}", op, address, err)
+	return backend.Errorf(backend.ErrUnavailable, "containerd: %s: containerd at %s does not answer (%w); start it (systemctl start containerd, or sudo scripts/runtimes.sh and export the CONTAINERD_ADDRESS it prints) or set address in driver \"containerd\" {}", op, address, err)
 }

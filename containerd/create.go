@@ -149,7 +149,7 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 					// snapshot may stay). No other Create of this name runs (this
 					// one holds the name's lock), so nothing uses it: remove it.
 					if rerr := cli.SnapshotService(s.snapshotter).Remove(nctx, spec.Name); rerr != nil && !cerrdefs.IsNotFound(rerr) {
-						return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "containerd sandbox %s: a snapshot %q exists in namespace %s without a container (an interrupted Create or Remove) and cannot be removed: %v; remove it with `ctr -n %s snapshots --snapshotter %s rm %s`", spec.Name, spec.Name, s.namespace, rerr, s.namespace, s.snapshotter, spec.Name)
+						return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "containerd sandbox %s: a snapshot %q exists in namespace %s without a container (an interrupted Create or Remove) and cannot be removed: %w; remove it with `ctr -n %s snapshots --snapshotter %s rm %s`", spec.Name, spec.Name, s.namespace, rerr, s.namespace, s.snapshotter, spec.Name)
 					}
 					continue
 				}
@@ -158,7 +158,7 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 				return backend.Sandbox{}, werr
 			}
 			d.removeSnapshot(nctx, cli, spec.Name)
-			return backend.Sandbox{}, backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: containerd refused the container: %v", spec.Name, err)
+			return backend.Sandbox{}, backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: containerd refused the container: %w", spec.Name, err)
 		}
 		done(context.WithoutCancel(nctx))
 		info, err := c.Info(nctx, client.WithoutRefreshedMetadata)
@@ -236,7 +236,7 @@ func (d *Driver) removeSnapshot(ctx context.Context, cli *client.Client, key str
 func normalizeRef(ref string) (string, error) {
 	named, err := reference.ParseDockerRef(ref)
 	if err != nil {
-		return "", backend.Errorf(backend.ErrInvalid, "image %q is not an image reference: %v", ref, err)
+		return "", backend.Errorf(backend.ErrInvalid, "image %q is not an image reference: %w", ref, err)
 	}
 	return named.String(), nil
 }
@@ -258,7 +258,7 @@ func (d *Driver) image(ctx context.Context, cli *client.Client, name, ref string
 	s := d.settings()
 	full, err := normalizeRef(ref)
 	if err != nil {
-		return nil, backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: %v", name, err)
+		return nil, backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: %w", name, err)
 	}
 	img, err := cli.GetImage(ctx, full)
 	if err != nil {
@@ -401,7 +401,7 @@ func (d *Driver) start(ctx context.Context, cli *client.Client, c client.Contain
 				// without a shim; no API call removes it.
 				hint = "; containerd left the task's state directory of an interrupted create behind and no API call removes it: unmount and remove that directory (umount DIR/rootfs; rm -r DIR) or restart containerd, which cleans it up"
 			}
-			werr = backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: containerd cannot create the task: %v%s%s", name, err, hint, d.profileHint())
+			werr = backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: containerd cannot create the task: %w%s%s", name, err, hint, d.profileHint())
 		}
 		return backend.Sandbox{}, werr
 	}
@@ -416,7 +416,7 @@ func (d *Driver) start(ctx context.Context, cli *client.Client, c client.Contain
 		d.deleteTask(ctx, t)
 		werr := d.wrap("start task "+name, err)
 		if !errors.Is(werr, backend.ErrUnavailable) {
-			werr = backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: containerd cannot start the task: %v%s", name, err, d.profileHint())
+			werr = backend.Errorf(backend.ErrInvalid, "containerd sandbox %s: containerd cannot start the task: %w%s", name, err, d.profileHint())
 		}
 		return backend.Sandbox{}, werr
 	}
@@ -452,7 +452,7 @@ func (d *Driver) start(ctx context.Context, cli *client.Client, c client.Contain
 		if ctx.Err() != nil {
 			return backend.Sandbox{}, fmt.Errorf("containerd sandbox %s: waiting for the agent: %w", name, ctx.Err())
 		}
-		return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "containerd sandbox %s: the agent in the task did not answer on %s within %s (%v); if containerd does not share this host's filesystem, berth cannot reach its agent%s", name, sockDir, agentStartTimeout, err, agentLogTail(sockDir))
+		return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "containerd sandbox %s: the agent in the task did not answer on %s within %s (%w); if containerd does not share this host's filesystem, berth cannot reach its agent%s", name, sockDir, agentStartTimeout, err, agentLogTail(sockDir))
 	}
 	defer c2.Close()
 	if err := containerutil.CheckUser(ctx, c2, Name, name, user); err != nil {

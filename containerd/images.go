@@ -46,7 +46,7 @@ func (d *Driver) ImportImage(ctx context.Context, r io.Reader) ([]string, error)
 		if errors.Is(werr, backend.ErrUnavailable) || backend.KindOf(werr) != nil {
 			return nil, werr
 		}
-		return nil, backend.Errorf(backend.ErrInvalid, "containerd: import image: %v (want a `docker save` archive or an OCI layout tar)", err)
+		return nil, backend.Errorf(backend.ErrInvalid, "containerd: import image: %w (want a `docker save` archive or an OCI layout tar)", err)
 	}
 	var refs []string
 	for _, img := range imgs {
@@ -179,7 +179,7 @@ func dockerConfig() (*configfile.ConfigFile, error) {
 	}
 	cf, err := dockerconfig.Load(dir)
 	if err != nil {
-		return nil, backend.Errorf(backend.ErrInvalid, "containerd: reading the Docker config file in %s: %v; fix or move it (or point DOCKER_CONFIG at another directory)", dir, err)
+		return nil, backend.Errorf(backend.ErrInvalid, "containerd: reading the Docker config file in %s: %w; fix or move it (or point DOCKER_CONFIG at another directory)", dir, err)
 	}
 	return cf, nil
 }
@@ -227,11 +227,11 @@ func (d *Driver) pullError(ref string, err error) error {
 	switch {
 	case cerrdefs.IsUnauthorized(err), cerrdefs.IsPermissionDenied(err), strings.Contains(low, "401 unauthorized"),
 		strings.Contains(low, "403 forbidden"), strings.Contains(low, "unauthorized"), strings.Contains(low, "denied"):
-		return backend.Errorf(backend.ErrInvalid, "containerd: pull %s: registry %s refused: %v; log in with `docker login %s` (berth reads the same Docker config file) or fix the image name", ref, host, err, host)
+		return backend.Errorf(backend.ErrInvalid, "containerd: pull %s: registry %s refused: %w; log in with `docker login %s` (berth reads the same Docker config file) or fix the image name", ref, host, err, host)
 	case cerrdefs.IsNotFound(err) || strings.Contains(low, "not found"):
-		return backend.Errorf(backend.ErrNotFound, "containerd: pull %s: %s does not have it (%v); check the image name and tag, or import the image (berth image import FILE --driver containerd)", ref, host, err)
+		return backend.Errorf(backend.ErrNotFound, "containerd: pull %s: %s does not have it (%w); check the image name and tag, or import the image (berth image import FILE --driver containerd)", ref, host, err)
 	}
-	return backend.Errorf(backend.ErrUnavailable, "containerd: pull %s: %s does not answer (%v); only registries on loopback are reached over plain HTTP, every other one over HTTPS", ref, host, err)
+	return backend.Errorf(backend.ErrUnavailable, "containerd: pull %s: %s does not answer (%w); only registries on loopback are reached over plain HTTP, every other one over HTTPS", ref, host, err)
 }
 
 // shortID returns the first 12 hex digits of a "sha256:..." digest, as Docker shows

@@ -81,7 +81,7 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 				}
 			}
 			if errors.Is(werr, backend.ErrNotFound) && strings.Contains(strings.ToLower(err.Error()), "image") {
-				return backend.Sandbox{}, backend.Errorf(backend.ErrNotFound, "docker sandbox %s: image %q is not in the Docker Engine at %s (%v); pull it (berth pulls before create unless the rule says pull = \"never\") or load it (berth image import FILE --driver docker)", spec.Name, spec.Image, d.engineHost(), err)
+				return backend.Sandbox{}, backend.Errorf(backend.ErrNotFound, "docker sandbox %s: image %q is not in the Docker Engine at %s (%w); pull it (berth pulls before create unless the rule says pull = \"never\") or load it (berth image import FILE --driver docker)", spec.Name, spec.Image, d.engineHost(), err)
 			}
 			return backend.Sandbox{}, werr
 		}
@@ -232,7 +232,7 @@ func (d *Driver) start(ctx context.Context, name, id, user string) (backend.Sand
 		if err := api.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
 			werr := d.wrap("start container "+name, err)
 			if !errors.Is(werr, backend.ErrUnavailable) && !errors.Is(werr, backend.ErrNotFound) {
-				werr = backend.Errorf(backend.ErrInvalid, "docker sandbox %s: the engine cannot start the container: %v", name, err)
+				werr = backend.Errorf(backend.ErrInvalid, "docker sandbox %s: the engine cannot start the container: %w", name, err)
 			}
 			return backend.Sandbox{}, werr
 		}
@@ -268,7 +268,7 @@ func (d *Driver) start(ctx context.Context, name, id, user string) (backend.Sand
 		if ctx.Err() != nil {
 			return backend.Sandbox{}, fmt.Errorf("docker sandbox %s: waiting for the agent: %w", name, ctx.Err())
 		}
-		return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "docker sandbox %s: the agent in the container did not answer on %s within %s (%v); if the engine does not share this host's filesystem (a socket forwarded from a VM or another machine), berth cannot reach its agent%s", name, sockDir, agentStartTimeout, err, d.logTail(id))
+		return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "docker sandbox %s: the agent in the container did not answer on %s within %s (%w); if the engine does not share this host's filesystem (a socket forwarded from a VM or another machine), berth cannot reach its agent%s", name, sockDir, agentStartTimeout, err, d.logTail(id))
 	}
 	defer c.Close()
 	if err := containerutil.CheckUser(ctx, c, Name, name, user); err != nil {

@@ -190,7 +190,7 @@ func (d *Driver) Configure(ctx context.Context, setup backend.DriverSetup) error
 	}
 	if len(setup.Config) > 0 {
 		if err := json.Unmarshal(setup.Config, &cfg); err != nil {
-			return backend.Errorf(backend.ErrInvalid, "driver \"docker\" config: %v", err)
+			return backend.Errorf(backend.ErrInvalid, "driver \"docker\" config: %w", err)
 		}
 	}
 	if cfg.Host != "" {
@@ -261,7 +261,7 @@ func (d *Driver) apiCtx(ctx context.Context) (c *client.Client, fresh bool, err 
 	}
 	c, err = client.NewClientWithOpts(client.WithHost(host), client.WithAPIVersionNegotiation())
 	if err != nil {
-		return nil, false, backend.Errorf(backend.ErrInvalid, "driver \"docker\": host %q: %v", host, err)
+		return nil, false, backend.Errorf(backend.ErrInvalid, "driver \"docker\": host %q: %w", host, err)
 	}
 	// Negotiate the API version now, once, under d.mu: the SDK's lazy negotiation on
 	// the first request writes the version while concurrent requests read it (a data
@@ -311,15 +311,15 @@ func wrapAt(host, op string, err error) error {
 	}
 	switch {
 	case client.IsErrConnectionFailed(err), cerrdefs.IsUnavailable(err):
-		return backend.Errorf(backend.ErrUnavailable, "docker: %s: the Docker Engine at %s does not answer (%v); start it (systemctl start docker, or sudo scripts/runtimes.sh and export the DOCKER_HOST it prints) or set host in driver \"docker\" {}", op, host, err)
+		return backend.Errorf(backend.ErrUnavailable, "docker: %s: the Docker Engine at %s does not answer (%w); start it (systemctl start docker, or sudo scripts/runtimes.sh and export the DOCKER_HOST it prints) or set host in driver \"docker\" {}", op, host, err)
 	case cerrdefs.IsNotFound(err):
-		return backend.Errorf(backend.ErrNotFound, "docker: %s: %v", op, err)
+		return backend.Errorf(backend.ErrNotFound, "docker: %s: %w", op, err)
 	case cerrdefs.IsConflict(err), cerrdefs.IsAlreadyExists(err):
-		return backend.Errorf(backend.ErrConflict, "docker: %s: %v", op, err)
+		return backend.Errorf(backend.ErrConflict, "docker: %s: %w", op, err)
 	case cerrdefs.IsInvalidArgument(err):
-		return backend.Errorf(backend.ErrInvalid, "docker: %s: %v", op, err)
+		return backend.Errorf(backend.ErrInvalid, "docker: %s: %w", op, err)
 	case cerrdefs.IsNotImplemented(err):
-		return backend.Errorf(backend.ErrUnsupported, "docker: %s: %v", op, err)
+		return backend.Errorf(backend.ErrUnsupported, "docker: %s: %w", op, err)
 	}
 	return fmt.Errorf("docker: %s: %w", op, err)
 }

@@ -54,7 +54,7 @@ func (d *Driver) PullImage(ctx context.Context, ref string, policy backend.PullP
 	}
 	named, err := reference.ParseNormalizedNamed(ref)
 	if err != nil {
-		return backend.Errorf(backend.ErrInvalid, "docker: image %q: %v; write it as NAME[:TAG] or NAME@DIGEST, e.g. \"debian:bookworm\"", ref, err)
+		return backend.Errorf(backend.ErrInvalid, "docker: image %q: %w; write it as NAME[:TAG] or NAME@DIGEST, e.g. \"debian:bookworm\"", ref, err)
 	}
 	named = reference.TagNameOnly(named)
 	api, err := d.api()
@@ -92,7 +92,7 @@ func (d *Driver) PullImage(ctx context.Context, ref string, policy backend.PullP
 			if ctx.Err() != nil {
 				return fmt.Errorf("docker: pull image %s: %w", ref, ctx.Err())
 			}
-			return backend.Errorf(backend.ErrUnavailable, "docker: pull image %s: reading the engine's progress: %v", ref, err)
+			return backend.Errorf(backend.ErrUnavailable, "docker: pull image %s: reading the engine's progress: %w", ref, err)
 		}
 		//lint:ignore SA1019 an engine may send the error only in the old "error" field
 		if m.Error != nil || m.ErrorMessage != "" {
@@ -156,7 +156,7 @@ func registryAuth(host string) (string, error) {
 	}
 	cf, err := dockerconfig.Load(dir)
 	if err != nil {
-		return "", backend.Errorf(backend.ErrInvalid, "docker: reading the Docker config file in %s: %v; fix or move it (or point DOCKER_CONFIG at another directory)", dir, err)
+		return "", backend.Errorf(backend.ErrInvalid, "docker: reading the Docker config file in %s: %w; fix or move it (or point DOCKER_CONFIG at another directory)", dir, err)
 	}
 	key := host
 	if host == "docker.io" {

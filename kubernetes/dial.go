@@ -78,7 +78,7 @@ func (d *Driver) forward(ctx context.Context, p *corev1.Pod) (net.Conn, error) {
 		}
 		fc.retire()
 		if fresh || attempt > 0 {
-			return nil, backend.Errorf(backend.ErrUnavailable, "kubernetes: port-forward to pod %s port %d: %v", p.Name, AgentPort, err)
+			return nil, backend.Errorf(backend.ErrUnavailable, "kubernetes: port-forward to pod %s port %d: %w", p.Name, AgentPort, err)
 		}
 		// The kept connection had broken without our noticing: dial a new one.
 	}
@@ -111,7 +111,7 @@ func (d *Driver) dialForward(ctx context.Context, p *corev1.Pod) (httpstream.Con
 	u := cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(p.Name).SubResource("portforward").URL()
 	transport, upgrader, err := spdy.RoundTripperFor(rc)
 	if err != nil {
-		return nil, backend.Errorf(backend.ErrInvalid, "kubernetes: port-forward to pod %s: %v", p.Name, err)
+		return nil, backend.Errorf(backend.ErrInvalid, "kubernetes: port-forward to pod %s: %w", p.Name, err)
 	}
 	client := &http.Client{Transport: transport, Timeout: dialTimeout}
 	type result struct {

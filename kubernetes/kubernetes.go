@@ -238,7 +238,7 @@ func (d *Driver) Configure(ctx context.Context, setup backend.DriverSetup) error
 		// The block's attributes override WithConfig's; those it does not set keep
 		// them (a registry whose config has no driver block passes "{}").
 		if err := json.Unmarshal(setup.Config, &cfg); err != nil {
-			return backend.Errorf(backend.ErrInvalid, "driver \"kubernetes\" config: %v", err)
+			return backend.Errorf(backend.ErrInvalid, "driver \"kubernetes\" config: %w", err)
 		}
 	}
 	set, err := checkConfig(cfg)
@@ -384,7 +384,7 @@ func (d *Driver) client() (*kubernetes.Clientset, string, error) {
 	if c.InCluster {
 		var err error
 		if rc, err = rest.InClusterConfig(); err != nil {
-			return nil, "", backend.Errorf(backend.ErrUnavailable, "driver \"kubernetes\": in_cluster: %v", err)
+			return nil, "", backend.Errorf(backend.ErrUnavailable, "driver \"kubernetes\": in_cluster: %w", err)
 		}
 		if ns == "" {
 			if b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil {
@@ -403,7 +403,7 @@ func (d *Driver) client() (*kubernetes.Clientset, string, error) {
 			if where == "" {
 				where = "$KUBECONFIG or ~/.kube/config"
 			}
-			return nil, "", backend.Errorf(backend.ErrInvalid, "driver \"kubernetes\": kubeconfig %s (context %q): %v; set kubeconfig and context in driver \"kubernetes\" {}, or in_cluster = true", where, c.Context, err)
+			return nil, "", backend.Errorf(backend.ErrInvalid, "driver \"kubernetes\": kubeconfig %s (context %q): %w; set kubeconfig and context in driver \"kubernetes\" {}, or in_cluster = true", where, c.Context, err)
 		}
 		if ns == "" {
 			ns, _, _ = cc.Namespace()
@@ -418,7 +418,7 @@ func (d *Driver) client() (*kubernetes.Clientset, string, error) {
 	rc.UserAgent = "berth-driver-kubernetes/" + Version
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
-		return nil, "", backend.Errorf(backend.ErrInvalid, "driver \"kubernetes\": %v", err)
+		return nil, "", backend.Errorf(backend.ErrInvalid, "driver \"kubernetes\": %w", err)
 	}
 	d.cs, d.rest, d.ns, d.server = cs, rc, ns, rc.Host
 	return cs, ns, nil
@@ -469,24 +469,24 @@ func (d *Driver) wrap(op string, err error) error {
 	ns := d.namespace()
 	switch {
 	case apierrors.IsNotFound(err) && notFoundKind(err) == "namespaces":
-		return backend.Errorf(backend.ErrInvalid, "kubernetes: %s: namespace %s does not exist: create it (kubectl create namespace %s) or set namespace in driver \"kubernetes\" {} to one that does (%v)", op, ns, ns, err)
+		return backend.Errorf(backend.ErrInvalid, "kubernetes: %s: namespace %s does not exist: create it (kubectl create namespace %s) or set namespace in driver \"kubernetes\" {} to one that does (%w)", op, ns, ns, err)
 	case apierrors.IsNotFound(err):
-		return backend.Errorf(backend.ErrNotFound, "kubernetes: %s: %v", op, err)
+		return backend.Errorf(backend.ErrNotFound, "kubernetes: %s: %w", op, err)
 	case apierrors.IsAlreadyExists(err), apierrors.IsConflict(err):
-		return backend.Errorf(backend.ErrConflict, "kubernetes: %s: %v", op, err)
+		return backend.Errorf(backend.ErrConflict, "kubernetes: %s: %w", op, err)
 	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err):
-		return backend.Errorf(backend.ErrInvalid, "kubernetes: %s: %v", op, err)
+		return backend.Errorf(backend.ErrInvalid, "kubernetes: %s: %w", op, err)
 	case apierrors.IsForbidden(err), apierrors.IsUnauthorized(err):
-		return backend.Errorf(backend.ErrInvalid, "kubernetes: %s in namespace %s: %v; give berth's user the Role in docs/kubernetes.md in that namespace (and check that the namespace exists)", op, ns, err)
+		return backend.Errorf(backend.ErrInvalid, "kubernetes: %s in namespace %s: %w; give berth's user the Role in docs/kubernetes.md in that namespace (and check that the namespace exists)", op, ns, err)
 	case apierrors.IsTimeout(err), apierrors.IsServerTimeout(err), apierrors.IsTooManyRequests(err):
-		return backend.Errorf(backend.ErrUnavailable, "kubernetes: %s: the API server at %s is busy: %v", op, d.serverAddr(), err)
+		return backend.Errorf(backend.ErrUnavailable, "kubernetes: %s: the API server at %s is busy: %w", op, d.serverAddr(), err)
 	case apierrors.IsInternalError(err), apierrors.IsServiceUnavailable(err):
-		return backend.Errorf(backend.ErrUnavailable, "kubernetes: %s: %v", op, err)
+		return backend.Errorf(backend.ErrUnavailable, "kubernetes: %s: %w", op, err)
 	}
 	var status apierrors.APIStatus
 	if !errors.As(err, &status) {
 		// No answer from the API server at all: connection refused, DNS, TLS.
-		return backend.Errorf(backend.ErrUnavailable, "kubernetes: %s: the API server at %s does not answer (%v); check that the cluster runs (kubectl version) and that kubeconfig/context in driver \"kubernetes\" {} point at it", op, d.serverAddr(), err)
+		return backend.Errorf(backend.ErrUnavailable, "kubernetes: %s: the API server at %s does not answer (%w); check that the cluster runs (kubectl version) and that kubeconfig/context in driver \"kubernetes\" {} point at it", op, d.serverAddr(), err)
 	}
 	return fmt.Errorf("kubernetes: %s: %w", op, err)
 }

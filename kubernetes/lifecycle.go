@@ -58,7 +58,7 @@ func (d *Driver) Create(ctx context.Context, req backend.CreateRequest) (backend
 	}
 	token, err := agent.ReadToken(req.Agent.Dir)
 	if err != nil {
-		return backend.Sandbox{}, backend.Errorf(backend.ErrInvalid, "kubernetes sandbox %s: %v", spec.Name, err)
+		return backend.Sandbox{}, backend.Errorf(backend.ErrInvalid, "kubernetes sandbox %s: %w", spec.Name, err)
 	}
 	cs, ns, err := d.client()
 	if err != nil {
@@ -367,7 +367,7 @@ func (d *Driver) waitAgent(ctx context.Context, name string, p *corev1.Pod, time
 		if cause := context.Cause(rctx); backend.KindOf(cause) != nil {
 			return backend.Sandbox{}, cause
 		}
-		return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "kubernetes sandbox %s: the agent in Pod %s did not answer through a port-forward to port %d within %s: %v", name, p.Name, AgentPort, timeout, err)
+		return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "kubernetes sandbox %s: the agent in Pod %s did not answer through a port-forward to port %d within %s: %w", name, p.Name, AgentPort, timeout, err)
 	}
 	defer c.Close()
 	if err := containerutil.CheckUser(ctx, c, Name, name, user); err != nil {
@@ -422,7 +422,7 @@ func startTimeout(name string, p *corev1.Pod, cause error) error {
 			why += fmt.Sprintf("; container %s waiting: %s %s", s.Name, w.Reason, w.Message)
 		}
 	}
-	return backend.Errorf(backend.ErrTimeout, "kubernetes sandbox %s: %v (Pod %s: %s)", name, cause, p.Name, why)
+	return backend.Errorf(backend.ErrTimeout, "kubernetes sandbox %s: %w (Pod %s: %s)", name, cause, p.Name, why)
 }
 
 // containerRunning reports whether the sandbox container of p runs.

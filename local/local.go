@@ -126,7 +126,7 @@ func (d *Driver) Configure(ctx context.Context, setup backend.DriverSetup) error
 	}
 	if len(setup.Config) > 0 {
 		if err := json.Unmarshal(setup.Config, &cfg); err != nil {
-			return backend.Errorf(backend.ErrInvalid, "driver \"local\" config: %v", err)
+			return backend.Errorf(backend.ErrInvalid, "driver \"local\" config: %w", err)
 		}
 	}
 	for _, n := range cfg.EnvAllowlist {
@@ -220,7 +220,7 @@ func lock(ctx context.Context, root, name string) (*flock.Held, error) {
 	l, err := flock.Lock(ctx, filepath.Join(root, "."+name+".lock"))
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
-			return nil, backend.Errorf(backend.ErrTimeout, "local: waiting for the lock of sandbox %s: %v", name, cerr)
+			return nil, backend.Errorf(backend.ErrTimeout, "local: waiting for the lock of sandbox %s: %w", name, cerr)
 		}
 		return nil, fmt.Errorf("local: lock %s: %w", name, err)
 	}

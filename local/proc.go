@@ -106,7 +106,7 @@ func (d *Driver) startAgent(ctx context.Context, dir string, m *meta) error {
 	}
 	w.Close()
 	if err != nil {
-		return backend.Errorf(backend.ErrUnavailable, "local sandbox %s: starting agent %s: %v", m.Name, m.Agent.Binary, err)
+		return backend.Errorf(backend.ErrUnavailable, "local sandbox %s: starting agent %s: %w", m.Name, m.Agent.Binary, err)
 	}
 	go p.Wait() // reap it if it ends while this process lives; it is detached otherwise
 
@@ -120,7 +120,7 @@ func (d *Driver) startAgent(ctx context.Context, dir string, m *meta) error {
 	if rerr != nil || !bytes.HasPrefix(buf[:n], []byte("ready")) {
 		p.Kill()
 		tail := logTail(filepath.Join(dir, "agent.log"))
-		return backend.Errorf(backend.ErrUnavailable, "local sandbox %s: agent %s did not start (%v)%s", m.Name, m.Agent.Binary, rerr, tail)
+		return backend.Errorf(backend.ErrUnavailable, "local sandbox %s: agent %s did not start (%w)%s", m.Name, m.Agent.Binary, rerr, tail)
 	}
 	ticks, err := startTicks(p.Pid)
 	if err != nil {

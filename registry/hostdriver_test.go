@@ -59,7 +59,7 @@ func (d *hostDriver) read(name string) (hostMeta, error) {
 	var m hostMeta
 	b, err := os.ReadFile(filepath.Join(d.dir(name), "meta.json"))
 	if errors.Is(err, os.ErrNotExist) {
-		return m, backend.Errorf(backend.ErrNotFound, "sandbox %s: %v", name, backend.ErrNotFound)
+		return m, backend.Errorf(backend.ErrNotFound, "sandbox %s: %w", name, backend.ErrNotFound)
 	} else if err != nil {
 		return m, err
 	}
@@ -103,7 +103,7 @@ func (d *hostDriver) Create(_ context.Context, req backend.CreateRequest) (backe
 		return backend.Sandbox{}, backend.Errorf(backend.ErrUnavailable, "runtime refuses image fail-create")
 	}
 	if err := os.Mkdir(d.dir(name), 0o700); err != nil {
-		return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "sandbox dir %s: %v", name, err)
+		return backend.Sandbox{}, backend.Errorf(backend.ErrConflict, "sandbox dir %s: %w", name, err)
 	}
 	m := hostMeta{Labels: req.Spec.Labels, Env: req.Spec.Env, State: backend.StateRunning, Created: time.Now().UTC()}
 	if err := d.write(name, m); err != nil {

@@ -156,7 +156,7 @@ func Open(ctx context.Context, cfg *config.Config, opts ...Option) (*Registry, e
 	if bin == "" {
 		var err error
 		if bin, err = os.Executable(); err != nil {
-			return nil, backend.Errorf(backend.ErrInvalid, "finding the berth binary: %v; pass registry.WithBerthBinary", err)
+			return nil, backend.Errorf(backend.ErrInvalid, "finding the berth binary: %w; pass registry.WithBerthBinary", err)
 		}
 	}
 	stateDir := o.stateDir

@@ -264,7 +264,7 @@ func (r *Registry) dialThrough(ctx context.Context, rec record, agentDir string)
 		r.viaPlugin.add(c, b) // so that a plugin's crash mid-call reads as one (lostWithPlugin)
 		return c, nil
 	case errors.Is(err, backend.ErrNotFound), errors.Is(err, backend.ErrConflict), errors.Is(err, backend.ErrUnavailable):
-		return nil, backend.Errorf(backend.ErrUnavailable, "%v", err)
+		return nil, backend.Errorf(backend.ErrUnavailable, "%w", err)
 	}
 	return nil, err
 }
@@ -337,7 +337,7 @@ func (r *Registry) openSlowOnce(ctx context.Context, session string, mayRetry bo
 		c.fail()
 		err = r.agentError(session, p.lease.Driver, p.lease.Sandbox, err)
 		if errors.Is(err, errNotRunning) {
-			err = backend.Errorf(backend.ErrUnavailable, "session %q: driver %s started sandbox %s, but its agent does not answer: %v", session, p.lease.Driver, p.lease.Sandbox, errors.Unwrap(err))
+			err = backend.Errorf(backend.ErrUnavailable, "session %q: driver %s started sandbox %s, but its agent does not answer: %w", session, p.lease.Driver, p.lease.Sandbox, errors.Unwrap(err))
 		}
 		return nil, err
 	}

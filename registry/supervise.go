@@ -222,7 +222,7 @@ func (r *Registry) awaitRestart(ctx context.Context, name string, e *driverEntry
 			if e.lastErr != nil {
 				err = fmt.Errorf("%w (the last one failed: %v)", err, e.lastErr)
 			}
-			return &DriverCrashedError{Driver: name, Op: "a call that needs it", Err: backend.Errorf(backend.ErrUnavailable, "%v", err)}
+			return &DriverCrashedError{Driver: name, Op: "a call that needs it", Err: backend.Errorf(backend.ErrUnavailable, "%w", err)}
 		}
 		down := e.down
 		e.mu.Unlock()

@@ -144,7 +144,7 @@ func validDriverName(name string) bool {
 func FindPlugin(name, plugin string, dirs []string) (string, error) {
 	if strings.Contains(plugin, "/") {
 		if _, err := os.Stat(plugin); err != nil {
-			return "", backend.Errorf(backend.ErrNotFound, "driver %q: plugin %s: %v; fix the plugin path in driver %q {} or install the driver there", name, plugin, errors.Unwrap(err), name)
+			return "", backend.Errorf(backend.ErrNotFound, "driver %q: plugin %s: %w; fix the plugin path in driver %q {} or install the driver there", name, plugin, errors.Unwrap(err), name)
 		}
 		return plugin, nil
 	}
@@ -184,7 +184,7 @@ func CachedFileSHA256(path, cacheDir string) (string, error) { return filehash.S
 func VerifySHA256(path, want, cacheDir string) error {
 	got, err := CachedFileSHA256(path, cacheDir)
 	if err != nil {
-		return backend.Errorf(backend.ErrInvalid, "driver plugin %s: cannot check its sha256: %v", path, err)
+		return backend.Errorf(backend.ErrInvalid, "driver plugin %s: cannot check its sha256: %w", path, err)
 	}
 	want = strings.ToLower(strings.TrimSpace(want))
 	if got != want {

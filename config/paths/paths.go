@@ -44,7 +44,7 @@ func DefaultStateDir() (string, error) {
 	}
 	home, err := os.UserHomeDir()
 	if err != nil {
-		return "", backend.Errorf(backend.ErrInvalid, "finding the default state dir: %v; set --state-dir or BERTH_STATE_DIR", err)
+		return "", backend.Errorf(backend.ErrInvalid, "finding the default state dir: %w; set --state-dir or BERTH_STATE_DIR", err)
 	}
 	return filepath.Join(home, ".local", "state", "berth"), nil
 }

@@ -255,7 +255,7 @@ func CheckUser(ctx context.Context, c *agent.Client, driver, name, user string) 
 		_, err = p.Wait()
 	}
 	if err != nil {
-		return backend.Errorf(backend.ErrInvalid, "%s sandbox %s: user %q: %v", driver, name, user, err)
+		return backend.Errorf(backend.ErrInvalid, "%s sandbox %s: user %q: %w", driver, name, user, err)
 	}
 	return nil
 }
@@ -321,7 +321,7 @@ func AgentEnv(env []string, a backend.AgentFiles) ([]string, error) {
 	}
 	tok, err := agent.TokenEnvEntry(a.Dir)
 	if err != nil {
-		return nil, backend.Errorf(backend.ErrUnavailable, "the sandbox's agent token: %v", err)
+		return nil, backend.Errorf(backend.ErrUnavailable, "the sandbox's agent token: %w", err)
 	}
 	return append(out, tok), nil
 }

@@ -159,7 +159,9 @@ func (f *fullDriver) CopyOut(_ context.Context, name, path string, w io.Writer) 
 	b, ok := f.files[name+":"+path]
 	f.mu.Unlock()
 	if !ok {
-		return backend.Errorf(backend.ErrNotFound, "%s in sandbox %s: not found", path, name)
+		// The cause as a runtime reports it, wrapped (%w): across the plugin the kind
+		// survives and the text names the cause.
+		return backend.Errorf(backend.ErrNotFound, "copy out of sandbox %s: %w", name, &fs.PathError{Op: "open", Path: path, Err: syscall.ENOENT})
 	}
 	_, err := w.Write(b)
 	return err
