@@ -317,7 +317,7 @@ func (c *Client) startError(ctx context.Context, err error, elapsed, timeout tim
 			c.path, status, stderrNote, seeLog)
 	case head == "" && elapsed >= timeout && c.builtin():
 		return backend.Errorf(backend.ErrUnavailable,
-			"built-in driver plugin %s did not complete the plugin handshake within %s and was killed: %s is not a berth binary (berth-cli) that serves built-in drivers%s; a Go program that holds a registry starts its own executable here unless told otherwise: register the driver in the program with registry.WithDriver, or name a berth-cli with registry.WithBerthBinary",
+			"built-in driver plugin %s did not complete the plugin handshake within %s and was killed: %s is not a berth binary (berth-cli) that serves built-in drivers%s; a Go program that holds a registry starts its own executable here unless told otherwise: run the driver in the program (import its package and pass registry.WithLinkedDrivers, or registry.WithDriver), or name a berth-cli with registry.WithBerthBinary",
 			c.command(), timeout, c.path, stderrNote)
 	case head == "" && elapsed >= timeout:
 		return backend.Errorf(backend.ErrUnavailable,

@@ -6,6 +6,7 @@ import (
 
 	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/catalog"
 	"github.com/berth-sh/berth/cli/internal/execrun"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/server/apiconv"
@@ -48,7 +49,7 @@ type embedded struct {
 
 func (e embedded) DriverRows(ctx context.Context) ([]apiv1.Driver, error) {
 	return apiconv.DriversOf(ctx, e.Registry, func(name string) bool {
-		_, ok := inProcessDrivers()[name]
+		_, ok := catalog.Linked(name)
 		return ok && e.inProcess
 	})
 }

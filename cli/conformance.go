@@ -200,7 +200,7 @@ func conformanceTarget(ctx context.Context, g *globals, f *conformanceFlags, fil
 	if f.driver == "" {
 		return execrun.Usage("--driver or --plugin is required: name the driver to test, e.g. --driver local (see 'berth drivers'), or give a plugin executable, e.g. --plugin ./berth-driver-NAME")
 	}
-	if _, compiled := inProcessDrivers()[f.driver]; g.inProcess && !compiled {
+	if _, compiled := catalog.Linked(f.driver); g.inProcess && !compiled {
 		return execrun.Usage("--in-process: the %s driver is not compiled into berth, only local is (docker and containerd are their own executables, berth-driver-docker and berth-driver-containerd; other drivers are plugins): drop --in-process to test it through its plugin", f.driver)
 	}
 	if len(conformance.List(filter)) == 0 {

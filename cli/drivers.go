@@ -12,7 +12,6 @@ import (
 	"github.com/berth-sh/berth/backends"
 	"github.com/berth-sh/berth/backends/catalog"
 	"github.com/berth-sh/berth/cli/internal/execrun"
-	"github.com/berth-sh/berth/local"
 	"github.com/spf13/cobra"
 )
 
@@ -132,12 +131,12 @@ func newDriverCmd(g *globals) *cobra.Command {
 		Short: "Serve the driver NAME, compiled into berth, over the plugin protocol",
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			mk := inProcessDrivers()[args[0]]
-			if mk == nil {
+			mk, ok := catalog.Linked(args[0])
+			if !ok {
 				if b, ok := catalog.LookupBuiltin(args[0]); ok && b.Executable != "" {
 					return execrun.Usage("the %s driver is not compiled into berth: it is served by its own executable, %s (build it with CGO_ENABLED=0 go build -o DIR/ ./cmd/%s and put it beside berth)", b.Name, b.Executable, b.Executable)
 				}
-				return execrun.Usage("no driver %q is compiled into berth (only %s)", args[0], local.Name)
+				return execrun.Usage("no driver %q is compiled into berth (only %s)", args[0], strings.Join(catalog.LinkedNames(), ", "))
 			}
 			// nil: go-hclog JSON on stderr at the level the host asked for.
 			backends.Serve(mk(), nil)

@@ -14,7 +14,9 @@ import (
 	"github.com/berth-sh/berth/internal/phase"
 	"github.com/berth-sh/berth/internal/sigstart"
 	_ "github.com/berth-sh/berth/internal/sigstart/early" // berth-cli and berth-serve catch the signals from their start
-	"github.com/berth-sh/berth/local"
+
+	// local is the one driver compiled into berth (catalog.Register in its init).
+	_ "github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
 	"github.com/spf13/cobra"
 )
@@ -173,16 +175,6 @@ func query[T any](ctx context.Context, g *globals, f func(api, context.Context) 
 		return err
 	})
 	return out, err
-}
-
-// inProcessDrivers are the drivers compiled into berth, for --in-process and
-// `berth driver serve`: local only. docker and containerd are their own executables
-// (cmd/berth-driver-docker, cmd/berth-driver-containerd), so that berth links
-// neither runtime's SDK and starts fast.
-func inProcessDrivers() map[string]func() backend.TerminalBackend {
-	return map[string]func() backend.TerminalBackend{
-		local.Name: func() backend.TerminalBackend { return local.New() },
-	}
 }
 
 // logSink is berth's log file: opened on first write once the state dir is known,

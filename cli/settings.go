@@ -100,9 +100,10 @@ func (g *globals) driverOptions() []registry.Option {
 		opts = append(opts, registry.WithPlugin(name, path))
 	}
 	if g.inProcess {
-		for name, mk := range inProcessDrivers() {
-			opts = append(opts, registry.WithDriver(name, mk))
-		}
+		// The drivers compiled into berth (catalog.Linked): local only; docker,
+		// containerd and kubernetes are their own executables, so that berth links
+		// no runtime's SDK and starts fast.
+		opts = append(opts, registry.WithLinkedDrivers())
 	}
 	return opts
 }

@@ -40,11 +40,18 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/catalog"
 	"github.com/berth-sh/berth/internal/containerutil"
 )
 
 // Name is the driver's name in config.
 const Name = "containerd"
+
+// init registers the driver in the catalog of drivers this program can run in
+// process (catalog.Register): importing this package links it.
+func init() {
+	catalog.Register(Name, func() backend.TerminalBackend { return New() })
+}
 
 // Version is the driver's version string reported by Info.
 const Version = "0.1.0"

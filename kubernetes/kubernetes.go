@@ -37,11 +37,18 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/catalog"
 	"github.com/berth-sh/berth/internal/containerutil"
 )
 
 // Name is the driver's name in config.
 const Name = "kubernetes"
+
+// init registers the driver in the catalog of drivers this program can run in
+// process (catalog.Register): importing this package links it.
+func init() {
+	catalog.Register(Name, func() backend.TerminalBackend { return New() })
+}
 
 // Version is the driver's version string reported by Info.
 const Version = "0.1.0"

@@ -22,11 +22,18 @@ import (
 
 	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/catalog"
 	"github.com/berth-sh/berth/internal/flock"
 )
 
 // Name is the driver's name in config (`driver "local" {}`, `scope "..." { driver = "local" }`).
 const Name = "local"
+
+// init registers the driver in the catalog of drivers this program can run in
+// process (catalog.Register): importing this package links it.
+func init() {
+	catalog.Register(Name, func() backend.TerminalBackend { return New() })
+}
 
 // Version is the driver's version string reported by Info.
 const Version = "0.1.0"

@@ -52,3 +52,30 @@ func Example() {
 	// hello from chat:42
 	// (exit 0)
 }
+
+// A program runs in process every driver it links: importing a driver's package
+// registers it (here local, imported above), and WithLinkedDrivers hands each one to
+// the registry. Without it the registry would launch local's plugin from the running
+// program, which this test binary does not serve.
+func ExampleWithLinkedDrivers() {
+	ctx := context.Background()
+	state, _ := os.MkdirTemp("", "berth-example-")
+	defer os.RemoveAll(state)
+	reg, err := registry.Open(ctx, nil, registry.WithStateDir(state), registry.WithLinkedDrivers())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer reg.Close()
+	var out bytes.Buffer
+	p, _, err := reg.Exec(ctx, "main", backend.ExecRequest{Argv: []string{"echo", "in process"}, Stdout: &out})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := p.Wait(); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Print(out.String())
+	reg.RemoveSession(ctx, "main")
+	// Output:
+	// in process
+}

@@ -6,6 +6,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/backends/catalog"
 )
 
 // Option configures Open. Options are applied in order, so a later one replaces an
@@ -90,6 +91,27 @@ func WithDriver(name string, newDriver func() backend.TerminalBackend) Option {
 			o.inProcess = map[string]func() backend.TerminalBackend{}
 		}
 		o.inProcess[name] = newDriver
+		return nil
+	}
+}
+
+// WithLinkedDrivers makes every driver this program links run in this process, as
+// WithDriver does for one: those registered in package catalog (backends/catalog) by
+// their packages' init, which importing a driver's package does
+// (import _ "github.com/berth-sh/berth/docker"); catalog.LinkedNames lists them. It
+// adds to WithDriver's drivers and replaces none that a WithDriver before it gave;
+// a WithDriver after it replaces its entry for that name. It never fails.
+func WithLinkedDrivers() Option {
+	return func(o *options) error {
+		if o.inProcess == nil {
+			o.inProcess = map[string]func() backend.TerminalBackend{}
+		}
+		for _, name := range catalog.LinkedNames() {
+			if _, given := o.inProcess[name]; given {
+				continue
+			}
+			o.inProcess[name], _ = catalog.Linked(name)
+		}
 		return nil
 	}
 }

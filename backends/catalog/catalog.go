@@ -3,7 +3,9 @@ package catalog
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 
 	"github.com/berth-sh/berth/backend"
 )
@@ -103,4 +105,54 @@ func (b BuiltinDriver) notFound(berthBinary, dir string, search []string) error 
 	return backend.Errorf(backend.ErrNotFound,
 		"the %s driver is its own executable, %s, and none is %s nor in the plugin search path %s ($%s, plugin_dirs); build it: CGO_ENABLED=0 go build -o %s ./cmd/%s (or go install %s/cmd/...)",
 		b.Name, b.Executable, beside, where, EnvPluginPath, target, b.Executable, ModulePath)
+}
+
+// linked holds the constructors registered with Register, by name.
+var linked = struct {
+	sync.RWMutex
+	m map[string]func() backend.TerminalBackend
+}{m: map[string]func() backend.TerminalBackend{}}
+
+// Register makes a driver runnable in process under name, as database/sql.Register
+// makes a database driver usable: each built-in driver's package (local, docker,
+// containerd, kubernetes) calls it from its init, so a program that imports the
+// package (import _ "github.com/berth-sh/berth/docker") can run that driver inside
+// itself (Linked), and one that does not import it links none of its runtime's SDK.
+// The berth binary imports only local; the others reach it as their own executables
+// (Command). newFn returns a new, unconfigured driver whose Info reports name.
+//
+// Register panics when newFn is nil or name is already registered (two drivers
+// under one name are a build mistake, as in database/sql).
+func Register(name string, newFn func() backend.TerminalBackend) {
+	if newFn == nil {
+		panic("catalog: Register of driver " + name + " with a nil constructor")
+	}
+	linked.Lock()
+	defer linked.Unlock()
+	if _, dup := linked.m[name]; dup {
+		panic("catalog: Register called twice for driver " + name)
+	}
+	linked.m[name] = newFn
+}
+
+// Linked returns the constructor registered under name (Register), and whether
+// this program links that driver.
+func Linked(name string) (func() backend.TerminalBackend, bool) {
+	linked.RLock()
+	defer linked.RUnlock()
+	f, ok := linked.m[name]
+	return f, ok
+}
+
+// LinkedNames returns the names of the drivers registered with Register, sorted (a
+// new slice): the drivers this program can run in process.
+func LinkedNames() []string {
+	linked.RLock()
+	defer linked.RUnlock()
+	names := make([]string, 0, len(linked.m))
+	for n := range linked.m {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
 }

@@ -38,18 +38,17 @@ var groups = []group{
 	{"agent", []string{"agent", "agent/internal/..."}, []string{"backend", "leaf", "agent"}},
 	{"backends", []string{"backends/..."}, []string{"backend", "leaf", "catalog", "backends"}},
 	{"driver-shared", []string{"internal/containerutil"}, []string{"backend", "leaf", "agent"}},
-	{"driver", []string{"local", "docker", "containerd", "kubernetes"}, []string{"backend", "leaf", "agent", "driver-shared"}},
-	// The built-in drivers' constructors, for programs that run them in process.
-	{"in-process", []string{"drivers"}, []string{"backend", "catalog", "driver"}},
+	// Each driver registers its constructor in the catalog (catalog.Register).
+	{"driver", []string{"local", "docker", "containerd", "kubernetes"}, []string{"backend", "leaf", "catalog", "agent", "driver-shared"}},
 	{"registry", []string{"registry/..."}, []string{"backend", "leaf", "config", "agent", "catalog", "backends"}},
 	// The test image the conformance suite runs in: `berth conformance` imports it too.
 	{"suite-image", []string{"internal/testsupport/testimage"}, []string{"backend", "leaf"}},
 	{"conformance", []string{"conformance/..."}, []string{"backend", "leaf", "config", "agent", "registry", "suite-image", "testsupport"}},
 	{"server", []string{"server", "server/apiconv"}, []string{"backend", "leaf", "config", "wire", "agent", "catalog", "backends", "registry", "server"}},
 	{"client", []string{"internal/apiclient"}, []string{"backend", "leaf", "wire"}},
-	{"cli", []string{"cli/..."}, []string{"backend", "leaf", "config", "wire", "agent", "catalog", "backends", "driver", "in-process", "registry", "conformance", "suite-image", "server", "client", "cli"}},
-	{"cmd", []string{"cmd/..."}, []string{"backend", "leaf", "config", "wire", "agent", "catalog", "backends", "driver-shared", "driver", "in-process", "registry", "conformance", "server", "client", "cli"}},
-	{"testsupport", []string{"internal/testsupport/...", "agent/agenttest"}, []string{"backend", "leaf", "config", "wire", "agent", "catalog", "backends", "driver-shared", "driver", "in-process", "registry", "conformance", "suite-image", "server", "client", "testsupport"}},
+	{"cli", []string{"cli/..."}, []string{"backend", "leaf", "config", "wire", "agent", "catalog", "backends", "driver", "registry", "conformance", "suite-image", "server", "client", "cli"}},
+	{"cmd", []string{"cmd/..."}, []string{"backend", "leaf", "config", "wire", "agent", "catalog", "backends", "driver-shared", "driver", "registry", "conformance", "server", "client", "cli"}},
+	{"testsupport", []string{"internal/testsupport/...", "agent/agenttest"}, []string{"backend", "leaf", "config", "wire", "agent", "catalog", "backends", "driver-shared", "driver", "registry", "conformance", "suite-image", "server", "client", "testsupport"}},
 }
 
 // pending lists the imports that break the rule today, each with the step of issue 31
