@@ -106,7 +106,8 @@ type Capabilities struct {
 	// no-new-privileges set.
 	DropCapabilities bool `json:"drop_capabilities"`
 	// Copy: files can be copied in and out: through the agent when the sandboxes run
-	// one (Agent set), else through the driver's Copier.
+	// one (Agent set), else through the driver's Copier. Derived (InfoOf): a
+	// driver leaves it unset.
 	Copy bool `json:"copy"`
 	// StopStart: a stopped sandbox keeps its filesystem and starts again on Create.
 	StopStart bool `json:"stop_start"`
@@ -120,9 +121,10 @@ type Capabilities struct {
 	// ExecUser: ExecRequest.User and SandboxSpec.User are honoured.
 	ExecUser bool `json:"exec_user"`
 	// ImagePull and ImageImport: the driver implements ImagePuller / ImageImporter.
+	// Derived (InfoOf): a driver leaves them unset.
 	ImagePull   bool `json:"image_pull"`
 	ImageImport bool `json:"image_import"`
-	// Config: the driver implements Configurer.
+	// Config: the driver implements Configurer. Derived (InfoOf).
 	Config bool `json:"config"`
 	// Agent says how the host reaches the berth agent of the driver's sandboxes
 	// (AgentSocket, AgentDial), or AgentNone for drivers that implement Execer.
@@ -130,9 +132,9 @@ type Capabilities struct {
 	Agent AgentReach `json:"agent"`
 	// AgentDial: the driver implements AgentDialer (required for Agent ==
 	// AgentDial; a driver with AgentSocket may offer it too, and the conformance
-	// suite then runs its exec cases both ways).
+	// suite then runs its exec cases both ways). Derived (InfoOf).
 	AgentDial bool `json:"agent_dial"`
-	// Validate: the driver implements Validator.
+	// Validate: the driver implements Validator. Derived (InfoOf).
 	Validate bool `json:"validate"`
 	// Runtimes lists the OCI runtimes besides the engine's default that a spec may
 	// name (SandboxSpec.Runtime), each with the capabilities its sandboxes have:
@@ -164,6 +166,60 @@ const (
 	// kernel in user space, which makes a small set of its own to the host's.
 	KernelGVisor = "gvisor"
 )
+
+// InfoOf returns b's Info with the capability flags that restate an optional
+// interface derived from b's type, the one place they are set, as database/sql finds
+// a driver's optional parts by type assertion: Config (Configurer), ImagePull
+// (ImagePuller), ImageImport (ImageImporter), AgentDial (AgentDialer), Validate
+// (Validator) and Copy (HasAgent, or Copier), in Capabilities and in each
+// Runtimes entry. Whatever b's Info said of them is replaced, so a driver leaves
+// them unset. A Forwarder's Info is returned as it is: its flags were derived where
+// the driver it stands for runs. Hosts (the registry, the plugin server, berth's
+// CLI, the conformance suite) read a driver's capabilities through InfoOf. Errors:
+// those of b.Info.
+func InfoOf(ctx context.Context, b TerminalBackend) (Info, error) {
+	info, err := b.Info(ctx)
+	if err != nil {
+		return info, err
+	}
+	if _, ok := b.(Forwarder); ok {
+		return info, nil
+	}
+	info.Capabilities = derive(b, info.Capabilities)
+	if len(info.Capabilities.Runtimes) > 0 {
+		rts := make([]RuntimeCapabilities, len(info.Capabilities.Runtimes))
+		for i, r := range info.Capabilities.Runtimes {
+			r.Capabilities = derive(b, r.Capabilities)
+			rts[i] = r
+		}
+		info.Capabilities.Runtimes = rts
+	}
+	return info, nil
+}
+
+// derive sets c's interface flags from b's type (InfoOf).
+func derive(b TerminalBackend, c Capabilities) Capabilities {
+	_, c.Config = b.(Configurer)
+	_, c.ImagePull = b.(ImagePuller)
+	_, c.ImageImport = b.(ImageImporter)
+	_, c.AgentDial = b.(AgentDialer)
+	_, c.Validate = b.(Validator)
+	_, copier := b.(Copier)
+	c.Copy = c.HasAgent() || copier
+	return c
+}
+
+// Forwarder is implemented by a TerminalBackend that stands for a driver running
+// elsewhere (package backends' plugin client): it has the methods of every
+// optional interface and answers ErrUnsupported where the driver behind it lacks
+// one, so a type assertion cannot tell what that driver implements. Its Info
+// carries the flags derived by InfoOf where that driver runs (the plugin's side of
+// the protocol), and InfoOf keeps them.
+type Forwarder interface {
+	TerminalBackend
+	// ForwardsDriver marks the type; it does nothing.
+	ForwardsDriver()
+}
 
 // ForRuntime returns the capabilities of a sandbox whose spec names runtime (see
 // Runtimes): c itself (with no Runtimes) for "", the entry's for a listed runtime,

@@ -94,7 +94,12 @@ type Client struct {
 	dirLock   atomic.Pointer[os.File]
 }
 
+// ForwardsDriver implements backend.Forwarder: Info reports the flags derived
+// where the driver runs (the plugin's side), not the methods of Client.
+func (c *Client) ForwardsDriver() {}
+
 var (
+	_ backend.Forwarder       = (*Client)(nil)
 	_ backend.TerminalBackend = (*Client)(nil)
 	_ backend.Configurer      = (*Client)(nil)
 	_ backend.Copier          = (*Client)(nil)

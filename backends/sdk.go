@@ -48,7 +48,7 @@ type Description struct {
 // when d implements backend.Configurer, ConfigSchema. ProtocolVersions
 // defaults to [ProtocolVersion] when Info leaves it empty, as Serve does.
 func DescribeDriver(ctx context.Context, d backend.TerminalBackend) (Description, error) {
-	info, err := d.Info(ctx)
+	info, err := backend.InfoOf(ctx, d)
 	if err != nil {
 		return Description{}, fmt.Errorf("Info: %w", err)
 	}

@@ -321,7 +321,7 @@ func unsupported(what string) error {
 func (s *server) Info(ctx context.Context, _ *pb.InfoRequest) (*pb.InfoResponse, error) {
 	ctx, end := s.call(ctx)
 	defer end()
-	info, err := s.driver.Info(ctx)
+	info, err := backend.InfoOf(ctx, s.driver)
 	if err != nil {
 		return nil, err
 	}

@@ -243,7 +243,7 @@ func checkDrivers(ctx context.Context, g *globals, c *config.Config, self string
 		b, err := reg.Backend(ctx, name)
 		if err == nil {
 			var info backend.Info
-			info, err = b.Info(ctx)
+			info, err = backend.InfoOf(ctx, b)
 			switch {
 			case err == nil:
 				caps[name] = info.Capabilities

@@ -314,7 +314,7 @@ func conformanceImage(ctx context.Context, b backend.TerminalBackend, flag strin
 	if flag != "" {
 		return flag, nil
 	}
-	info, err := b.Info(ctx)
+	info, err := backend.InfoOf(ctx, b)
 	if err != nil {
 		return "", err
 	}

@@ -64,7 +64,7 @@ func imageDriver[I any](ctx context.Context, reg *registry.Registry, driver, ver
 	if err != nil {
 		return none, err
 	}
-	info, err := b.Info(ctx)
+	info, err := backend.InfoOf(ctx, b)
 	if err != nil {
 		return none, err
 	}

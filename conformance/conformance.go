@@ -436,7 +436,7 @@ func List(f Filter) []Case {
 func Run(t *testing.T, b backend.TerminalBackend, opts Options) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
-	info, err := b.Info(ctx)
+	info, err := backend.InfoOf(ctx, b)
 	cancel()
 	if err == nil {
 		_, err = forRuntime(info, opts.Runtime)

@@ -112,7 +112,7 @@ func findSandbox(sbs []backend.Sandbox, name string) (backend.Sandbox, bool) {
 func caseInfoValid(t T, h *Harness) {
 	ctx, cancel := h.ctx(t)
 	defer cancel()
-	info, err := h.Backend.Info(ctx)
+	info, err := backend.InfoOf(ctx, h.Backend)
 	if err != nil {
 		t.Fatalf("Info: %v", err)
 	}

@@ -28,7 +28,7 @@ const cleanupGrace = 30 * time.Second
 func RunAll(ctx context.Context, b backend.TerminalBackend, opts Options, filter Filter) Report {
 	start := time.Now()
 	ictx, cancel := context.WithTimeout(ctx, callTimeout)
-	info, err := b.Info(ictx)
+	info, err := backend.InfoOf(ictx, b)
 	cancel()
 	if err == nil {
 		_, err = forRuntime(info, opts.Runtime)

@@ -194,20 +194,16 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 			NetworkModes:     append([]string(nil), NetworkModes...),
 			TTY:              true,
 			Agent:            backend.AgentDial,
-			AgentDial:        true,
 			CPULimit:         true,
 			MemoryLimit:      true,
 			PidsLimit:        false, // a pids limit is the kubelet's podPidsLimit, per node: no Pod field sets it
 			DropCapabilities: true,
-			Copy:             true,
 			// Stop deletes the Pod; with a storage class the sandbox's volume at its
 			// workdir is kept and the next Create makes the Pod on it again, and
 			// without one stop means remove.
 			StopStart: volumes,
 			StopKeeps: backend.StopKeepsWorkdir,
 			ExecUser:  true,
-			Config:    true,
-			Validate:  true,
 		},
 	}, nil
 }

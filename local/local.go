@@ -94,12 +94,8 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 			PIDIsolation: false,
 			NetworkModes: []string{"host"},
 			TTY:          true,
-			Copy:         true,
 			Agent:        backend.AgentSocket,
-			AgentDial:    true,
 			StopStart:    true,
-			Config:       true,
-			Validate:     true,
 		},
 	}, nil
 }

@@ -38,7 +38,7 @@ type hostMeta struct {
 
 func (d *hostDriver) Info(context.Context) (backend.Info, error) {
 	return backend.Info{Name: "local", Version: "test", ProtocolVersions: []int{1},
-		Capabilities: backend.Capabilities{FSIsolation: backend.FSIsolationNone, Config: true}}, nil
+		Capabilities: backend.Capabilities{FSIsolation: backend.FSIsolationNone}}, nil
 }
 
 func (d *hostDriver) ConfigSchema(context.Context) ([]backend.ConfigField, error) {

@@ -1218,7 +1218,7 @@ func (r *Registry) Drivers(ctx context.Context) ([]DriverStatus, error) {
 		st := DriverStatus{Name: name}
 		if b, err := r.driver(ctx, name); err != nil {
 			st.Err = err
-		} else if st.Info, err = b.Info(ctx); err != nil {
+		} else if st.Info, err = backend.InfoOf(ctx, b); err != nil {
 			st.Err = fmt.Errorf("driver %s: %w", name, err)
 		}
 		out = append(out, st)

@@ -128,7 +128,7 @@ func (r *Registry) capabilities(ctx context.Context, b backend.TerminalBackend) 
 	if c, ok := r.caps.Load(b); ok {
 		return c.(backend.Capabilities), nil
 	}
-	info, err := b.Info(ctx)
+	info, err := backend.InfoOf(ctx, b)
 	if err != nil {
 		return backend.Capabilities{}, err
 	}

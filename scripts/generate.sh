@@ -18,7 +18,17 @@ PROTOC_GEN_GO=v1.36.12       # google.golang.org/protobuf, as in go.mod
 PROTOC_GEN_GO_GRPC=v1.6.2    # google.golang.org/grpc/cmd/protoc-gen-go-grpc
 pkgs=(agent/internal/agentpb backends/internal/driverpb)
 
-command -v protoc >/dev/null || { echo "generate.sh: protoc is missing: apt-get install protobuf-compiler" >&2; exit 1; }
+command -v protoc >/dev/null || { echo "generate.sh: protoc is missing: apt-get install protobuf-compiler libprotobuf-dev" >&2; exit 1; }
+# The well-known types the .proto files import (google/protobuf/timestamp.proto) are
+# Debian's libprotobuf-dev, not protobuf-compiler.
+probe=$(mktemp -d)
+printf 'syntax = "proto3";\nimport "google/protobuf/timestamp.proto";\n' > "$probe/probe.proto"
+if ! (cd "$probe" && protoc --descriptor_set_out=/dev/null probe.proto 2>/dev/null); then
+  rm -rf "$probe"
+  echo "generate.sh: protoc does not find protobuf's well-known .proto files (google/protobuf/timestamp.proto): apt-get install libprotobuf-dev" >&2
+  exit 1
+fi
+rm -rf "$probe"
 bin=$(go env GOPATH)/bin
 export PATH="$bin:$PATH"
 have() { command -v "$1" >/dev/null && "$1" --version 2>&1 | grep -q -- "${2#v}"; }

@@ -76,11 +76,8 @@ func (d *Driver) Info(ctx context.Context) (backend.Info, error) {
 			NetworkModes:     []string{"none", "host"},
 			TTY:              true,
 			DropCapabilities: true,
-			Copy:             true,
 			StopStart:        true,
-			Config:           true,
 			Agent:            backend.AgentSocket, // shell mode, jobs and copy come with berth's agent
-			AgentDial:        true,
 		},
 	}, nil
 }

@@ -12,8 +12,9 @@ import (
 // Capabilities are the capabilities of a sandbox of the built-in container drivers
 // (docker, containerd) under the engine's default runtime (runc), with networkModes
 // (copied) as their network modes: an image's own filesystem, its own PIDs, TTY, CPU,
-// memory and pids limits, dropped capabilities, copy, stop and start, exec users,
-// image pull and import, config, Validate, and the agent reached by its socket.
+// memory and pids limits, dropped capabilities, stop and start, exec users, and the
+// agent reached by its socket. The flags that restate an optional interface (copy,
+// image pull and import, config, Validate) are derived by backend.InfoOf.
 func Capabilities(networkModes []string) backend.Capabilities {
 	return backend.Capabilities{
 		FSIsolation:      backend.FSIsolationImage,
@@ -25,13 +26,8 @@ func Capabilities(networkModes []string) backend.Capabilities {
 		MemoryLimit:      true,
 		PidsLimit:        true,
 		DropCapabilities: true,
-		Copy:             true,
 		StopStart:        true,
 		ExecUser:         true,
-		ImageImport:      true,
-		ImagePull:        true,
-		Config:           true,
-		Validate:         true,
 	}
 }
 

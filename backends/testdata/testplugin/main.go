@@ -247,7 +247,6 @@ func (d *driver) Info(context.Context) (backend.Info, error) {
 			FSIsolation:  backend.FSIsolationNone,
 			NetworkModes: []string{"none"},
 			StopStart:    true,
-			Config:       true,
 		},
 	}, nil
 }
