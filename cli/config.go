@@ -41,7 +41,7 @@ func newConfigCmd(g *globals) *cobra.Command {
 			// (its environment, its user), what a SIGHUP would meet.
 			var chk apiv1.ConfigCheck
 			if d, derr := g.daemonFor(cmd.Context(), false); derr == nil && d != nil && sameConfig(d.Status.Config, path) {
-				if chk, err = d.configCheck(cmd.Context()); err != nil {
+				if chk, err = d.CheckConfig(cmd.Context()); err != nil {
 					return execrun.Failure(err)
 				}
 			} else {

@@ -11,47 +11,55 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/berth-sh/berth/cli/internal/execrun"
+	"github.com/berth-sh/berth/client"
 	"github.com/berth-sh/berth/config"
-	"github.com/berth-sh/berth/internal/apiclient"
 	"github.com/berth-sh/berth/internal/phase"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // The environment that points berth's CLI at a daemon, or away from one.
 const (
-	// envHost names the daemon to use (apiclient.EnvHost).
-	envHost = apiclient.EnvHost
+	// envHost names the daemon to use (client.EnvHost).
+	envHost = client.EnvHost
 	// envTokenFile is the file holding the bearer token of a TCP daemon.
 	envTokenFile = "BERTH_TOKEN_FILE"
 	// envTLSCA is a PEM file of the CA certificates that an https daemon's
 	// certificate is checked against (default: the system's roots).
 	envTLSCA = "BERTH_TLS_CA"
-	// envNoDaemon=1 is --no-daemon (apiclient.NoDaemonEnv).
-	envNoDaemon = apiclient.EnvNoDaemon
+	// envNoDaemon=1 is --no-daemon (execrun.NoDaemonEnv).
+	envNoDaemon = execrun.EnvNoDaemon
 )
 
-// daemonClient is the CLI's one client of a running berth serve (an
-// apiclient.Client): the api methods (daemon_api.go), the files routes
-// (daemoncopy.go) and the TTY WebSocket (daemonshell.go) all go through it.
+// daemonClient is the CLI's one client of a running berth serve (a client.Client,
+// with what the daemon said of itself): the api methods (daemon_api.go), the files
+// routes (daemoncopy.go) and the TTY WebSocket (daemonshell.go) all go through it.
 type daemonClient struct {
-	*apiclient.Client
+	*client.Client
+	// Status is the daemon's answer to the status call that dialDaemon made.
+	Status apiv1.Status
 }
 
-// unixClient is the client over the unix socket at path (apiclient.Unix).
-func unixClient(path string) *daemonClient { return &daemonClient{apiclient.Unix(path)} }
+// unixClient is the client over the unix socket at the absolute path path.
+func unixClient(path string) (*daemonClient, error) {
+	c, err := client.New(path)
+	if err != nil {
+		return nil, err
+	}
+	return &daemonClient{Client: c}, nil
+}
 
 // noDaemon reports why this command runs embedded whatever runs: --no-daemon,
 // BERTH_NO_DAEMON, or a flag that changes how drivers are run in this process
 // (--in-process, conformance's --plugin); "" when none does.
 func (g *globals) noDaemon() string {
-	env := apiclient.NoDaemonEnv()
+	env := execrun.NoDaemonEnv()
 	switch {
 	case g.noDaemonFlag:
 		return "--no-daemon"
@@ -113,7 +121,7 @@ func (g *globals) daemonFor(ctx context.Context, noteBroken bool) (*daemonClient
 	if noteBroken {
 		first, _, _ := strings.Cut(want.configErr.Error(), "\n")
 		fmt.Fprintf(os.Stderr, "berth: note: %s does not parse now (%s); this command goes through berth serve at %s (pid %d) with the rules it read before: fix the file, then `kill -HUP %d` makes the daemon read it again\n",
-			want.Config, first, d.Where, d.Status.PID, d.Status.PID)
+			want.Config, first, d.Where(), d.Status.PID, d.Status.PID)
 	}
 	return d, nil
 }
@@ -133,35 +141,37 @@ func (g *globals) dialDaemon(ctx context.Context, want identity) (*daemonClient,
 		if _, err := os.Lstat(sock); err != nil {
 			return nil, nil // no daemon
 		}
-		d = unixClient(sock)
+		if d, err = unixClient(sock); err != nil {
+			return nil, err
+		}
 	}
-	sctx, cancel := context.WithTimeout(ctx, apiclient.StatusTimeout)
+	sctx, cancel := context.WithTimeout(ctx, execrun.StatusTimeout)
 	defer cancel()
-	if err := d.Get(sctx, "/v1/status", &d.Status); err != nil {
-		if host == "" && apiclient.Refused(err) {
+	if d.Status, err = d.Client.Status(sctx); err != nil {
+		if host == "" && client.Refused(err) {
 			return nil, nil // a socket that a berth serve left behind: nobody listens
 		}
-		var ae *apiclient.APIError
+		var ae *client.APIError
 		if errors.As(err, &ae) && ae.StatusCode == http.StatusUnauthorized {
 			why := ""
 			if ae.Info.Message != "" {
 				why = ": " + ae.Info.Message
 			}
 			return nil, fmt.Errorf("berth serve at %s refused the token of %s=%s (401 unauthorized%s); point %s at the file that berth serve's --token-file reads",
-				d.Where, envTokenFile, os.Getenv(envTokenFile), why, envTokenFile)
+				d.Where(), envTokenFile, os.Getenv(envTokenFile), why, envTokenFile)
 		}
 		fix := fmt.Sprintf("unset %s or use --no-daemon to run embedded", envHost)
 		if host == "" {
-			fix = apiclient.FixNoStatus
+			fix = execrun.FixNoStatus
 		}
-		return nil, apiclient.StatusFailed(d.Where, err, fix)
+		return nil, execrun.StatusFailed(d.Where(), err, fix)
 	}
 	if err := d.matches(want, host != ""); err != nil {
 		return nil, err
 	}
 	if st := d.Status; host == "" && st.Config != "" && st.Config == want.Config && st.ConfigSHA256 != "" && want.ConfigSHA256 != "" && st.ConfigSHA256 != want.ConfigSHA256 {
 		fmt.Fprintf(os.Stderr, "berth: note: berth serve at %s (pid %d) read %s before it last changed, and this command goes through it with the rules it read then: `kill -HUP %d` makes it read the file again (or run with --no-daemon)\n",
-			d.Where, st.PID, st.Config, st.PID)
+			d.Where(), st.PID, st.Config, st.PID)
 	}
 	phase.Mark("daemon")
 	return d, nil
@@ -240,7 +250,7 @@ func (d *daemonClient) matches(want identity, explicit bool) error {
 		return nil
 	}
 	return fmt.Errorf("berth serve at %s (pid %d) runs with %s; refusing to mix them: run this command with the daemon's settings, or with --no-daemon (or %s=1) to run it embedded",
-		d.Where, st.PID, strings.Join(diffs, ", and "), envNoDaemon)
+		d.Where(), st.PID, strings.Join(diffs, ", and "), envNoDaemon)
 }
 
 func orBuiltin(p string) string {
@@ -251,33 +261,16 @@ func orBuiltin(p string) string {
 }
 
 // dialHost is the client of BERTH_HOST: unix:///PATH, https://HOST:PORT (with
-// BERTH_TOKEN_FILE) or http://LOOPBACK-IP:PORT (with BERTH_TOKEN_FILE).
+// BERTH_TOKEN_FILE, and BERTH_TLS_CA for a CA of its own) or
+// http://LOOPBACK-IP:PORT (with BERTH_TOKEN_FILE); the address is checked by
+// client.New, whose error names the fix.
 func dialHost(host string) (*daemonClient, error) {
-	u, err := url.Parse(host)
+	c, err := client.New(host)
 	if err != nil {
-		return nil, fmt.Errorf("%s=%q: %v; use unix:///PATH, https://HOST:PORT or http://127.0.0.1:PORT", envHost, host, err)
+		return nil, fmt.Errorf("%s: %w", envHost, err)
 	}
-	switch u.Scheme {
-	case "unix":
-		if u.Host != "" || !filepath.IsAbs(u.Path) {
-			return nil, fmt.Errorf("%s=%q: a unix socket needs an absolute path: unix:///PATH", envHost, host)
-		}
-		return unixClient(filepath.Clean(u.Path)), nil
-	case "http", "https":
-	case "tcp":
-		addr := u.Host
-		if h, port, err := net.SplitHostPort(u.Host); err == nil && (h == "" || net.ParseIP(h).IsUnspecified()) {
-			addr = net.JoinHostPort("127.0.0.1", port) // a listener on every address: name one of them
-		}
-		return nil, fmt.Errorf("%s=%q: tcp:// is how berth serve's --listen is written; a client names the address as http://%s (a listener on loopback without TLS) or https://%s (one with --tls-cert; the name its certificate holds)", envHost, host, addr, addr)
-	default:
-		return nil, fmt.Errorf("%s=%q: unknown scheme; use unix:///PATH, https://HOST:PORT or http://127.0.0.1:PORT", envHost, host)
-	}
-	if u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
-		return nil, fmt.Errorf("%s=%q: want %s://HOST:PORT, nothing after the port", envHost, host, u.Scheme)
-	}
-	if u.Scheme == "http" && !loopback(u.Host) {
-		return nil, fmt.Errorf("%s=%q: plain http only to a loopback IP (127.0.0.1, ::1): the token would cross the network in clear; use https://", envHost, host)
+	if strings.HasPrefix(c.Where(), "unix://") {
+		return &daemonClient{Client: c}, nil
 	}
 	tokFile := os.Getenv(envTokenFile)
 	if tokFile == "" {
@@ -287,8 +280,7 @@ func dialHost(host string) (*daemonClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	var dl net.Dialer
-	tr := &http.Transport{DialContext: apiclient.Watched(dl.DialContext), DisableCompression: true, MaxIdleConnsPerHost: 4, Proxy: nil}
+	opts := []client.Opt{client.WithToken(tok)}
 	if ca := os.Getenv(envTLSCA); ca != "" {
 		pem, err := os.ReadFile(ca)
 		if err != nil {
@@ -298,7 +290,10 @@ func dialHost(host string) (*daemonClient, error) {
 		if !pool.AppendCertsFromPEM(pem) {
 			return nil, fmt.Errorf("%s %s: no PEM certificate in it", envTLSCA, ca)
 		}
-		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		opts = append(opts, client.WithTLSConfig(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}))
 	}
-	return &daemonClient{&apiclient.Client{Where: u.Scheme + "://" + u.Host, Base: u.Scheme + "://" + u.Host, HTTP: &http.Client{Transport: tr, CheckRedirect: apiclient.NoRedirect}, Token: tok}}, nil
+	if c, err = client.New(host, opts...); err != nil {
+		return nil, fmt.Errorf("%s: %w", envHost, err)
+	}
+	return &daemonClient{Client: c}, nil
 }

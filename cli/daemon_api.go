@@ -1,50 +1,24 @@
 package cli
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
-	"strconv"
 	"time"
 
 	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/cli/internal/execrun"
-	"github.com/berth-sh/berth/internal/apiclient"
+	"github.com/berth-sh/berth/client"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // The api of a daemon: each method is one call of the HTTP API (docs/api.md).
 
-func (d *daemonClient) Sessions(ctx context.Context) ([]apiv1.Session, error) {
-	var rows []apiv1.Session
-	err := d.Get(ctx, "/v1/sessions", &rows)
-	return rows, err
-}
-
-// Pools is GET /v1/pools: the daemon's warm pools.
-func (d *daemonClient) Pools(ctx context.Context) ([]apiv1.Pool, error) {
-	var rows []apiv1.Pool
-	err := d.Get(ctx, "/v1/pools", &rows)
-	return rows, err
-}
-
-func (d *daemonClient) CloseSession(ctx context.Context, session string) error {
-	return d.Call(ctx, http.MethodPost, apiclient.SessionPath(session, "close"), nil, nil)
-}
-
-func (d *daemonClient) StopSession(ctx context.Context, session string) error {
-	return d.Call(ctx, http.MethodPost, apiclient.SessionPath(session, "stop"), nil, nil)
-}
-
-func (d *daemonClient) RemoveSession(ctx context.Context, session string) error {
-	return d.Call(ctx, http.MethodDelete, apiclient.SessionPath(session, ""), nil, nil)
-}
+// Sessions, Pools, CloseSession, StopSession, RemoveSession and Jobs are the
+// client's.
 
 func (d *daemonClient) Prune(ctx context.Context, opts registry.PruneOptions) (*registry.PruneReport, error) {
 	var rep registry.PruneReport
@@ -55,85 +29,45 @@ func (d *daemonClient) Prune(ctx context.Context, opts registry.PruneOptions) (*
 }
 
 func (d *daemonClient) JobStart(ctx context.Context, session string, req registry.JobStartRequest) (apiv1.Job, error) {
-	var j apiv1.Job
-	err := d.Call(ctx, http.MethodPost, apiclient.SessionPath(session, "jobs"), apiv1.JobStartRequest{Argv: req.Argv, Env: apiclient.EnvMap(req.Env), Cwd: req.Dir}, &j)
-	return j, err
-}
-
-func (d *daemonClient) Jobs(ctx context.Context, session string) ([]apiv1.Job, error) {
-	var jobs []apiv1.Job
-	err := d.Get(ctx, apiclient.SessionPath(session, "jobs"), &jobs)
-	return jobs, err
+	return d.StartJob(ctx, session, apiv1.JobStartRequest{Argv: req.Argv, Env: client.EnvMap(req.Env), Cwd: req.Dir})
 }
 
 func (d *daemonClient) JobKill(ctx context.Context, session, id string) error {
-	return d.Call(ctx, http.MethodPost, apiclient.SessionPath(session, "jobs/"+url.PathEscape(id)+"/kill"), nil, nil)
+	return d.KillJob(ctx, session, id)
 }
 
 // JobLogs reads GET .../jobs/{id}/logs: output events go to w, a gap is reported as
 // the agent client reports it (req.OnGap, else a line in w).
 func (d *daemonClient) JobLogs(ctx context.Context, session string, req registry.JobLogsRequest, w io.Writer) (agent.JobLogsEnd, error) {
-	q := url.Values{"offset": {strconv.FormatInt(req.Offset, 10)}}
-	if req.Follow {
-		q.Set("follow", "true")
-	}
-	resp, err := d.Request(ctx, http.MethodGet, apiclient.SessionPath(session, "jobs/"+url.PathEscape(req.ID)+"/logs")+"?"+q.Encode(), nil, "", apiv1.NDJSON)
-	if err != nil {
-		return agent.JobLogsEnd{}, err
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		var ev apiv1.LogEvent
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return agent.JobLogsEnd{}, d.Gone(fmt.Errorf("a log event: %w", err))
-		}
+	end, err := d.Client.JobLogs(ctx, session, req.ID, req.Offset, req.Follow, func(ev apiv1.LogEvent) error {
 		switch ev.Event {
 		case "gap":
 			if req.OnGap != nil {
 				req.OnGap(ev.Dropped)
 			} else if _, err := fmt.Fprintf(w, "[... %d bytes dropped ...]\n", ev.Dropped); err != nil {
-				return agent.JobLogsEnd{}, fmt.Errorf("job logs: %w", err)
+				return fmt.Errorf("job logs: %w", err)
 			}
 		case "output":
 			if _, err := w.Write(ev.Data); err != nil {
-				return agent.JobLogsEnd{}, fmt.Errorf("job logs: %w", err)
-			}
-		case "end":
-			return agent.JobLogsEnd{Offset: ev.Offset, Ended: ev.Ended, ExitCode: ev.ExitCode, Signal: ev.Signal}, nil
-		case "error":
-			if ev.Error != nil {
-				return agent.JobLogsEnd{}, &apiclient.APIError{StatusCode: http.StatusOK, Info: *ev.Error}
+				return fmt.Errorf("job logs: %w", err)
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return agent.JobLogsEnd{}, err
 	}
-	if ctx.Err() != nil {
-		return agent.JobLogsEnd{}, ctx.Err()
-	}
-	return agent.JobLogsEnd{}, d.Gone(fmt.Errorf("the log ended without its end event: %v", sc.Err()))
+	return agent.JobLogsEnd{Offset: end.Offset, Ended: end.Ended, ExitCode: end.ExitCode, Signal: end.Signal}, nil
 }
 
 // DriverRows is GET /v1/drivers: the daemon's drivers (its running plugins).
 func (d *daemonClient) DriverRows(ctx context.Context) ([]apiv1.Driver, error) {
-	var rows []apiv1.Driver
-	err := d.Get(ctx, "/v1/drivers", &rows)
-	return rows, err
+	return d.Drivers(ctx)
 }
 
 // Explanation is GET /v1/config/explain: how the daemon's config places session.
 func (d *daemonClient) Explanation(ctx context.Context, session string) (apiv1.Explanation, error) {
-	var ex apiv1.Explanation
-	err := d.Get(ctx, "/v1/config/explain?"+url.Values{"session": {session}}.Encode(), &ex)
-	return ex, err
-}
-
-// configCheck is POST /v1/config/check: the daemon checks its own config file as
-// berth config check does (checkConfig).
-func (d *daemonClient) configCheck(ctx context.Context) (apiv1.ConfigCheck, error) {
-	var chk apiv1.ConfigCheck
-	err := d.Call(ctx, http.MethodPost, "/v1/config/check", nil, &chk)
-	return chk, err
+	return d.Explain(ctx, session)
 }
 
 // Exec runs a plain exec through the daemon as a streamed request and answer
@@ -157,7 +91,7 @@ func (d *daemonClient) Exec(ctx context.Context, session string, req backend.Exe
 // events, req.Started is called at the "started" event, and a cancelled ctx sends a
 // cancel event (the answer then says canceled).
 func (d *daemonClient) Shell(ctx context.Context, session string, req registry.ShellRequest) (registry.ShellResult, error) {
-	first := apiv1.ExecRequest{Command: req.Command, Env: apiclient.EnvMap(req.Env), Cwd: req.Dir, Timeout: apiclient.DurationText(req.Timeout)}
+	first := apiv1.ExecRequest{Command: req.Command, Env: client.EnvMap(req.Env), Cwd: req.Dir, Timeout: client.DurationText(req.Timeout)}
 	if req.MaxOutput > 0 {
 		first.MaxOutput = &req.MaxOutput
 	}

@@ -40,6 +40,9 @@ var volatile = []struct {
 	{regexp.MustCompile(`\d{4}-\d\d-\d\dT[0-9:.]+Z`), `TIME`},
 	{regexp.MustCompile(`/output/[0-9a-f]+/[^"\s]+\.(stdout|stderr)`), `/output/FILE`},
 	{regexp.MustCompile(`"(id|pid)":\s*"?\d+"?`), `"$1":N`},
+	// A table's padding follows its widest cell: "9s ago" on one side and "10s ago"
+	// on the other pad every row differently.
+	{regexp.MustCompile(` {2,}`), `  `},
 }
 
 func normalize(s string) string {

@@ -18,7 +18,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/berth-sh/berth/backend"
-	"github.com/berth-sh/berth/internal/apiclient"
+	"github.com/berth-sh/berth/client"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/server/apiv1"
 )
@@ -55,7 +55,7 @@ func (d *daemonClient) openTTY(ctx context.Context, session string, o ttyOptions
 		q.Set("rows", strconv.Itoa(int(o.size.Rows)))
 		q.Set("cols", strconv.Itoa(int(o.size.Cols)))
 	}
-	for k, v := range map[string]string{"cwd": o.cwd, "user": o.user, "timeout": apiclient.DurationText(o.timeout)} {
+	for k, v := range map[string]string{"cwd": o.cwd, "user": o.user, "timeout": client.DurationText(o.timeout)} {
 		if v != "" {
 			q.Set(k, v)
 		}
@@ -63,17 +63,15 @@ func (d *daemonClient) openTTY(ctx context.Context, session string, o ttyOptions
 	if o.recreate {
 		q.Set("recreate", "true")
 	}
-	u := d.sessionURL(session, "tty", q)
+	u := d.URL(client.SessionPath(session, "tty") + "?" + q.Encode())
 	u = "ws" + strings.TrimPrefix(u, "http") // http → ws, https → wss
 	hdr := http.Header{}
-	if d.Token != "" {
-		hdr.Set("Authorization", "Bearer "+d.Token)
-	}
-	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPClient: d.HTTP, HTTPHeader: hdr})
+	d.Authorize(hdr)
+	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPClient: d.HTTPClient(), HTTPHeader: hdr})
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != nil {
-			if aerr := apiclient.AnswerError(resp, ""); aerr != nil {
-				var de *apiclient.APIError
+			if aerr := client.AnswerError(resp, ""); aerr != nil {
+				var de *client.APIError
 				if errors.As(aerr, &de) {
 					return nil, apiv1.TTYMessage{}, aerr
 				}
@@ -116,7 +114,7 @@ func (t *ttyClient) next(out io.Writer) (apiv1.TTYMessage, error) {
 			return m, fmt.Errorf("a message from berth serve: %v", err)
 		}
 		if m.Type == "error" && m.Error != nil {
-			return m, &apiclient.APIError{Info: *m.Error}
+			return m, &client.APIError{Info: *m.Error}
 		}
 		return m, nil
 	}
@@ -208,7 +206,7 @@ func (d *daemonClient) shell(ctx context.Context, session string, recreate bool,
 // req.Stdout. When ctx ends before the command runs, the connection is dropped (the
 // daemon then kills whatever it started); once it runs, ctx's end sends a cancel
 // message, so that the result of the killed command still comes (Canceled, as
-// embedded), and drops the connection when none came within apiclient.CancelWait.
+// embedded), and drops the connection when none came within client.CancelWait.
 func (d *daemonClient) execTTY(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *registry.Lease, error) {
 	// The connection's I/O outlives ctx: see above.
 	ioCtx, abort := context.WithCancel(context.WithoutCancel(ctx))
@@ -222,7 +220,7 @@ func (d *daemonClient) execTTY(ctx context.Context, session string, req backend.
 			return
 		}
 		t.control(apiv1.TTYMessage{Type: "cancel"})
-		timer := time.NewTimer(apiclient.CancelWait)
+		timer := time.NewTimer(client.CancelWait)
 		defer timer.Stop()
 		select {
 		case <-p.done:
@@ -289,5 +287,5 @@ func (p *ttyProcess) Signal(sig int) error { return p.t.signal(syscall.Signal(si
 
 func (p *ttyProcess) Wait() (backend.ExecResult, error) {
 	<-p.done
-	return apiclient.ResultOf(p.res, p.err)
+	return client.ResultOf(p.res, p.err)
 }

@@ -141,7 +141,7 @@ func TestNoRuntimeSDK(t *testing.T) {
 func TestFrontDeps(t *testing.T) {
 	allowed := map[string]bool{
 		"github.com/berth-sh/berth/cmd/berth": true, "github.com/berth-sh/berth/cli/front": true,
-		"github.com/berth-sh/berth/internal/apiclient": true, "github.com/berth-sh/berth/cli/internal/execrun": true,
+		"github.com/berth-sh/berth/client": true, "github.com/berth-sh/berth/cli/internal/execrun": true,
 		"github.com/berth-sh/berth/internal/output": true, "github.com/berth-sh/berth/internal/phase": true,
 		"github.com/berth-sh/berth/internal/sigstart": true, "github.com/berth-sh/berth/backend": true,
 		"github.com/berth-sh/berth/server/apiv1": true, "github.com/berth-sh/berth/config/paths": true,

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/cli/internal/execrun"
-	"github.com/berth-sh/berth/internal/apiclient"
+	"github.com/berth-sh/berth/client"
 	"github.com/berth-sh/berth/registry"
 	"github.com/spf13/cobra"
 )
@@ -99,7 +99,7 @@ func runPrune(ctx context.Context, g *globals, f *pruneFlags) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		var answered *apiclient.APIError
+		var answered *client.APIError
 		switch {
 		case err != nil && isDaemon(reg) && !errors.As(err, &answered):
 			// The daemon went away (stopped, restarted): the rounds go on with
@@ -143,7 +143,7 @@ func watchNote(d *daemonClient, every time.Duration) {
 		own = fmt.Sprintf("already prunes every %v on its own", time.Duration(ms)*time.Millisecond)
 	}
 	fmt.Fprintf(os.Stderr, "berth: note: berth serve at %s (pid %d) %s; --watch adds a round through it every %v and prints its report (the daemon's rounds go on when this stops)\n",
-		d.Where, d.Status.PID, own, every)
+		d.Where(), d.Status.PID, own, every)
 }
 
 // printPrune writes a report: JSON (compact with --watch), or a table of the

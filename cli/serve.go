@@ -21,8 +21,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sh/berth/cli/internal/execrun"
+	"github.com/berth-sh/berth/client"
 	"github.com/berth-sh/berth/config"
-	"github.com/berth-sh/berth/internal/apiclient"
 	"github.com/berth-sh/berth/internal/flock"
 	"github.com/berth-sh/berth/internal/sigstart"
 	"github.com/berth-sh/berth/registry"
@@ -89,7 +89,7 @@ type Daemon interface {
 // serveSocket is the name of berth serve's default unix socket in the state dir;
 // serveLock the name of the lock file that makes it one per state dir.
 const (
-	serveSocket = apiclient.SocketName
+	serveSocket = client.SocketName
 	serveLock   = "serve.lock"
 )
 
@@ -590,7 +590,7 @@ func listen(addr listenAddr, f *serveFlags) (net.Listener, func(), error) {
 	// directory's descriptor, /proc/self/fd/N/NAME, as berth dials its agents: a
 	// deep state dir still gets its socket (clients dial it the same way).
 	bindPath := path
-	if len(path) > apiclient.MaxSocketPath {
+	if len(path) > client.MaxSocketPath {
 		d, err := os.OpenFile(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return nil, nil, execrun.Failure(fmt.Errorf("socket directory: %v", err))

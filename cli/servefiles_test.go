@@ -26,15 +26,31 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/cli/internal/execrun"
-	"github.com/berth-sh/berth/internal/apiclient"
+	"github.com/berth-sh/berth/client"
 	"github.com/berth-sh/berth/internal/testsupport/benchutil"
 	"github.com/berth-sh/berth/internal/testsupport/testwait"
 	"github.com/berth-sh/berth/server/apiv1"
 )
 
-// api returns the CLI's client of d.
+// api returns the CLI's client of d: over its unix socket, or its TCP listener
+// with its token (and the TLS config of d's own client).
 func (d *daemon) api() *daemonClient {
-	return &daemonClient{&apiclient.Client{Where: d.base, HTTP: d.client, Base: d.base, Token: d.token}}
+	d.t.Helper()
+	addr, opts := d.sock, []client.Opt(nil)
+	if addr == "" {
+		addr = d.base
+		if d.token != "" {
+			opts = append(opts, client.WithToken(d.token))
+		}
+		if tr, ok := d.client.Transport.(*http.Transport); ok && tr.TLSClientConfig != nil {
+			opts = append(opts, client.WithTLSConfig(tr.TLSClientConfig))
+		}
+	}
+	c, err := client.New(addr, opts...)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return &daemonClient{Client: c}
 }
 
 // sandboxDir returns the default directory of session's sandbox (creating it).
@@ -432,7 +448,7 @@ func TestServeTTYDisconnect(t *testing.T) {
 			} else {
 				tc.conn.Write(ctx, websocket.MessageText, []byte(`{"type":"launch"}`))
 				_, err := tc.wait(io.Discard)
-				var de *apiclient.APIError
+				var de *client.APIError
 				if !errors.As(err, &de) || de.Info.Kind != "invalid" || !strings.Contains(de.Info.Message, `"launch"`) {
 					t.Errorf("after a bad message: %v", err)
 				}
@@ -467,7 +483,8 @@ func TestServeShellClient(t *testing.T) {
 	if _, _, err := api.openTTY(context.Background(), "main", ttyOptions{}); err == nil || !strings.Contains(err.Error(), "Authorization: Bearer") {
 		t.Errorf("a TTY without the token: %v", err)
 	}
-	api.Token = token
+	d.token = token
+	api = d.api()
 	var out testwait.Buffer
 	noSignals := make(chan os.Signal)
 	res, err := api.shell(context.Background(), "main", false, strings.NewReader("echo via-$((40+2)); exit 5\n"), &out,
@@ -520,8 +537,12 @@ func TestServeFilesDocker(t *testing.T) {
 //
 //	go test ./cli -run '^$' -bench ServeCopy -benchtime 10x
 func BenchmarkServeCopy(b *testing.B) {
-	environ, client, _ := benchServe(b, "")
-	api := &daemonClient{&apiclient.Client{Where: "http://berth", HTTP: client, Base: "http://berth"}}
+	environ, _, sock := benchServe(b, "")
+	c, err := client.New(sock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	api := &daemonClient{Client: c}
 	dir := b.TempDir()
 	src := filepath.Join(dir, "big")
 	data := make([]byte, 100_000_000)

@@ -14,8 +14,8 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/backends/catalog"
+	"github.com/berth-sh/berth/cli/internal/execrun"
 	"github.com/berth-sh/berth/config"
-	"github.com/berth-sh/berth/internal/apiclient"
 	"github.com/berth-sh/berth/internal/phase"
 	"github.com/berth-sh/berth/registry"
 )
@@ -28,7 +28,7 @@ import (
 // `BERTH_CLOCK_OFFSET=7d berth prune --dry-run` shows what will have expired in a
 // week. Tests use it instead of waiting. It shifts only the judgement
 // (registry.WithClockOffset): the times berth records stay real.
-const envClockOffset = apiclient.EnvClockOffset
+const envClockOffset = execrun.EnvClockOffset
 
 // settings are what a command opens its registry with.
 type settings struct {

@@ -57,7 +57,7 @@ the same message.`,
 			case d != nil:
 				out.Mode = "daemon"
 				out.StateDir, out.Config = d.Status.StateDir, d.Status.Config
-				out.Daemon = &daemonJSON{Address: d.Where, PID: d.Status.PID, Version: d.Status.Version, StateDir: d.Status.StateDir, Config: d.Status.Config}
+				out.Daemon = &daemonJSON{Address: d.Where(), PID: d.Status.PID, Version: d.Status.Version, StateDir: d.Status.StateDir, Config: d.Status.Config}
 			case g.noDaemon() != "":
 				out.Reason = g.noDaemon() + " asks for it"
 			default:
@@ -69,7 +69,7 @@ the same message.`,
 			w := os.Stdout
 			if d != nil {
 				fmt.Fprintf(w, "mode:      daemon\n")
-				fmt.Fprintf(w, "daemon:    %s (pid %d, berth %s)\n", d.Where, d.Status.PID, d.Status.Version)
+				fmt.Fprintf(w, "daemon:    %s (pid %d, berth %s)\n", d.Where(), d.Status.PID, d.Status.Version)
 			} else {
 				fmt.Fprintf(w, "mode:      embedded (%s)\n", out.Reason)
 			}

@@ -9,7 +9,7 @@
 // 190 package initialisers, 8–12 ms of a `berth version` on the machines berth is
 // measured on, docs/performance.md). Through a daemon an exec needs none of them:
 // this package links only the standard library, golang.org/x/sys and x/term, and
-// berth's light packages (internal/apiclient, cli/internal/execrun, server/apiv1,
+// berth's light packages (client, cli/internal/execrun, server/apiv1,
 // config/paths and units), and TestFrontDeps keeps it that way.
 //
 // The front takes a call only when it is sure that the full CLI would make the same
@@ -52,9 +52,9 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/cli/internal/execrun"
+	"github.com/berth-sh/berth/client"
 	"github.com/berth-sh/berth/config/paths"
 	"github.com/berth-sh/berth/config/units"
-	"github.com/berth-sh/berth/internal/apiclient"
 	"github.com/berth-sh/berth/internal/phase"
 	"github.com/berth-sh/berth/internal/sigstart"
 	"github.com/berth-sh/berth/server/apiv1"
@@ -63,7 +63,7 @@ import (
 // FullCLI is the name of berth's full command line, found beside the front.
 const FullCLI = "berth-cli"
 
-// The environment that the front reads besides apiclient's (cli's,
+// The environment that the front reads besides client's and execrun's (cli's,
 // docs/cli.md).
 const (
 	envTrace = "BERTH_TRACE"
@@ -236,15 +236,15 @@ func flagOf(args []string) (name, value string, n int) {
 // socket accepts the connection but that does not answer its status call (within
 // 10 s) is an error, worded as berth-cli words it: handing the call over would only
 // make berth-cli wait as long again for the same answer.
-func daemon() (*apiclient.Client, error) {
-	if os.Getenv(apiclient.EnvHost) != "" || os.Getenv(apiclient.EnvClockOffset) != "" || apiclient.NoDaemonEnv() != "" {
+func daemon() (*client.Client, error) {
+	if os.Getenv(client.EnvHost) != "" || os.Getenv(execrun.EnvClockOffset) != "" || execrun.NoDaemonEnv() != "" {
 		return nil, nil
 	}
 	state, ok := stateDir()
 	if !ok {
 		return nil, nil
 	}
-	sock := filepath.Join(state, apiclient.SocketName)
+	sock := filepath.Join(state, client.SocketName)
 	if _, err := os.Lstat(sock); err != nil {
 		return nil, nil
 	}
@@ -253,21 +253,24 @@ func daemon() (*apiclient.Client, error) {
 		return nil, nil
 	}
 	phase.Mark("config")
-	c := apiclient.Unix(sock)
-	ctx, cancel := context.WithTimeout(context.Background(), apiclient.StatusTimeout)
+	c, err := client.New(sock)
+	if err != nil {
+		return nil, nil // berth-cli says what
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), execrun.StatusTimeout)
 	defer cancel()
-	if err := c.Get(ctx, "/v1/status", &c.Status); err != nil {
+	st, err := c.Status(ctx)
+	if err != nil {
 		c.Close()
-		if apiclient.Refused(err) {
+		if client.Refused(err) {
 			return nil, nil // nobody listens: berth-cli runs it embedded
 		}
-		var ae *apiclient.APIError
+		var ae *client.APIError
 		if errors.As(err, &ae) {
 			return nil, nil // an answer, but not a status: berth-cli says what
 		}
-		return nil, apiclient.StatusFailed(c.Where, err, apiclient.FixNoStatus)
+		return nil, execrun.StatusFailed(c.Where(), err, execrun.FixNoStatus)
 	}
-	st := c.Status
 	if filepath.Clean(st.StateDir) != state || st.Config != cfgPath || st.ConfigSHA256 != cfgSum || st.ClockOffsetMS != 0 {
 		c.Close()
 		return nil, nil
@@ -327,7 +330,7 @@ func stateDir() (string, bool) {
 }
 
 // starter is execrun.Starter through the daemon.
-type starter struct{ *apiclient.Client }
+type starter struct{ *client.Client }
 
 func (s starter) Exec(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *apiv1.ExecStarted, error) {
 	p, err := s.Client.Exec(ctx, session, req)

@@ -45,7 +45,7 @@ var groups = []group{
 	{"suite-image", []string{"internal/testsupport/testimage"}, []string{"backend", "leaf"}},
 	{"conformance", []string{"conformance/..."}, []string{"backend", "leaf", "config", "agent", "registry", "suite-image", "testsupport"}},
 	{"server", []string{"server", "server/apiconv"}, []string{"backend", "leaf", "config", "wire", "agent", "catalog", "backends", "registry", "server"}},
-	{"client", []string{"internal/apiclient"}, []string{"backend", "leaf", "wire"}},
+	{"client", []string{"client"}, []string{"backend", "leaf", "wire"}},
 	{"cli", []string{"cli/..."}, []string{"backend", "leaf", "config", "wire", "agent", "catalog", "backends", "driver", "registry", "conformance", "suite-image", "server", "client", "cli"}},
 	{"cmd", []string{"cmd/..."}, []string{"backend", "leaf", "config", "wire", "agent", "catalog", "backends", "driver-shared", "driver", "registry", "conformance", "server", "client", "cli"}},
 	{"testsupport", []string{"internal/testsupport/...", "agent/agenttest"}, []string{"backend", "leaf", "config", "wire", "agent", "catalog", "backends", "driver-shared", "driver", "registry", "conformance", "suite-image", "server", "client", "testsupport"}},

@@ -7,7 +7,7 @@
 // they are printed (Report).
 //
 // It links only the standard library and berth's light packages (backend,
-// server/apiv1, internal/output, internal/sigstart): the thin front links it, and
+// server/apiv1, client, internal/output, internal/sigstart): the thin front links it, and
 // must start fast.
 package execrun
 
@@ -127,11 +127,11 @@ func Report(err error) int {
 	var ee *ExitError
 	if errors.As(err, &ee) {
 		if ee.Err != nil {
-			fmt.Fprintf(os.Stderr, "berth: %v\n", ee.Err)
+			fmt.Fprintf(os.Stderr, "berth: %s\n", message(ee.Err))
 		}
 		return ee.Code
 	}
-	fmt.Fprintf(os.Stderr, "berth: %v\n", err)
+	fmt.Fprintf(os.Stderr, "berth: %s\n", message(err))
 	return ExitInternal
 }
 

@@ -1,9 +1,8 @@
-package cli
+package client
 
 import (
 	"testing"
 
-	"github.com/berth-sh/berth/internal/apiclient"
 	"github.com/berth-sh/berth/server/apiv1"
 )
 
@@ -18,13 +17,13 @@ func TestWaitStartedAnswerAlreadyEnded(t *testing.T) {
 		want := &apiv1.ExecStarted{Sandbox: "b-x"}
 		started <- want
 		close(done)
-		if got := apiclient.WaitStarted(started, done); got != want {
+		if got := WaitStarted(started, done); got != want {
 			t.Fatalf("round %d: waitStarted = %v with the started event there and the answer ended, want it", i, got)
 		}
 	}
 	done := make(chan struct{})
 	close(done)
-	if got := apiclient.WaitStarted(make(chan *apiv1.ExecStarted, 1), done); got != nil {
+	if got := WaitStarted(make(chan *apiv1.ExecStarted, 1), done); got != nil {
 		t.Errorf("waitStarted = %v for an answer that ended without a started event, want nil", got)
 	}
 }
