@@ -18,6 +18,7 @@ import (
 	"github.com/berth-sh/berth/config"
 	"github.com/berth-sh/berth/internal/output"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server/apiconv"
 	"github.com/berth-sh/berth/server/apiv1"
 )
 
@@ -218,8 +219,7 @@ func (s *Server) runPlain(ctx context.Context, reg *registry.Registry, name stri
 		return apiv1.ExecResult{}, err
 	}
 	if st != nil {
-		st.event(apiv1.Event{Event: "started", Started: &apiv1.ExecStarted{Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
-			Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason, Pooled: lease.Pooled}})
+		st.event(apiv1.Event{Event: "started", Started: apiconv.StartedOf(lease)})
 		st.open()
 	}
 	switch {
