@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sh/berth/server/apiv1"
 	"golang.org/x/sys/unix"
 	"gopkg.in/natefinch/lumberjack.v2"
 )
@@ -36,10 +37,10 @@ func WithAudit(path string, maxMB, keep int) Option {
 			return
 		}
 		if maxMB <= 0 {
-			maxMB = DefaultAuditMaxMB
+			maxMB = apiv1.DefaultAuditMaxMB
 		}
 		if keep <= 0 {
-			keep = DefaultAuditKeep
+			keep = apiv1.DefaultAuditKeep
 		}
 		s.audit = &auditLog{lj: &lumberjack.Logger{Filename: path, MaxSize: maxMB, MaxBackups: keep, LocalTime: false}}
 	}
@@ -71,7 +72,7 @@ func OpenAudit(path string) error {
 }
 
 // write appends e as one JSON line; a failure is logged by the caller.
-func (a *auditLog) write(e *AuditEntry) error {
+func (a *auditLog) write(e *apiv1.AuditEntry) error {
 	b, err := json.Marshal(e)
 	if err != nil {
 		return err
@@ -92,8 +93,8 @@ func (a *auditLog) close() error {
 type auditKey struct{}
 
 // auditOf returns r's audit entry, for a handler to add to; nil without an audit log.
-func auditOf(r *http.Request) *AuditEntry {
-	e, _ := r.Context().Value(auditKey{}).(*AuditEntry)
+func auditOf(r *http.Request) *apiv1.AuditEntry {
+	e, _ := r.Context().Value(auditKey{}).(*apiv1.AuditEntry)
 	return e
 }
 
@@ -113,7 +114,7 @@ func auditCommand(r *http.Request, c *execCall) {
 }
 
 // auditResult records an exec's exit code in r's audit entry.
-func auditResult(r *http.Request, res ExecResult, err error) {
+func auditResult(r *http.Request, res apiv1.ExecResult, err error) {
 	if e := auditOf(r); e != nil && err == nil {
 		code := res.ExitCode
 		e.ExitCode = &code
@@ -152,25 +153,25 @@ func connContext(ctx context.Context, c net.Conn) context.Context {
 }
 
 // callerOf says who sent r.
-func callerOf(r *http.Request) Caller {
+func callerOf(r *http.Request) apiv1.Caller {
 	if cred, ok := r.Context().Value(peerKey{}).(unix.Ucred); ok {
-		return Caller{UID: &cred.Uid, GID: &cred.Gid, PID: &cred.Pid}
+		return apiv1.Caller{UID: &cred.Uid, GID: &cred.Gid, PID: &cred.Pid}
 	}
-	return Caller{Addr: r.RemoteAddr}
+	return apiv1.Caller{Addr: r.RemoteAddr}
 }
 
 // startAudit returns r with a new audit entry in its context, or r unchanged (and
 // nil) when there is no audit log or r is a metrics scrape.
-func (s *Server) startAudit(r *http.Request, start time.Time) (*http.Request, *AuditEntry) {
+func (s *Server) startAudit(r *http.Request, start time.Time) (*http.Request, *apiv1.AuditEntry) {
 	if s.audit == nil || r.URL.Path == "/metrics" {
 		return r, nil
 	}
-	e := &AuditEntry{Time: start.UTC(), Caller: callerOf(r), Method: r.Method, Path: r.URL.EscapedPath()}
+	e := &apiv1.AuditEntry{Time: start.UTC(), Caller: callerOf(r), Method: r.Method, Path: r.URL.EscapedPath()}
 	return r.WithContext(context.WithValue(r.Context(), auditKey{}, e)), e
 }
 
 // endAudit completes e, once r's answer has ended with status, and writes it.
-func (s *Server) endAudit(r *http.Request, e *AuditEntry, status int, start time.Time) {
+func (s *Server) endAudit(r *http.Request, e *apiv1.AuditEntry, status int, start time.Time) {
 	if e == nil {
 		return
 	}

@@ -11,20 +11,21 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/testsupport/testwait"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // The audit log is bounded: past its size it is rotated, and only keep rotated files
 // stay, each of mode 0600 and each no larger than the limit.
 func TestAuditRotation(t *testing.T) {
 	dir := t.TempDir()
-	path := filepath.Join(dir, AuditFile)
+	path := filepath.Join(dir, apiv1.AuditFile)
 	if err := OpenAudit(path); err != nil {
 		t.Fatal(err)
 	}
 	s := &Server{}
 	WithAudit(path, 1, 2)(s)
 	defer s.audit.close()
-	e := &AuditEntry{Method: "POST", Route: "/v1/sessions/{name}/exec", Path: "/v1/sessions/" + strings.Repeat("x", 4000) + "/exec"}
+	e := &apiv1.AuditEntry{Method: "POST", Route: "/v1/sessions/{name}/exec", Path: "/v1/sessions/" + strings.Repeat("x", 4000) + "/exec"}
 	const lines = 1200 // about 4.9 MB: four rotations
 	for i := 0; i < lines; i++ {
 		if err := s.audit.write(e); err != nil {
@@ -68,7 +69,7 @@ func TestDriverCrashedKind(t *testing.T) {
 	for _, retried := range []bool{false, true} {
 		err := fmt.Errorf("session %q: %w", "a", &registry.DriverCrashedError{Driver: "local", Op: "create sandbox x", Retried: retried, Err: backend.Errorf(backend.ErrUnavailable, "gone")})
 		info := errorInfo(err, "a")
-		if info.Kind != KindDriverCrashed || statusOf(info.Kind) != 503 || info.Retried == nil || *info.Retried != retried || !errors.Is(err, backend.ErrUnavailable) {
+		if info.Kind != apiv1.KindDriverCrashed || statusOf(info.Kind) != 503 || info.Retried == nil || *info.Retried != retried || !errors.Is(err, backend.ErrUnavailable) {
 			t.Errorf("retried=%v: %+v", retried, info)
 		}
 	}

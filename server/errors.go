@@ -8,6 +8,7 @@ import (
 
 	"github.com/berth-sh/berth/internal/rpcerr"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // Kind is one error kind of the API: its name (ErrorInfo.Kind) and the HTTP status
@@ -28,17 +29,17 @@ var Kinds = []Kind{
 	{"invalid", http.StatusBadRequest},
 	{"timeout", http.StatusGatewayTimeout},
 	// The HTTP layer's kinds.
-	{KindUnauthorized, http.StatusUnauthorized},
-	{KindTooLarge, http.StatusRequestEntityTooLarge},
-	{KindRequestTimeout, http.StatusRequestTimeout},
-	{KindMediaType, http.StatusUnsupportedMediaType},
-	{KindMethod, http.StatusMethodNotAllowed},
-	{KindShuttingDown, http.StatusServiceUnavailable},
-	{KindCanceled, 499}, // the client went away; nobody reads this answer
-	{KindInternal, http.StatusInternalServerError},
+	{apiv1.KindUnauthorized, http.StatusUnauthorized},
+	{apiv1.KindTooLarge, http.StatusRequestEntityTooLarge},
+	{apiv1.KindRequestTimeout, http.StatusRequestTimeout},
+	{apiv1.KindMediaType, http.StatusUnsupportedMediaType},
+	{apiv1.KindMethod, http.StatusMethodNotAllowed},
+	{apiv1.KindShuttingDown, http.StatusServiceUnavailable},
+	{apiv1.KindCanceled, 499}, // the client went away; nobody reads this answer
+	{apiv1.KindInternal, http.StatusInternalServerError},
 	// A driver plugin crashed during the call (registry.DriverCrashedError; berth
 	// serve restarts it): ErrorInfo.Retried says whether the call was made again.
-	{KindDriverCrashed, http.StatusServiceUnavailable},
+	{apiv1.KindDriverCrashed, http.StatusServiceUnavailable},
 }
 
 // statusOf returns the HTTP status of kind; 500 for a name not in Kinds.
@@ -65,23 +66,23 @@ func errorf(kind, format string, args ...any) error {
 
 // errorInfo classifies err: the HTTP layer's kind, else berth's kind, else
 // canceled for a cancelled context, timeout for an expired one, internal otherwise.
-func errorInfo(err error, session string) ErrorInfo {
-	info := ErrorInfo{Message: err.Error(), Session: session}
+func errorInfo(err error, session string) apiv1.ErrorInfo {
+	info := apiv1.ErrorInfo{Message: err.Error(), Session: session}
 	var he *httpError
 	var dc *registry.DriverCrashedError
 	switch {
 	case errors.As(err, &he):
 		info.Kind = he.kind
 	case errors.As(err, &dc):
-		info.Kind, info.Retried = KindDriverCrashed, &dc.Retried
+		info.Kind, info.Retried = apiv1.KindDriverCrashed, &dc.Retried
 	case rpcerr.KindName(err) != "":
 		info.Kind = rpcerr.KindName(err)
 	case errors.Is(err, context.Canceled):
-		info.Kind = KindCanceled
+		info.Kind = apiv1.KindCanceled
 	case errors.Is(err, context.DeadlineExceeded):
 		info.Kind = "timeout"
 	default:
-		info.Kind = KindInternal
+		info.Kind = apiv1.KindInternal
 	}
 	return info
 }
@@ -91,8 +92,8 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error, s
 	info := errorInfo(err, session)
 	auditError(r, info.Kind)
 	status := statusOf(info.Kind)
-	if status >= 500 && info.Kind != KindShuttingDown {
+	if status >= 500 && info.Kind != apiv1.KindShuttingDown {
 		s.log.Warn("call failed", "method", r.Method, "path", r.URL.EscapedPath(), "kind", info.Kind, "error", info.Message)
 	}
-	writeJSON(w, status, ErrorBody{Error: info})
+	writeJSON(w, status, apiv1.ErrorBody{Error: info})
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/internal/rpcerr"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // Every backend kind has its name (as on berth's wire protocols) and an HTTP status
@@ -37,10 +38,10 @@ func TestKinds(t *testing.T) {
 		kind   string
 		status int
 	}{
-		{errorf(KindTooLarge, "big"), KindTooLarge, http.StatusRequestEntityTooLarge},
-		{fmt.Errorf("x: %w", context.Canceled), KindCanceled, 499},
+		{errorf(apiv1.KindTooLarge, "big"), apiv1.KindTooLarge, http.StatusRequestEntityTooLarge},
+		{fmt.Errorf("x: %w", context.Canceled), apiv1.KindCanceled, 499},
 		{context.DeadlineExceeded, "timeout", http.StatusGatewayTimeout},
-		{errors.New("no kind"), KindInternal, http.StatusInternalServerError},
+		{errors.New("no kind"), apiv1.KindInternal, http.StatusInternalServerError},
 	} {
 		if info := errorInfo(c.err, ""); info.Kind != c.kind || statusOf(info.Kind) != c.status {
 			t.Errorf("%v: kind %q status %d, want %q %d", c.err, info.Kind, statusOf(info.Kind), c.kind, c.status)

@@ -18,6 +18,8 @@ import (
 	"github.com/berth-sh/berth/config"
 	"github.com/berth-sh/berth/internal/output"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server/apiconv"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // execCall is an ExecRequest checked and turned into what the registry takes.
@@ -35,7 +37,7 @@ type execCall struct {
 }
 
 // checkExec validates req; errors are invalid and say which field is wrong.
-func checkExec(req *ExecRequest) (*execCall, error) {
+func checkExec(req *apiv1.ExecRequest) (*execCall, error) {
 	c := &execCall{argv: req.Argv, command: req.Command, cwd: req.Cwd, user: req.User, max: req.MaxOutput}
 	switch {
 	case len(req.Argv) > 0 && req.Command != "":
@@ -46,9 +48,9 @@ func checkExec(req *ExecRequest) (*execCall, error) {
 		return nil, errorf("invalid", "command: empty shell-mode command")
 	case req.Command != "" && req.User != "":
 		return nil, errorf("invalid", "user: shell mode runs as the sandbox's user; drop user or use argv")
-	case len(req.Argv) > 0 && req.Argv[0] == "":
-		return nil, errorf("invalid", "argv[0]: empty program name")
 	}
+	// An empty argv[0] is the registry's to refuse (backend.CheckArgv, before it
+	// makes a sandbox): validation once, at its entry point.
 	c.shell = req.Command != ""
 	for i, a := range req.Argv {
 		if strings.ContainsRune(a, 0) {
@@ -96,7 +98,7 @@ func checkExec(req *ExecRequest) (*execCall, error) {
 // wantsStream reports whether r asks for an NDJSON answer (Accept names NDJSON).
 func wantsStream(r *http.Request) bool {
 	for _, part := range strings.Split(r.Header.Get("Accept"), ",") {
-		if mt, _, err := mime.ParseMediaType(strings.TrimSpace(part)); err == nil && mt == NDJSON {
+		if mt, _, err := mime.ParseMediaType(strings.TrimSpace(part)); err == nil && mt == apiv1.NDJSON {
 			return true
 		}
 	}
@@ -107,7 +109,7 @@ func wantsStream(r *http.Request) bool {
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	name := r.PathValue("name")
-	var req ExecRequest
+	var req apiv1.ExecRequest
 	var rest *bufio.Reader // a streamed request's input events
 	if isNDJSON(r) {
 		line, br, err := s.readFirstLine(w, r)
@@ -164,14 +166,14 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		st = newStream(w)
 		defer st.open()
 	}
-	var res ExecResult
+	var res apiv1.ExecResult
 	if c.shell {
 		res, err = s.runShell(ctx, reg, name, c, st)
 	} else {
 		res, err = s.runPlain(ctx, reg, name, c, st)
 	}
 	if recreated && err == nil {
-		res.Recreated, res.RecreatedReason = true, RecreateReason
+		res.Recreated, res.RecreatedReason = true, apiv1.RecreateReason
 	}
 	if in != nil && in.badEvent() != nil {
 		err = in.badEvent()
@@ -182,9 +184,9 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		info := errorInfo(err, name)
 		auditError(r, info.Kind)
-		st.event(Event{Event: "error", Error: &info})
+		st.event(apiv1.Event{Event: "error", Error: &info})
 	case st != nil:
-		st.event(Event{Event: "result", Result: &res})
+		st.event(apiv1.Event{Event: "result", Result: &res})
 	default:
 		writeJSON(w, http.StatusOK, res)
 	}
@@ -194,12 +196,12 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 }
 
 // runPlain runs an argv exec: output captured for a JSON answer, or sent as events.
-func (s *Server) runPlain(ctx context.Context, reg *registry.Registry, name string, c *execCall, st *stream) (ExecResult, error) {
+func (s *Server) runPlain(ctx context.Context, reg *registry.Registry, name string, c *execCall, st *stream) (apiv1.ExecResult, error) {
 	breq := backend.ExecRequest{Argv: c.argv, Env: c.env, Dir: c.cwd, User: c.user, Timeout: c.timeout, Stdin: c.stdin != nil}
 	var outCap, errCap *output.Capture
 	var outEv, errEv *capped
 	if st == nil {
-		limit := int64(DefaultMaxOutput)
+		limit := int64(apiv1.DefaultMaxOutput)
 		if c.max != nil {
 			limit = *c.max
 		}
@@ -214,11 +216,10 @@ func (s *Server) runPlain(ctx context.Context, reg *registry.Registry, name stri
 	}
 	p, lease, err := reg.Exec(ctx, name, breq)
 	if err != nil {
-		return ExecResult{}, err
+		return apiv1.ExecResult{}, err
 	}
 	if st != nil {
-		st.event(Event{Event: "started", Started: &ExecStarted{Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
-			Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason, Pooled: lease.Pooled}})
+		st.event(apiv1.Event{Event: "started", Started: apiconv.StartedOf(lease)})
 		st.open()
 	}
 	switch {
@@ -247,9 +248,9 @@ func (s *Server) runPlain(ctx context.Context, reg *registry.Registry, name stri
 	}
 	res, err := p.Wait()
 	if err != nil {
-		return ExecResult{}, err
+		return apiv1.ExecResult{}, err
 	}
-	out := ExecResult{
+	out := apiv1.ExecResult{
 		ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
 		DurationMS: res.Duration.Milliseconds(), Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
 		Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason,
@@ -266,7 +267,7 @@ func (s *Server) runPlain(ctx context.Context, reg *registry.Registry, name stri
 
 // runShell runs a shell-mode call; a streamed answer gets the raw output as events
 // besides the capped text in the result.
-func (s *Server) runShell(ctx context.Context, reg *registry.Registry, name string, c *execCall, st *stream) (ExecResult, error) {
+func (s *Server) runShell(ctx context.Context, reg *registry.Registry, name string, c *execCall, st *stream) (apiv1.ExecResult, error) {
 	sreq := registry.ShellRequest{Command: c.command, Env: c.env, Dir: c.cwd, Timeout: c.timeout}
 	if c.max != nil {
 		sreq.MaxOutput = *c.max
@@ -292,19 +293,19 @@ func (s *Server) runShell(ctx context.Context, reg *registry.Registry, name stri
 }
 
 // shellCall makes a shell-mode call and converts its result.
-func (s *Server) shellCall(ctx context.Context, reg *registry.Registry, name string, sreq registry.ShellRequest, st *stream) (ExecResult, error) {
+func (s *Server) shellCall(ctx context.Context, reg *registry.Registry, name string, sreq registry.ShellRequest, st *stream) (apiv1.ExecResult, error) {
 	if st != nil {
 		sreq.Stdout, sreq.Stderr = st.writer("stdout", nil), st.writer("stderr", nil)
 		sreq.Started = func() {
-			st.event(Event{Event: "started", Started: &ExecStarted{Session: name}})
+			st.event(apiv1.Event{Event: "started", Started: &apiv1.ExecStarted{Session: name}})
 			st.open()
 		}
 	}
 	res, err := reg.Shell(ctx, name, sreq)
 	if err != nil {
-		return ExecResult{}, err
+		return apiv1.ExecResult{}, err
 	}
-	return ExecResult{
+	return apiv1.ExecResult{
 		ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
 		DurationMS: res.Duration.Milliseconds(), Session: res.Session, Driver: res.Driver, Sandbox: res.Sandbox,
 		Recreated: res.Recreated, RecreatedReason: res.RecreatedReason, Moved: res.Moved, MovedReason: res.MovedReason,
@@ -358,17 +359,17 @@ func (st *stream) beginLocked() {
 		return
 	}
 	st.begun = true
-	st.w.Header().Set("Content-Type", NDJSON)
+	st.w.Header().Set("Content-Type", apiv1.NDJSON)
 	st.w.Header().Set("X-Content-Type-Options", "nosniff")
 	st.w.WriteHeader(http.StatusOK)
 	st.rc.Flush()
 }
 
 // event writes one event line; it returns the first write error.
-func (st *stream) event(ev Event) error { return st.line(ev) }
+func (st *stream) event(ev apiv1.Event) error { return st.line(ev) }
 
 // logEvent writes one job log event line; it returns the first write error.
-func (st *stream) logEvent(ev LogEvent) error { return st.line(ev) }
+func (st *stream) logEvent(ev apiv1.LogEvent) error { return st.line(ev) }
 
 // line writes v as one JSON line and flushes it; it returns the first write error.
 func (st *stream) line(v any) error {
@@ -424,7 +425,7 @@ func (c *capped) Write(b []byte) (int, error) {
 	}
 	for len(b) > 0 {
 		k := min(len(b), maxEvent)
-		if err := c.st.event(Event{Event: c.name, Data: b[:k]}); err != nil {
+		if err := c.st.event(apiv1.Event{Event: c.name, Data: b[:k]}); err != nil {
 			return 0, fmt.Errorf("sending %s: %w", c.name, err)
 		}
 		b = b[k:]

@@ -18,6 +18,7 @@ import (
 
 	"github.com/berth-sh/berth/agent"
 	"github.com/berth-sh/berth/config"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // Files over the API: a tar stream of a path each way (/archive), and one small
@@ -106,12 +107,12 @@ func (b *bodyReader) problem(w http.ResponseWriter) error {
 		return nil
 	case errors.As(b.err, &tooLarge):
 		w.Header().Set("Connection", "close")
-		return errorf(KindTooLarge, "the request body is larger than the limit of %d bytes; use PUT /v1/sessions/{name}/archive for larger files", tooLarge.Limit)
+		return errorf(apiv1.KindTooLarge, "the request body is larger than the limit of %d bytes; use PUT /v1/sessions/{name}/archive for larger files", tooLarge.Limit)
 	case errors.Is(b.err, os.ErrDeadlineExceeded) || (errors.As(b.err, &ne) && ne.Timeout()):
 		w.Header().Set("Connection", "close")
-		return errorf(KindRequestTimeout, "the request body stopped arriving: no data for %v", b.timeout)
+		return errorf(apiv1.KindRequestTimeout, "the request body stopped arriving: no data for %v", b.timeout)
 	}
-	return errorf(KindCanceled, "reading the request body: %v", b.err)
+	return errorf(apiv1.KindCanceled, "reading the request body: %v", b.err)
 }
 
 // putArchive is PUT /v1/sessions/{name}/archive?path=DIR[&max_size=SIZE]: extract the
@@ -154,7 +155,7 @@ func (s *Server) putArchive(w http.ResponseWriter, r *http.Request) {
 		err = perr
 	case errors.Is(err, agent.ErrTarTooLarge):
 		w.Header().Set("Connection", "close")
-		err = errorf(KindTooLarge, "upload into %s: %v; nothing was written (raise max_size, or say max_size=unlimited)", dir, err)
+		err = errorf(apiv1.KindTooLarge, "upload into %s: %v; nothing was written (raise max_size, or say max_size=unlimited)", dir, err)
 	case err != nil:
 		err = errorf("invalid", "upload into %s: %v; nothing was written", dir, err)
 	}
@@ -168,7 +169,7 @@ func (s *Server) putArchive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Info("upload", "session", session, "path", dir, "entries", entries, "bytes", size)
-	writeJSON(w, http.StatusOK, ArchiveUpload{Entries: entries, Bytes: size})
+	writeJSON(w, http.StatusOK, apiv1.ArchiveUpload{Entries: entries, Bytes: size})
 }
 
 // uploadSpool makes the unlinked file that holds an upload while it is checked, in
@@ -196,7 +197,7 @@ type tarAnswer struct {
 func (t *tarAnswer) Write(b []byte) (int, error) {
 	if !t.begun {
 		t.begun = true
-		t.w.Header().Set("Content-Type", TarType)
+		t.w.Header().Set("Content-Type", apiv1.TarType)
 		t.w.Header().Set("X-Content-Type-Options", "nosniff")
 		t.w.WriteHeader(http.StatusOK)
 	}
@@ -273,8 +274,8 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 		err = errorf("invalid", "%s is a symlink (to %s); read its target's path instead", p, strconv.Quote(hdr.Linkname))
 	case hdr.Typeflag != tar.TypeReg:
 		err = errorf("invalid", "%s is not a regular file (tar type %q)", p, hdr.Typeflag)
-	case hdr.Size > MaxFileBytes:
-		err = errorf(KindTooLarge, "%s is %d bytes, more than the %d bytes (16 MiB) that /files reads; use GET /v1/sessions/{name}/archive?path=...", p, hdr.Size, MaxFileBytes)
+	case hdr.Size > apiv1.MaxFileBytes:
+		err = errorf(apiv1.KindTooLarge, "%s is %d bytes, more than the %d bytes (16 MiB) that /files reads; use GET /v1/sessions/{name}/archive?path=...", p, hdr.Size, apiv1.MaxFileBytes)
 	}
 	if err != nil {
 		stop()
@@ -283,7 +284,7 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(hdr.Size, 10))
-	w.Header().Set(ModeHeader, fmt.Sprintf("%04o", hdr.Mode&0o7777))
+	w.Header().Set(apiv1.ModeHeader, fmt.Sprintf("%04o", hdr.Mode&0o7777))
 	if !hdr.ModTime.IsZero() {
 		w.Header().Set("Last-Modified", hdr.ModTime.UTC().Format(http.TimeFormat))
 	}
@@ -318,15 +319,15 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 			err = errorf("invalid", "mode %q: give octal permission bits from 0 to 7777, e.g. 0644 or 0755", m)
 		}
 	}
-	if err == nil && r.ContentLength > MaxFileBytes {
+	if err == nil && r.ContentLength > apiv1.MaxFileBytes {
 		w.Header().Set("Connection", "close")
-		err = errorf(KindTooLarge, "the body is %d bytes, more than the %d bytes (16 MiB) that /files writes; use PUT /v1/sessions/{name}/archive", r.ContentLength, MaxFileBytes)
+		err = errorf(apiv1.KindTooLarge, "the body is %d bytes, more than the %d bytes (16 MiB) that /files writes; use PUT /v1/sessions/{name}/archive", r.ContentLength, apiv1.MaxFileBytes)
 	}
 	if err != nil {
 		s.writeError(w, r, err, name)
 		return
 	}
-	body := s.newBodyReader(w, http.MaxBytesReader(w, r.Body, MaxFileBytes))
+	body := s.newBodyReader(w, http.MaxBytesReader(w, r.Body, apiv1.MaxFileBytes))
 	data, _ := io.ReadAll(body)
 	body.done()
 	if err := body.problem(w); err != nil {

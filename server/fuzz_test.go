@@ -18,6 +18,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // FuzzExecRequest feeds any body to the exec handler's decoding and checks
@@ -42,7 +43,7 @@ func FuzzExecRequest(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		r := httptest.NewRequest("POST", "http://berth/v1/sessions/s/exec", bytes.NewReader(body))
 		r.Header.Set("Content-Type", "application/json")
-		var req ExecRequest
+		var req apiv1.ExecRequest
 		err := s.readJSON(httptest.NewRecorder(), r, &req)
 		var c *execCall
 		if err == nil {
@@ -50,10 +51,10 @@ func FuzzExecRequest(f *testing.F) {
 		}
 		if err != nil {
 			var he *httpError
-			if !errors.As(err, &he) || (he.kind != "invalid" && he.kind != KindTooLarge) {
+			if !errors.As(err, &he) || (he.kind != "invalid" && he.kind != apiv1.KindTooLarge) {
 				t.Fatalf("refusal %v (%T) is not invalid or too_large", err, err)
 			}
-			if he.kind == KindTooLarge && len(body) <= 4096 {
+			if he.kind == apiv1.KindTooLarge && len(body) <= 4096 {
 				t.Fatalf("a %d-byte body refused as too large", len(body))
 			}
 			for _, r := range err.Error() {
@@ -119,7 +120,7 @@ func FuzzExecBody(f *testing.F) {
 		bad := in.badEvent()
 		if bad != nil {
 			var he *httpError
-			if !errors.As(bad, &he) || (he.kind != "invalid" && he.kind != KindTooLarge) || !strings.HasPrefix(he.Error(), "input event ") {
+			if !errors.As(bad, &he) || (he.kind != "invalid" && he.kind != apiv1.KindTooLarge) || !strings.HasPrefix(he.Error(), "input event ") {
 				t.Fatalf("refusal %v (%T): want invalid or too_large, naming its event", bad, bad)
 			}
 			for _, r := range bad.Error() {
@@ -150,11 +151,11 @@ func FuzzExecBody(f *testing.F) {
 		// A lenient reading of the same lines: stdin data up to the first eof.
 		var want []byte
 		for _, line := range bytes.Split(body, []byte("\n")) {
-			var e Event
-			if json.Unmarshal(bytes.TrimSuffix(line, []byte("\r")), &e) != nil || e.Event == InputEOF {
+			var e apiv1.Event
+			if json.Unmarshal(bytes.TrimSuffix(line, []byte("\r")), &e) != nil || e.Event == apiv1.InputEOF {
 				break
 			}
-			if e.Event == InputStdin {
+			if e.Event == apiv1.InputStdin {
 				want = append(want, e.Data...)
 			}
 		}
@@ -258,7 +259,7 @@ func FuzzTTYFrames(f *testing.F) {
 				}
 				continue
 			}
-			var m TTYMessage
+			var m apiv1.TTYMessage
 			if json.Unmarshal([]byte(fr.data), &m) != nil {
 				stopped = true
 				break

@@ -28,6 +28,7 @@ import (
 	"github.com/berth-sh/berth/internal/testsupport/testwait"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // logBuffer is a server's log, safe for its goroutines.
@@ -144,7 +145,7 @@ func (rc *rawConn) plainExec(session, after string) {
 		rc.t.Fatalf("the next request on the connection after %s: %v", after, err)
 	}
 	b, err := io.ReadAll(resp.Body)
-	var res ExecResult
+	var res apiv1.ExecResult
 	if err != nil || resp.StatusCode != 200 || json.Unmarshal(b, &res) != nil || res.Stdout != "still here\n" {
 		rc.t.Fatalf("the next request on the connection after %s: %d %s %v", after, resp.StatusCode, b, err)
 	}
@@ -156,13 +157,13 @@ func stdinEvent(s string) string {
 }
 
 // answerEvents reads a streamed answer's events to its end.
-func answerEvents(t *testing.T, r io.Reader) []Event {
+func answerEvents(t *testing.T, r io.Reader) []apiv1.Event {
 	t.Helper()
-	var evs []Event
+	var evs []apiv1.Event
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		var ev Event
+		var ev apiv1.Event
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			t.Fatalf("answer line %q: %v", sc.Text(), err)
 		}
@@ -269,7 +270,7 @@ func TestStreamedStdinCutFailsTheCall(t *testing.T) {
 		}()
 		evs := answerEvents(t, ab)
 		last := evs[len(evs)-1]
-		if last.Event != "error" || last.Error.Kind != KindTooLarge || strings.Contains(fmt.Sprint(evs), "result") {
+		if last.Event != "error" || last.Error.Kind != apiv1.KindTooLarge || strings.Contains(fmt.Sprint(evs), "result") {
 			t.Errorf("%s, a stdin line past the limit once started: %+v", first, evs)
 		}
 		for _, ev := range evs {

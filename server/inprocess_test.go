@@ -23,6 +23,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 func TestMain(m *testing.M) {
@@ -94,7 +95,7 @@ func TestFilesInProcess(t *testing.T) {
 	}
 	b, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || string(b) != "hello" || resp.Header.Get(ModeHeader) != "0640" {
+	if resp.StatusCode != 200 || string(b) != "hello" || resp.Header.Get(apiv1.ModeHeader) != "0640" {
 		t.Errorf("file: %d %q %v", resp.StatusCode, b, resp.Header)
 	}
 }
@@ -114,7 +115,7 @@ func TestTTYInProcess(t *testing.T) {
 	defer c.CloseNow()
 	// The reader sends output and messages on in the order they came.
 	outs := make(chan []byte, 64)
-	msgs := make(chan TTYMessage, 4)
+	msgs := make(chan apiv1.TTYMessage, 4)
 	go func() {
 		defer close(msgs)
 		for {
@@ -126,7 +127,7 @@ func TestTTYInProcess(t *testing.T) {
 				outs <- b
 				continue
 			}
-			var m TTYMessage
+			var m apiv1.TTYMessage
 			json.Unmarshal(b, &m)
 			msgs <- m
 		}

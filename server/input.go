@@ -12,6 +12,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // A streamed exec request (Content-Type: application/x-ndjson) is one JSON object per
@@ -52,7 +54,7 @@ type input struct {
 // isNDJSON reports whether r's body is declared as NDJSON.
 func isNDJSON(r *http.Request) bool {
 	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	return err == nil && mt == NDJSON
+	return err == nil && mt == apiv1.NDJSON
 }
 
 // readFirstLine reads the first line of a streamed request body within the server's
@@ -62,7 +64,7 @@ func isNDJSON(r *http.Request) bool {
 func (s *Server) readFirstLine(w http.ResponseWriter, r *http.Request) ([]byte, *bufio.Reader, error) {
 	rc := http.NewResponseController(w)
 	if err := rc.EnableFullDuplex(); err != nil {
-		return nil, nil, errorf(KindInternal, "a streamed request needs full duplex: %v", err)
+		return nil, nil, errorf(apiv1.KindInternal, "a streamed request needs full duplex: %v", err)
 	}
 	rc.SetReadDeadline(time.Now().Add(s.bodyTimeout))
 	// No deadline once the first line is in: the rest comes as the client has it.
@@ -75,10 +77,10 @@ func (s *Server) readFirstLine(w http.ResponseWriter, r *http.Request) ([]byte, 
 		return line, br, nil
 	case errors.Is(err, errLineTooLong):
 		w.Header().Set("Connection", "close")
-		return nil, nil, errorf(KindTooLarge, "the request's first line is longer than the limit of %d bytes (berth serve --max-request-body); send large stdin as stdin events", s.maxBody)
+		return nil, nil, errorf(apiv1.KindTooLarge, "the request's first line is longer than the limit of %d bytes (berth serve --max-request-body); send large stdin as stdin events", s.maxBody)
 	case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
 		w.Header().Set("Connection", "close")
-		return nil, nil, errorf(KindRequestTimeout, "the request's first line did not arrive within %v", s.bodyTimeout)
+		return nil, nil, errorf(apiv1.KindRequestTimeout, "the request's first line did not arrive within %v", s.bodyTimeout)
 	case errors.Is(err, io.EOF):
 		return nil, nil, errorf("invalid", "request body: empty; send the exec request as the first line")
 	}
@@ -141,7 +143,7 @@ func (in *input) read() {
 		line, err := readLine(in.br, in.limit)
 		switch {
 		case errors.Is(err, errLineTooLong):
-			in.fail(errorf(KindTooLarge, "input event %d is longer than the limit of %d bytes (berth serve --max-request-body); the command's stdin could not be delivered whole, so the call was cancelled: send stdin in smaller events (32 KiB is a good size)", n, in.limit))
+			in.fail(errorf(apiv1.KindTooLarge, "input event %d is longer than the limit of %d bytes (berth serve --max-request-body); the command's stdin could not be delivered whole, so the call was cancelled: send stdin in smaller events (32 KiB is a good size)", n, in.limit))
 			in.drain()
 			return
 		case err != nil && !errors.Is(err, io.EOF):
@@ -172,27 +174,27 @@ func (in *input) read() {
 
 // event applies input event n (line); false when it is bad (the call is failed).
 func (in *input) event(n int, line []byte) bool {
-	var ev Event
+	var ev apiv1.Event
 	if derr := decodeStrict(line, &ev); derr != nil {
 		in.fail(errorf("invalid", "input event %d: %v", n, derr))
 		return false
 	}
 	switch ev.Event {
-	case InputStdin:
+	case apiv1.InputStdin:
 		if in.eofAt > 0 {
 			in.fail(errorf("invalid", "input event %d: stdin after the eof of input event %d; the stdin had ended, so the call was cancelled: send eof last", n, in.eofAt))
 			return false
 		}
 		if _, werr := in.sp.Write(ev.Data); werr != nil {
-			in.fail(errorf(KindInternal, "input event %d: %v", n, werr))
+			in.fail(errorf(apiv1.KindInternal, "input event %d: %v", n, werr))
 			return false
 		}
-	case InputEOF:
+	case apiv1.InputEOF:
 		if in.eofAt == 0 {
 			in.eofAt = n
 		}
 		in.sp.CloseWrite()
-	case InputSignal:
+	case apiv1.InputSignal:
 		if ev.Signal < 1 || ev.Signal > 64 {
 			in.fail(errorf("invalid", "input event %d: signal %d: want a Linux signal number, 1 to 64", n, ev.Signal))
 			return false
@@ -201,7 +203,7 @@ func (in *input) event(n int, line []byte) bool {
 		case in.signals <- ev.Signal:
 		default: // 16 signals the command has not been sent yet: drop this one
 		}
-	case InputCancel:
+	case apiv1.InputCancel:
 		in.cancel()
 	default:
 		in.fail(errorf("invalid", "input event %d: unknown event %q; want stdin, eof, signal or cancel", n, ev.Event))

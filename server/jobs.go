@@ -8,11 +8,12 @@ import (
 
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/server/apiconv"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // checkJob validates req and returns the registry's request; errors are invalid and
 // name the field.
-func checkJob(req *JobStartRequest) (registry.JobStartRequest, error) {
+func checkJob(req *apiv1.JobStartRequest) (registry.JobStartRequest, error) {
 	out := registry.JobStartRequest{Argv: req.Argv, Dir: req.Cwd}
 	switch {
 	case len(req.Argv) > 0 && req.Command != "":
@@ -61,7 +62,7 @@ func envList(m map[string]string) ([]string, error) {
 // sandbox when needed; 201 with the job.
 func (s *Server) startJob(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	var req JobStartRequest
+	var req apiv1.JobStartRequest
 	if err := s.readJSON(w, r, &req); err != nil {
 		s.writeError(w, r, err, name)
 		return
@@ -91,7 +92,7 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err, name)
 		return
 	}
-	out := make([]Job, 0, len(jobs))
+	out := make([]apiv1.Job, 0, len(jobs))
 	for _, j := range jobs {
 		out = append(out, apiconv.JobOf(j))
 	}
@@ -143,16 +144,16 @@ func (s *Server) jobLogs(w http.ResponseWriter, r *http.Request) {
 	end, err := ref.reg.JobLogs(r.Context(), name, registry.JobLogsRequest{ID: r.PathValue("id"), Offset: offset, Follow: follow,
 		OnGap: func(dropped int64) {
 			lw.at += dropped
-			st.logEvent(LogEvent{Event: "gap", Dropped: dropped, Offset: lw.at})
+			st.logEvent(apiv1.LogEvent{Event: "gap", Dropped: dropped, Offset: lw.at})
 		}}, lw)
 	switch {
 	case err != nil && !st.started():
 		s.writeError(w, r, err, name)
 	case err != nil:
 		info := errorInfo(err, name)
-		st.logEvent(LogEvent{Event: "error", Offset: lw.at, Error: &info})
+		st.logEvent(apiv1.LogEvent{Event: "error", Offset: lw.at, Error: &info})
 	default:
-		st.logEvent(LogEvent{Event: "end", Offset: end.Offset, Ended: end.Ended, ExitCode: end.ExitCode, Signal: end.Signal})
+		st.logEvent(apiv1.LogEvent{Event: "end", Offset: end.Offset, Ended: end.Ended, ExitCode: end.ExitCode, Signal: end.Signal})
 	}
 }
 
@@ -166,7 +167,7 @@ func (lw *logWriter) Write(b []byte) (int, error) {
 	n := len(b)
 	for len(b) > 0 {
 		k := min(len(b), maxEvent)
-		if err := lw.st.logEvent(LogEvent{Event: "output", Offset: lw.at, Data: b[:k]}); err != nil {
+		if err := lw.st.logEvent(apiv1.LogEvent{Event: "output", Offset: lw.at, Data: b[:k]}); err != nil {
 			return 0, err
 		}
 		lw.at += int64(k)

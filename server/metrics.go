@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // MetricsNamespace prefixes every berth series (berth_...).
@@ -154,7 +155,7 @@ func (m *Metrics) restarted(driver string, err error) {
 }
 
 // exec counts one exec answer that began at start.
-func (m *Metrics) exec(driver string, shell, stream bool, res ExecResult, err error, start time.Time) {
+func (m *Metrics) exec(driver string, shell, stream bool, res apiv1.ExecResult, err error, start time.Time) {
 	mode := "plain"
 	if shell {
 		mode = "shell"
@@ -163,7 +164,7 @@ func (m *Metrics) exec(driver string, shell, stream bool, res ExecResult, err er
 }
 
 // execMode counts one exec of mode (plain, shell, tty) that began at start.
-func (m *Metrics) execMode(driver, mode string, stream bool, res ExecResult, err error, start time.Time) {
+func (m *Metrics) execMode(driver, mode string, stream bool, res apiv1.ExecResult, err error, start time.Time) {
 	if driver == "" {
 		driver = "unknown" // failed before a driver was chosen
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // openAPI is the part of docs/openapi.yaml that the checks read.
@@ -99,7 +100,7 @@ func TestOpenAPIRoutes(t *testing.T) {
 		req := httptest.NewRequest(method, "http://berth"+strings.ReplaceAll(path, "{name}", "t:1"), nil)
 		w := httptest.NewRecorder()
 		s.Handler().ServeHTTP(w, req)
-		var eb ErrorBody
+		var eb apiv1.ErrorBody
 		json.Unmarshal(w.Body.Bytes(), &eb)
 		if w.Code == http.StatusMethodNotAllowed || (w.Code == http.StatusNotFound && strings.Contains(eb.Error.Message, "no such API path")) {
 			t.Errorf("%s: the handler does not serve it: %d %s", op, w.Code, w.Body)
@@ -129,7 +130,7 @@ func TestEmptySessionSegment(t *testing.T) {
 	for _, seg := range []string{"", ".", ".."} {
 		w := httptest.NewRecorder()
 		s.Handler().ServeHTTP(w, httptest.NewRequest("POST", "http://berth/v1/sessions/"+seg+"/exec", strings.NewReader(`{"argv":["true"]}`)))
-		var eb ErrorBody
+		var eb apiv1.ErrorBody
 		json.Unmarshal(w.Body.Bytes(), &eb)
 		if w.Code != http.StatusBadRequest || eb.Error.Kind != "invalid" || !strings.Contains(eb.Error.Message, "session name") {
 			t.Errorf("POST /v1/sessions/%s/exec: %d %s, want 400 invalid naming the session name", seg, w.Code, w.Body)

@@ -22,6 +22,7 @@ import (
 	"github.com/berth-sh/berth/internal/testsupport/testwait"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 const poolConfig = `
@@ -69,7 +70,7 @@ func getJSON[T any](t *testing.T, url string) T {
 	return v
 }
 
-func postExec(t *testing.T, base, session string) ExecResult {
+func postExec(t *testing.T, base, session string) apiv1.ExecResult {
 	t.Helper()
 	resp, err := http.Post(base+"/v1/sessions/"+session+"/exec", "application/json", strings.NewReader(`{"argv":["true"]}`))
 	if err != nil {
@@ -77,7 +78,7 @@ func postExec(t *testing.T, base, session string) ExecResult {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	var res ExecResult
+	var res apiv1.ExecResult
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &res) != nil || res.ExitCode != 0 {
 		t.Fatalf("exec in %s: %d %s", session, resp.StatusCode, b)
 	}
@@ -146,7 +147,7 @@ func TestPoolsInProcess(t *testing.T) {
 	ctx := context.Background()
 	reg, ts, m := pooledServer(t, "task:1", "task:2", "other")
 	pool := map[string]string{"scope": "task:*", "driver": "local"}
-	if ps := getJSON[[]Pool](t, ts.URL+"/v1/pools"); len(ps) != 1 || ps[0].Size != 2 || ps[0].MaxIdleMS != 1800000 || ps[0].Ready != 0 || ps[0].Members == nil {
+	if ps := getJSON[[]apiv1.Pool](t, ts.URL+"/v1/pools"); len(ps) != 1 || ps[0].Size != 2 || ps[0].MaxIdleMS != 1800000 || ps[0].Ready != 0 || ps[0].Members == nil {
 		t.Fatalf("before a fill: %+v", ps)
 	}
 	// Nothing fills the pool yet: a miss.
@@ -156,7 +157,7 @@ func TestPoolsInProcess(t *testing.T) {
 	if err := reg.FillPools(ctx); err != nil {
 		t.Fatal(err)
 	}
-	ps := getJSON[[]Pool](t, ts.URL+"/v1/pools")
+	ps := getJSON[[]apiv1.Pool](t, ts.URL+"/v1/pools")
 	if len(ps) != 1 || ps[0].Ready != 2 || len(ps[0].Members) != 2 || ps[0].Members[0].State != "ready" || ps[0].Members[0].Ready.IsZero() {
 		t.Fatalf("after a fill: %+v", ps)
 	}
@@ -167,11 +168,11 @@ func TestPoolsInProcess(t *testing.T) {
 	if res := postExec(t, ts.URL, "other"); res.Pooled {
 		t.Fatalf("a rule without a pool: %+v", res)
 	}
-	sess := getJSON[Session](t, ts.URL+"/v1/sessions/task:2")
+	sess := getJSON[apiv1.Session](t, ts.URL+"/v1/sessions/task:2")
 	if !sess.Pooled || sess.Sandbox != res.Sandbox {
 		t.Fatalf("session task:2: %+v", sess)
 	}
-	if sess := getJSON[Session](t, ts.URL+"/v1/sessions/task:1"); sess.Pooled {
+	if sess := getJSON[apiv1.Session](t, ts.URL+"/v1/sessions/task:1"); sess.Pooled {
 		t.Fatalf("session task:1: %+v", sess)
 	}
 	for _, c := range []struct {
@@ -225,7 +226,7 @@ func TestPoolsRunAcrossReload(t *testing.T) {
 	})
 	ready := func(n int) func() bool {
 		return func() bool {
-			ps := getJSON[[]Pool](t, ts.URL+"/v1/pools")
+			ps := getJSON[[]apiv1.Pool](t, ts.URL+"/v1/pools")
 			return len(ps) == 1 && ps[0].Ready == n && len(ps[0].Members) == n
 		}
 	}
@@ -239,10 +240,10 @@ func TestPoolsRunAcrossReload(t *testing.T) {
 	// An entry is dropped before its member is removed and counted: wait for both.
 	testwait.Until(t, "the new registry's loop to drain the pool its config no longer has", func() bool {
 		n, _ := metric(t, m, "berth_pool_removes_total", map[string]string{"scope": "task:*", "cause": "drift"})
-		return n == 2 && len(getJSON[[]Pool](t, ts.URL+"/v1/pools")) == 0
+		return n == 2 && len(getJSON[[]apiv1.Pool](t, ts.URL+"/v1/pools")) == 0
 	})
 	// The claimed member stays the session's.
-	if sess := getJSON[Session](t, ts.URL+"/v1/sessions/task:1"); !sess.Pooled || sess.State != "running" {
+	if sess := getJSON[apiv1.Session](t, ts.URL+"/v1/sessions/task:1"); !sess.Pooled || sess.State != "running" {
 		t.Errorf("session task:1 after the reload: %+v", sess)
 	}
 	stop()
@@ -262,14 +263,14 @@ func TestPoolTTYInProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.CloseNow()
-	var msgs []TTYMessage
+	var msgs []apiv1.TTYMessage
 	for len(msgs) == 0 || msgs[len(msgs)-1].Type != "result" {
 		typ, b, err := c.Read(ctx)
 		if err != nil {
 			t.Fatalf("after %+v: %v", msgs, err)
 		}
 		if typ == websocket.MessageText {
-			var msg TTYMessage
+			var msg apiv1.TTYMessage
 			if err := json.Unmarshal(b, &msg); err != nil {
 				t.Fatalf("message %q: %v", b, err)
 			}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // RunRetention prunes (registry.Prune: reconcile every configured driver, apply
@@ -21,7 +22,7 @@ func (s *Server) RunRetention(ctx context.Context, interval time.Duration, after
 		interval = s.pruneEvery
 	}
 	if interval <= 0 {
-		interval = DefaultRetentionInterval
+		interval = apiv1.DefaultRetentionInterval
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -66,7 +67,7 @@ func (s *Server) pruneOnce(ctx context.Context) (*registry.PruneReport, error) {
 // prune is POST /v1/prune: one round now, as berth prune does, answered with its
 // report (the object berth prune --json prints). A body is optional.
 func (s *Server) prune(w http.ResponseWriter, r *http.Request) {
-	var req PruneRequest
+	var req apiv1.PruneRequest
 	if r.ContentLength != 0 {
 		if err := s.readJSON(w, r, &req); err != nil {
 			s.writeError(w, r, err, "")

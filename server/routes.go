@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/berth-sh/berth/config"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // Route is one operation the server answers: a method and a path in net/http's
@@ -99,7 +100,7 @@ func (s *Server) routes() http.Handler {
 				allow = append(allow, rt.Method)
 			}
 			w.Header().Set("Allow", strings.Join(allow, ", "))
-			s.writeError(w, r, errorf(KindMethod, "%s %s: method not allowed; this path takes %s", r.Method, r.URL.EscapedPath(), strings.Join(allow, ", ")), "")
+			s.writeError(w, r, errorf(apiv1.KindMethod, "%s %s: method not allowed; this path takes %s", r.Method, r.URL.EscapedPath(), strings.Join(allow, ", ")), "")
 		})
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -119,12 +120,12 @@ func (s *Server) routes() http.Handler {
 			// the unread request body first, and a streamed exec's body stays open
 			// while its client waits for the answer (a deadlock until it ends).
 			w.Header().Set("Connection", "close")
-			s.writeError(sw, r, errorf(KindUnauthorized, "this listener needs the header Authorization: Bearer TOKEN with the token of berth serve's --token-file"), "")
+			s.writeError(sw, r, errorf(apiv1.KindUnauthorized, "this listener needs the header Authorization: Bearer TOKEN with the token of berth serve's --token-file"), "")
 			return
 		}
 		if !s.enter() {
 			w.Header().Set("Connection", "close")
-			s.writeError(sw, r, errorf(KindShuttingDown, "berth serve is shutting down; try again when it is back"), "")
+			s.writeError(sw, r, errorf(apiv1.KindShuttingDown, "berth serve is shutting down; try again when it is back"), "")
 			return
 		}
 		defer s.leave()
@@ -202,7 +203,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func (s *Server) readJSON(w http.ResponseWriter, r *http.Request, v any) error {
 	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil || mt != "application/json" {
-		return errorf(KindMediaType, "the request body must be JSON, sent with Content-Type: application/json (got %q)", r.Header.Get("Content-Type"))
+		return errorf(apiv1.KindMediaType, "the request body must be JSON, sent with Content-Type: application/json (got %q)", r.Header.Get("Content-Type"))
 	}
 	rc := http.NewResponseController(w)
 	rc.SetReadDeadline(time.Now().Add(s.bodyTimeout))
@@ -215,10 +216,10 @@ func (s *Server) readJSON(w http.ResponseWriter, r *http.Request, v any) error {
 	switch {
 	case errors.As(err, &tooLarge):
 		w.Header().Set("Connection", "close")
-		return errorf(KindTooLarge, "the request body is larger than the limit of %d bytes (berth serve --max-request-body); send large input another way", tooLarge.Limit)
+		return errorf(apiv1.KindTooLarge, "the request body is larger than the limit of %d bytes (berth serve --max-request-body); send large input another way", tooLarge.Limit)
 	case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
 		w.Header().Set("Connection", "close")
-		return errorf(KindRequestTimeout, "the request body did not arrive within %v", s.bodyTimeout)
+		return errorf(apiv1.KindRequestTimeout, "the request body did not arrive within %v", s.bodyTimeout)
 	case err != nil:
 		return errorf("invalid", "reading the request body: %v", err)
 	}

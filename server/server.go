@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/berth-sh/berth/registry"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // Limits of a request, unless an option sets others.
@@ -82,7 +83,7 @@ func WithPruneInterval(d time.Duration) Option { return func(s *Server) { s.prun
 // WithConfigCheck sets how POST /v1/config/check checks the daemon's config file
 // (its path; berth serve passes berth config check's checks). Without it that
 // route answers 501 (unsupported).
-func WithConfigCheck(f func(ctx context.Context, path string) ConfigCheck) Option {
+func WithConfigCheck(f func(ctx context.Context, path string) apiv1.ConfigCheck) Option {
 	return func(s *Server) { s.checkConfig = f }
 }
 
@@ -122,9 +123,9 @@ type Server struct {
 
 	metrics        *Metrics
 	metricsHandler http.Handler
-	pruneEvery     time.Duration                                      // WithPruneInterval: RunRetention's and Status's
-	checkConfig    func(ctx context.Context, path string) ConfigCheck // WithConfigCheck
-	audit          *auditLog                                          // nil: no audit log
+	pruneEvery     time.Duration                                            // WithPruneInterval: RunRetention's and Status's
+	checkConfig    func(ctx context.Context, path string) apiv1.ConfigCheck // WithConfigCheck
+	audit          *auditLog                                                // nil: no audit log
 
 	callsCtx    context.Context // the base of every request's context
 	cancelCalls context.CancelFunc
@@ -161,7 +162,7 @@ func New(reg *registry.Registry, opts ...Option) *Server {
 	s := &Server{
 		log:         hclog.NewNullLogger(),
 		maxBody:     DefaultMaxRequestBody,
-		bodyTimeout: DefaultBodyTimeout,
+		bodyTimeout: apiv1.DefaultBodyTimeout,
 		cur:         newRef(reg),
 	}
 	for _, o := range opts {

@@ -9,6 +9,7 @@ import (
 	"github.com/berth-sh/berth/config"
 	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/server/apiconv"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // listSessions is GET /v1/sessions: every recorded session, sorted by name
@@ -21,7 +22,7 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err, "")
 		return
 	}
-	out := make([]Session, 0, len(list))
+	out := make([]apiv1.Session, 0, len(list))
 	for _, si := range list {
 		out = append(out, apiconv.SessionOf(si))
 	}
@@ -108,7 +109,7 @@ func (s *Server) recreateSession(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err, name)
 		return
 	}
-	writeJSON(w, http.StatusOK, RecreateAnswer{Session: session, Removed: removed})
+	writeJSON(w, http.StatusOK, apiv1.RecreateAnswer{Session: session, Removed: removed})
 }
 
 // health is GET /v1/health: the store and the drivers the config's rules name.
@@ -116,7 +117,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	ref := s.acquire()
 	defer s.release(ref)
 	reg := ref.reg
-	h := Health{Status: "ok", Version: s.version, PID: os.Getpid(), StateDir: reg.StateDir(), Config: reg.Config().Path, Store: "ok", Drivers: []DriverHealth{}}
+	h := apiv1.Health{Status: "ok", Version: s.version, PID: os.Getpid(), StateDir: reg.StateDir(), Config: reg.Config().Path, Store: "ok", Drivers: []apiv1.DriverHealth{}}
 	status := http.StatusOK
 	if _, err := reg.Owner(); err != nil {
 		h.Status, h.Store, status = "unavailable", err.Error(), http.StatusServiceUnavailable
@@ -131,7 +132,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	}
 	sort.Strings(sorted)
 	for _, n := range sorted {
-		dh := DriverHealth{Name: n, Health: "ok"}
+		dh := apiv1.DriverHealth{Name: n, Health: "ok"}
 		b, err := reg.Backend(r.Context(), n)
 		if err == nil {
 			_, err = b.Info(r.Context())
@@ -154,7 +155,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 	ref := s.acquire()
 	defer s.release(ref)
 	reg := ref.reg
-	writeJSON(w, http.StatusOK, Status{API: "v1", Version: s.version, PID: os.Getpid(), StateDir: reg.StateDir(),
+	writeJSON(w, http.StatusOK, apiv1.Status{API: "v1", Version: s.version, PID: os.Getpid(), StateDir: reg.StateDir(),
 		Config: reg.Config().Path, ConfigSHA256: reg.Config().SHA256, ClockOffsetMS: reg.ClockOffset().Milliseconds(),
 		PruneIntervalMS: s.pruneEvery.Milliseconds()})
 }

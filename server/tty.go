@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sh/berth/backend"
+	"github.com/berth-sh/berth/server/apiv1"
 )
 
 // The interactive endpoint: GET /v1/sessions/{name}/tty upgrades to a WebSocket
@@ -60,9 +61,9 @@ func ttyRequest(r *http.Request) (*execCall, backend.WindowSize, bool, error) {
 			return nil, size, false, errorf("invalid", "unknown query parameter %q; a TTY takes argv, env, cwd, user, timeout, rows, cols and recreate (see docs/api.md)", k)
 		}
 	}
-	req := ExecRequest{Argv: q["argv"], Cwd: q.Get("cwd"), User: q.Get("user"), Timeout: q.Get("timeout")}
+	req := apiv1.ExecRequest{Argv: q["argv"], Cwd: q.Get("cwd"), User: q.Get("user"), Timeout: q.Get("timeout")}
 	if len(req.Argv) == 0 {
-		req.Argv = LoginShell
+		req.Argv = apiv1.LoginShell
 	}
 	for _, kv := range q["env"] {
 		k, v, ok := strings.Cut(kv, "=")
@@ -120,7 +121,7 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 		return // Accept has answered
 	}
 	defer conn.CloseNow()
-	conn.SetReadLimit(MaxTTYMessage)
+	conn.SetReadLimit(apiv1.MaxTTYMessage)
 	// The connection is hijacked: net/http no longer cancels the request's context
 	// when the client goes away. ctx, the exec's, is cancelled when the read loop
 	// ends (the client went away or broke the protocol) or by the daemon's shutdown
@@ -147,9 +148,9 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 	fail := func(err error, status websocket.StatusCode) {
 		info := errorInfo(err, name)
 		auditError(r, info.Kind)
-		s.metrics.execMode(driver, "tty", true, ExecResult{}, err, start)
+		s.metrics.execMode(driver, "tty", true, apiv1.ExecResult{}, err, start)
 		s.log.Info("tty", "session", session, "error", err)
-		t.send(TTYMessage{Type: "error", Error: &info})
+		t.send(apiv1.TTYMessage{Type: "error", Error: &info})
 		conn.Close(status, "")
 	}
 	recreated := false
@@ -168,11 +169,11 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	driver = lease.Driver
-	started := TTYMessage{Type: "started", Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
+	started := apiv1.TTYMessage{Type: "started", Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
 		Recreated: lease.Recreated || recreated, RecreatedReason: lease.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason,
 		Pooled: lease.Pooled}
 	if recreated {
-		started.RecreatedReason = RecreateReason
+		started.RecreatedReason = apiv1.RecreateReason
 	}
 	t.send(started)
 	close(t.ready)
@@ -202,7 +203,7 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		fail(err, websocket.StatusInternalError)
 	default:
-		out := ExecResult{
+		out := apiv1.ExecResult{
 			ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
 			DurationMS: res.Duration.Milliseconds(), Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
 			Recreated: started.Recreated, RecreatedReason: started.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason,
@@ -211,7 +212,7 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 		auditResult(r, out, nil)
 		s.metrics.execMode(driver, "tty", true, out, nil, start)
 		s.log.Info("tty", "session", session, "exit_code", res.ExitCode, "canceled", res.Canceled, "duration_ms", out.DurationMS)
-		t.send(TTYMessage{Type: "result", Result: &out})
+		t.send(apiv1.TTYMessage{Type: "result", Result: &out})
 		conn.Close(websocket.StatusNormalClosure, "")
 	}
 	conn.CloseNow() // ends the read loop, if the close handshake did not
@@ -254,7 +255,7 @@ func (t *ttyConn) Write(b []byte) (int, error) {
 
 // send writes one JSON text message within sendTimeout; errors are dropped (the
 // client is gone).
-func (t *ttyConn) send(m TTYMessage) {
+func (t *ttyConn) send(m apiv1.TTYMessage) {
 	b, err := json.Marshal(m)
 	if err != nil {
 		return
@@ -281,7 +282,7 @@ func (t *ttyConn) readLoop(p backend.Process) error {
 		typ, rd, err := t.conn.Reader(t.ctx)
 		if err != nil {
 			if errors.Is(err, websocket.ErrMessageTooBig) {
-				return errorf("invalid", "a message larger than %d bytes; send stdin in smaller messages", MaxTTYMessage)
+				return errorf("invalid", "a message larger than %d bytes; send stdin in smaller messages", apiv1.MaxTTYMessage)
 			}
 			return errClientGone
 		}
@@ -307,7 +308,7 @@ func (t *ttyConn) readLoop(p backend.Process) error {
 // applyControl applies one client text message to p; cancel is the exec's (a
 // "cancel" message).
 func applyControl(p backend.Process, b []byte, cancel context.CancelFunc) error {
-	var m TTYMessage
+	var m apiv1.TTYMessage
 	if err := decodeStrict(b, &m); err != nil {
 		return errorf("invalid", "TTY message %s: %v", shownMessage(b), err)
 	}

@@ -90,3 +90,12 @@ func PoolsOf(list []registry.PoolStatus) []apiv1.Pool {
 	}
 	return out
 }
+
+// StartedOf is where lease says a command runs (session, driver, sandbox, and
+// whether the sandbox was recreated, moved or taken from a pool, with the reasons),
+// as the API's "started" event and berth exec --json say it: the one conversion of
+// a registry.Lease onto the wire.
+func StartedOf(lease *registry.Lease) *apiv1.ExecStarted {
+	return &apiv1.ExecStarted{Session: lease.Session, Driver: lease.Driver, Sandbox: lease.Sandbox,
+		Recreated: lease.Recreated, RecreatedReason: lease.RecreatedReason, Moved: lease.Moved, MovedReason: lease.MovedReason, Pooled: lease.Pooled}
+}
