@@ -26,7 +26,10 @@ type api interface {
 	RemoveSession(ctx context.Context, session string) error
 	Recreate(ctx context.Context, session string) (bool, error)
 	Prune(ctx context.Context, opts registry.PruneOptions) (*registry.PruneReport, error)
-	Exec(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *registry.Lease, error)
+	// Exec starts a plain exec and says where it runs, as the API's started event
+	// does (embedded: the registry's lease through apiconv.StartedOf; through the
+	// daemon: its event as it came).
+	Exec(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *apiv1.ExecStarted, error)
 	Shell(ctx context.Context, session string, req registry.ShellRequest) (registry.ShellResult, error)
 	JobStart(ctx context.Context, session string, req registry.JobStartRequest) (apiv1.Job, error)
 	Jobs(ctx context.Context, session string) ([]apiv1.Job, error)
@@ -45,6 +48,14 @@ type api interface {
 type embedded struct {
 	*registry.Registry
 	inProcess bool
+}
+
+func (e embedded) Exec(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *apiv1.ExecStarted, error) {
+	p, lease, err := e.Registry.Exec(ctx, session, req)
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, apiconv.StartedOf(lease), nil
 }
 
 func (e embedded) DriverRows(ctx context.Context) ([]apiv1.Driver, error) {

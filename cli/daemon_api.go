@@ -74,7 +74,7 @@ func (d *daemonClient) Explanation(ctx context.Context, session string) (apiv1.E
 // (docs/api.md), or one with a terminal (req.TTY) over the TTY WebSocket
 // (execTTY): the returned Process sends stdin, signals and, when ctx is
 // cancelled, a cancel event; its output events go to req.Stdout and req.Stderr.
-func (d *daemonClient) Exec(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *registry.Lease, error) {
+func (d *daemonClient) Exec(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *apiv1.ExecStarted, error) {
 	if req.TTY {
 		return d.execTTY(ctx, session, req)
 	}
@@ -82,9 +82,7 @@ func (d *daemonClient) Exec(ctx context.Context, session string, req backend.Exe
 	if err != nil {
 		return nil, nil, err
 	}
-	st := p.Started()
-	return p, &registry.Lease{Session: st.Session, Driver: st.Driver, Sandbox: st.Sandbox,
-		Recreated: st.Recreated, RecreatedReason: st.RecreatedReason, Moved: st.Moved, MovedReason: st.MovedReason, Pooled: st.Pooled}, nil
+	return p, p.Started(), nil
 }
 
 // Shell makes a shell-mode call through the daemon: req.Stdin is sent as stdin

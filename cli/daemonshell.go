@@ -19,7 +19,6 @@ import (
 
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/client"
-	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/server/apiv1"
 )
 
@@ -207,7 +206,7 @@ func (d *daemonClient) shell(ctx context.Context, session string, recreate bool,
 // daemon then kills whatever it started); once it runs, ctx's end sends a cancel
 // message, so that the result of the killed command still comes (Canceled, as
 // embedded), and drops the connection when none came within client.CancelWait.
-func (d *daemonClient) execTTY(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *registry.Lease, error) {
+func (d *daemonClient) execTTY(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *apiv1.ExecStarted, error) {
 	// The connection's I/O outlives ctx: see above.
 	ioCtx, abort := context.WithCancel(context.WithoutCancel(ctx))
 	p := &ttyProcess{done: make(chan struct{})}
@@ -254,7 +253,7 @@ func (d *daemonClient) execTTY(ctx context.Context, session string, req backend.
 		defer abort()
 		p.res, p.err = t.wait(out)
 	}()
-	return p, &registry.Lease{Session: started.Session, Driver: started.Driver, Sandbox: started.Sandbox,
+	return p, &apiv1.ExecStarted{Session: started.Session, Driver: started.Driver, Sandbox: started.Sandbox,
 		Recreated: started.Recreated, RecreatedReason: started.RecreatedReason, Moved: started.Moved, MovedReason: started.MovedReason, Pooled: started.Pooled}, nil
 }
 

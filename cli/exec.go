@@ -8,7 +8,6 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/cli/internal/execrun"
 	"github.com/berth-sh/berth/config"
-	"github.com/berth-sh/berth/registry"
 	"github.com/berth-sh/berth/server/apiv1"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -136,16 +135,5 @@ func runExec(ctx context.Context, g *globals, f *execrun.Flags, argv []string) e
 type starter struct{ api }
 
 func (s starter) Exec(ctx context.Context, session string, req backend.ExecRequest) (backend.Process, *apiv1.ExecStarted, error) {
-	p, lease, err := s.api.Exec(ctx, session, req)
-	if err != nil {
-		return nil, nil, err
-	}
-	return p, startedOf(lease), nil
-}
-
-// startedOf is where a lease says the command runs, as the API's started event says
-// it.
-func startedOf(l *registry.Lease) *apiv1.ExecStarted {
-	return &apiv1.ExecStarted{Session: l.Session, Driver: l.Driver, Sandbox: l.Sandbox, Recreated: l.Recreated,
-		RecreatedReason: l.RecreatedReason, Moved: l.Moved, MovedReason: l.MovedReason, Pooled: l.Pooled}
+	return s.api.Exec(ctx, session, req)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/cli/internal/execrun"
 	"github.com/berth-sh/berth/internal/sigstart"
+	"github.com/berth-sh/berth/server/apiconv"
 	"github.com/berth-sh/berth/server/apiv1"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -70,7 +71,7 @@ func runShell(ctx context.Context, g *globals, session string, recreate bool) er
 	if err != nil {
 		return execrun.Failure(err)
 	}
-	execrun.ReportLease(session, startedOf(lease))
+	execrun.ReportLease(session, apiconv.StartedOf(lease))
 	restore, err := tm.raw()
 	if err != nil {
 		return execrun.Failure(err)
