@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"sync"
 
 	"github.com/berth-sh/berth/server/apiv1"
 )
@@ -192,31 +191,13 @@ func (c *Client) CopyOut(ctx context.Context, session, path string, w io.Writer)
 // is not an error) and its stdout and stderr. For a long command or large output,
 // use Exec and give it writers.
 func (c *Client) Run(ctx context.Context, session string, argv ...string) (apiv1.ExecResult, []byte, []byte, error) {
-	var stdout, stderr lockedBuffer
+	// The answer's reader writes the buffers before it ends the answer, and Result
+	// waits for that end: no lock is needed.
+	var stdout, stderr bytes.Buffer
 	p, err := c.Stream(ctx, session, apiv1.ExecRequest{Argv: argv}, &stdout, &stderr, true)
 	if err != nil {
 		return apiv1.ExecResult{}, nil, nil, err
 	}
 	res, err := p.Result()
 	return res, stdout.Bytes(), stderr.Bytes(), err
-}
-
-// lockedBuffer is a bytes.Buffer that the answer's reader writes while the caller
-// may not yet read it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// Bytes returns a copy of what was written.
-func (l *lockedBuffer) Bytes() []byte {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return bytes.Clone(l.b.Bytes())
 }
