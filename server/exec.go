@@ -175,6 +175,12 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	if recreated && err == nil {
 		res.Recreated, res.RecreatedReason = true, apiv1.RecreateReason
 	}
+	if in != nil && err != nil && ctx.Err() != nil {
+		// The call was cancelled: by a bad input event, or by net/http because the
+		// connection ended, which is also how a body that broke off ends. The body's
+		// reader says which; let it finish reading first (it is at the body's end).
+		in.settle()
+	}
 	if in != nil && in.badEvent() != nil {
 		err = in.badEvent()
 	}

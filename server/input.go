@@ -228,6 +228,19 @@ func (in *input) fail(err error) {
 	in.cancel()
 }
 
+// settle waits until the body's reader has stopped, or bodyEndWait has passed (a
+// client may keep a body open after a bad event, which the reader then drains):
+// a call cancelled because its connection ended is then told from one whose body
+// broke off (badEvent), which the reader sees at the same moment.
+func (in *input) settle() {
+	t := time.NewTimer(bodyEndWait)
+	defer t.Stop()
+	select {
+	case <-in.done:
+	case <-t.C:
+	}
+}
+
 // badEvent returns the first bad input event's error, or nil.
 func (in *input) badEvent() error {
 	in.mu.Lock()
