@@ -566,7 +566,7 @@ func (im *importer) commonNotes(backendName string) {
 	}
 	im.noteIf("container_disk", "berth sets no disk quota (the docker driver has no storage-size limit); the sandbox's writable layer is bounded by the engine's storage only")
 	im.noteIf("container_persistent", "hermes keeps /workspace and /root in host directories under ~/.hermes/sandboxes (true) or in tmpfs (false); a berth sandbox keeps its files in the container for as long as it exists (stop keeps them, remove deletes them): add a mount block for a directory that must outlive the sandbox, or retention on_close = \"remove\" for throwaway sessions")
-	im.noteIf("docker_forward_env", "a docker sandbox's environment is the image's plus the rule's env; berth's env_passthrough is for the local driver only. The berth hermes plugin forwards these host variables with every command, as hermes does (hermes passes the list to it in container_config)")
+	im.noteIf("docker_forward_env", "a docker sandbox's environment is the image's plus the rule's env; berth's env_passthrough is for the local driver only. The berth hermes plugin reads this list from this file and forwards these host variables with every command, as hermes does for its docker backend (hermes itself hands the list to no plugin backend)")
 	im.noteIf("docker_extra_args", "berth does not pass raw docker run flags; write each one as a rule attribute (network, user, resources, mount) by hand, or leave it out")
 	im.noteIf("docker_mount_cwd_to_workspace", "berth does not know hermes's launch directory; add mount { source = \"/abs/dir\", target = \"/workspace\" } for the directory you want")
 	im.noteIf("docker_shm_size", "berth sets no /dev/shm size (Docker's default, 64 MiB, applies)")

@@ -181,3 +181,10 @@ def env(provider, task_id, daemon):
         e.session.remove()
     except Exception:
         pass
+
+
+@pytest.fixture(autouse=True)
+def _empty_hermes_home(monkeypatch, tmp_path_factory):
+    """Every test starts with a hermes home of its own, without config.yaml: a
+    developer's ~/.hermes/config.yaml must not change what the provider reads."""
+    monkeypatch.setenv("HERMES_HOME", str(tmp_path_factory.mktemp("hermes-home")))

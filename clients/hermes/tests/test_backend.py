@@ -127,6 +127,26 @@ def test_initial_cwd(provider, task_id, backend, tmp_path):
         env.session.remove()
 
 
+def test_host_session_starts_in_project_dir(provider, task_id, backend, tmp_path, monkeypatch):
+    """hermes gives a plugin backend a container's cwd (it treats every plugin as a
+    container and rewrites host paths: tools/terminal_tool_config.py
+    ``_is_unusable_container_cwd``, hermes-agent 0a6ef40), e.g. /root. A session
+    that berth's config runs on the host starts in hermes's terminal.cwd, the
+    user's project directory, instead; a container session keeps hermes's cwd."""
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.setenv("TERMINAL_CWD", str(project))  # hermes exports terminal.cwd so
+    env = provider.create_environment(cwd="/root", timeout=30, task_id=task_id)
+    try:
+        got = env.execute("pwd")["output"].strip()
+        if backend == "local":
+            assert got == str(project)
+        else:
+            assert got != str(project)  # hermes's /root (or 126 where the image has none)
+    finally:
+        env.session.remove()
+
+
 def test_merged_output_and_exit_code(env):
     r = env.execute("echo out; echo err >&2; echo out2; exit 3")
     assert r["returncode"] == 3
@@ -188,16 +208,24 @@ def test_binary_output(env):
 
 
 def test_bounded_capture_names_spill_files(provider, task_id, daemon):
+    """A bounded capture is what hermes's own gives (tools/environments/base_output.py
+    at hermes-agent 0294b43: ``_BoundedOutputCollector.render``, 40/60 head and tail
+    around a notice, within the window; ``_finalize_wait_result``:
+    ``output_total_chars`` and ``full_output_path`` when output was left out), so
+    hermes cuts nothing more and can point the model at the whole output."""
     env = provider.create_environment(cwd="", timeout=60, task_id=task_id, backend_config={"bounded_output": 4096})
+    whole = "".join("%d\n" % i for i in range(1, 200001))
     try:
         r = env.execute("seq 1 200000", bounded_capture=True)
         assert r["returncode"] == 0
         out = r["output"]
         assert out.startswith("1\n2\n") and out.endswith("199999\n200000\n")
-        assert len(out) < 4096 + 400 and "bytes of output left out" in out
-        spill = out.split("the whole output is in ")[1].split(" ...]")[0]
-        with open(spill) as f:
-            assert f.read() == "".join("%d\n" % i for i in range(1, 200001))
+        assert len(out) <= 4096 and "[OUTPUT TRUNCATED - " in out and "out of {:,} total]".format(len(whole)) in out
+        assert r["output_total_chars"] == len(whole)
+        with open(r["full_output_path"]) as f:
+            assert f.read() == whole
+        small = env.execute("echo small", bounded_capture=True)  # within the window: whole, no path
+        assert small["output"] == "small\n" and "full_output_path" not in small
         full = env.execute("seq 1 200000")  # hermes's default: full fidelity
         assert full["output"] == "".join("%d\n" % i for i in range(1, 200001))
     finally:
@@ -215,6 +243,48 @@ def test_forwarded_and_literal_env(provider, task_id, monkeypatch):
         env.session.remove()
 
 
+def test_config_from_hermes_home(backend, task_id, monkeypatch, tmp_path):
+    """hermes hands a plugin neither its terminal.backends.berth block nor, for a
+    backend other than docker, docker_forward_env and docker_env: its
+    _build_plugin_env passes cwd, timeout, task_id, image and container_config only,
+    and _get_env_config empties the docker keys (tools/terminal_tool_backends.py,
+    hermes-agent 027fc66). So the provider reads them from hermes's config.yaml, as
+    hermes's own create_environment call below gives them (no backend_config)."""
+    import yaml
+
+    import berth_hermes
+    from berth_hermes import provider as bh_provider
+
+    home = tmp_path / "hermes-home"
+    home.mkdir()
+    pattern = ("local:cfg-{task_id}" if backend == "local" else "hermes:cfg-{task_id}")
+    (home / "config.yaml").write_text(yaml.safe_dump({"terminal": {
+        "backend": "berth",
+        "docker_forward_env": ["BH_FROM_YAML"],
+        "docker_env": {"BH_LIT_YAML": "2"},
+        "backends": {"berth": {"session_pattern": pattern, "bounded_output": 1000}},
+    }}))
+    monkeypatch.setenv("HERMES_HOME", str(home))
+    monkeypatch.delenv("BERTH_HERMES_SESSION", raising=False)
+    monkeypatch.setenv("BH_FROM_YAML", "forwarded")
+    monkeypatch.setattr(bh_provider, "_get_hermes_home", None)  # hermes absent here: $HERMES_HOME
+    p = berth_hermes.BerthTerminalProvider()
+    # The call hermes makes (_build_plugin_env): container_config as _get_env_config
+    # leaves it for a plugin backend, the docker keys empty.
+    env = p.create_environment(cwd="", timeout=30, task_id=task_id, image="",
+                               container_config={"docker_forward_env": [], "docker_env": {}})
+    try:
+        assert env.session_name == pattern.format(task_id=task_id)
+        assert env.bounded_output == 1000
+        r = env.execute("echo $BH_FROM_YAML $BH_LIT_YAML")
+        assert r["output"] == "forwarded 2\n", r
+    finally:
+        env.session.remove()
+    # A config that does not parse: defaults, and a warning (never half a config).
+    (home / "config.yaml").write_text("terminal: [unclosed\n")
+    assert bh_provider.hermes_terminal_config() == {}
+
+
 def test_cleanup_applies_on_close(env, backend):
     kept = "/tmp/bh-kept-" + uuid.uuid4().hex[:8]
     env.execute("echo hi > " + kept)
@@ -225,6 +295,36 @@ def test_cleanup_applies_on_close(env, backend):
     assert state == ("stopped" if backend == "docker" else "running"), state
     r = env.execute("cat %s; rm %s" % (kept, kept))  # the next command starts it again, files kept
     assert r["output"] == "hi\n" and r["returncode"] == 0
+
+
+def test_persistent_across_turns(env, backend):
+    """hermes skips the end-of-turn teardown of an environment that reads as
+    persistent (tools/terminal_tool_lifecycle.py ``is_persistent_env`` at
+    hermes-agent 027fc66: ``_session_scoped`` or ``_persistent``), so a background
+    server started in one turn still runs in the next; on_close applies only when
+    hermes ends the task (cleanup)."""
+    assert bool(getattr(env, "_session_scoped", False) or getattr(env, "_persistent", False))
+    r = env.execute("sleep 600 >/dev/null 2>&1 & echo $!")
+    pid = r["output"].strip()
+    assert r["returncode"] == 0 and pid.isdigit(), r
+    # The next turn: the same environment object, no cleanup in between.
+    assert env.execute("kill -0 %s && echo alive" % pid)["output"] == "alive\n"
+    env.execute("kill %s" % pid)
+
+
+def test_cleanup_force_remove(env, backend):
+    """hermes forwards force_remove only to a cleanup whose signature takes it
+    (tools/terminal_tool_lifecycle.py ``_cleanup_env``, hermes-agent 027fc66); with
+    it the sandbox goes, whatever on_close says (the prompt probe left a stopped
+    hermes:prompt-backend-probe before)."""
+    import inspect
+
+    env.execute("true")
+    assert "force_remove" in inspect.signature(env.cleanup).parameters
+    env.cleanup()  # the task ends: on_close (stop on docker, keep on local)
+    env.cleanup(force_remove=True)  # a user's teardown after it still removes
+    with pytest.raises(berth.NotFound):
+        env.client.session(env.session_name).info()
 
 
 def test_per_session_sandboxes(provider, backend):

@@ -15,10 +15,28 @@ logger = logging.getLogger(__name__)
 #: The default session name pattern: ``{task_id}`` is hermes's task id.
 DEFAULT_SESSION_PATTERN = "hermes:{task_id}"
 
-#: Bytes of output kept for ``execute(..., bounded_capture=True)`` (the foreground
-#: terminal tool): its head and tail, the middle replaced by a marker line that
-#: names berth's spill files. hermes keeps full fidelity otherwise, and so do we.
-DEFAULT_BOUNDED_OUTPUT = 1 << 20
+#: Characters of output kept for ``execute(..., bounded_capture=True)`` (the
+#: foreground terminal tool) when hermes's own limit cannot be read: hermes's
+#: default ``tool_output.max_bytes`` (tools/environments/base_output.py,
+#: ``_new_output_collector``, hermes-agent 0294b43). hermes keeps full fidelity
+#: otherwise, and so do we.
+DEFAULT_BOUNDED_OUTPUT = 50_000
+
+
+def bounded_output_limit() -> int:
+    """hermes's window for a bounded capture: its ``tool_output.max_bytes``
+    (``tools.tool_output_limits.get_max_bytes``, as hermes's own collector reads
+    it), else :data:`DEFAULT_BOUNDED_OUTPUT`."""
+    get = _hermes("tools.tool_output_limits", "get_max_bytes")
+    try:
+        n = int(get()) if get is not None else DEFAULT_BOUNDED_OUTPUT
+    except Exception:
+        n = DEFAULT_BOUNDED_OUTPUT
+    return n if n > 0 else DEFAULT_BOUNDED_OUTPUT
+
+# The cwds hermes gives a container backend by default, or after rewriting a host
+# path (see _Environment's host_cwd).
+_CONTAINER_DEFAULT_CWDS = ("", "/root", "~", "/workspace")
 
 # How often the interrupt watcher looks at hermes's per-thread interrupt bit,
 # in seconds (hermes's own poll backs off from 5 ms to 200 ms).
@@ -75,7 +93,11 @@ def _quote_cwd(cwd: str) -> str:
 
 class _Collector:
     """stdout and stderr merged in the order berth sent them (hermes runs bash with
-    stderr=STDOUT), whole, or as a head and tail window of ``limit`` bytes."""
+    stderr=STDOUT), whole, or within ``limit`` characters as hermes renders a
+    bounded capture (tools/environments/base_output.py, ``_BoundedOutputCollector``,
+    hermes-agent 0294b43): 40% head, a notice, 60% tail, so that hermes has
+    nothing left to cut; the whole stream is then in berth's spill file
+    (``full_output_path``)."""
 
     def __init__(self, limit: Optional[int]) -> None:
         self.limit = limit
@@ -85,29 +107,42 @@ class _Collector:
 
     def add(self, data: bytes) -> None:
         self.total += len(data)
-        if self.limit is None or len(self.head) + len(data) <= self.limit // 2:
+        if self.limit is None or len(self.head) + len(data) <= self.limit:
             self.head += data
             return
-        room = self.limit // 2 - len(self.head)
+        # Keep at most limit bytes of head and of tail: render cuts them to the
+        # window once the notice's length is known.
+        room = self.limit - len(self.head)
         if room > 0:
             self.head += data[:room]
             data = data[room:]
         self.tail += data
-        keep = self.limit - self.limit // 2
-        if len(self.tail) > keep:
-            del self.tail[: len(self.tail) - keep]
+        if len(self.tail) > self.limit:
+            del self.tail[: len(self.tail) - self.limit]
 
-    def render(self, spill: Optional[Dict[str, Any]]) -> str:
-        left = self.total - len(self.head) - len(self.tail)
-        if left <= 0:
-            return (bytes(self.head) + bytes(self.tail)).decode("utf-8", "replace")
-        where = ""
-        if spill:
-            files = [spill[k] for k in ("stdout_file", "stderr_file") if spill.get(k)]
-            if files:
-                where = "; the whole output is in " + " and ".join(files)
-        mark = "\n[... %d bytes of output left out%s ...]\n" % (left, where)
-        return bytes(self.head).decode("utf-8", "replace") + mark + bytes(self.tail).decode("utf-8", "replace")
+    @property
+    def truncated(self) -> bool:
+        return self.limit is not None and self.total > self.limit
+
+    def render(self, suffix: str = "") -> str:
+        whole = (bytes(self.head) + bytes(self.tail)).decode("utf-8", "replace")
+        if not self.truncated:
+            return whole + suffix
+        assert self.limit is not None
+        available = max(0, self.limit - len(suffix))
+        notice = ""
+        for _ in range(4):  # the notice's length depends on the count it states
+            omitted = max(0, self.total - max(0, available - len(notice)))
+            updated = "\n\n... [OUTPUT TRUNCATED - {:,} chars omitted out of {:,} total] ...\n\n".format(omitted, self.total)
+            if updated == notice:
+                break
+            notice = updated
+        budget = max(0, available - len(notice))
+        head_n = int(budget * 0.4)
+        tail_n = budget - head_n
+        head = bytes(self.head[:head_n]).decode("utf-8", "replace")
+        tail = bytes(self.tail[-tail_n:]).decode("utf-8", "replace") if tail_n else ""
+        return head + notice[:available] + tail + suffix
 
 
 class _Environment:
@@ -137,11 +172,28 @@ class _Environment:
         forward_env: host variables sent with every command when set here
             (hermes's ``docker_forward_env``: a docker sandbox's environment is
             the image's and the rule's, so berth passes them per call).
-        bounded_output: bytes kept for ``bounded_capture=True`` calls.
+        host_cwd: where a session that berth's config puts on the host (driver
+            ``local``) starts when hermes gave a container default (``/root``,
+            ``~``, ``/workspace`` or nothing): hermes's ``terminal.cwd``, the user's
+            project directory. hermes treats every plugin backend as a container
+            and rewrites host paths to ``/root`` (tools/terminal_tool_config.py,
+            ``_is_unusable_container_cwd``, hermes-agent 0a6ef40), which on the host
+            is root's home, not the project. "" keeps hermes's cwd everywhere.
+        bounded_output: characters kept for ``bounded_capture=True`` calls; None
+            for hermes's ``tool_output.max_bytes`` (:func:`bounded_output_limit`).
     """
 
     _stdin_mode = "pipe"
     is_local = False
+    #: A berth sandbox lives across hermes's turns. hermes tears a plugin's
+    #: environment down at the end of every turn unless it reads as persistent
+    #: (tools/terminal_tool_lifecycle.py, ``is_persistent_env``: ``_session_scoped``
+    #: or ``_persistent``, hermes-agent 027fc66); without this a turn's end closed
+    #: the session, so its rule's ``on_close = "stop"`` killed the background
+    #: servers of every turn, and another hermes process's running command. When
+    #: the task really ends (``AIAgent.close`` → ``cleanup_vm``, or hermes's idle
+    #: reaper), hermes calls :meth:`cleanup`; berth's retention does the rest.
+    _persistent = True
 
     def __init__(
         self,
@@ -152,7 +204,8 @@ class _Environment:
         timeout: int = 180,
         env: Optional[Mapping[str, str]] = None,
         forward_env: Iterable[str] = (),
-        bounded_output: int = DEFAULT_BOUNDED_OUTPUT,
+        bounded_output: Optional[int] = None,
+        host_cwd: str = "",
     ) -> None:
         if _BaseEnvironment is not None:
             # hermes's own fields (snapshot paths, session id); its execute() is
@@ -167,6 +220,8 @@ class _Environment:
         self.forward_env = [n for n in forward_env if isinstance(n, str) and n]
         self.bounded_output = bounded_output
         self._need_cd = bool(cwd)
+        self.host_cwd = host_cwd
+        self._placed = not (host_cwd and cwd in _CONTAINER_DEFAULT_CWDS)
         self._closed = False
 
     def __repr__(self) -> str:
@@ -174,6 +229,21 @@ class _Environment:
 
     def get_temp_dir(self) -> str:
         return "/tmp"
+
+    def _place(self) -> None:
+        """Once, before the first command: a session that berth's config runs on
+        the host starts in :attr:`host_cwd` instead of hermes's container
+        default. Asked of the daemon (``config explain``); when it cannot say,
+        hermes's cwd stays."""
+        self._placed = True
+        try:
+            driver = self.client.explain(self.session_name).get("driver")
+        except Exception as e:
+            logger.debug("berth session %s: explain failed (%s); keeping cwd %r", self.session_name, e, self.cwd)
+            return
+        if driver == "local":
+            self.cwd = self.host_cwd
+            self._need_cd = True
 
     def _call_env(self) -> Dict[str, str]:
         env = {"AI_AGENT": "hermes-agent", "HERMES_AGENT": "true"}
@@ -195,6 +265,8 @@ class _Environment:
     ) -> Dict[str, Any]:
         """Run ``command`` (a shell command line) in the session; see the class."""
         effective_timeout = timeout or self.timeout
+        if not self._placed:
+            self._place()
         target = cwd or (self.cwd if self._need_cd else "")
         script = command
         if target:
@@ -206,11 +278,15 @@ class _Environment:
         # eval (as hermes's wrapper does) runs in the session's shell, so cd and
         # export still carry over, and a syntax error lands in the output too.
         script = "eval %s 2>&1" % shlex.quote(script)
-        out = _Collector(self.bounded_output if bounded_capture else None)
+        limit = (self.bounded_output or bounded_output_limit()) if bounded_capture else None
+        out = _Collector(limit)
         watcher = _InterruptWatcher(threading.current_thread().ident)
         self._closed = False
         try:
-            st = self.session.stream(shell=script, timeout=effective_timeout, env=self._call_env(), stdin=stdin_data)
+            # A bounded call caps berth's shell-mode text at the same window, so that
+            # berth keeps the whole stream in its spill file past it.
+            st = self.session.stream(shell=script, timeout=effective_timeout, env=self._call_env(), stdin=stdin_data,
+                                     max_output=limit)
             try:
                 with watcher.watching(st):
                     for ev in st:
@@ -228,33 +304,51 @@ class _Environment:
             self._need_cd = False
         result: Dict[str, Any] = {}
         if res.timed_out:
-            rendered = out.render(res.spill) + "\n[Command timed out after %ss]" % effective_timeout
+            rendered = out.render("\n[Command timed out after %ss]" % effective_timeout)
             result = {"output": rendered.lstrip("\n") if out.total == 0 else rendered, "returncode": 124}
         elif res.canceled or watcher.fired:
-            result = {"output": out.render(res.spill) + "\n[Command interrupted]", "returncode": 130}
+            result = {"output": out.render("\n[Command interrupted]"), "returncode": 130}
         else:
-            result = {"output": out.render(res.spill), "returncode": res.exit_code}
+            result = {"output": out.render(), "returncode": res.exit_code}
             if res.cwd:
                 self.cwd = res.cwd
                 result["cwd"] = res.cwd
                 result["cwd_observed"] = True
+        if out.truncated:
+            # As hermes's own bounded capture (base_output._finalize_wait_result): the
+            # whole stream's size, and the host file that holds it (berth's spill file
+            # of the merged stream, in the daemon's state dir).
+            result["output_total_chars"] = out.total
+            spill = (res.spill or {}).get("stdout_file")
+            if spill:
+                result["full_output_path"] = spill
         if res.recreated:
             result["environment_recreated"] = True
         if res.oom_killed:
             result["oom_killed"] = True
         return result
 
-    def cleanup(self) -> None:
-        """Close the berth session (its rule's ``on_close``); idempotent, never raises."""
-        if self._closed:
+    def cleanup(self, force_remove: bool = False) -> None:
+        """hermes is done with the task: close the berth session, so that its rule's
+        ``on_close`` applies (keep, stop or remove the sandbox). With
+        ``force_remove=True`` (hermes passes it for a teardown its user asked for,
+        and its prompt-time backend probe does: tools/terminal_tool_lifecycle.py
+        ``_cleanup_env``, which forwards it only to a ``cleanup`` that takes it) the
+        sandbox is removed whatever ``on_close`` says. Idempotent; never raises
+        (hermes calls it from ``__del__`` and at exit too)."""
+        if self._closed and not force_remove:
             return
         self._closed = True
         try:
-            self.session.close()
+            if force_remove:
+                self.session.remove()
+            else:
+                self.session.close()
         except berth.NotFound:
             pass  # no sandbox yet: nothing to close
-        except Exception as e:  # hermes calls cleanup from __del__ and atexit too
-            logger.warning("berth session %s: close failed: %s", self.session_name, e)
+        except Exception as e:
+            logger.warning("berth session %s: %s failed: %s", self.session_name,
+                           "remove" if force_remove else "close", e)
 
 
 class _InterruptWatcher:

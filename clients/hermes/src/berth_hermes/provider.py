@@ -1,20 +1,83 @@
 """The hermes ``TerminalEnvironmentProvider`` named ``berth``
 (agent/terminal_env_provider.py in hermes-agent)."""
 
+import logging
 import os
 import threading
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import berth
 
-from .environment import DEFAULT_BOUNDED_OUTPUT, DEFAULT_SESSION_PATTERN, BerthEnvironment, _hermes, session_name
+from .environment import DEFAULT_SESSION_PATTERN, BerthEnvironment, _hermes, session_name
 
 _ProviderBase = _hermes("agent.terminal_env_provider", "TerminalEnvironmentProvider") or object
+_get_hermes_home = _hermes("hermes_constants", "get_hermes_home")
+
+logger = logging.getLogger(__name__)
+
+
+def hermes_home() -> str:
+    """hermes's home directory, as hermes resolves it (``hermes_constants.get_hermes_home``
+    when hermes is loaded), else ``$HERMES_HOME``, else ``~/.hermes``."""
+    if _get_hermes_home is not None:
+        try:
+            return str(_get_hermes_home())
+        except Exception:
+            pass
+    return os.environ.get("HERMES_HOME") or os.path.join(os.path.expanduser("~"), ".hermes")
+
+
+def hermes_terminal_config(home: Optional[str] = None) -> Dict[str, Any]:
+    """The ``terminal`` section of hermes's ``config.yaml`` (under :func:`hermes_home`),
+    read as hermes reads it (YAML; hermes ships PyYAML); {} when there is no file.
+    hermes does not hand a plugin its ``terminal.backends.berth`` block nor, for a
+    backend other than docker, ``docker_forward_env`` and ``docker_env``
+    (tools/terminal_tool_backends.py ``_build_plugin_env`` passes cwd, timeout,
+    task_id, image and container_config only, hermes-agent 027fc66), so the
+    provider reads them here. A file that cannot be read or parsed is logged and
+    taken as empty: the backend then runs on its defaults, never on half a config."""
+    path = os.path.join(home or hermes_home(), "config.yaml")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        logger.warning("berth backend: cannot read hermes's config %s: %s; using defaults", path, e)
+        return {}
+    try:
+        import yaml  # hermes's own dependency (PyYAML)
+    except ImportError:
+        logger.warning("berth backend: PyYAML is not installed, so hermes's config %s is not read; using defaults", path)
+        return {}
+    try:
+        doc = yaml.safe_load(text) or {}
+    except Exception as e:
+        logger.warning("berth backend: hermes's config %s does not parse (%s); using defaults", path, e)
+        return {}
+    term = doc.get("terminal") if isinstance(doc, Mapping) else None
+    return dict(term) if isinstance(term, Mapping) else {}
 
 #: Environment variables the plugin reads (each also a ``terminal.backends.berth``
 #: key, which wins): the session pattern, and how to reach ``berth serve``.
 ENV_SESSION_PATTERN = "BERTH_HERMES_SESSION"
 ENV_DEFAULT_SESSION = "BERTH_HERMES_DEFAULT_SESSION"
+
+
+def host_cwd(term: Mapping[str, Any]) -> str:
+    """The user's project directory for sessions on the host: hermes's
+    ``terminal.cwd`` (from ``config.yaml``, else ``$TERMINAL_CWD``, which hermes
+    exports from it), ``~`` expanded and relative paths taken from this process's
+    directory; this process's directory when neither is set or it is ``.``."""
+    cwd = term.get("cwd") if isinstance(term.get("cwd"), str) else ""
+    cwd = cwd or os.environ.get("TERMINAL_CWD", "")
+    try:
+        here = os.getcwd()
+    except OSError:
+        here = os.path.expanduser("~")
+    if not cwd or cwd == ".":
+        return here
+    return os.path.normpath(os.path.join(here, os.path.expanduser(cwd)))
 
 
 class BerthTerminalProvider(_ProviderBase):  # type: ignore[misc, valid-type]
@@ -96,7 +159,8 @@ class BerthTerminalProvider(_ProviderBase):  # type: ignore[misc, valid-type]
             "default_session": {"type": "string", "description": "berth session of hermes's top-level agent (task id default), e.g. main; unset: the pattern applies"},
             "host": {"type": "string", "description": "berth serve's address: unix:///PATH or https://HOST:PORT (default: as the berth CLI finds it)"},
             "token_file": {"type": "string", "description": "file holding berth serve's bearer token (TCP only)"},
-            "bounded_output": {"type": "number", "description": "bytes of output the foreground terminal tool keeps (head and tail)"},
+            "bounded_output": {"type": "number", "description": "characters of output the foreground terminal tool keeps (head and tail; default: hermes's tool_output.max_bytes)"},
+            "forward_env": {"type": "list", "description": "host variables sent with every command (default: terminal.docker_forward_env)"},
         }
 
     def resolve_config(self, config: Mapping[str, Any]) -> Dict[str, Any]:
@@ -106,7 +170,7 @@ class BerthTerminalProvider(_ProviderBase):  # type: ignore[misc, valid-type]
             "default_session": c.get("default_session") or os.environ.get(ENV_DEFAULT_SESSION) or None,
             "host": c.get("host") or None,
             "token_file": c.get("token_file") or None,
-            "bounded_output": int(c.get("bounded_output") or DEFAULT_BOUNDED_OUTPUT),
+            "bounded_output": int(c.get("bounded_output") or 0) or None,
         }
 
     def _client(self, host: Optional[str], token_file: Optional[str]) -> berth.Client:
@@ -131,13 +195,24 @@ class BerthTerminalProvider(_ProviderBase):  # type: ignore[misc, valid-type]
         resource keys of ``container_config`` are not used: berth's config (the
         session's scope rule) decides the sandbox; ``docker_forward_env`` and
         ``docker_env`` of ``container_config`` are sent with every command.
-        Unknown keyword arguments are ignored (hermes's forward-compat rule);
-        ``backend_config`` (hermes's ``terminal.backends.berth``) is read."""
+        Unknown keyword arguments are ignored (hermes's forward-compat rule).
+
+        Settings: ``backend_config`` when hermes passes one, else
+        ``terminal.backends.berth`` of hermes's ``config.yaml``
+        (:func:`hermes_terminal_config`); variables to forward and to set: the
+        block's ``forward_env`` and ``env``, else ``container_config``'s
+        ``docker_forward_env`` and ``docker_env``, else the ``terminal`` section's
+        own (which hermes gives only to its docker backend)."""
+        term = hermes_terminal_config()
         bc = kwargs.get("backend_config")
-        conf = self.resolve_config(bc if isinstance(bc, Mapping) else {})
+        if not isinstance(bc, Mapping):
+            backends = term.get("backends")
+            bc = backends.get("berth") if isinstance(backends, Mapping) else None
+        bc = bc if isinstance(bc, Mapping) else {}
+        conf = self.resolve_config(bc)
         cc = container_config or {}
-        forward = cc.get("docker_forward_env") or []
-        env = cc.get("docker_env") or {}
+        forward = bc.get("forward_env") or cc.get("docker_forward_env") or term.get("docker_forward_env") or []
+        env = bc.get("env") or cc.get("docker_env") or term.get("docker_env") or {}
         if not isinstance(env, Mapping):
             env = {}
         return BerthEnvironment(
@@ -148,4 +223,5 @@ class BerthTerminalProvider(_ProviderBase):  # type: ignore[misc, valid-type]
             env={str(k): str(v) for k, v in env.items()},
             forward_env=[str(n) for n in forward] if isinstance(forward, (list, tuple)) else [],
             bounded_output=conf["bounded_output"],
+            host_cwd=host_cwd(term),
         )
