@@ -84,7 +84,10 @@ type procKey struct {
 // treeOf returns killTree's selection of the tree of the exec or job whose session
 // is sid and whose marker is marker (the rules in the comment above). The selection
 // remembers what it took and what it read across the scans of one kill, so each
-// process's environment is read at most once.
+// process's environment is read once it says something: an environment that reads
+// empty (a process between fork and execve, whose new image has not set it up yet)
+// is read again at the next scan, never taken as unmarked for good: a fork bomb's
+// child caught so escaped the kill once its parent died.
 func (s *server) treeOf(sid int, marker string) func([]procInfo) []procInfo {
 	want := []byte("\x00" + marker + "\x00")
 	taken := map[procKey]bool{}
@@ -100,10 +103,13 @@ func (s *server) treeOf(sid int, marker string) func([]procInfo) []procInfo {
 			}
 			m, ok := marked[k]
 			if !ok {
+				var sure bool
 				s.blk.enter()
-				m = environHas(p.pid, want)
+				m, sure = environHas(p.pid, want)
 				s.blk.leave()
-				marked[k] = m
+				if sure {
+					marked[k] = m
+				}
 			}
 			return m
 		})
@@ -146,11 +152,13 @@ func withDescendants(all []procInfo, root func(procInfo) bool) []procInfo {
 
 // environHas reports whether the first maxEnvironScan bytes of process pid's
 // environment hold want, a NUL-framed "\x00NAME=VALUE\x00" (the first entry is
-// matched as if a NUL came before it).
-func environHas(pid int, want []byte) bool {
+// matched as if a NUL came before it). sure is false when the answer may change:
+// the environment could not be opened or read nothing (a process between fork and
+// execve reads empty; so does one that is exiting), or reading it failed midway.
+func environHas(pid int, want []byte) (has, sure bool) {
 	f, err := openEnviron(pid)
 	if err != nil {
-		return false
+		return false, false
 	}
 	defer f.Close()
 	keep := len(want) - 1
@@ -161,16 +169,19 @@ func environHas(pid int, want []byte) bool {
 		n, err := f.Read(buf[have:min(len(buf), have+maxEnvironScan-read)])
 		read += n
 		if bytes.Contains(buf[:have+n], want) {
-			return true
+			return true, true
 		}
 		if err != nil || n == 0 {
-			return err == io.EOF && bytes.HasSuffix(buf[:have+n], want[:len(want)-1])
+			if read == 0 {
+				return false, false // nothing to read yet (mid-execve), or gone
+			}
+			return err == io.EOF && bytes.HasSuffix(buf[:have+n], want[:len(want)-1]), err == io.EOF || err == nil
 		}
 		end := have + n
 		have = min(keep, end)
 		copy(buf, buf[end-have:end])
 	}
-	return false
+	return false, true
 }
 
 // openEnviron opens /proc/PID/environ: as the agent, and when Linux refuses that

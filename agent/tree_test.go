@@ -146,9 +146,30 @@ func TestEnvironHas(t *testing.T) {
 				b, _ := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/cmdline")
 				return string(b) == "sleep\x003600\x00"
 			})
-			if got := environHas(cmd.Process.Pid, want); got != tc.has {
-				t.Errorf("environHas = %v, want %v", got, tc.has)
+			if got, sure := environHas(cmd.Process.Pid, want); got != tc.has || !sure {
+				t.Errorf("environHas = %v (sure %v), want %v, sure", got, sure, tc.has)
 			}
 		})
+	}
+}
+
+// A process whose environment cannot be read yet (or any more) is not declared
+// unmarked for good: environHas says it is not sure, so a kill reads it again.
+func TestEnvironHasNotSureOfNothing(t *testing.T) {
+	if has, sure := environHas(1<<30, []byte("\x00A=B\x00")); has || sure {
+		t.Errorf("environHas of no process = %v, sure %v; want false, not sure", has, sure)
+	}
+	// A zombie's environment reads empty, as a process between fork and execve does.
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	testwait.Until(t, "the child to be a zombie", func() bool {
+		p, ok := readStat(cmd.Process.Pid)
+		return ok && p.state == 'Z'
+	})
+	if has, sure := environHas(cmd.Process.Pid, []byte("\x00A=B\x00")); has || sure {
+		t.Errorf("environHas of a zombie = %v, sure %v; want false, not sure", has, sure)
 	}
 }
