@@ -48,9 +48,11 @@ func checkExec(req *apiv1.ExecRequest) (*execCall, error) {
 		return nil, errorf("invalid", "command: empty shell-mode command")
 	case req.Command != "" && req.User != "":
 		return nil, errorf("invalid", "user: shell mode runs as the sandbox's user; drop user or use argv")
+	case len(req.Argv) > 0 && req.Argv[0] == "":
+		// The API's own edge refuses it (a TTY must hear it as a 400 before its
+		// upgrade); the registry refuses it too, for its own callers.
+		return nil, errorf("invalid", "argv[0]: empty program name")
 	}
-	// An empty argv[0] is the registry's to refuse (backend.CheckArgv, before it
-	// makes a sandbox): validation once, at its entry point.
 	c.shell = req.Command != ""
 	for i, a := range req.Argv {
 		if strings.ContainsRune(a, 0) {

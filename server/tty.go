@@ -76,14 +76,6 @@ func ttyRequest(r *http.Request) (*execCall, backend.WindowSize, bool, error) {
 		req.Env[k] = v
 	}
 	c, err := checkExec(&req)
-	if err == nil {
-		// The registry refuses an empty program name (backend.CheckArgv) for every
-		// exec; a TTY must hear it before its upgrade, as a 400, not as a message
-		// on the WebSocket after it.
-		if aerr := backend.CheckArgv(backend.ExecRequest{Argv: c.argv}); aerr != nil {
-			err = errorf("invalid", "%v", aerr)
-		}
-	}
 	return c, size, recreate, err
 }
 
