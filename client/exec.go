@@ -295,9 +295,13 @@ func (d *Client) Exec(ctx context.Context, session string, req backend.ExecReque
 		return nil, backend.Errorf(backend.ErrInvalid, "a terminal exec goes over the TTY WebSocket, not a streamed exec")
 	}
 	// JSON would carry bytes that are not UTF-8 as U+FFFD, so the daemon could not
-	// refuse them as the registry does embedded: this check is the encoding's. The
-	// rest of the request is the daemon's to check, once.
+	// refuse them as the registry does embedded: this check is the encoding's.
 	if err := backend.CheckExecText(req); err != nil {
+		return nil, fmt.Errorf("session %q: %w", session, err)
+	}
+	// An empty program name is refused here with the session named, as embedded
+	// berth words it (the daemon's edge refuses it too, without the session).
+	if err := backend.CheckArgv(req); err != nil {
 		return nil, fmt.Errorf("session %q: %w", session, err)
 	}
 	first := apiv1.ExecRequest{Argv: req.Argv, Env: EnvMap(req.Env), Cwd: req.Dir, User: req.User, Timeout: DurationText(req.Timeout)}
