@@ -289,7 +289,8 @@ func DurationText(d time.Duration) string {
 // Timeout become the request's fields, its output events go to req.Stdout and
 // req.Stderr, and without req.Stdin the command reads EOF at once. Errors: Stream's,
 // and backend.ErrInvalid for req.TTY (berth's CLI runs those over the TTY
-// WebSocket) and for text that is not UTF-8 (backend.CheckExecText, as embedded).
+// WebSocket), for text that is not UTF-8 (backend.CheckExecText, as embedded) and
+// for an empty program name (backend.CheckArgv), each naming the session.
 func (d *Client) Exec(ctx context.Context, session string, req backend.ExecRequest) (*Exec, error) {
 	if req.TTY {
 		return nil, backend.Errorf(backend.ErrInvalid, "a terminal exec goes over the TTY WebSocket, not a streamed exec")
