@@ -158,7 +158,7 @@ process id.`,
 	fl.Var(durationValue{&f.grace}, "shutdown-grace", "on SIGTERM/SIGINT, how long calls in flight may go on before they are cancelled")
 	fl.BoolVar(&f.logJSON, "log-json", false, "log JSON lines on stderr instead of text")
 	fl.StringVar(&f.maxBody, "max-request-body", "1m", "largest request body (a size: 64k, 1m); larger ones are answered 413")
-	fl.Var(durationValue{&f.bodyTimeout}, "request-timeout", "how long a request body may take to arrive; slower ones are answered 408")
+	fl.Var(durationValue{&f.bodyTimeout}, "request-timeout", "how long a request body may take to arrive (slower ones are answered 408), and a streamed exec's body to end after its answer (then its connection is closed)")
 	fl.StringVar(&f.auditLog, "audit-log", "", "audit log of calls, JSON lines (default STATE/audit.log; \"off\" writes none)")
 	fl.StringVar(&f.auditMaxSize, "audit-max-size", strconv.Itoa(apiv1.DefaultAuditMaxMB)+"m", "rotate the audit log when it reaches this size (whole MiB, at least 1m)")
 	fl.IntVar(&f.auditKeep, "audit-keep", apiv1.DefaultAuditKeep, "how many rotated audit logs to keep")

@@ -52,7 +52,7 @@ func (l *logBuffer) String() string {
 // serving starts a server over a new registry on local, served by Serve on a unix
 // socket; it returns the socket's path. At the end the test fails if the server
 // logged a panic.
-func serving(t *testing.T) string {
+func serving(t *testing.T, opts ...Option) string {
 	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -62,7 +62,7 @@ func serving(t *testing.T) string {
 		t.Fatal(err)
 	}
 	logs := &logBuffer{}
-	s := New(reg, WithLogger(hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Info})))
+	s := New(reg, append([]Option{WithLogger(hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Info}))}, opts...)...)
 	sock := filepath.Join(dir, "berth.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -215,11 +215,11 @@ func TestStreamedBodyEndsAfterItsAnswer(t *testing.T) {
 	rc.plainExec("h1", "a bad input event")
 }
 
-// A body still open a second after its answer (bodyEndWait) is cut: the answer
-// arrives whole (its last chunk included), then the connection is closed, since
-// what follows on it is not a request; the server stays sound.
+// A body still open past the server's body timeout after its answer is cut: the
+// answer arrives whole (its last chunk included), then the connection is closed,
+// since what follows on it is not a request; the server stays sound.
 func TestStreamedBodyLeftOpenIsCut(t *testing.T) {
-	sock := serving(t)
+	sock := serving(t, WithBodyTimeout(time.Second))
 	rc := dialRaw(t, sock)
 	rc.streamedHeader("h2")
 	rc.chunk(`{"argv":["echo","done"]}` + "\n")
@@ -232,6 +232,59 @@ func TestStreamedBodyLeftOpenIsCut(t *testing.T) {
 		t.Fatalf("after a cut body the connection gave %q, %v; want its end", b, err)
 	}
 	dialRaw(t, sock).plainExec("h2", "a cut body (on a new connection)")
+}
+
+// A body whose end arrives as the server's wait for it runs out (a client that
+// sends it once it has read the result, with waits around that round trip): the
+// connection either serves the next request or is closed before it, never
+// answers it 499 canceled. When the cut met the body's end, net/http's watch of
+// the connection, which starts at the body's end, failed on the cut's read
+// deadline and cancelled the connection's context, so every later call on it
+// answered 499 (the Python SDK's test_threads under CI load). The meeting is
+// rare on a quiet machine; setting the past deadline 10 ms after the body's end,
+// as a starved handler goroutine could, made this test fail on the code before.
+func TestStreamedBodyEndMeetsTheCut(t *testing.T) {
+	for i := range 40 {
+		grace := time.Duration(50+50*i) * time.Microsecond
+		t.Run(grace.String(), func(t *testing.T) {
+			sock := serving(t, WithBodyTimeout(grace))
+			rc := dialRaw(t, sock)
+			first := `{"argv":["echo","hi"]}` + "\n" + `{"event":"eof"}` + "\n"
+			rc.write("POST /v1/sessions/h6/exec HTTP/1.1\r\nHost: berth\r\nContent-Type: application/x-ndjson\r\nAccept: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n" +
+				fmt.Sprintf("%x\r\n%s\r\n", len(first), first))
+			resp := rc.response("the streamed exec")
+			if resp.StatusCode != 200 {
+				b, _ := io.ReadAll(resp.Body)
+				t.Skipf("the first line did not make the %v body timeout on this machine: %d %s", grace, resp.StatusCode, b)
+			}
+			ab := bufio.NewReader(resp.Body)
+			for {
+				line, err := ab.ReadString('\n')
+				if err != nil {
+					t.Fatalf("the answer ended before its result: %v", err)
+				}
+				if strings.Contains(line, `"event":"result"`) {
+					break
+				}
+			}
+			rc.chunk("")
+			if _, err := io.Copy(io.Discard, ab); err != nil {
+				t.Fatalf("the answer's end: %v", err)
+			}
+			body := `{"argv":["echo","next"]}`
+			if _, err := io.WriteString(rc.c, fmt.Sprintf("POST /v1/sessions/h6/exec HTTP/1.1\r\nHost: berth\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)); err != nil {
+				return // closed after the answer: allowed
+			}
+			next, err := http.ReadResponse(rc.br, nil)
+			if err != nil {
+				return // closed before the next answer: allowed
+			}
+			b, _ := io.ReadAll(next.Body)
+			if next.StatusCode != 200 || !strings.Contains(string(b), "next") {
+				t.Fatalf("the next request on the kept connection: %d %s", next.StatusCode, b)
+			}
+		})
+	}
 }
 
 // A stdin that cannot be delivered whole fails the call with an error that says

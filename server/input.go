@@ -248,41 +248,56 @@ func (in *input) badEvent() error {
 	return in.bad
 }
 
-// bodyEndWait bounds how long a streamed request's answer, once its last event is
-// written, waits for the request body to end before it ends too.
+// bodyEndWait bounds how long settle waits for the body's reader, and how long
+// closeConn lets a client read the answer of a connection it closes.
 const bodyEndWait = time.Second
 
 // finish is called once the answer's last event is written: stdin still to come is
 // dropped, and the answer ends when the request body has ended (at once for a
-// client that sent its whole body first), within bodyEndWait. A client that reads
-// while it writes ends its body when it reads the result; ending the answer first
-// would make Go's HTTP/1 transport hold the result's bytes for 50 ms
-// (maxWriteWaitBeforeConnReuse, when the body is still being written at the
-// answer's end).
+// client that sent its whole body first), within grace (the server's body timeout)
+// or until stop (the server's calls are cancelled at the end of its shutdown
+// grace). A client that reads while it writes ends its body when it reads the
+// result; ending the answer first would make Go's HTTP/1 transport hold the
+// result's bytes for 50 ms (maxWriteWaitBeforeConnReuse, when the body is still
+// being written at the answer's end). The grace is long on purpose: a client on a
+// loaded machine may take seconds to send the body's end after the result (a
+// 1-second grace cut kept-alive connections of the Python SDK under CI load, and
+// when the cut met the body's end, every later call on the connection answered
+// 499: see below).
 //
 // The handler must not return while the reader may still read the body: net/http
 // then reads the body's end itself after it stopped watching the connection, and
 // its next read panics ("invalid concurrent Body.Read call", golang.org/issue/68560)
-// and drops the connection. So a body still open after bodyEndWait is cut (a read
-// deadline in the past stops the reader), and a body that did not end cleanly
-// closes the connection after the answer: what follows on it is not a request.
-func (in *input) finish(w http.ResponseWriter, r *http.Request) {
+// and drops the connection. So a body still open after grace is cut (a read
+// deadline in the past stops the reader), and the connection is closed after the
+// answer: what follows on it is not a request. It is closed too when the body ended
+// cleanly just as it was cut: net/http watches the connection from the body's end
+// on (its background read), which the past deadline fails, cancelling the
+// connection's context, the parent of every later request's on it.
+func (in *input) finish(w http.ResponseWriter, r *http.Request, grace time.Duration, stop <-chan struct{}) {
 	in.sp.Close()
 	rc := http.NewResponseController(w)
 	rc.Flush()
-	t := time.NewTimer(bodyEndWait)
+	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
 	case <-in.done:
 	case <-t.C:
-		if rc.SetReadDeadline(time.Unix(1, 0)) != nil {
-			return // HTTP/2: the stream's body is the handler's own, no race
+	case <-stop:
+	}
+	select {
+	case <-in.done:
+		if in.bodyErr != nil {
+			closeConn(w, r)
 		}
-		<-in.done
+		return
+	default:
 	}
-	if in.bodyErr != nil {
-		closeConn(w, r)
+	if rc.SetReadDeadline(time.Unix(1, 0)) != nil {
+		return // HTTP/2: the stream's body is the handler's own, no race
 	}
+	<-in.done
+	closeConn(w, r)
 }
 
 // closeConn ends an HTTP/1 answer whose request body is cut and closes its

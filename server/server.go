@@ -100,8 +100,9 @@ func WithMaxRequestBody(n int64) Option {
 	}
 }
 
-// WithBodyTimeout sets how long a request body may take to arrive (default
-// DefaultBodyTimeout); d <= 0 keeps the default.
+// WithBodyTimeout sets how long a request body may take to arrive, and a streamed
+// exec's body to end once its answer is written (then its connection is closed);
+// default DefaultBodyTimeout; d <= 0 keeps the default.
 func WithBodyTimeout(d time.Duration) Option {
 	return func(s *Server) {
 		if d > 0 {
