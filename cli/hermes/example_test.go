@@ -10,8 +10,7 @@ func ExampleImport() {
 	src := []byte(`terminal:
   backend: docker
   docker_image: "python:3.12-slim"
-  docker_container_scope: session
-  docker_session_container_retention: stop_on_session_end
+  container_persistent: false
   container_disk: 51200
 `)
 	res, err := hermes.Import(src, "config.yaml", hermes.Options{})
@@ -39,8 +38,10 @@ func ExampleImport() {
 	//   }
 	//
 	//   retention {
-	//     on_close = "stop"
+	//     on_close    = "remove"
+	//     idle_ttl    = "300s"
+	//     idle_action = "remove"
 	//   }
 	// }
-	// note: config.yaml:6:3 terminal.container_disk
+	// note: config.yaml:5:3 terminal.container_disk
 }

@@ -31,8 +31,8 @@ import (
 const DefaultGlob = "hermes:*"
 
 // DefaultSharedName is the `name` of the shared sandbox the rule asks for when
-// hermes's docker_container_scope is shared (hermes's default) and
-// docker_shared_container_key is unset.
+// hermes's container_persistent is true (hermes's default: one container shared
+// by every session) and docker_shared_container_key is unset.
 const DefaultSharedName = "hermes"
 
 // DefaultDockerImage is hermes-agent's default docker_image, used when the file sets none.
@@ -337,22 +337,18 @@ func (im *importer) docker(rule *body) error {
 	}
 	rule.setString("image", image)
 
-	scope, snode, err := im.str("docker_container_scope", "shared")
+	// hermes's switch between one container for every session and one per session:
+	// container_persistent (default true). With true, every session's task resolves
+	// to "default", one long-lived container per profile (tools/terminal_tool.py
+	// _resolve_container_task_id, _docker_persistent_profile_scoped); with false,
+	// each session has its own container, kept between turns and removed when the
+	// session closes or idles past lifetime_seconds (terminal_tool_backends.py
+	// _build_docker_env, session_scoped; docker.py DockerEnvironment._session_scoped).
+	persistent, err := im.boolean("container_persistent", true)
 	if err != nil {
 		return err
 	}
-	session := false
-	switch strings.ToLower(scope) {
-	case "shared", "":
-	case "session":
-		session = true
-	default:
-		return im.errf(snode, "docker_container_scope", "is %q: hermes knows shared and session", scope)
-	}
-	if session {
-		rule.setString("isolation", "session")
-		im.noteIf("docker_shared_container_key", "names hermes's shared container; with docker_container_scope: session every session has its own sandbox")
-	} else {
+	if persistent {
 		name, knode, err := im.str("docker_shared_container_key", "")
 		if err != nil {
 			return err
@@ -364,6 +360,12 @@ func (im *importer) docker(rule *body) error {
 		}
 		rule.setString("isolation", "shared")
 		rule.setString("name", name)
+	} else {
+		rule.setString("isolation", "session")
+		im.noteIf("docker_shared_container_key", "names hermes's one shared container, which container_persistent: false does not use: every session has its own sandbox")
+	}
+	for _, k := range []string{"docker_container_scope", "docker_session_container_retention", "docker_session_container_ttl_seconds"} {
+		im.noteIf(k, "a key of hermes-agent PR #106219, which was not merged: no hermes code reads it, so it is left out; container_persistent decides whether each session has its own sandbox (false) or all share one (true, hermes's default)")
 	}
 
 	if err := im.workdir(rule, "without it execs start in the image's WORKDIR"); err != nil {
@@ -437,10 +439,7 @@ func (im *importer) docker(rule *body) error {
 		res.setString("memory", "unlimited")
 	}
 
-	if err := im.retention(rule, session); err != nil {
-		return err
-	}
-	return nil
+	return im.retention(rule, persistent)
 }
 
 // workdir sets the rule's workdir from hermes's cwd when that is an absolute
@@ -490,71 +489,42 @@ func (im *importer) volume(v string) (src, dst string, ro bool, err error) {
 	return filepath.Clean(src), filepath.Clean(dst), ro, nil
 }
 
-// retention maps PR #106219's docker_session_container_retention.
-func (im *importer) retention(rule *body, session bool) error {
-	mode, mnode, err := im.str("docker_session_container_retention", "stop_on_session_end")
-	if err != nil {
-		return err
-	}
-	ttl, tnode, err := im.number("docker_session_container_ttl_seconds", 0)
-	if err != nil {
-		return err
-	}
+// retention writes the rule's retention block: hermes's shared container
+// (persistent) lives until removed; a session's own container (not persistent)
+// is removed when hermes closes the session, or when it has been idle for
+// lifetime_seconds (hermes's idle reaper, default 300 s).
+func (im *importer) retention(rule *body, persistent bool) error {
 	lifetime, _, err := im.number("lifetime_seconds", 300)
 	if err != nil {
 		return err
 	}
-	if e := im.entries["lifetime_seconds"]; e != nil {
-		e.used = false // noted below unless idle_ttl takes it
+	across, err := im.boolean("docker_persist_across_processes", true)
+	if err != nil {
+		return err
 	}
 	rule.newline()
 	ret := rule.newBlock("retention")
-	if !session {
+	if persistent {
 		// A shared sandbox is never closed by one session; hermes keeps its
 		// shared container running across processes too.
 		ret.setString("on_close", "keep")
-		if mnode != nil {
-			im.note("docker_session_container_retention", "applies with docker_container_scope: session only; closing one session of berth's shared sandbox does nothing (berth rm or berth prune remove it)")
+		if !across {
+			im.note("docker_persist_across_processes", "false (stop and remove the shared container when hermes's process ends) has no equivalent: berth's sandboxes outlive the processes that use them, and a shared one is removed by berth rm or by max_age/idle_ttl; use container_persistent: false for sandboxes that go away with their session")
 		}
-		if tnode != nil {
-			im.note("docker_session_container_ttl_seconds", "applies with docker_container_scope: session only")
+		if e := im.entries["lifetime_seconds"]; e != nil {
+			e.used = false
 		}
-		persist, err := im.boolean("docker_persist_across_processes", true)
-		if err != nil {
-			return err
-		}
-		if !persist {
-			im.note("docker_persist_across_processes", "false (stop and remove the shared container when hermes's process ends) has no equivalent: berth's sandboxes outlive the processes that use them, and a shared one is removed by berth rm or by max_age/idle_ttl; use docker_container_scope: session with remove_on_session_end for sandboxes that go away")
-		}
-		im.noteIf("lifetime_seconds", "hermes's idle reaper of non-persistent environments; a shared berth sandbox has no idle_ttl unless you add one to the rule's retention block")
+		im.noteIf("lifetime_seconds", "hermes's idle reaper passes over its persistent container; so does berth: a shared berth sandbox has no idle_ttl unless you add one to the rule's retention block")
 		return nil
 	}
-	switch strings.ToLower(mode) {
-	case "stop_on_session_end":
-		ret.setString("on_close", "stop")
-	case "keep_running":
-		ret.setString("on_close", "keep")
-	case "remove_on_session_end":
-		ret.setString("on_close", "remove")
-	case "idle_ttl":
-		secs := ttl
-		if secs == 0 {
-			secs = lifetime
-			if e := im.entries["lifetime_seconds"]; e != nil {
-				e.used = true
-			}
-		}
-		ret.setString("on_close", "keep")
-		ret.setString("idle_ttl", strconv.FormatInt(int64(secs), 10)+"s")
+	ret.setString("on_close", "remove")
+	if lifetime > 0 {
+		ret.setString("idle_ttl", strconv.FormatInt(int64(lifetime), 10)+"s")
 		ret.setString("idle_action", "remove")
-	default:
-		return im.errf(mnode, "docker_session_container_retention", "is %q: hermes knows stop_on_session_end, keep_running, remove_on_session_end and idle_ttl", mode)
 	}
-	if tnode != nil && strings.ToLower(mode) != "idle_ttl" {
-		im.note("docker_session_container_ttl_seconds", "applies with docker_session_container_retention: idle_ttl only")
+	if im.entries["docker_persist_across_processes"] != nil {
+		im.note("docker_persist_across_processes", "hermes turns it off for a session's own container itself; berth's sandboxes outlive the processes that use them and go as retention says")
 	}
-	im.noteIf("lifetime_seconds", "hermes's idle reaper of its environments; berth's idle_ttl (set only for retention idle_ttl, from docker_session_container_ttl_seconds or, when that is 0, this) stands in for it")
-	im.noteIf("docker_persist_across_processes", "hermes turns it off for session containers itself; berth's sandboxes outlive the processes that use them and go as retention says")
 	return nil
 }
 
@@ -565,7 +535,12 @@ func (im *importer) commonNotes(backendName string) {
 		return
 	}
 	im.noteIf("container_disk", "berth sets no disk quota (the docker driver has no storage-size limit); the sandbox's writable layer is bounded by the engine's storage only")
-	im.noteIf("container_persistent", "hermes keeps /workspace and /root in host directories under ~/.hermes/sandboxes (true) or in tmpfs (false); a berth sandbox keeps its files in the container for as long as it exists (stop keeps them, remove deletes them): add a mount block for a directory that must outlive the sandbox, or retention on_close = \"remove\" for throwaway sessions")
+	if e := im.entries["container_persistent"]; e != nil && e.used {
+		if persistent, _ := im.boolean("container_persistent", true); persistent {
+			// Translated (isolation), but where the files live differs.
+			im.notes = append(im.notes, Note{Pos: im.pos(e.key), Key: "terminal.container_persistent", Message: "translated as one shared sandbox; hermes also keeps /root and /workspace in host directories (~/.hermes/sandboxes/docker/default/home and .../workspace), a berth sandbox in the container for as long as it exists (stop keeps them, berth rm deletes them): to keep hermes's files, add mount blocks for those directories"})
+		}
+	}
 	im.noteIf("docker_forward_env", "a docker sandbox's environment is the image's plus the rule's env; berth's env_passthrough is for the local driver only. The berth hermes plugin reads this list from this file and forwards these host variables with every command, as hermes does for its docker backend (hermes itself hands the list to no plugin backend)")
 	im.noteIf("docker_extra_args", "berth does not pass raw docker run flags; write each one as a rule attribute (network, user, resources, mount) by hand, or leave it out")
 	im.noteIf("docker_mount_cwd_to_workspace", "berth does not know hermes's launch directory; add mount { source = \"/abs/dir\", target = \"/workspace\" } for the directory you want")

@@ -103,15 +103,19 @@ func lineOf(pos string) int {
 	return l
 }
 
-func TestSessionIdleTTL(t *testing.T) {
-	res, cfg := importFile(t, "pr106219-idle.yaml", Options{Home: "/home/me", Glob: "chat:*"})
+// TestNonPersistent: container_persistent: false is hermes's container per session
+// (tools/terminal_tool_backends.py _build_docker_env at 027fc66: session_scoped),
+// removed at session close or after lifetime_seconds idle: a berth sandbox per
+// session, removed on close and after that idle time.
+func TestNonPersistent(t *testing.T) {
+	res, cfg := importFile(t, "nonpersistent.yaml", Options{Home: "/home/me", Glob: "chat:*"})
 	r := cfg.Rules[0]
-	if r.Glob != "chat:*" || r.Isolation != config.IsolationSession || r.Image != "python:3.12-slim" {
+	if r.Glob != "chat:*" || r.Isolation != config.IsolationSession || r.Image != "python:3.12-slim" || r.Name != "" {
 		t.Errorf("rule %+v", r)
 	}
 	ret := r.Retention
-	if ret.OnClose != config.OnCloseKeep || ret.IdleTTL != time.Hour || ret.IdleAction != config.IdleRemove {
-		t.Errorf("retention %+v, want keep on close, removed after 1h idle", ret)
+	if ret.OnClose != config.OnCloseRemove || ret.IdleTTL != time.Hour || ret.IdleAction != config.IdleRemove {
+		t.Errorf("retention %+v, want removed on close and after 1h idle", ret)
 	}
 	if r.Network != "none" || r.User != "host" || r.Workdir != "/workspace" {
 		t.Errorf("network %q user %q workdir %q", r.Network, r.User, r.Workdir)
@@ -127,25 +131,37 @@ func TestSessionIdleTTL(t *testing.T) {
 	}
 }
 
-func TestSessionDefaults(t *testing.T) {
-	res, cfg := importFile(t, "pr106219-stop.yaml", Options{})
+// TestNonPersistentDefaults: hermes's idle window defaults to 300 s; the shared
+// container's key is noted as unused; docker_persist_across_processes is hermes's
+// to turn off for session containers.
+func TestNonPersistentDefaults(t *testing.T) {
+	res, cfg := importFile(t, "nonpersistent-defaults.yaml", Options{})
 	r := cfg.Rules[0]
-	if r.Isolation != config.IsolationSession || r.Retention.OnClose != config.OnCloseStop || r.Retention.IdleTTL != 0 {
-		t.Errorf("stop_on_session_end is the PR's default: %+v", r.Retention)
+	if r.Isolation != config.IsolationSession || r.Retention.OnClose != config.OnCloseRemove || r.Retention.IdleTTL != 5*time.Minute {
+		t.Errorf("rule %+v retention %+v: want a sandbox per session removed on close and after 5m idle", r, r.Retention)
+	}
+	noted(t, res, "nonpersistent-defaults.yaml", "terminal.docker_shared_container_key", "terminal.docker_persist_across_processes")
+}
+
+// TestPRKeysLeftOut: the keys of hermes-agent PR #106219, which no hermes code
+// reads, change nothing (hermes's default, one shared container, stands) and are
+// noted as such.
+func TestPRKeysLeftOut(t *testing.T) {
+	res, cfg := importFile(t, "pr106219.yaml", Options{})
+	r := cfg.Rules[0]
+	if r.Isolation != config.IsolationShared || r.Name != DefaultSharedName || r.Retention.OnClose != config.OnCloseKeep || r.Retention.IdleTTL != 0 {
+		t.Errorf("rule %+v retention %+v: want hermes's default shared sandbox", r, r.Retention)
 	}
 	if r.Image != DefaultDockerImage || r.Network != "bridge" || r.Resources.CPUs != 0 || r.Resources.MemoryBytes != 5120<<20 {
 		t.Errorf("hermes's defaults: image %q network %q resources %+v", r.Image, r.Network, r.Resources)
 	}
-	notes := noted(t, res, "pr106219-stop.yaml", "terminal.docker_session_container_ttl_seconds", "terminal.ssh_host", "terminal.home_mode")
+	notes := noted(t, res, "pr106219.yaml", "terminal.docker_container_scope", "terminal.docker_session_container_retention",
+		"terminal.docker_session_container_ttl_seconds", "terminal.ssh_host", "terminal.home_mode")
+	if !strings.Contains(notes["terminal.docker_container_scope"].Message, "not merged") {
+		t.Errorf("docker_container_scope note: %q", notes["terminal.docker_container_scope"])
+	}
 	if !strings.Contains(notes["terminal.ssh_host"].Message, "another hermes backend") {
 		t.Errorf("ssh_host note: %q", notes["terminal.ssh_host"])
-	}
-}
-
-func TestIdleTTLFallsBackToLifetime(t *testing.T) {
-	_, cfg := importFile(t, "pr106219-ttl0.yaml", Options{})
-	if got := cfg.Rules[0].Retention.IdleTTL; got != 15*time.Minute {
-		t.Errorf("ttl_seconds 0 with lifetime_seconds 900: idle_ttl %v, want 15m", got)
 	}
 }
 
@@ -167,7 +183,10 @@ func TestSharedKey(t *testing.T) {
 	if r.Isolation != config.IsolationShared || r.Name != "tools" {
 		t.Errorf("docker_shared_container_key names the shared sandbox: %+v", r)
 	}
-	noted(t, res, "shared-key.yaml", "terminal.docker_persist_across_processes", "terminal.docker_session_container_retention")
+	if r.Retention.OnClose != config.OnCloseKeep || r.Retention.IdleTTL != 0 {
+		t.Errorf("the shared sandbox is kept: %+v", r.Retention)
+	}
+	noted(t, res, "shared-key.yaml", "terminal.docker_persist_across_processes", "terminal.lifetime_seconds")
 }
 
 func TestRefusals(t *testing.T) {
@@ -177,8 +196,7 @@ func TestRefusals(t *testing.T) {
 		{"empty", "", "is empty"},
 		{"terminal-list", "terminal:\n  - backend\n", "2:3: terminal: is not a mapping"},
 		{"modal", "terminal:\n  backend: modal\n", `x.yaml:2:12: terminal.backend "modal" has no berth driver`},
-		{"scope", "terminal:\n  backend: docker\n  docker_container_scope: profile\n", `3:27: terminal.docker_container_scope is "profile"`},
-		{"retention", "terminal:\n  backend: docker\n  docker_container_scope: session\n  docker_session_container_retention: forever\n", "terminal.docker_session_container_retention is \"forever\""},
+		{"persistent", "terminal:\n  backend: docker\n  container_persistent: sometimes\n", `3:25: terminal.container_persistent must be true or false, not "sometimes"`},
 		{"relative-volume", "terminal:\n  backend: docker\n  docker_volumes: [\"data:/data\"]\n", `host path "data" is not absolute`},
 		{"tilde-volume", "terminal:\n  backend: docker\n  docker_volumes: [\"~/x:/x\"]\n", "no home directory is known"},
 		{"volume-mode", "terminal:\n  backend: docker\n  docker_volumes: [\"/a:/b:z\"]\n", `mode "z"`},
