@@ -213,6 +213,42 @@ def test_invalid_session_name(client):
         client.session("l:1", owner="someone")
 
 
+def test_errors_are_builtins(client, tmp_path):
+    """A caller that knows nothing of berth catches its errors as Python's own:
+    the daemon's answers (404 NotFound as LookupError, 400 Invalid as ValueError)
+    and the client's (no daemon: Unavailable as ConnectionError)."""
+    with pytest.raises(LookupError) as e:
+        client.session("l:errors-builtin").jobs.kill("no-such-job")
+    assert isinstance(e.value, berth.NotFound) and e.value.status == 404
+    with pytest.raises(ValueError) as e:
+        client.session("bad name").exec(["true"])
+    assert isinstance(e.value, berth.Invalid) and e.value.status == 400
+    with pytest.raises(ConnectionError) as e:
+        berth.Client(state_dir=str(tmp_path)).status()
+    assert isinstance(e.value, berth.Unavailable) and str(tmp_path) in str(e.value)
+    assert issubclass(berth.Timeout, TimeoutError) and issubclass(berth.Unauthorized, PermissionError)
+    assert issubclass(berth.ShuttingDown, ConnectionError) and issubclass(berth.DriverCrashed, berth.Unavailable)
+    client.session("l:errors-builtin").remove()
+
+
+def test_check(session):
+    """check=True raises as subprocess.run(check=True) does: a CalledProcessError
+    (berth.CommandFailed) with the exit code, the command, the output and the result."""
+    assert session.exec(["true"], check=True).ok
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        session.exec(["sh", "-c", "echo out; echo err >&2; exit 3"], check=True)
+    err = e.value
+    assert isinstance(err, berth.CommandFailed) and isinstance(err, berth.Error)
+    assert (err.returncode, err.cmd, err.stdout, err.output, err.stderr) == (3, ["sh", "-c", "echo out; echo err >&2; exit 3"], b"out\n", b"out\n", b"err\n")
+    assert err.result.exit_code == 3 and session.name in str(err) and "exited with 3" in str(err)
+    with pytest.raises(berth.CommandFailed) as e:
+        session.shell("exit 7", check=True)
+    assert e.value.returncode == 7 and e.value.cmd == "exit 7"
+    with pytest.raises(berth.CommandFailed) as e:
+        session.exec(["sleep", "600"], timeout=1, check=True)
+    assert e.value.result.timed_out and "timed out" in str(e.value)
+
+
 def test_timeout(session):
     r = session.exec(["sh", "-c", "echo partial; exec sleep 600"], timeout=1)
     assert r.timed_out and r.exit_code == 143 and r.stdout == b"partial\n" and not r.ok

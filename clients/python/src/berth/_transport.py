@@ -428,6 +428,11 @@ def simple_request(
             c.http.request(method, path, body=body, headers=h, encode_chunked=chunked)
             resp = c.http.getresponse()
             data = resp.read()
+        except errors.Error:
+            # From the body's iterable: berth's errors subclass TimeoutError and
+            # ConnectionError, which the clauses below would take for the socket's.
+            c.close()
+            raise
         except socket.timeout as e:
             c.close()
             raise errors.Timeout("berth serve at %s did not answer %s %s within %ss" % (pool.ep.where, method, path, timeout)) from e

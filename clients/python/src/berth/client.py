@@ -362,6 +362,7 @@ class Session:
         max_output: Optional[int] = DEFAULT_MAX_OUTPUT,
         user: Optional[str] = None,
         recreate: bool = False,
+        check: bool = False,
     ) -> ExecResult:
         """Run ``argv`` (no implicit shell) in the session's sandbox, creating it when
         needed, and return its :class:`berth.ExecResult` once it has ended.
@@ -378,9 +379,12 @@ class Session:
                 ``truncated``); default 16 MiB; None for no cap.
             user: run as this user where the driver can.
             recreate: remove the session's sandbox first (a fresh one).
+            check: raise :class:`berth.CommandFailed` (a
+                ``subprocess.CalledProcessError``) when the command exits non-zero
+                or times out, as ``subprocess.run(check=True)`` does.
 
         The output keeps its bytes exactly. A command that fails is not an error
-        (see ``exit_code``). Raises :class:`berth.Error` subclasses for what stops
+        (see ``exit_code``) unless ``check`` is set. Raises :class:`berth.Error` subclasses for what stops
         the call (no daemon, a bad name or argument, a driver that is down). A
         KeyboardInterrupt (or any exception) in the calling thread cancels the
         command, waits until its process tree is gone, and propagates.
@@ -396,7 +400,10 @@ class Session:
         finally:
             st.close()
         assert st.result is not None
-        return ExecResult(st.result.raw, bytes(out), bytes(err))
+        res = ExecResult(st.result.raw, bytes(out), bytes(err))
+        if check and not res.ok:
+            raise errors.CommandFailed(res, list(argv), self.name)
+        return res
 
     def shell(
         self,
@@ -407,6 +414,7 @@ class Session:
         stdin: Stdin = None,
         cwd: Optional[str] = None,
         max_output: Optional[int] = None,
+        check: bool = False,
     ) -> ExecResult:
         """Run ``command`` in berth's shell mode: ``cd`` and ``export`` carry over to the
         session's next shell call (docs/agents.md). Calls of one session run one at
@@ -416,8 +424,8 @@ class Session:
         (50 KiB unless the rule or ``max_output`` says otherwise); a stream that fits
         comes back exactly, a longer one as head, marker line and tail, and the
         whole stream is in a host file named by ``result.spill``. ``result.cwd`` is
-        where the next call starts. Timeout, env, stdin and interrupts as for
-        :meth:`exec`; a timed-out or cancelled call records no state.
+        where the next call starts. Timeout, env, stdin, ``check`` and interrupts
+        as for :meth:`exec`; a timed-out or cancelled call records no state.
         """
         keep = {"stdout": bytearray(), "stderr": bytearray()}
         over = {"stdout": False, "stderr": False}
@@ -436,7 +444,10 @@ class Session:
         raw = st.result.raw
         out = bytes(keep["stdout"]) if not over["stdout"] and not raw.get("stdout_truncated_bytes") else raw.get("stdout", "").encode()
         err = bytes(keep["stderr"]) if not over["stderr"] and not raw.get("stderr_truncated_bytes") else raw.get("stderr", "").encode()
-        return ExecResult(raw, out, err)
+        res = ExecResult(raw, out, err)
+        if check and not res.ok:
+            raise errors.CommandFailed(res, command, self.name)
+        return res
 
     def stream(
         self,

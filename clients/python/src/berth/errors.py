@@ -4,7 +4,19 @@ Every error answer of ``berth serve`` is ``{"error": {"kind": ..., "message": ..
 "session": ...}}`` (docs/api.md, "Errors"); :func:`from_answer` turns it into the
 exception class of its ``kind``, in this one table (:data:`KINDS`). Errors of the
 connection itself (no daemon, the daemon went away) are :class:`Unavailable`.
+
+Each class also subclasses the builtin exception a Python caller would catch for
+it, so code that knows nothing of berth still handles berth's errors:
+:class:`Timeout` and :class:`RequestTimeout` are ``TimeoutError``,
+:class:`Invalid`, :class:`TooLarge` and :class:`UnsupportedMediaType` are
+``ValueError``, :class:`NotFound` is ``LookupError``, :class:`Unavailable` (and so
+:class:`ShuttingDown` and :class:`DriverCrashed`) is ``ConnectionError``,
+:class:`Unauthorized` is ``PermissionError`` and :class:`Unsupported` is
+``NotImplementedError``. :class:`CommandFailed`, raised by ``check=True``, is a
+``subprocess.CalledProcessError``. Catch :class:`Error` for every berth error.
 """
+
+import subprocess
 
 from typing import Any, Dict, Optional, Type
 
@@ -26,6 +38,7 @@ __all__ = [
     "Canceled",
     "Internal",
     "DriverCrashed",
+    "CommandFailed",
     "KINDS",
 ]
 
@@ -68,7 +81,7 @@ class Error(Exception):
         return "%s(kind=%r, status=%r, message=%r)" % (type(self).__name__, self.kind, self.status, self.message)
 
 
-class NotFound(Error):
+class NotFound(Error, LookupError):
     """404 ``not_found``: no such session, sandbox, job or path."""
 
     kind = "not_found"
@@ -80,7 +93,7 @@ class Conflict(Error):
     kind = "conflict"
 
 
-class Unavailable(Error):
+class Unavailable(Error, ConnectionError):
     """503 ``unavailable``: the runtime or driver is down, or the daemon cannot be reached.
 
     A client-side Unavailable (``status`` 0) names the socket or address it tried and
@@ -90,43 +103,43 @@ class Unavailable(Error):
     kind = "unavailable"
 
 
-class Unsupported(Error):
+class Unsupported(Error, NotImplementedError):
     """501 ``unsupported``: the session's driver cannot do this."""
 
     kind = "unsupported"
 
 
-class Invalid(Error):
+class Invalid(Error, ValueError):
     """400 ``invalid``: a bad request (a session name that breaks the rules, a missing cwd, ...)."""
 
     kind = "invalid"
 
 
-class Timeout(Error):
+class Timeout(Error, TimeoutError):
     """504 ``timeout``: a call (not the command: see ``ExecResult.timed_out``) did not finish in time."""
 
     kind = "timeout"
 
 
-class Unauthorized(Error):
+class Unauthorized(Error, PermissionError):
     """401 ``unauthorized``: a TCP daemon's bearer token is missing or wrong."""
 
     kind = "unauthorized"
 
 
-class TooLarge(Error):
+class TooLarge(Error, ValueError):
     """413 ``too_large``: a request body or file over the daemon's limit."""
 
     kind = "too_large"
 
 
-class RequestTimeout(Error):
+class RequestTimeout(Error, TimeoutError):
     """408 ``request_timeout``: the request body arrived too slowly."""
 
     kind = "request_timeout"
 
 
-class UnsupportedMediaType(Error):
+class UnsupportedMediaType(Error, ValueError):
     """415 ``unsupported_media_type``: a body not sent as JSON (a bug in this client)."""
 
     kind = "unsupported_media_type"
@@ -174,6 +187,42 @@ class DriverCrashed(Unavailable):
     @property
     def retried(self) -> bool:
         return bool(self.body.get("retried"))
+
+
+class CommandFailed(Error, subprocess.CalledProcessError):
+    """A command that exited non-zero (or was killed, or timed out) under ``check=True``,
+    as ``subprocess.run(check=True)`` raises ``CalledProcessError``: ``returncode``
+    (the exit code: 124 for a timeout, 128+N for signal N), ``cmd`` (the argv, or the
+    shell command), ``output``/``stdout`` and ``stderr`` (bytes) and ``result`` (the
+    :class:`berth.ExecResult`). Not an answer of the daemon: the call succeeded, the
+    command failed."""
+
+    kind = "command_failed"
+
+    def __init__(self, result: Any, cmd: Any, session: Optional[str] = None) -> None:
+        code = result.exit_code
+        why = "exited with %d" % code
+        if getattr(result, "timed_out", False):
+            why = "timed out (exit %d)" % code
+        elif getattr(result, "signal", 0):
+            why = "was killed by signal %d (exit %d)" % (result.signal, code)
+        where = " in session %r" % session if session else ""
+        # Not Error.__init__: its super() is CalledProcessError's, which takes
+        # (returncode, cmd); the attributes of both are set here.
+        message = "command %r%s %s" % (cmd, where, why)
+        Exception.__init__(self, message)
+        self.message = message
+        self.status = 0
+        self.session = session
+        self.body: Dict[str, Any] = {}
+        self.returncode = code
+        self.cmd = cmd
+        self.output = bytes(result.stdout)
+        self.stderr = bytes(result.stderr)
+        self.result = result
+
+    def __str__(self) -> str:
+        return self.message
 
 
 #: The exception class of each error kind of the API (docs/api.md, "Errors").
