@@ -231,6 +231,30 @@ def test_errors_are_builtins(client, tmp_path):
     client.session("l:errors-builtin").remove()
 
 
+def test_typed_results(client, session, backend):
+    """Sessions, status, drivers and jobs are typed (attributes, dataclasses) and
+    still read as the dicts they were: today's callers keep working."""
+    import dataclasses
+
+    session.exec(["true"])
+    (row,) = [r for r in client.sessions() if r.session == session.name]
+    assert isinstance(row, berth.SessionInfo) and dataclasses.is_dataclass(row)
+    assert row.driver == backend and row.state == "running" and row.sandbox and row.created
+    assert row["state"] == row.state and row.get("no-such-key") is None and "session" in row
+    assert dict(row) == row.raw and row.raw["sandbox"] == row.sandbox
+    st = client.status()
+    assert isinstance(st, berth.Status) and st.api == "v1" and st.pid == st["pid"] > 0 and st.state_dir
+    drivers = {d.name: d for d in client.drivers()}
+    assert isinstance(drivers["local"], berth.DriverInfo) and drivers["local"].health == "ok"
+    assert drivers["local"]["capabilities"] == drivers["local"].capabilities and drivers["local"].capabilities
+    job = session.jobs.start(["sleep", "600"])
+    assert isinstance(job, berth.Job) and job["id"] == job.id and job.running and job.ended is None
+    (listed,) = [j for j in session.jobs.list() if j.id == job.id]
+    assert listed.argv == ["sleep", "600"] and listed["argv"] == listed.argv
+    session.jobs.kill(job)
+    assert "raw" not in repr(listed) and job.id in repr(listed)
+
+
 def test_check(session):
     """check=True raises as subprocess.run(check=True) does: a CalledProcessError
     (berth.CommandFailed) with the exit code, the command, the output and the result."""

@@ -16,7 +16,7 @@ See docs/python.md for the guide.
 from .client import DEFAULT_MAX_OUTPUT, Client, Jobs, Session, Stream
 from . import errors
 from .errors import *  # noqa: F401,F403 — one class per error kind, and KINDS
-from .results import Event, ExecResult, Job, JobLogs, LogEvent, Output, PoolMember, WarmPool
+from .results import DriverInfo, Event, ExecResult, Job, JobLogs, LogEvent, Output, PoolMember, SessionInfo, Status, WarmPool
 
 __version__ = "0.1.0"
 
@@ -28,6 +28,9 @@ __all__ = [
     "DEFAULT_MAX_OUTPUT",
     "ExecResult",
     "Event",
+    "SessionInfo",
+    "Status",
+    "DriverInfo",
     "Job",
     "JobLogs",
     "LogEvent",

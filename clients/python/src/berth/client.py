@@ -11,7 +11,7 @@ from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Sequence, U
 from . import _tar, errors
 from ._exec import ExecCall, Stdin
 from ._transport import Endpoint, Pool, simple_request
-from .results import Event, ExecResult, Job, JobLogs, LogEvent, WarmPool
+from .results import DriverInfo, Event, ExecResult, Job, JobLogs, LogEvent, SessionInfo, Status, WarmPool
 
 __all__ = ["Client", "Session", "Jobs", "Stream", "DEFAULT_MAX_OUTPUT"]
 
@@ -206,11 +206,12 @@ class Client:
             )
         return Session(self, name)
 
-    def sessions(self) -> List[Dict[str, Any]]:
-        """Every recorded session (``GET /v1/sessions``), sorted by name: dicts with
-        ``session``, ``driver``, ``sandbox``, ``scope``, ``state``, ``created``,
-        ``last_used``, ``drift``, ... as ``berth sessions --json`` prints them."""
-        return list(self._call("GET", "/v1/sessions") or [])
+    def sessions(self) -> List[SessionInfo]:
+        """Every recorded session (``GET /v1/sessions``), sorted by name: a
+        :class:`berth.SessionInfo` each (``.session``, ``.driver``, ``.sandbox``,
+        ``.scope``, ``.state``, ``.created``, ``.last_used``, ``.drift``, ...; it also
+        reads as the dict ``berth sessions --json`` prints: ``info["state"]``)."""
+        return [SessionInfo(r) for r in self._call("GET", "/v1/sessions") or []]
 
     def pools(self) -> List[WarmPool]:
         """Every rule's warm pool (``GET /v1/pools``), in rule order: a
@@ -219,10 +220,11 @@ class Client:
         without asking a driver, so polling it (e.g. until ``pool.full``) is cheap."""
         return [WarmPool(p) for p in self._call("GET", "/v1/pools") or []]
 
-    def status(self) -> Dict[str, Any]:
-        """The daemon's identity (``GET /v1/status``), asking no driver: ``api``,
-        ``version``, ``pid``, ``state_dir``, ``config``, ``clock_offset_ms``."""
-        return dict(self._call("GET", "/v1/status") or {})
+    def status(self) -> Status:
+        """The daemon's identity (``GET /v1/status``), asking no driver: a
+        :class:`berth.Status` (``.api``, ``.version``, ``.pid``, ``.state_dir``,
+        ``.config``, ``.clock_offset_ms``, ...; also ``status["pid"]``)."""
+        return Status(self._call("GET", "/v1/status") or {})
 
     def health(self) -> Dict[str, Any]:
         """``GET /v1/health``: ``status`` (``ok``, ``degraded``), the store, and each
@@ -230,9 +232,11 @@ class Client:
         be used answers 503 (:class:`berth.Unavailable`)."""
         return dict(self._call("GET", "/v1/health") or {})
 
-    def drivers(self) -> List[Dict[str, Any]]:
-        """``GET /v1/drivers``: every driver the daemon knows, with its capabilities."""
-        return list(self._call("GET", "/v1/drivers") or [])
+    def drivers(self) -> List[DriverInfo]:
+        """``GET /v1/drivers``: every driver the daemon knows, a
+        :class:`berth.DriverInfo` each (``.name``, ``.health``, ``.capabilities``, ...;
+        also ``driver["name"]``)."""
+        return [DriverInfo(d) for d in self._call("GET", "/v1/drivers") or []]
 
     def explain(self, name: str) -> Dict[str, Any]:
         """``GET /v1/config/explain``: how the config places session ``name``."""

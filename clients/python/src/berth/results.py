@@ -1,8 +1,127 @@
-"""The values the client returns: exec results, stream events, jobs and job logs."""
+"""The values the client returns: exec results, stream events, sessions, status,
+drivers, jobs and job logs."""
 
-from typing import Any, Dict, List, Optional
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Dict, Iterator, List, Optional
 
-__all__ = ["Output", "ExecResult", "Event", "Job", "JobLogs", "LogEvent", "WarmPool", "PoolMember"]
+__all__ = [
+    "Output",
+    "ExecResult",
+    "Event",
+    "SessionInfo",
+    "Status",
+    "DriverInfo",
+    "Job",
+    "JobLogs",
+    "LogEvent",
+    "WarmPool",
+    "PoolMember",
+]
+
+class _Answer(Mapping):  # type: ignore[type-arg]
+    """A typed view of one JSON object of the API that still reads as that object.
+
+    Subclasses are dataclasses whose fields are the object's keys (attributes:
+    ``info.state``); the object itself stays in ``raw`` and the value answers as the
+    dict it was (``info["state"]``, ``info.get("error")``, ``dict(info)``), so code
+    written against the SDK's dicts keeps working, keys a newer daemon adds
+    included.
+    """
+
+    raw: Dict[str, Any]
+
+    def __init__(self, raw: Optional[Dict[str, Any]] = None, **fields: Any) -> None:
+        """From the API's object ``raw`` (``Cls(raw)``), or from keywords named as its
+        fields (a keyword wins over ``raw``'s key); absent or null keys take the
+        field's default."""
+        src = dict(raw) if isinstance(raw, dict) else {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            if f.name == "raw":
+                continue
+            if f.name in fields:
+                v = fields[f.name]
+            elif src.get(f.name) is not None:
+                v = src[f.name]
+            elif f.default_factory is not dataclasses.MISSING:
+                v = f.default_factory()
+            else:
+                v = f.default
+            setattr(self, f.name, v)
+        self.raw = src
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+
+@dataclasses.dataclass(init=False, eq=False)
+class SessionInfo(_Answer):
+    """One recorded session (``GET /v1/sessions``, ``berth sessions --json``).
+
+    ``state`` is ``created``, ``running`` or ``stopped`` as the driver reports it,
+    ``removed`` when retention removed the sandbox (``removed_reason`` says why),
+    ``missing`` when the driver no longer has it, ``unknown`` when the driver could
+    not be asked (``error``). ``created`` and ``last_used`` are RFC 3339 strings (UTC);
+    ``drift`` says the sandbox no longer matches its rule (``drift_reason``);
+    ``pooled`` that it was claimed from a warm pool.
+    """
+
+    raw: Dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    session: str = ""
+    driver: str = ""
+    sandbox: str = ""
+    scope: str = ""
+    state: str = ""
+    created: str = ""
+    last_used: str = ""
+    drift: bool = False
+    drift_reason: str = ""
+    pooled: bool = False
+    error: str = ""
+    removed_reason: str = ""
+
+
+@dataclasses.dataclass(init=False, eq=False)
+class Status(_Answer):
+    """The daemon's identity (``GET /v1/status``): ``api`` (``"v1"``), berth's
+    ``version``, the daemon's ``pid``, its ``state_dir`` and ``config`` file (``""``
+    for the built-in default), ``clock_offset_ms``, ``config_sha256`` and
+    ``prune_interval_ms`` (0 when it does not prune)."""
+
+    raw: Dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    api: str = ""
+    version: str = ""
+    pid: int = 0
+    state_dir: str = ""
+    config: str = ""
+    clock_offset_ms: int = 0
+    config_sha256: str = ""
+    prune_interval_ms: int = 0
+
+
+@dataclasses.dataclass(init=False, eq=False)
+class DriverInfo(_Answer):
+    """One driver the daemon knows (``GET /v1/drivers``, ``berth drivers --json``):
+    ``name``, ``version``, ``protocol`` and ``protocol_versions`` (the driver
+    protocol), ``served`` (``"plugin"`` or ``"in-process"``), ``health`` (``"ok"`` or
+    why it could not be started or asked), ``capabilities`` (a dict, as
+    docs/driver-authoring.md lists them) and ``path`` (its plugin executable)."""
+
+    raw: Dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    name: str = ""
+    version: str = ""
+    protocol: int = 0
+    protocol_versions: List[int] = dataclasses.field(default_factory=list)
+    served: str = ""
+    health: str = ""
+    capabilities: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    path: str = ""
 
 
 class Output(bytes):
@@ -143,30 +262,28 @@ class Event:
         return "Event(%r)" % self.kind
 
 
-class Job:
+@dataclasses.dataclass(init=False, eq=False)
+class Job(_Answer):
     """A background job (the API's Job object).
 
     Attributes: ``id``, ``session``, ``argv``, ``pid`` (in the sandbox), ``running``,
     ``exit_code`` and ``signal`` (once ended), ``started`` and ``ended`` (RFC 3339
-    strings; ``ended`` None while it runs), ``log_bytes``, ``dropped_bytes``, ``raw``.
+    strings; ``ended`` None while it runs), ``log_bytes``, ``dropped_bytes``, ``raw``
+    (and, as for every typed answer, ``job["key"]``).
     """
 
-    def __init__(self, raw: Dict[str, Any]) -> None:
-        self.raw = raw
-        self.id: str = str(raw.get("id", ""))
-        self.session: str = str(raw.get("session", ""))
-        self.argv: List[str] = list(raw.get("argv") or [])
-        self.pid: int = int(raw.get("pid", 0))
-        self.running: bool = bool(raw.get("running", False))
-        self.exit_code: int = int(raw.get("exit_code", 0))
-        self.signal: int = int(raw.get("signal", 0))
-        self.started: Optional[str] = raw.get("started")
-        self.ended: Optional[str] = raw.get("ended")
-        self.log_bytes: int = int(raw.get("log_bytes", 0))
-        self.dropped_bytes: int = int(raw.get("dropped_bytes", 0))
-
-    def __repr__(self) -> str:
-        return "Job(id=%r, argv=%r, running=%r, exit_code=%d)" % (self.id, self.argv, self.running, self.exit_code)
+    raw: Dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    id: str = ""
+    session: str = ""
+    argv: List[str] = dataclasses.field(default_factory=list)
+    pid: int = 0
+    running: bool = False
+    exit_code: int = 0
+    signal: int = 0
+    started: Optional[str] = None
+    ended: Optional[str] = None
+    log_bytes: int = 0
+    dropped_bytes: int = 0
 
 
 class LogEvent:
