@@ -109,7 +109,7 @@ func BenchmarkPluginStartToFirstCall(b *testing.B) {
 		}},
 		{"describe", func() (*Client, error) { _, err := Describe(ctx, path); return nil, err }},
 	}
-	rounds := max(b.N, benchutil.MinRounds)
+	rounds := benchutil.Rounds(b)
 	names := make([]string, len(ways))
 	samples := make([][]time.Duration, len(ways))
 	b.ResetTimer()

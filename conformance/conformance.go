@@ -60,8 +60,8 @@ type Case struct {
 	// not, why (the skip reason). nil means every driver can.
 	Needs func(backend.Capabilities) (ok bool, reason string)
 	// Serial cases never run beside another case: they change process-wide state (the
-	// host environment) or measure time. Run runs the others in parallel within a group;
-	// RunAll runs every case one after another.
+	// host environment) or measure time. Run runs them first, one at a time, and then
+	// the others, of every group, in parallel; RunAll runs every case one after another.
 	Serial bool
 	// Run runs the case. It fails through t and skips through t with a reason.
 	Run func(t T, h *Harness)
@@ -428,9 +428,10 @@ func List(f Filter) []Case {
 
 // Run runs the suite against b under go test: one subtest per group, and inside it one
 // per case, so every case's test name ends in "group/name" (select with
-// -run 'TestX/exec/'). Serial cases run first and alone; the others of a group run in
-// parallel (t.Parallel), and Run returns when all are done, so the caller may close b
-// with defer. A case whose needed capability b lacks is skipped with the reason.
+// -run 'TestX/exec/'). Serial cases run first, one after another and alone (within
+// this run); then every other case, of every group, runs in parallel (t.Parallel:
+// -test.parallel bounds how many at once). Run returns when all are done, so the
+// caller may close b with defer. A case whose needed capability b lacks is skipped with the reason.
 //
 // The caller configures b beforehand (Configurer) with Options.Owner if it has one.
 func Run(t *testing.T, b backend.TerminalBackend, opts Options) {
@@ -453,28 +454,63 @@ func Run(t *testing.T, b backend.TerminalBackend, opts Options) {
 	if len(opts.Groups) > 0 {
 		t.Logf("conformance: running groups %s only (Options.Groups)", strings.Join(opts.Groups, ", "))
 	}
+	var groups [][]Case
 	for i := 0; i < len(cases); {
-		group := cases[i].Group
 		j := i
-		for j < len(cases) && cases[j].Group == group {
+		for j < len(cases) && cases[j].Group == cases[i].Group {
 			j++
 		}
-		groupCases := cases[i:j]
+		groups = append(groups, cases[i:j])
 		i = j
-		t.Run(group, func(t *testing.T) {
-			for _, c := range groupCases {
-				t.Run(c.Name, func(t *testing.T) {
-					if ok, reason := h.applies(c); !ok {
-						t.Skip(reason)
-					}
-					if !c.Serial {
-						t.Parallel()
-					}
-					c.Run(t, h)
-				})
-			}
-		})
 	}
+	// The groups run side by side (t.Run from a goroutine each, as testing allows), so
+	// that no group waits for the slowest case of the one before: on a runtime that
+	// takes seconds per sandbox (Kubernetes) that wait was a third of the suite. The
+	// serial cases take turns first, group by group (turn[k] is closed when group k-1's
+	// are done); every other case waits for the last turn, after t.Parallel.
+	turn := make([]chan struct{}, len(groups)+1)
+	for k := range turn {
+		turn[k] = make(chan struct{})
+	}
+	close(turn[0])
+	allSerial := turn[len(groups)]
+	var wg sync.WaitGroup
+	for k, groupCases := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t.Run(groupCases[0].Group, func(t *testing.T) {
+				func() {
+					defer close(turn[k+1])
+					<-turn[k]
+					for _, c := range groupCases {
+						if c.Serial {
+							t.Run(c.Name, func(t *testing.T) {
+								if ok, reason := h.applies(c); !ok {
+									t.Skip(reason)
+								}
+								c.Run(t, h)
+							})
+						}
+					}
+				}()
+				for _, c := range groupCases {
+					if c.Serial {
+						continue
+					}
+					t.Run(c.Name, func(t *testing.T) {
+						if ok, reason := h.applies(c); !ok {
+							t.Skip(reason)
+						}
+						t.Parallel()
+						<-allSerial
+						c.Run(t, h)
+					})
+				}
+			})
+		}()
+	}
+	wg.Wait()
 	if left := h.leftovers(t.Context()); len(left) > 0 {
 		t.Errorf("sandboxes of this run left behind after every case's cleanup (now removed): %v", left)
 	}

@@ -178,7 +178,7 @@ func BenchmarkCreateToFirstExec(b *testing.B) {
 			f := newBenchFixture(b, dm)
 			ctx := context.Background()
 			var berth, direct, directHard []time.Duration
-			for i := 0; i < max(b.N, benchutil.MinRounds); i++ {
+			for i := 0; i < benchutil.Rounds(b); i++ {
 				name := benchName("p", i)
 				req := f.request(b, name)
 				start := time.Now()
@@ -305,7 +305,7 @@ func BenchmarkWholeCommand(b *testing.B) {
 			cfg := fmt.Sprintf("driver \"containerd\" {\n  address   = %q\n  namespace = %q\n}\nscope \"*\" {\n  driver = \"containerd\"\n  image  = %q\n}\n", f.addr, benchNamespace, testimage.Ref)
 			berth := f.berthCLI(b, cfg)
 			var berthT, ctrT []time.Duration
-			for i := 0; i < max(b.N, benchutil.MinRounds); i++ {
+			for i := 0; i < benchutil.Rounds(b); i++ {
 				session := fmt.Sprintf("bench:%d", i)
 				start := time.Now()
 				if err := berth("exec", "-s", session, "--", "true"); err != nil {

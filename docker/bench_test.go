@@ -139,7 +139,7 @@ func BenchmarkCreateToFirstExec(b *testing.B) {
 	ctx := context.Background()
 	host, state, owner, bin, plug := pluginFixture(b)
 	var berth, run []time.Duration
-	rounds := max(b.N, benchutil.MinRounds)
+	rounds := benchutil.Rounds(b)
 	for i := 0; i < rounds; i++ {
 		name := benchName(i)
 		files, err := agent.PrepareSandbox(filepath.Join(state, "sandboxes", name), bin)

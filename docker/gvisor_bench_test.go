@@ -120,7 +120,7 @@ func BenchmarkGVisorCreateToFirstExec(b *testing.B) {
 	runscBench(b, plug)
 	var samples [4][]time.Duration
 	names := []string{"runc-berth", "runsc-berth", "docker-run-runc", "docker-run-runsc"}
-	rounds := max(b.N, benchutil.MinRounds)
+	rounds := benchutil.Rounds(b)
 	for i := 0; i < rounds; i++ {
 		for j, rt := range []string{"runc", "runsc"} {
 			name := benchName(i) + "-" + rt

@@ -225,7 +225,7 @@ func BenchmarkCreateFirstExec(b *testing.B) {
 	withPVC := cfg
 	withPVC.StorageClass = c.StorageClass
 	ev := newBenchEnv(b, c, withPVC)
-	rounds := max(b.N, benchutil.MinRounds)
+	rounds := benchutil.Rounds(b)
 	var first, withRm, firstPVC, withRmPVC, kubectl []time.Duration
 	create := func(e benchEnv, s string, first, withRm *[]time.Duration) {
 		start := time.Now()

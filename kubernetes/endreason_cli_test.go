@@ -36,6 +36,7 @@ import (
 // Without a storage class: with one, the sandbox's claim outlives the Pod and the
 // next call starts it again on its volume, with no notice (logged).
 func TestRuntimeEndedPod(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name, script, endedSays, notice string
 		limit                           time.Duration

@@ -184,6 +184,7 @@ func TestConformancePlugin(t *testing.T) {
 // `berth exec -s team:1 -- sh -c 'echo hi > /work/x; hostname'` in a Pod, and
 // team:2, a Pod of its own, cannot see /work/x.
 func TestDoneWhen(t *testing.T) {
+	t.Parallel()
 	c, cfg := cluster(t)
 	berth := newBerth(t, driverBlock(cfg)+fmt.Sprintf(`
 scope "team:*" {
@@ -231,6 +232,7 @@ scope "team:*" {
 // Pod, Secret or volume claim; an API server that does not answer is
 // ErrUnavailable naming its address, and nothing is made.
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	c, cfg := cluster(t)
 	state := t.TempDir()
 	owner := "badinput-" + filepath.Base(state)

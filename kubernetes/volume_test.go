@@ -64,6 +64,7 @@ func objects(t *testing.T, c k8stest.Cluster, pod string) string {
 // makes the Pod again on it: the file in /work is there, one in /tmp is not;
 // `berth rm` deletes the claim too.
 func TestVolumeKeepsWorkdir(t *testing.T) {
+	t.Parallel()
 	c, cfg := cluster(t)
 	b := newBerth(t, driverBlock(cfg)+fmt.Sprintf(`
 scope "vol:*" {
@@ -126,6 +127,7 @@ scope "vol:*" {
 // TestConformancePlugin), the retention one through the registry the CLI opens
 // with the same block.
 func TestCLIConformance(t *testing.T) {
+	t.Parallel()
 	c, cfg := cluster(t)
 	b := newBerth(t, driverBlock(cfg)+"\n")
 	out, stderr, err := b.run("conformance", "--driver", kubernetes.Name, "--image", c.TestImage, "--json",

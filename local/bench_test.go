@@ -91,7 +91,7 @@ func BenchmarkRegistryPhases(b *testing.B) {
 	phase.Drain(&lines)
 	phases := benchutil.NewPhases()
 	b.ResetTimer()
-	for range max(b.N, benchutil.MinRounds) {
+	for range benchutil.Rounds(b) {
 		lines.Reset()
 		start := time.Now()
 		if err := run(); err != nil {

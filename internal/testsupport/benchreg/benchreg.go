@@ -62,7 +62,7 @@ func PoolRounds(b *testing.B, r *registry.Registry, baselineName string, baselin
 		b.Fatal(err)
 	}
 	var claim, create, base []time.Duration
-	for i := range max(b.N, benchutil.MinRounds) {
+	for i := range benchutil.Rounds(b) {
 		for _, way := range []struct {
 			session string
 			out     *[]time.Duration

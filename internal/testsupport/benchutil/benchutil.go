@@ -19,8 +19,18 @@ import (
 	"github.com/berth-sh/berth/backend"
 )
 
-// MinRounds is the fewest rounds a comparison runs, whatever b.N is.
+// MinRounds is the fewest rounds a comparison runs, whatever b.N is (Rounds).
 const MinRounds = 20
+
+// Rounds is how many rounds a comparison runs: max(b.N, MinRounds), or b.N alone
+// when BERTH_BENCH_SMOKE=1 (CI's smoke run, which shows that the benchmarks run and
+// takes no numbers: -benchtime 1x is then one round).
+func Rounds(b *testing.B) int {
+	if os.Getenv("BERTH_BENCH_SMOKE") == "1" {
+		return b.N
+	}
+	return max(b.N, MinRounds)
+}
 
 // Way is one way of doing the measured thing.
 type Way struct {
@@ -39,7 +49,7 @@ func Interleave(b *testing.B, ways []Way) {
 	b.Helper()
 	ways = Selected(ways)
 	settle := Settle(b)
-	rounds := max(b.N, MinRounds)
+	rounds := Rounds(b)
 	names := make([]string, len(ways))
 	samples := make([][]time.Duration, len(ways))
 	b.ResetTimer()
