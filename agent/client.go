@@ -463,8 +463,8 @@ type ShellRequest struct {
 	// through eval.
 	Command string
 	// Session names the shell state (directory, exported variables) that the call
-	// starts from and records; required. Calls of one session run one at a time, in
-	// order of arrival.
+	// starts from and records; required. Calls of one session run side by side:
+	// each starts from the state last recorded, and the last to end wins.
 	Session string
 	// Env is KEY=VALUE pairs applied over the session's variables (and recorded with
 	// them); Dir, when set, is the working directory instead of the session's; User

@@ -228,9 +228,9 @@ func (s *server) Exec(stream agentpb.Agent_ExecServer) error {
 	return s.runExec(stream, st, nil)
 }
 
-// Shell implements the Shell RPC: the call waits for its session's turn (its
-// timeout counts the wait), runs through the shell wrapper, and records the state
-// the wrapper reported.
+// Shell implements the Shell RPC: the call starts from its session's last recorded
+// state, runs through the shell wrapper, and records the state the wrapper reported;
+// calls of one session run side by side (shells.snapshot), none waits for another.
 func (s *server) Shell(stream agentpb.Agent_ShellServer) error {
 	in, err := stream.Recv()
 	if err != nil {
@@ -246,51 +246,21 @@ func (s *server) Shell(stream agentpb.Agent_ShellServer) error {
 	if s.closing.Load() {
 		return backend.Errorf(backend.ErrUnavailable, "the agent is shutting down")
 	}
-	actx, acancel := stream.Context(), context.CancelFunc(func() {})
-	if sh.TimeoutNs > 0 {
-		actx, acancel = context.WithTimeout(actx, time.Duration(sh.TimeoutNs))
-	}
-	k, err := s.shells.acquire(actx, sh.Session)
-	queuedOut := err != nil && stream.Context().Err() == nil && actx.Err() != nil
-	acancel()
-	if queuedOut {
-		return s.sendQueuedOut(stream, time.Duration(sh.TimeoutNs))
-	}
+	k, state := s.shells.snapshot(sh.Session)
+	st, sf, err := s.shellStart(sh, state)
 	if err != nil {
 		return err
 	}
-	defer s.shells.release(k)
-	st, sf, err := s.shellStart(sh, k.state)
-	if err != nil {
-		return err
-	}
-	return s.runExec(stream, st, &shellCall{key: k, session: sh.Session, file: sf})
+	return s.runExec(stream, st, &shellCall{key: k, session: sh.Session, file: sf, start: state})
 }
 
-// sendQueuedOut answers a shell call whose timeout passed while it waited for the
-// session's previous call: nothing ran, exit 124.
-func (s *server) sendQueuedOut(stream agentpb.Agent_ExecServer, timeout time.Duration) error {
-	snd := &execSender{stream: stream}
-	defer snd.close()
-	id := s.nextID.Add(1)
-	for _, m := range []*agentpb.ExecOutput{
-		{Msg: &agentpb.ExecOutput_Started{Started: &agentpb.ExecStarted{ExecId: id}}},
-		{Msg: &agentpb.ExecOutput_Stderr{Stderr: fmt.Appendf(nil, "berth: shell: the session's previous call still ran when this call's timeout (%s) passed; nothing was run\n", timeout)}},
-		{Msg: &agentpb.ExecOutput_Result{Result: &agentpb.ExecResult{ExitCode: 124, TimedOut: true, DurationNs: int64(timeout)}}},
-	} {
-		if err := snd.send(m); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// shellCall is what runExec needs of a shell-mode call: the session's turn, its
-// name and the call's state file.
+// shellCall is what runExec needs of a shell-mode call: its session's entry, the
+// session's name, the call's state file and the state it started from.
 type shellCall struct {
 	key     *shellKey
 	session string
 	file    *shellFile
+	start   shellState
 }
 
 // runExec runs st on stream: prepare, spawn, forward input and output until the
@@ -433,21 +403,24 @@ func (s *server) awaitLeader(ctx context.Context, run *execRun, exitCh <-chan ex
 // recordShell records the state that a shell call's wrapper reported, when the call
 // ended by itself (a call killed at its timeout or on cancel records nothing,
 // whatever its shell's traps managed to write: the next call starts from the last
-// state of a call that ended by itself), and returns the session's directory.
+// state of a call that ended by itself), and returns the directory the call left
+// (the session's recorded one when it recorded nothing). Calls of one session that
+// end one after another record in that order: the last wins.
 func (s *server) recordShell(id uint64, sh *shellCall, ended bool) string {
 	ns, ok := sh.file.read()
 	sh.file.remove() // before the result: a call leaves no file behind once it has its answer
-	if ok && ended {
-		if !utf8.ValidString(ns.cwd) {
-			// The wire carries text: a directory whose name is not UTF-8 cannot be
-			// reported, so the session stays where it was.
-			ns.cwd = sh.key.state.cwd
-		}
-		if err := s.shells.save(sh.key, sh.session, ns); err != nil {
-			s.log.Printf("exec %d: recording the shell state of %q: %v", id, sh.session, err)
-		}
+	if !ok || !ended {
+		return sh.key.current().cwd
 	}
-	return sh.key.state.cwd
+	if !utf8.ValidString(ns.cwd) {
+		// The wire carries text: a directory whose name is not UTF-8 cannot be
+		// reported, so the session stays where the call started.
+		ns.cwd = sh.start.cwd
+	}
+	if err := s.shells.save(sh.key, sh.session, ns); err != nil {
+		s.log.Printf("exec %d: recording the shell state of %q: %v", id, sh.session, err)
+	}
+	return ns.cwd
 }
 
 // track registers a running exec for Cancel and, when the agent remembers session

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"bytes"
-	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -28,8 +27,9 @@ import (
 //
 // STATEFILE and REPORTFILE are files that only the agent and the exec's user can
 // reach (random names in a directory others cannot list). STATEFILE holds the
-// restore script: the `export -p` text that the session's previous call left, plus
-// the call's own variables. REPORTFILE is empty. The process starts in the directory
+// restore script: the `export -p` text that the session's last recorded call left
+// (with bash, its `alias -p` and `declare -f` text too: aliases and functions carry
+// over; sh has no way to print its functions), plus the call's own variables. REPORTFILE is empty. The process starts in the directory
 // that call left. The wrapper sources STATEFILE, sets an EXIT trap that appends the
 // new state to REPORTFILE, and evaluates COMMAND; the agent reads REPORTFILE once the
 // shell has exited and deletes both. The report leaves out the call's kill marker
@@ -68,24 +68,35 @@ __berth_save() {
   __berth_rc=$?
   trap - EXIT
   unset BERTH_EXEC BERTH_JOB 2>/dev/null
-  { printf 'berth-shell-state 1\n%s\n' "${PWD:-$(pwd)}"; export -p; printf '\n#berth-shell-end\n'; } >>"$__berth_report" 2>/dev/null
+  {
+    printf 'berth-shell-state 1\n%s\n' "${PWD:-$(pwd)}"
+    export -p
+    if [ -n "${BASH_VERSION-}" ]; then
+      alias -p
+      for __berth_n in $(compgen -A function); do
+        [ "$__berth_n" = __berth_save ] || declare -f "$__berth_n"
+      done
+    fi
+    printf '\n#berth-shell-end\n'
+  } >>"$__berth_report" 2>/dev/null
   exit "$__berth_rc"
 }
 trap __berth_save EXIT
+[ -z "${BASH_VERSION-}" ] || shopt -s expand_aliases
 eval "$__berth_cmd"
 `
 
 // shellState is one key's recorded state.
 type shellState struct {
 	cwd     string
-	exports string // `export -p` output of the shell that recorded it
+	exports string // the restore script the shell that recorded it printed (export -p, and with bash alias -p and declare -f)
 }
 
-// shellKey is one key's FIFO lock and state.
+// shellKey is one key's recorded state. Calls of a key run side by side: each
+// starts from the state recorded when it started (snapshot) and records its own when
+// it ends (save), so the last call to end wins, as hermes-agent's own snapshot does.
 type shellKey struct {
-	// turn holds one token; waiters queue on it in arrival order (Go's channel
-	// receivers are served first in, first out).
-	turn   chan struct{}
+	mu     sync.Mutex // guards loaded and state, and orders the writes of the file
 	loaded bool
 	state  shellState
 }
@@ -106,37 +117,31 @@ func newShells(dir string, logger *log.Logger) *shells {
 	return &shells{dir: dir, log: logger, keys: map[string]*shellKey{}}
 }
 
-// acquire waits for key's turn (in arrival order) and returns its entry; the caller
-// must call release. It fails when ctx ends first.
-func (s *shells) acquire(ctx context.Context, key string) (*shellKey, error) {
+// snapshot returns key's entry and the state a call of it starts from: the last
+// recorded one (read from dir the first time). It never waits for another call.
+func (s *shells) snapshot(key string) (*shellKey, shellState) {
 	s.mu.Lock()
 	k := s.keys[key]
 	if k == nil {
-		k = &shellKey{turn: make(chan struct{}, 1)}
-		k.turn <- struct{}{}
+		k = &shellKey{}
 		s.keys[key] = k
 	}
 	s.mu.Unlock()
-	select {
-	case <-k.turn:
-	default:
-		if s.log != nil {
-			s.log.Printf("shell key %q is busy: waiting for its turn", key)
-		}
-		select {
-		case <-k.turn:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
 	if !k.loaded {
 		k.loaded = true
 		k.state = s.load(key)
 	}
-	return k, nil
+	return k, k.state
 }
 
-func (s *shells) release(k *shellKey) { k.turn <- struct{}{} }
+// current returns key's recorded state now.
+func (k *shellKey) current() shellState {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.state
+}
 
 // runDir returns the directory for a call's files, whose report may take need
 // bytes, mode 0711, so that a user can reach a file whose random name the agent gave
@@ -313,8 +318,11 @@ func (s *shells) load(key string) shellState {
 	return st
 }
 
-// save records st for key, in memory and (atomically) on disk.
+// save records st for key, in memory and (atomically) on disk: the state of the
+// call that ends last wins.
 func (s *shells) save(k *shellKey, key string, st shellState) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
 	if st == k.state && k.state.cwd != "" {
 		// Most calls change neither the directory nor the environment: the
 		// state on disk is already this one (a write and a rename per call saved).

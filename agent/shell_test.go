@@ -369,48 +369,69 @@ func TestShellModeStateOutlivesAgent(t *testing.T) {
 	}
 }
 
-// TestShellModeSerialised: shell calls of one key run one at a time in arrival
-// order; a plain exec is not held back.
-func TestShellModeSerialised(t *testing.T) {
+// TestShellModeSideBySide: shell calls of one key run side by side, none waiting for
+// another (hermes runs read-only tools in parallel, and sub-agents share a session);
+// each starts from the state recorded when it started, and the call that ends last
+// records the state the next call starts from. Plain execs and other keys are not
+// held back either.
+func TestShellModeSideBySide(t *testing.T) {
 	a := startAgent(t)
 	dir := t.TempDir()
 	logf := filepath.Join(dir, "log")
 	ctx := testCtx(t)
-	first, err := a.c.Shell(ctx, ShellRequest{Session: "k", Command: "while [ ! -e " + dir + "/go ]; do sleep 0.01; done; echo first-end >> " + logf})
+	shellDo(t, a.c, "k", "", "export BASE=1")
+	first, err := a.c.Shell(ctx, ShellRequest{Session: "k", Command: "export A=first; cd " + dir + "; touch started; while [ ! -e go ]; do sleep 0.01; done; echo first-end >> " + logf})
 	if err != nil {
 		t.Fatal(err)
 	}
-	second := make(chan error, 1)
-	go func() {
-		p, err := a.c.Shell(ctx, ShellRequest{Session: "k", Command: "echo second-start >> " + logf})
-		if err == nil {
-			_, err = p.Wait()
-		}
-		second <- err
-	}()
-	testwait.Until(t, "the agent to queue the second call", func() bool {
-		b, _ := os.ReadFile(a.logPath)
-		return bytes.Contains(b, []byte(`shell key "k" is busy`))
-	})
-	// Plain execs and other keys run meanwhile.
+	testwait.Until(t, "the first call to run", func() bool { _, err := os.Stat(filepath.Join(dir, "started")); return err == nil })
+	// The second call runs to its end while the first still runs, from the state
+	// recorded before the first started.
+	out, _, res := shellDo(t, a.c, "k", "", `echo "second-start $BASE ${A-}" >> `+logf+`; export B=second; pwd`)
+	if res.ExitCode != 0 || res.TimedOut || strings.TrimSpace(out) == dir {
+		t.Fatalf("the second call while the first runs: %+v %q", res, out)
+	}
+	if out, _, _ := shellDo(t, a.c, "k", "", `echo "${B-}"`); out != "second\n" {
+		t.Errorf("a call after the second ended, while the first runs: %q, want the second's export", out)
+	}
 	if out, _, _ := run(t, a.c, sh("echo plain")); out != "plain\n" {
 		t.Fatalf("plain exec while a shell call runs: %q", out)
 	}
 	if out, _, _ := shellDo(t, a.c, "other", "", "echo other"); out != "other\n" {
 		t.Fatalf("another key while k runs: %q", out)
 	}
-	if b, _ := os.ReadFile(logf); len(b) != 0 {
-		t.Fatalf("the second call ran before the first ended: %q", b)
-	}
 	os.WriteFile(filepath.Join(dir, "go"), nil, 0o644)
-	if _, err := first.Wait(); err != nil {
-		t.Fatal(err)
+	if res, err := first.Wait(); err != nil || res.ExitCode != 0 || res.Cwd != dir {
+		t.Fatalf("the first call: %+v %v", res, err)
 	}
-	if err := <-second; err != nil {
-		t.Fatal(err)
+	if b, _ := os.ReadFile(logf); string(b) != "second-start 1 \nfirst-end\n" {
+		t.Errorf("log %q, want the second call's line (without the first's export) before the first's end", b)
 	}
-	if b, _ := os.ReadFile(logf); string(b) != "first-end\nsecond-start\n" {
-		t.Errorf("order %q, want first-end then second-start", b)
+	// The first ended last: its state wins (its cd and export; not the second's B,
+	// which it did not start from).
+	if out, _, res := shellDo(t, a.c, "k", "", `echo "$BASE ${A-} ${B-}"`); out != "1 first \n" || res.Cwd != dir {
+		t.Errorf("after both: %q in %q, want the last call's state", out, res.Cwd)
+	}
+}
+
+// TestShellModeFunctionsAndAliases: with bash, shell functions and aliases carry over
+// to the session's next call, as exports do.
+func TestShellModeFunctionsAndAliases(t *testing.T) {
+	if _, ok := shellPaths(t)["bash"]; !ok {
+		t.Skip("no /bin/bash on this host: functions and aliases are kept with bash only")
+	}
+	a := startAgent(t)
+	if _, _, res := shellDo(t, a.c, "f", "", `greet() { echo "hi $1"; }; alias ll='echo listing'`); res.ExitCode != 0 {
+		t.Fatalf("defining: %+v", res)
+	}
+	if out, errOut, res := shellDo(t, a.c, "f", "", `greet there; ll`); out != "hi there\nlisting\n" || res.ExitCode != 0 {
+		t.Errorf("the next call: %q %q %+v, want the function and the alias", out, errOut, res)
+	}
+	if out, _, _ := shellDo(t, a.c, "f", "", `unset -f greet; unalias ll; type greet ll >/dev/null 2>&1 || echo gone`); out != "gone\n" {
+		t.Errorf("unset -f and unalias: %q", out)
+	}
+	if out, _, _ := shellDo(t, a.c, "f", "", `type greet ll >/dev/null 2>&1 || echo still-gone`); out != "still-gone\n" {
+		t.Errorf("after unset -f and unalias: %q, want them gone for good", out)
 	}
 }
 
@@ -469,26 +490,6 @@ func TestShellModeBigAndSecretState(t *testing.T) {
 type writerFunc func([]byte)
 
 func (f writerFunc) Write(b []byte) (int, error) { f(b); return len(b), nil }
-
-// TestShellModeTimeoutCoversQueue: a call whose timeout passes while the session's
-// previous call still runs times out without running.
-func TestShellModeTimeoutCoversQueue(t *testing.T) {
-	a := startAgent(t)
-	dir := t.TempDir()
-	first, err := a.c.Shell(testCtx(t), ShellRequest{Session: "q", Command: "while [ ! -e " + dir + "/go ]; do sleep 0.01; done"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, errOut, res := shellRun(t, a.c, ShellRequest{Session: "q", Command: "touch " + dir + "/ran", Timeout: 200 * time.Millisecond})
-	if !res.TimedOut || res.ExitCode != 124 || !strings.Contains(errOut, "nothing was run") {
-		t.Errorf("a queued call past its timeout: %+v %q %q, want timed out, 124", res, out, errOut)
-	}
-	os.WriteFile(dir+"/go", nil, 0o644)
-	first.Wait()
-	if _, err := os.Stat(dir + "/ran"); err == nil {
-		t.Error("the timed-out queued call ran")
-	}
-}
 
 // A command longer than one argument may be (128 KiB) runs, with every shell, and
 // keeps the session's state; it is not on the shell's command line.

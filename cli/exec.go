@@ -26,8 +26,8 @@ failed or was used wrongly, 126 not executable, 127 not found. SIGINT, SIGTERM a
 are forwarded to the command's process group; a second SIGINT kills its process tree.
 
 With --shell, COMMAND runs in shell mode (bash, else sh): the directory and exported
-variables it leaves are the session's starting point for its next --shell call, calls
-of one session run one at a time, and each stream is capped (head, a marker line with
+variables it leaves are the session's starting point for its next --shell call (calls
+of one session run side by side; the last to end records the state), and each stream is capped (head, a marker line with
 the exact count of bytes left out, tail; 50 KiB unless --max-output or the rule's
 max_output), the full stream kept in a file under the state dir.`,
 		Example: `  berth exec -- sh -c 'echo hello; exit 3'

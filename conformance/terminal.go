@@ -38,6 +38,7 @@ func terminalCases() []Case {
 		{Group: g, Name: "shell-state-persists", Requires: "Capabilities.Agent", Needs: needAgent, Run: caseShellStatePersists},
 		{Group: g, Name: "shell-survives-bad-calls", Requires: "Capabilities.Agent", Needs: needAgent, Run: caseShellSurvivesBadCalls},
 		{Group: g, Name: "shell-keys-parallel", Requires: "Capabilities.Agent", Needs: needAgent, Run: caseShellKeysParallel},
+		{Group: g, Name: "shell-calls-side-by-side", Requires: "Capabilities.Agent", Needs: needAgent, Run: caseShellCallsSideBySide},
 		{Group: g, Name: "shell-output-capped", Requires: "Capabilities.Agent, a registry", Needs: needAgent, Run: caseShellOutputCapped, registry: true},
 		{Group: g, Name: "shell-sessions-parallel", Requires: "Capabilities.Agent, a registry", Needs: needAgent, Run: caseShellSessionsParallel, registry: true},
 		{Group: g, Name: "job-lifecycle", Requires: "Capabilities.Agent", Needs: needAgent, Run: caseJobLifecycle},
@@ -345,6 +346,35 @@ func caseShellKeysParallel(t T, h *Harness) {
 	close(errs)
 	for e := range errs {
 		t.Error(e)
+	}
+}
+
+// Two shell calls of one key run side by side: the first waits for a file that only
+// the second makes (calls run one at a time would wait for each other until the
+// timeout). Each starts from the state recorded before either; the one that ends
+// last records the next call's, so the next call sees one call's export, never both.
+func caseShellCallsSideBySide(t T, h *Harness) {
+	sb := h.NewSandbox(t)
+	dir := "/tmp/berth-side-" + randHex(4)
+	h.shell(t, sb, "s", "mkdir -p "+dir+" && export BASE=1")
+	first := make(chan execOut, 1)
+	firstErr := make(chan error, 1)
+	go func() {
+		out, err := h.shellExec(t, sb, "s", `while [ ! -e `+dir+`/go ]; do sleep 0.02; done; echo "first ${BASE-} ${B-}"; export A=first`)
+		first <- out
+		firstErr <- err
+	}()
+	second := h.shell(t, sb, "s", `echo "second ${BASE-} ${A-}"; export B=second; touch `+dir+`/go`)
+	if second.ExitCode != 0 || second.Stdout != "second 1 \n" {
+		t.Errorf("the second call, while the first waits for it: %s, want \"second 1 \\n\" (the state from before either)", second.describe())
+	}
+	out, err := <-first, <-firstErr
+	if err != nil || out.ExitCode != 0 || out.Stdout != "first 1 \n" {
+		t.Fatalf("the first call: %v %s, want it to end once the second made its file, from the state before either", err, out.describe())
+	}
+	next := h.shell(t, sb, "s", `echo "${BASE-} ${A-}${B-}"`)
+	if next.Stdout != "1 first\n" && next.Stdout != "1 second\n" {
+		t.Errorf("the call after both: %s, want the state of the one that ended last (A=first or B=second, not both)", next.describe())
 	}
 }
 

@@ -56,7 +56,8 @@ type AgentClient interface {
 	Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecInput, ExecOutput], error)
 	// Shell runs one shell-mode call (protocol 3): as Exec, but the first input
 	// message must be shell, and the result carries the directory recorded for the
-	// session's next call. Calls of one session run one at a time, in arrival order.
+	// session's next call. Calls of one session run side by side: each starts from
+	// the state last recorded, and the call that ends last records the next one's.
 	Shell(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecInput, ExecOutput], error)
 	// Cancel kills the process tree of a running exec; its Exec stream then ends
 	// with a result that has canceled set. NOT_FOUND when the exec has finished.
@@ -245,7 +246,8 @@ type AgentServer interface {
 	Exec(grpc.BidiStreamingServer[ExecInput, ExecOutput]) error
 	// Shell runs one shell-mode call (protocol 3): as Exec, but the first input
 	// message must be shell, and the result carries the directory recorded for the
-	// session's next call. Calls of one session run one at a time, in arrival order.
+	// session's next call. Calls of one session run side by side: each starts from
+	// the state last recorded, and the call that ends last records the next one's.
 	Shell(grpc.BidiStreamingServer[ExecInput, ExecOutput]) error
 	// Cancel kills the process tree of a running exec; its Exec stream then ends
 	// with a result that has canceled set. NOT_FOUND when the exec has finished.

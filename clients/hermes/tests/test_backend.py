@@ -169,6 +169,27 @@ def test_timeout_keeps_partial_output(env):
     assert r["output"] == "[Command timed out after 5s]"  # no leading newline without output
 
 
+def test_calls_of_one_session_side_by_side(env):
+    """hermes runs read-only tools in parallel and sub-agents share a session
+    (tools/terminal_tool.py at hermes-agent 027fc66 keys both to one environment):
+    calls of one session run side by side. The first waits for a file only the
+    second makes; one call at a time, it would time out (124) with nothing run."""
+    d = "/tmp/bh-side-%s" % uuid.uuid4().hex[:8]
+    env.execute("mkdir -p %s" % d)
+    got = {}
+
+    def first():
+        got["first"] = env.execute("while [ ! -e %s/go ]; do sleep 0.02; done; echo first" % d, timeout=120)
+
+    t = threading.Thread(target=first)
+    t.start()
+    r = env.execute("touch %s/go; echo second" % d, timeout=120)
+    t.join()
+    assert r["returncode"] == 0 and r["output"] == "second\n", r
+    assert got["first"]["returncode"] == 0 and got["first"]["output"] == "first\n", got["first"]
+    env.execute("rm -rf %s" % d)
+
+
 def test_detached_children_outlive_the_call(env):
     tag = str(600000 + uuid.uuid4().int % 99999)
     # A child holding stdout (hermes #8340 hung on this) and one fully detached.

@@ -421,8 +421,9 @@ class Session:
         check: bool = False,
     ) -> ExecResult:
         """Run ``command`` in berth's shell mode: ``cd`` and ``export`` carry over to the
-        session's next shell call (docs/agents.md). Calls of one session run one at
-        a time, in order.
+        session's next shell call (with bash, functions and aliases too;
+        docs/agents.md). Calls of one session run side by side, each from the state
+        last recorded; the one that ends last records the next call's.
 
         Output is bounded: each stream is capped at the session's ``max_output``
         (50 KiB unless the rule or ``max_output`` says otherwise); a stream that fits
