@@ -201,3 +201,63 @@ def session(client, backend, request):
         s.remove()
     except berth.Error:
         pass
+
+
+# A command whose tree is a shell and its child: it writes their pids (in the
+# sandbox) to the file {f}, prints "ready" and waits.
+TREE = "rm -f {f}; sleep 600 & echo $$ $! > {f}.tmp && mv {f}.tmp {f}; echo ready; wait"
+
+
+def _tcp_daemon(bins, root, tls):
+    """A berth serve on 127.0.0.1 with a bearer token (local driver only), over TLS
+    with a self-signed certificate for 127.0.0.1 when tls."""
+    tok = os.path.join(root, "token")
+    with open(tok, "w") as f:
+        f.write(os.urandom(24).hex() + "\n")
+    os.chmod(tok, 0o600)
+    import socket as so
+
+    s = so.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    args = ["--listen", "tcp://127.0.0.1:%d" % port, "--token-file", tok]
+    scheme = "http"
+    if tls:
+        cert, key = os.path.join(root, "cert.pem"), os.path.join(root, "key.pem")
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-out", cert,
+             "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        args += ["--tls-cert", cert, "--tls-key", key]
+        scheme = "https"
+    d = Daemon(bins, root, 'scope "*" {\n  driver = "local"\n}\n', args)
+    d.url = "%s://127.0.0.1:%d" % (scheme, port)
+    if tls:
+        d.env["BERTH_TLS_CA"] = cert
+        os.environ["BERTH_TLS_CA"] = cert
+    d.client = lambda **kw: berth.Client(d.url, tok, **kw)  # type: ignore[assignment]
+    try:
+        d.start()
+    finally:
+        os.environ.pop("BERTH_TLS_CA", None)
+    d.port, d.token = port, tok
+    return d
+
+
+@pytest.fixture(scope="module")
+def tcp_daemon(bins, tmp_path_factory):
+    d = _tcp_daemon(bins, str(tmp_path_factory.mktemp("tcp")), False)
+    yield d
+    try:
+        d.remove_sessions()
+    finally:
+        d.stop()
+
+
+@pytest.fixture(scope="module")
+def tls_daemon(bins, tmp_path_factory):
+    d = _tcp_daemon(bins, str(tmp_path_factory.mktemp("tls")), True)
+    yield d
+    d.stop()  # test_tls removes its session

@@ -10,10 +10,22 @@ v1 (docs/api.md)::
     s.shell("cd /tmp")
     print(s.shell("pwd").stdout)      # /tmp
 
+For asyncio code, :class:`AsyncClient` has the same calls as coroutines, each
+call in flight on its own connection; cancelling a task cancels its remote
+command::
+
+    async with berth.AsyncClient() as c:
+        s = c.session("chat:1")
+        r = await s.exec(["make", "test"], timeout=300)
+        async with s.stream(["sh", "-c", "echo a; echo b >&2"]) as st:
+            async for ev in st:
+                print(ev.kind, ev.data)
+
 See docs/python.md for the guide.
 """
 
 from .client import DEFAULT_MAX_OUTPUT, Client, Jobs, Session, Stream
+from .aio import AsyncClient, AsyncSession, AsyncStream
 from . import errors
 from .errors import *  # noqa: F401,F403 — one class per error kind, and KINDS
 from .results import DriverInfo, Event, ExecResult, Job, JobLogs, LogEvent, Output, PoolMember, SessionInfo, Status, WarmPool
@@ -25,6 +37,9 @@ __all__ = [
     "Session",
     "Jobs",
     "Stream",
+    "AsyncClient",
+    "AsyncSession",
+    "AsyncStream",
     "DEFAULT_MAX_OUTPUT",
     "ExecResult",
     "Event",

@@ -6,7 +6,7 @@ import json
 import math
 import os
 import urllib.parse
-from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _tar, errors
 from ._exec import ExecCall, Stdin
@@ -95,6 +95,122 @@ def _quote(name: str) -> str:
     return q.replace(".", "%2E") if q in (".", "..") else q
 
 
+def _check_owner(name: str, owner: Optional[str]) -> None:
+    """A session name checked as :meth:`Client.session` does; ``owner`` must be None."""
+    _quote(name)
+    if owner is not None:
+        raise errors.Unsupported(
+            "session %r: owner=%r: berth serve's API v1 has no per-session owner (the owner is the daemon's installation id); leave owner unset"
+            % (name, owner),
+            session=name,
+        )
+
+
+def _exec_request(
+    session: str,
+    argv: Optional[Sequence[str]],
+    shell: Optional[str],
+    timeout: Optional[float],
+    env: Optional[Mapping[str, Any]],
+    cwd: Optional[str],
+    max_output: Optional[int],
+    user: Optional[str],
+    recreate: bool,
+) -> Tuple[Dict[str, Any], Optional[float]]:
+    """The ExecRequest (the streamed body's first line) of a plain exec (argv) or a
+    shell-mode call (shell), checked; and how long to wait for its answer (None: no
+    bound). Raises :class:`berth.Invalid` naming the bad argument."""
+    req: Dict[str, Any] = {}
+    if (argv is None) == (shell is None):
+        raise errors.Invalid("give either argv (a plain exec, e.g. [\"make\", \"test\"]) or shell (a shell-mode command string), not both or neither", session=session)
+    if argv is not None:
+        if isinstance(argv, (str, bytes)) or not all(isinstance(a, str) for a in argv):
+            raise errors.Invalid("argv %r: want a list of str, e.g. [\"sh\", \"-c\", \"echo hi\"] (or shell=\"...\")" % (argv,), session=session)
+        if not argv:
+            raise errors.Invalid("argv: empty; give the program and its arguments", session=session)
+        req["argv"] = list(argv)
+    else:
+        if not isinstance(shell, str):
+            raise errors.Invalid("shell command %r: want a str" % (shell,), session=session)
+        req["command"] = shell
+    t = _duration(timeout, session=session)
+    if t:
+        req["timeout"] = t
+    e = _env(env)
+    if e:
+        req["env"] = e
+    if cwd:
+        req["cwd"] = str(cwd)
+    if user:
+        req["user"] = user
+    if max_output is not None:
+        if isinstance(max_output, bool) or not isinstance(max_output, int) or max_output < 0:
+            raise errors.Invalid("max_output %r: want a number of bytes, 0 or more, or None" % (max_output,), session=session)
+        req["max_output"] = max_output
+    if recreate:
+        req["recreate"] = True
+    read_timeout = None if timeout is None else timeout + _ANSWER_SLACK
+    return req, read_timeout
+
+
+def _event(raw: Dict[str, Any]) -> Event:
+    """The :class:`berth.Event` of one event of a streamed exec's answer (``result``
+    is the ``"exit"`` event)."""
+    kind = raw.get("event", "")
+    if kind in ("stdout", "stderr"):
+        return Event(kind, base64.b64decode(raw.get("data") or ""), raw=raw)
+    if kind == "result":
+        return Event("exit", result=ExecResult(raw.get("result") or {}), raw=raw)
+    return Event(kind, raw=raw)
+
+
+class _Collector:
+    """The output of an exec (every byte, the daemon capping at max_output) or of a
+    shell-mode call (exact while a stream stays within _SHELL_EXACT; the result's
+    capped text otherwise), gathered from a stream's events."""
+
+    def __init__(self, shell: bool) -> None:
+        self.shell = shell
+        self.keep = {"stdout": bytearray(), "stderr": bytearray()}
+        self.over = {"stdout": False, "stderr": False}
+
+    def add(self, ev: Event) -> None:
+        b = self.keep.get(ev.kind)
+        if b is None:
+            return
+        if not self.shell:
+            b += ev.data
+        elif len(b) + len(ev.data) > _SHELL_EXACT:
+            self.over[ev.kind] = True
+        elif not self.over[ev.kind]:
+            b += ev.data
+
+    def result(self, final: Optional[ExecResult]) -> ExecResult:
+        """The call's result: the exit event's, with the output."""
+        assert final is not None
+        raw = final.raw
+        out, err = bytes(self.keep["stdout"]), bytes(self.keep["stderr"])
+        if self.shell:
+            if self.over["stdout"] or raw.get("stdout_truncated_bytes"):
+                out = raw.get("stdout", "").encode()
+            if self.over["stderr"] or raw.get("stderr_truncated_bytes"):
+                err = raw.get("stderr", "").encode()
+        return ExecResult(raw, out, err)
+
+
+def _json_answer(where: str, method: str, path: str, status: int, answer: bytes, expect: Sequence[int]) -> Any:
+    """A call's decoded JSON answer (None for an empty one); the berth error of an
+    answer whose status is not in expect."""
+    if status not in expect:
+        raise errors.from_answer(status, answer)
+    if not answer.strip():
+        return None
+    try:
+        return json.loads(answer)
+    except ValueError:
+        raise errors.Internal("berth serve at %s answered %s %s with no JSON: %r" % (where, method, path, answer[:200])) from None
+
+
 class Client:
     """A client of a running ``berth serve``; thread-safe (share one among threads).
 
@@ -170,14 +286,7 @@ class Client:
             h["Content-Type"] = "application/json"
         t = self.timeout if timeout == -1.0 else timeout
         status, _, answer = simple_request(self._pool, method, path, data, h, t)
-        if status not in expect:
-            raise errors.from_answer(status, answer)
-        if not answer.strip():
-            return None
-        try:
-            return json.loads(answer)
-        except ValueError:
-            raise errors.Internal("berth serve at %s answered %s %s with no JSON: %r" % (self.where, method, path, answer[:200])) from None
+        return _json_answer(self.where, method, path, status, answer, expect)
 
     def _get_bytes(self, path: str) -> bytes:
         status, _, answer = simple_request(self._pool, "GET", path, None, None, self.timeout)
@@ -197,13 +306,7 @@ class Client:
         owner is the installation's id, the daemon's own), so any value but None
         is :class:`berth.Unsupported`.
         """
-        _quote(name)
-        if owner is not None:
-            raise errors.Unsupported(
-                "session %r: owner=%r: berth serve's API v1 has no per-session owner (the owner is the daemon's installation id); leave owner unset"
-                % (name, owner),
-                session=name,
-            )
+        _check_owner(name, owner)
         return Session(self, name)
 
     def sessions(self) -> List[SessionInfo]:
@@ -268,15 +371,10 @@ class Stream:
         return self
 
     def __next__(self) -> Event:
-        raw = next(self._it)
-        kind = raw.get("event", "")
-        if kind in ("stdout", "stderr"):
-            return Event(kind, base64.b64decode(raw.get("data") or ""), raw=raw)
-        if kind == "result":
-            res = raw.get("result") or {}
-            self.result = ExecResult(res)
-            return Event("exit", result=self.result, raw=raw)
-        return Event(kind, raw=raw)
+        ev = _event(next(self._it))
+        if ev.kind == "exit":
+            self.result = ev.result
+        return ev
 
     def close(self) -> None:
         """Stop reading; a command still running is cancelled (its tree killed)."""
@@ -321,38 +419,9 @@ class Session:
 
     def _call(self, argv: Optional[Sequence[str]], shell: Optional[str], timeout: Optional[float], env: Optional[Mapping[str, Any]],
               cwd: Optional[str], stdin: Stdin, max_output: Optional[int], user: Optional[str], recreate: bool) -> Stream:
-        req: Dict[str, Any] = {}
-        if (argv is None) == (shell is None):
-            raise errors.Invalid("give either argv (a plain exec, e.g. [\"make\", \"test\"]) or shell (a shell-mode command string), not both or neither", session=self.name)
-        if argv is not None:
-            if isinstance(argv, (str, bytes)) or not all(isinstance(a, str) for a in argv):
-                raise errors.Invalid("argv %r: want a list of str, e.g. [\"sh\", \"-c\", \"echo hi\"] (or shell=\"...\")" % (argv,), session=self.name)
-            if not argv:
-                raise errors.Invalid("argv: empty; give the program and its arguments", session=self.name)
-            req["argv"] = list(argv)
-        else:
-            if not isinstance(shell, str):
-                raise errors.Invalid("shell command %r: want a str" % (shell,), session=self.name)
-            req["command"] = shell
-        t = _duration(timeout, session=self.name)
-        if t:
-            req["timeout"] = t
-        e = _env(env)
-        if e:
-            req["env"] = e
-        if cwd:
-            req["cwd"] = str(cwd)
-        if user:
-            req["user"] = user
-        if max_output is not None:
-            if isinstance(max_output, bool) or not isinstance(max_output, int) or max_output < 0:
-                raise errors.Invalid("max_output %r: want a number of bytes, 0 or more, or None" % (max_output,), session=self.name)
-            req["max_output"] = max_output
-        if recreate:
-            req["recreate"] = True
+        req, read_timeout = _exec_request(self.name, argv, shell, timeout, env, cwd, max_output, user, recreate)
         if stdin is not None and not isinstance(stdin, (bytes, bytearray, memoryview, str)) and not hasattr(stdin, "read"):
             raise errors.Invalid("stdin %r: want bytes, str or a binary file object" % (type(stdin).__name__,), session=self.name)
-        read_timeout = None if timeout is None else timeout + _ANSWER_SLACK
         return Stream(ExecCall(self.client._pool, self._path + "/exec", req, stdin, read_timeout), shell is not None)
 
     def exec(
@@ -393,18 +462,14 @@ class Session:
         KeyboardInterrupt (or any exception) in the calling thread cancels the
         command, waits until its process tree is gone, and propagates.
         """
-        out, err = bytearray(), bytearray()
+        out = _Collector(shell=False)
         st = self._call(argv, None, timeout, env, cwd, stdin, max_output, user, recreate)
         try:
             for ev in st:
-                if ev.kind == "stdout":
-                    out += ev.data
-                elif ev.kind == "stderr":
-                    err += ev.data
+                out.add(ev)
         finally:
             st.close()
-        assert st.result is not None
-        res = ExecResult(st.result.raw, bytes(out), bytes(err))
+        res = out.result(st.result)
         if check and not res.ok:
             raise errors.CommandFailed(res, list(argv), self.name)
         return res
@@ -432,24 +497,14 @@ class Session:
         where the next call starts. Timeout, env, stdin, ``check`` and interrupts
         as for :meth:`exec`; a timed-out or cancelled call records no state.
         """
-        keep = {"stdout": bytearray(), "stderr": bytearray()}
-        over = {"stdout": False, "stderr": False}
+        out = _Collector(shell=True)
         st = self._call(None, command, timeout, env, cwd, stdin, max_output, None, False)
         try:
             for ev in st:
-                if ev.kind in keep:
-                    b = keep[ev.kind]
-                    if len(b) + len(ev.data) > _SHELL_EXACT:
-                        over[ev.kind] = True
-                    elif not over[ev.kind]:
-                        b += ev.data
+                out.add(ev)
         finally:
             st.close()
-        assert st.result is not None
-        raw = st.result.raw
-        out = bytes(keep["stdout"]) if not over["stdout"] and not raw.get("stdout_truncated_bytes") else raw.get("stdout", "").encode()
-        err = bytes(keep["stderr"]) if not over["stderr"] and not raw.get("stderr_truncated_bytes") else raw.get("stderr", "").encode()
-        res = ExecResult(raw, out, err)
+        res = out.result(st.result)
         if check and not res.ok:
             raise errors.CommandFailed(res, command, self.name)
         return res
