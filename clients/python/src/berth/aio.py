@@ -962,7 +962,9 @@ class AsyncSession:
         check: bool = False,
     ) -> ExecResult:
         """Run ``command`` in berth's shell mode: ``cd`` and ``export`` carry over to the
-        session's next shell call; calls of one session run one at a time, in order.
+        session's next shell call (with bash, functions and aliases too); calls of one
+        session run side by side, each from the state last recorded, the last to end
+        recording the next call's (docs/agents.md).
 
         Output is bounded as :meth:`berth.Session.shell`'s: each stream is capped at
         the session's ``max_output`` (50 KiB unless the rule or ``max_output`` says
