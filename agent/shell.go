@@ -25,11 +25,20 @@ import (
 //
 //	SHELL -c shellWrapper berth-shell STATEFILE REPORTFILE COMMAND
 //
+// (berth-shell-login for the session's first call, when nothing is recorded yet: the
+// wrapper then first sources the login profile as a login shell would, /etc/profile
+// and then ~/.bash_profile, ~/.bash_login or ~/.profile with bash, ~/.profile with sh,
+// their output discarded and stdin empty, and goes back to the call's directory; what
+// the profile sets is recorded with the call's state, as hermes-agent's login-shell
+// snapshot does, and later calls restore it instead of reading the profile again.)
+//
 // STATEFILE and REPORTFILE are files that only the agent and the exec's user can
 // reach (random names in a directory others cannot list). STATEFILE holds the
 // restore script: the `export -p` text that the session's last recorded call left
 // (with bash, its `alias -p` and `declare -f` text too: aliases and functions carry
-// over; sh has no way to print its functions), plus the call's own variables. REPORTFILE is empty. The process starts in the directory
+// over, but for names that start with one underscore, private helpers such as
+// bash-completion's, left out as hermes-agent's snapshot leaves them; sh has no way to
+// print its functions), plus the call's own variables. REPORTFILE is empty. The process starts in the directory
 // that call left. The wrapper sources STATEFILE, sets an EXIT trap that appends the
 // new state to REPORTFILE, and evaluates COMMAND; the agent reads REPORTFILE once the
 // shell has exited and deletes both. The report leaves out the call's kill marker
@@ -58,10 +67,24 @@ const maxArgCommand = 32 << 10
 // maxShellState caps a state report, in bytes; a larger one is not recorded.
 const maxShellState = 4 << 20
 
-const shellWrapper = `__berth_report=$2
+const shellWrapper = `__berth_state=$1
+__berth_report=$2
 __berth_pwd=$PWD
 __berth_cmd=$3
-. "$1" >/dev/null 2>&1
+if [ "$0" = berth-shell-login ]; then
+  {
+    [ -r /etc/profile ] && . /etc/profile
+    if [ -n "${BASH_VERSION-}" ]; then
+      for __berth_p in "$HOME/.bash_profile" "$HOME/.bash_login" "$HOME/.profile"; do
+        if [ -r "$__berth_p" ]; then . "$__berth_p"; break; fi
+      done
+    elif [ -r "$HOME/.profile" ]; then
+      . "$HOME/.profile"
+    fi
+  } >/dev/null 2>&1 </dev/null
+  cd -- "$__berth_pwd" 2>/dev/null
+fi
+. "$__berth_state" >/dev/null 2>&1
 PWD=$__berth_pwd
 shift 3
 __berth_save() {
@@ -74,7 +97,7 @@ __berth_save() {
     if [ -n "${BASH_VERSION-}" ]; then
       alias -p
       for __berth_n in $(compgen -A function); do
-        [ "$__berth_n" = __berth_save ] || declare -f "$__berth_n"
+        case $__berth_n in __berth_*|_[!_]*) ;; *) declare -f "$__berth_n" ;; esac
       done
     fi
     printf '\n#berth-shell-end\n'
@@ -419,7 +442,13 @@ func (s *server) shellStart(sh *agentpb.ShellStart, state shellState) (*agentpb.
 	rand.Read(rnd[:])
 	base := filepath.Join(dir, hex.EncodeToString(rnd[:]))
 	sf := &shellFile{path: base, report: base + ".report", restore: restore.String()}
-	out.Argv = []string{shell, "-c", shellWrapper, "berth-shell", sf.path, sf.report, command}
+	name := "berth-shell"
+	if state == (shellState{}) {
+		// The session's first call (nothing recorded yet): the wrapper reads the
+		// login profile first, as a login shell would.
+		name = "berth-shell-login"
+	}
+	out.Argv = []string{shell, "-c", shellWrapper, name, sf.path, sf.report, command}
 	return out, sf, nil
 }
 

@@ -414,6 +414,42 @@ func TestShellModeSideBySide(t *testing.T) {
 	}
 }
 
+// TestShellModeLoginProfile: a session's first shell call reads the login profile
+// (~/.profile here; output discarded), as a login shell and hermes-agent's snapshot
+// do, and records what it set; the call's own variables win over it, the call stays
+// in its directory whatever the profile does, and later calls restore the recorded
+// state instead of reading the profile again.
+func TestShellModeLoginProfile(t *testing.T) {
+	for name, path := range shellPaths(t) {
+		t.Run(name, func(t *testing.T) {
+			a := startAgent(t)
+			home, work := t.TempDir(), t.TempDir()
+			profile := filepath.Join(home, ".profile")
+			if err := os.WriteFile(profile, []byte("export FROM_PROFILE=yes CALL_WINS=profile\necho profile-noise\ncd /\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			env := []string{"HOME=" + home, "CALL_WINS=call"}
+			if path != "" {
+				env = append(env, "PATH="+path)
+			}
+			out, errOut, res := shellRun(t, a.c, ShellRequest{Session: "p", Command: `echo "$FROM_PROFILE $CALL_WINS"; pwd`, Env: env, Dir: work})
+			if out != "yes call\n"+work+"\n" || strings.Contains(errOut, "noise") || res.ExitCode != 0 {
+				t.Fatalf("the first call: %q %q %+v, want the profile's variable, the call's over it, in %s, no profile output", out, errOut, res, work)
+			}
+			if err := os.WriteFile(profile, []byte("export FROM_PROFILE=again\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var pathEnv []string
+			if path != "" {
+				pathEnv = []string{"PATH=" + path}
+			}
+			if out, _, _ := shellRun(t, a.c, ShellRequest{Session: "p", Command: `echo "$FROM_PROFILE"`, Env: pathEnv}); out != "yes\n" {
+				t.Errorf("the second call: %q, want the recorded yes (the profile is read once)", out)
+			}
+		})
+	}
+}
+
 // TestShellModeFunctionsAndAliases: with bash, shell functions and aliases carry over
 // to the session's next call, as exports do.
 func TestShellModeFunctionsAndAliases(t *testing.T) {
