@@ -196,16 +196,6 @@ func parseListen(s, stateDir string) (listenAddr, error) {
 	return listenAddr{}, execrun.Usage("--listen %q: unknown scheme; use unix:///PATH or tcp://HOST:PORT", s)
 }
 
-// loopback reports whether a tcp listen address is a loopback IP literal.
-func loopback(hostport string) bool {
-	host, _, err := net.SplitHostPort(hostport)
-	if err != nil {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
 // readToken reads a bearer token file: owner-only, at least minTokenBytes after
 // trimming white space; what names where the path came from in errors
 // (--token-file, BERTH_TOKEN_FILE).
@@ -395,7 +385,7 @@ func runServe(g *globals, f *serveFlags) error {
 		reg.Close()
 		return execrun.Usage("--tls-cert and --tls-key are for a tcp:// listener; a unix socket is protected by its mode (0600)")
 	}
-	if addr.network == "tcp" && f.tlsCert == "" && !loopback(addr.addr) {
+	if addr.network == "tcp" && f.tlsCert == "" && !client.Loopback(addr.addr) {
 		reg.Close()
 		return execrun.Usage("--listen %s: a non-loopback address needs TLS: give --tls-cert and --tls-key (or listen on 127.0.0.1)", f.listen)
 	}

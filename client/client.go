@@ -142,7 +142,7 @@ func New(address string, opts ...Opt) (*Client, error) {
 	if u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
 		return nil, backend.Errorf(backend.ErrInvalid, "address %q: want %s://HOST:PORT, nothing after the port", address, u.Scheme)
 	}
-	if u.Scheme == "http" && !loopback(u.Host) {
+	if u.Scheme == "http" && !Loopback(u.Host) {
 		return nil, backend.Errorf(backend.ErrInvalid, "address %q: plain http only to a loopback IP (127.0.0.1, ::1): the token would cross the network in clear; use https://", address)
 	}
 	var dl net.Dialer
@@ -157,9 +157,12 @@ func New(address string, opts ...Opt) (*Client, error) {
 	return &Client{where: base, base: base, token: o.token, http: &http.Client{Transport: tr, CheckRedirect: noRedirect}}, nil
 }
 
-// loopback reports whether hostport's host is a loopback IP (a name is not: it
-// could resolve anywhere).
-func loopback(hostport string) bool {
+// Loopback reports whether hostport's host ("HOST:PORT", "[V6]:PORT", or a host
+// without a port) is a loopback IP (127.0.0.0/8, ::1). A name is not, "localhost"
+// included: it could resolve anywhere. It is the rule for plain http, on both ends:
+// New refuses an http:// address that is not loopback, and berth serve refuses to
+// listen on one without TLS.
+func Loopback(hostport string) bool {
 	h, _, err := net.SplitHostPort(hostport)
 	if err != nil {
 		h = hostport

@@ -299,3 +299,16 @@ func hasSession(rows []apiv1.Session, name string) bool {
 	}
 	return false
 }
+
+// TestLoopback: only loopback IP literals, with or without a port, are loopback; a
+// name (localhost included) and any other address are not.
+func TestLoopback(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1:7878": true, "127.1.2.3:1": true, "[::1]:7878": true, "127.0.0.1": true, "[::1]": true, "::1": true,
+		"localhost:7878": false, "10.0.0.1:7878": false, "[::2]:1": false, "example.com": false, "": false,
+	} {
+		if got := client.Loopback(addr); got != want {
+			t.Errorf("Loopback(%q) = %v, want %v", addr, got, want)
+		}
+	}
+}
