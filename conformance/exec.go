@@ -386,7 +386,7 @@ func (h *Harness) startBackground(t T, sb string) string {
 		t.Fatalf("starting a background sleep: err %v, %s", err, out.describe())
 	}
 	// The sleep may still be between fork and exec when "started" arrives.
-	if !testwait.For(t.Context(), 0, func() bool { return len(liveOnly(h.marked(t, sb, mark))) > 0 }) {
+	if len(h.markedAlive(t, sb, mark)) == 0 {
 		t.Fatalf("the background sleep is not running after its exec returned (or the sandbox's /proc does not show it)")
 	}
 	return mark
