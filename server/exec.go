@@ -123,7 +123,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			s.writeError(w, r, err, name)
 			if br != nil {
-				discardInput(br, s.maxBody).finish(w, r, s.bodyTimeout, s.callsCtx.Done())
+				discardInput(br, s.maxBody).finish(w, r, s.bodyTimeout, s.shutting)
 			}
 			return
 		}
@@ -139,7 +139,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		s.writeError(w, r, err, name)
 		if rest != nil {
-			discardInput(rest, s.maxBody).finish(w, r, s.bodyTimeout, s.callsCtx.Done())
+			discardInput(rest, s.maxBody).finish(w, r, s.bodyTimeout, s.shutting)
 		}
 		return
 	}
@@ -153,7 +153,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	if rest != nil {
 		in = newInput(rest, s.maxBody, reg.StateDir(), cancel)
 		// Last, once the answer is written (every return below).
-		defer in.finish(w, r, s.bodyTimeout, s.callsCtx.Done())
+		defer in.finish(w, r, s.bodyTimeout, s.shutting)
 	}
 	c.in = in
 	recreated := false

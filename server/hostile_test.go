@@ -234,6 +234,48 @@ func TestStreamedBodyLeftOpenIsCut(t *testing.T) {
 	dialRaw(t, sock).plainExec("h2", "a cut body (on a new connection)")
 }
 
+// Shutdown does not wait for the request body of an answer already written: with a
+// body timeout far past the shutdown's grace, a streamed exec whose client keeps its
+// body open after the result does not hold Shutdown until its grace runs out (it
+// returns nil, not the grace's error). It did: every berth serve stop in the tests
+// waited out such a body.
+func TestShutdownCutsOpenBodies(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	reg, err := registry.Open(ctx, nil, registry.WithStateDir(dir),
+		registry.WithDriver(local.Name, func() backend.TerminalBackend { return local.New() }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(reg, WithBodyTimeout(time.Hour))
+	sock := filepath.Join(dir, "berth.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	rc := dialRaw(t, sock)
+	rc.streamedHeader("h7")
+	rc.chunk(`{"argv":["echo","done"]}` + "\n" + `{"event":"eof"}` + "\n")
+	resp := rc.response("a body left open")
+	br := bufio.NewReader(resp.Body)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("the answer ended before its result: %v", err)
+		}
+		if strings.Contains(line, `"event":"result"`) {
+			break
+		}
+	}
+	reg.RemoveSession(ctx, "h7")
+	sctx, cancel := context.WithTimeout(ctx, testwait.Limit)
+	defer cancel()
+	if err := s.Shutdown(sctx); err != nil {
+		t.Errorf("Shutdown with an answered call's body still open: %v, want nil (the body is cut at once)", err)
+	}
+}
+
 // A body whose end arrives as the server's wait for it runs out (a client that
 // sends it once it has read the result, with waits around that round trip): the
 // connection either serves the next request or is closed before it, never

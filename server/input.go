@@ -255,8 +255,8 @@ const bodyEndWait = time.Second
 // finish is called once the answer's last event is written: stdin still to come is
 // dropped, and the answer ends when the request body has ended (at once for a
 // client that sent its whole body first), within grace (the server's body timeout)
-// or until stop (the server's calls are cancelled at the end of its shutdown
-// grace). A client that reads while it writes ends its body when it reads the
+// or until stop (the server's shutdown starts: the answer is whole, and the
+// connection's end need not wait). A client that reads while it writes ends its body when it reads the
 // result; ending the answer first would make Go's HTTP/1 transport hold the
 // result's bytes for 50 ms (maxWriteWaitBeforeConnReuse, when the body is still
 // being written at the answer's end). The grace is long on purpose: a client on a

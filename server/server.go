@@ -134,8 +134,11 @@ type Server struct {
 	mu      sync.Mutex
 	cur     *regRef
 	closing bool
-	calls   int           // handlers running
-	idle    chan struct{} // closed when calls drops to 0 while closing
+	// shutting is closed when Shutdown starts: answers already written stop
+	// waiting for their request bodies' end (input.finish).
+	shutting chan struct{}
+	calls    int           // handlers running
+	idle     chan struct{} // closed when calls drops to 0 while closing
 }
 
 // regRef is a registry and the calls that use it; a registry that Reload replaced
@@ -165,6 +168,7 @@ func New(reg *registry.Registry, opts ...Option) *Server {
 		maxBody:     DefaultMaxRequestBody,
 		bodyTimeout: apiv1.DefaultBodyTimeout,
 		cur:         newRef(reg),
+		shutting:    make(chan struct{}),
 	}
 	for _, o := range opts {
 		o(s)
@@ -281,6 +285,9 @@ func (s *Server) InFlight() int {
 // to adopt. It returns ctx's error when the grace ran out, else nil.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
+	if !s.closing {
+		close(s.shutting)
+	}
 	s.closing = true
 	idle := make(chan struct{})
 	if s.calls == 0 {

@@ -1,6 +1,9 @@
 """Benchmark: the berth hermes backend's execute("true") in a warm docker session
 vs ``docker exec C true`` on a plain container, from the same Python process,
-interleaved round by round; prints p50/p95 of each (ms) and their ratio.
+interleaved round by round; prints p50/p95 of each (ms) and their ratio. Then, in
+the same session, the wall time of --parallel calls of ``--parallel-command`` made at
+once from as many threads (hermes's parallel tools, sub-agents sharing a session)
+against one such call alone, interleaved, and their ratio.
 
     source /tmp/runtimes.env          # DOCKER_HOST
     berth serve &                     # with a config whose hermes:* rule is docker
@@ -17,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,6 +43,8 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=0.0,
                     help="seconds to pause, untimed, before each measured call (e.g. 0.05): docker exec's "
                     "own clean-up goes on after it returns and otherwise lands in the next call's time")
+    ap.add_argument("--parallel", type=int, default=8, help="calls made at once on the one session (0: skip)")
+    ap.add_argument("--parallel-command", default="sleep 0.5", help="what each of those calls runs")
     a = ap.parse_args()
     if a.rounds < 30:
         sys.exit("--rounds: at least 30")
@@ -59,6 +65,21 @@ def main() -> None:
             t = time.perf_counter()
             subprocess.run(["docker", "exec", name, "true"], check=True)
             docker_ms.append((time.perf_counter() - t) * 1000)
+        one_ms, many_ms = [], []
+        for _ in range(a.rounds if a.parallel > 0 else 0):
+            t = time.perf_counter()
+            r = env.execute(a.parallel_command)
+            one_ms.append((time.perf_counter() - t) * 1000)
+            assert r["returncode"] == 0, r
+            results = []
+            threads = [threading.Thread(target=lambda: results.append(env.execute(a.parallel_command))) for _ in range(a.parallel)]
+            t = time.perf_counter()
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            many_ms.append((time.perf_counter() - t) * 1000)
+            assert len(results) == a.parallel and all(x["returncode"] == 0 for x in results), results
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
     load = os.getloadavg()
@@ -66,6 +87,11 @@ def main() -> None:
     for label, xs in (("berth hermes execute(\"true\")", berth_ms), ("docker exec C true", docker_ms)):
         print("%-30s p50 %7.2f ms  p95 %7.2f ms  mean %7.2f ms" % (label, pct(xs, 50), pct(xs, 95), statistics.mean(xs)))
     print("ratio berth/docker: p50 %.3f  p95 %.3f" % (pct(berth_ms, 50) / pct(docker_ms, 50), pct(berth_ms, 95) / pct(docker_ms, 95)))
+    if one_ms:
+        label = "%r" % a.parallel_command
+        print("%-30s p50 %7.2f ms  p95 %7.2f ms  (one call)" % (label, pct(one_ms, 50), pct(one_ms, 95)))
+        print("%-30s p50 %7.2f ms  p95 %7.2f ms  (%d at once, wall)" % (label, pct(many_ms, 50), pct(many_ms, 95), a.parallel))
+        print("ratio %d at once / one: p50 %.3f  p95 %.3f" % (a.parallel, pct(many_ms, 50) / pct(one_ms, 50), pct(many_ms, 95) / pct(one_ms, 95)))
 
 
 if __name__ == "__main__":
