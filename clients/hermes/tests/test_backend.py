@@ -132,17 +132,25 @@ def test_host_session_starts_in_project_dir(provider, task_id, backend, tmp_path
     container and rewrites host paths: tools/terminal_tool_config.py
     ``_is_unusable_container_cwd``, hermes-agent 0a6ef40), e.g. /root. A session
     that berth's config runs on the host starts in hermes's terminal.cwd, the
-    user's project directory, instead; a container session keeps hermes's cwd."""
+    user's project directory, instead; a container session keeps hermes's cwd.
+
+    hermes's terminal tool passes that default as the call's cwd too, whenever it
+    has no usable record of the session's cwd (on the first call, and after any
+    host path, which it discards: test_replay.py's test_turn): on the host that
+    default means where the session is, never root's home."""
     project = tmp_path / "project"
-    project.mkdir()
+    (project / "sub").mkdir(parents=True)
     monkeypatch.setenv("TERMINAL_CWD", str(project))  # hermes exports terminal.cwd so
     env = provider.create_environment(cwd="/root", timeout=30, task_id=task_id)
     try:
-        got = env.execute("pwd")["output"].strip()
+        got = env.execute("pwd", cwd="/root")["output"].strip()
         if backend == "local":
             assert got == str(project)
+            assert env.execute("cd sub", cwd="/root")["returncode"] == 0
+            assert env.execute("pwd", cwd="/root")["output"] == str(project / "sub") + "\n"
+            assert env.execute("pwd", cwd="/tmp")["output"] == "/tmp\n"  # any other cwd is hermes's own
         else:
-            assert got != str(project)  # hermes's /root (or 126 where the image has none)
+            assert got == "/root"  # hermes's container default
     finally:
         env.session.remove()
 
