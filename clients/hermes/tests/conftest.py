@@ -1,7 +1,7 @@
 """Fixtures: a real ``berth serve`` (built from this checkout) with a config that
 puts ``local:*`` sessions on the local driver and every other session in its own
-docker sandbox of berth's busybox test image, and hermes-agent's own modules
-loaded from a copy outside the project (see hermes_ref.py)."""
+docker sandbox of berth's busybox test image. hermes-agent itself is not loaded:
+test_replay.py makes the calls hermes makes on the plugin."""
 
 import json
 import os
@@ -17,10 +17,6 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 sys.path[:0] = [os.path.join(ROOT, "clients", "hermes", "src"), os.path.join(ROOT, "clients", "python", "src")]
-
-import hermes_ref  # noqa: E402  (loads hermes-agent's modules before berth_hermes looks for them)
-
-HERMES = hermes_ref.load()
 
 TEST_IMAGE = "berth-test/busybox:1"  # internal/testsupport/testimage.Ref
 
@@ -40,6 +36,18 @@ scope "*" {
   }
 }
 """ % TEST_IMAGE
+
+
+def wait_until(what: str, cond, limit: float = 120.0) -> None:
+    """Wait until cond() is true, checking on an event's timed wait (a condition, not
+    a fixed sleep); fail after limit seconds, naming what."""
+    ev = threading.Event()
+    waited = 0.0
+    while not cond():
+        if waited >= limit:
+            pytest.fail("timed out after %ss waiting for %s" % (limit, what))
+        ev.wait(0.05)
+        waited += 0.05
 
 
 def _ci() -> bool:

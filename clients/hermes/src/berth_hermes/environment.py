@@ -178,7 +178,11 @@ class _Environment:
             project directory. hermes treats every plugin backend as a container
             and rewrites host paths to ``/root`` (tools/terminal_tool_config.py,
             ``_is_unusable_container_cwd``, hermes-agent 0a6ef40), which on the host
-            is root's home, not the project. "" keeps hermes's cwd everywhere.
+            is root's home, not the project. hermes's terminal tool also passes that
+            default as a call's ``cwd`` whenever it has no usable record of the
+            session's cwd (a host path such as /home/... it discards): on a host
+            session the plugin then runs where the session is (berth's shell
+            state). "" keeps hermes's cwd everywhere.
         bounded_output: characters kept for ``bounded_capture=True`` calls; None
             for hermes's ``tool_output.max_bytes`` (:func:`bounded_output_limit`).
     """
@@ -222,6 +226,10 @@ class _Environment:
         self._need_cd = bool(cwd)
         self.host_cwd = host_cwd
         self._placed = not (host_cwd and cwd in _CONTAINER_DEFAULT_CWDS)
+        # The container default hermes created us with, which its terminal tool
+        # passes as a call's cwd whenever it has no usable record (see execute).
+        self._hermes_cwd = cwd
+        self._on_host = False
         self._closed = False
 
     def __repr__(self) -> str:
@@ -244,6 +252,7 @@ class _Environment:
         if driver == "local":
             self.cwd = self.host_cwd
             self._need_cd = True
+            self._on_host = True
 
     def _call_env(self) -> Dict[str, str]:
         env = {"AI_AGENT": "hermes-agent", "HERMES_AGENT": "true"}
@@ -267,6 +276,17 @@ class _Environment:
         effective_timeout = timeout or self.timeout
         if not self._placed:
             self._place()
+        if cwd and self._on_host and cwd == self._hermes_cwd:
+            # hermes's terminal tool passes a cwd with every call: the session's
+            # recorded cwd, else the cwd it created the environment with, a container
+            # default (/root for a plugin backend). It has no usable record on the
+            # first call, nor ever when the recorded cwd is a host-looking path
+            # (/home/..., /Users/...), which it discards for a container backend
+            # (tools/terminal_tool.py _resolve_command_cwd, hermes-agent 027fc66). On
+            # a host session that default means "where the session is": hermes's
+            # terminal.cwd for the first command, berth's shell state after it; never
+            # root's home.
+            cwd = ""
         target = cwd or (self.cwd if self._need_cd else "")
         script = command
         if target:
