@@ -96,6 +96,7 @@ __berth_save() {
     export -p
     if [ -n "${BASH_VERSION-}" ]; then
       alias -p
+      local IFS=$' \t\n'
       for __berth_n in $(compgen -A function); do
         case $__berth_n in __berth_*|_[!_]*) ;; *) declare -f "$__berth_n" ;; esac
       done

@@ -463,6 +463,13 @@ func TestShellModeFunctionsAndAliases(t *testing.T) {
 	if out, errOut, res := shellDo(t, a.c, "f", "", `greet there; ll`); out != "hi there\nlisting\n" || res.ExitCode != 0 {
 		t.Errorf("the next call: %q %q %+v, want the function and the alias", out, errOut, res)
 	}
+	// A command's own IFS does not split the function names differently.
+	if _, _, res := shellDo(t, a.c, "f", "", `IFS=,; other() { echo other; }`); res.ExitCode != 0 {
+		t.Fatalf("defining with IFS=,: %+v", res)
+	}
+	if out, _, _ := shellDo(t, a.c, "f", "", `other; greet x`); out != "other\nhi x\n" {
+		t.Errorf("after a call that set IFS=,: %q, want both functions", out)
+	}
 	if out, _, _ := shellDo(t, a.c, "f", "", `unset -f greet; unalias ll; type greet ll >/dev/null 2>&1 || echo gone`); out != "gone\n" {
 		t.Errorf("unset -f and unalias: %q", out)
 	}

@@ -156,6 +156,21 @@ func stdinEvent(s string) string {
 	return fmt.Sprintf(`{"event":"stdin","data":%q}`+"\n", base64.StdEncoding.EncodeToString([]byte(s)))
 }
 
+// untilResult reads a streamed answer up to and including its result event, and
+// fails the test if the answer ends first.
+func untilResult(t *testing.T, br *bufio.Reader) {
+	t.Helper()
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("the answer ended before its result: %v", err)
+		}
+		if strings.Contains(line, `"event":"result"`) {
+			return
+		}
+	}
+}
+
 // answerEvents reads a streamed answer's events to its end.
 func answerEvents(t *testing.T, r io.Reader) []apiv1.Event {
 	t.Helper()
@@ -258,16 +273,7 @@ func TestShutdownCutsOpenBodies(t *testing.T) {
 	rc.streamedHeader("h7")
 	rc.chunk(`{"argv":["echo","done"]}` + "\n" + `{"event":"eof"}` + "\n")
 	resp := rc.response("a body left open")
-	br := bufio.NewReader(resp.Body)
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			t.Fatalf("the answer ended before its result: %v", err)
-		}
-		if strings.Contains(line, `"event":"result"`) {
-			break
-		}
-	}
+	untilResult(t, bufio.NewReader(resp.Body))
 	reg.RemoveSession(ctx, "h7")
 	sctx, cancel := context.WithTimeout(ctx, testwait.Limit)
 	defer cancel()
@@ -300,15 +306,7 @@ func TestStreamedBodyEndMeetsTheCut(t *testing.T) {
 				t.Skipf("the first line did not make the %v body timeout on this machine: %d %s", grace, resp.StatusCode, b)
 			}
 			ab := bufio.NewReader(resp.Body)
-			for {
-				line, err := ab.ReadString('\n')
-				if err != nil {
-					t.Fatalf("the answer ended before its result: %v", err)
-				}
-				if strings.Contains(line, `"event":"result"`) {
-					break
-				}
-			}
+			untilResult(t, ab)
 			rc.chunk("")
 			if _, err := io.Copy(io.Discard, ab); err != nil {
 				t.Fatalf("the answer's end: %v", err)
