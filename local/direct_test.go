@@ -11,10 +11,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/berth-sh/berth/agent/agenttest"
 	"github.com/berth-sh/berth/backend"
 	"github.com/berth-sh/berth/config"
+	"github.com/berth-sh/berth/internal/testsupport/testwait"
 	"github.com/berth-sh/berth/local"
 	"github.com/berth-sh/berth/registry"
 )
@@ -213,23 +215,26 @@ func TestDirectPathNoticesStoppedAndRemoved(t *testing.T) {
 // names the session and the way out: a planted link (the sandbox took the socket
 // over), a server that does not know berth's handshake (an older berth's agent), a
 // listener that accepts and never answers (whenever agent_timeout passes, the
-// outcome is the same: nothing answers).
+// outcome is the same: nothing answers, so that case alone runs with a short one;
+// the others get a long one, which an answer that comes ends at once: with 100 ms
+// for all, an older agent's answer missed it on a loaded CI machine).
 func TestDirectPathBadSockets(t *testing.T) {
 	for _, c := range []struct {
-		name  string
-		plant func(t *testing.T, sock string)
-		kind  error
-		says  []string
+		name    string
+		plant   func(t *testing.T, sock string)
+		kind    error
+		says    []string
+		timeout time.Duration
 	}{
 		{"link", func(t *testing.T, sock string) {
 			if err := os.Symlink("/run/somewhere-else.sock", sock); err != nil {
 				t.Fatal(err)
 			}
-		}, backend.ErrConflict, []string{"symbolic link", "--recreate", "berth rm s:1"}},
+		}, backend.ErrConflict, []string{"symbolic link", "--recreate", "berth rm s:1"}, testwait.Limit},
 		{"old-agent", func(t *testing.T, sock string) {
 			lis := listenAt(t, sock)
 			t.Cleanup(agenttest.Serve(lis, nil))
-		}, backend.ErrUnsupported, []string{"older berth", "berth stop s:1"}},
+		}, backend.ErrUnsupported, []string{"older berth", "berth stop s:1"}, testwait.Limit},
 		{"silent", func(t *testing.T, sock string) {
 			lis := listenAt(t, sock)
 			t.Cleanup(func() { lis.Close() })
@@ -246,10 +251,10 @@ func TestDirectPathBadSockets(t *testing.T) {
 					held = append(held, c)
 				}
 			}()
-		}, backend.ErrTimeout, []string{"did not answer", "agent_timeout"}},
+		}, backend.ErrTimeout, []string{"did not answer", "agent_timeout"}, 100 * time.Millisecond},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			e := newDirectEnv(t, "agent_timeout = \"100ms\"\nscope \"*\" {\n  driver = \"local\"\n}\n")
+			e := newDirectEnv(t, fmt.Sprintf("agent_timeout = %q\nscope \"*\" {\n  driver = \"local\"\n}\n", c.timeout))
 			r, _ := e.open()
 			if _, _, err := execIn(t, r, "s:1", "true"); err != nil {
 				t.Fatal(err)
