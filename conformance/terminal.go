@@ -360,10 +360,14 @@ func caseShellCallsSideBySide(t T, h *Harness) {
 	first := make(chan execOut, 1)
 	firstErr := make(chan error, 1)
 	go func() {
-		out, err := h.shellExec(t, sb, "s", `while [ ! -e `+dir+`/go ]; do sleep 0.02; done; echo "first ${BASE-} ${B-}"; export A=first`)
+		out, err := h.shellExec(t, sb, "s", `touch `+dir+`/started; while [ ! -e `+dir+`/go ]; do sleep 0.02; done; echo "first ${BASE-} ${B-}"; export A=first`)
 		first <- out
 		firstErr <- err
 	}()
+	// The second call starts once the first runs (it has its state by then).
+	if !testwait.For(t.Context(), 0, func() bool { return h.run(t, sb, "test", "-e", dir+"/started").ExitCode == 0 }) {
+		t.Fatalf("the first call did not start (looked for %v)", testwait.Limit)
+	}
 	second := h.shell(t, sb, "s", `echo "second ${BASE-} ${A-}"; export B=second; touch `+dir+`/go`)
 	if second.ExitCode != 0 || second.Stdout != "second 1 \n" {
 		t.Errorf("the second call, while the first waits for it: %s, want \"second 1 \\n\" (the state from before either)", second.describe())
