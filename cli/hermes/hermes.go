@@ -360,6 +360,10 @@ func (im *importer) docker(rule *body) error {
 		}
 		rule.setString("isolation", "shared")
 		rule.setString("name", name)
+		if im.entries["container_persistent"] != nil {
+			// Translated (isolation), but where the files live differs.
+			im.note("container_persistent", "translated as one shared sandbox; hermes also keeps /root and /workspace in host directories (~/.hermes/sandboxes/docker/default/home and .../workspace), a berth sandbox in the container for as long as it exists (stop keeps them, berth rm deletes them): to keep hermes's files, add mount blocks for those directories")
+		}
 	} else {
 		rule.setString("isolation", "session")
 		im.noteIf("docker_shared_container_key", "names hermes's one shared container, which container_persistent: false does not use: every session has its own sandbox")
@@ -535,12 +539,6 @@ func (im *importer) commonNotes(backendName string) {
 		return
 	}
 	im.noteIf("container_disk", "berth sets no disk quota (the docker driver has no storage-size limit); the sandbox's writable layer is bounded by the engine's storage only")
-	if e := im.entries["container_persistent"]; e != nil && e.used {
-		if persistent, _ := im.boolean("container_persistent", true); persistent {
-			// Translated (isolation), but where the files live differs.
-			im.notes = append(im.notes, Note{Pos: im.pos(e.key), Key: "terminal.container_persistent", Message: "translated as one shared sandbox; hermes also keeps /root and /workspace in host directories (~/.hermes/sandboxes/docker/default/home and .../workspace), a berth sandbox in the container for as long as it exists (stop keeps them, berth rm deletes them): to keep hermes's files, add mount blocks for those directories"})
-		}
-	}
 	im.noteIf("docker_forward_env", "a docker sandbox's environment is the image's plus the rule's env; berth's env_passthrough is for the local driver only. The berth hermes plugin reads this list from this file and forwards these host variables with every command, as hermes does for its docker backend (hermes itself hands the list to no plugin backend)")
 	im.noteIf("docker_extra_args", "berth does not pass raw docker run flags; write each one as a rule attribute (network, user, resources, mount) by hand, or leave it out")
 	im.noteIf("docker_mount_cwd_to_workspace", "berth does not know hermes's launch directory; add mount { source = \"/abs/dir\", target = \"/workspace\" } for the directory you want")
