@@ -256,10 +256,10 @@ const bodyEndWait = time.Second
 // dropped, and the answer ends when the request body has ended (at once for a
 // client that sent its whole body first), within grace (the server's body timeout)
 // or until stop (the server's shutdown starts: the answer is whole, and the
-// connection's end need not wait). A client that reads while it writes ends its body when it reads the
-// result; ending the answer first would make Go's HTTP/1 transport hold the
-// result's bytes for 50 ms (maxWriteWaitBeforeConnReuse, when the body is still
-// being written at the answer's end). The grace is long on purpose: a client on a
+// connection's end need not wait). A client that reads while it writes ends its
+// body when it reads the result; ending the answer first would make Go's HTTP/1
+// transport hold the result's bytes for 50 ms (maxWriteWaitBeforeConnReuse, when
+// the body is still being written at the answer's end). The grace is long on purpose: a client on a
 // loaded machine may take seconds to send the body's end after the result (a
 // 1-second grace cut kept-alive connections of the Python SDK under CI load, and
 // when the cut met the body's end, every later call on the connection answered
